@@ -1,0 +1,114 @@
+#include "model/layout.h"
+
+#include <numeric>
+
+#include "core/error.h"
+
+namespace rlhf::model {
+
+namespace {
+
+int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+
+void add_tensor(UnitLayout& u, std::string name, std::vector<int64_t> shape, bool decay) {
+  TensorInfo t;
+  t.name = std::move(name);
+  t.shape = std::move(shape);
+  t.numel = 1;
+  for (int64_t d : t.shape) t.numel *= d;
+  t.offset = round_up(u.numel, kTensorAlignElems);
+  t.weight_decay = decay;
+  u.numel = t.offset + t.numel;
+  u.tensors.push_back(std::move(t));
+}
+
+}  // namespace
+
+const TensorInfo* UnitLayout::find(std::string_view suffix) const {
+  for (const TensorInfo& t : tensors) {
+    if (t.name.size() >= suffix.size() &&
+        std::string_view(t.name).substr(t.name.size() - suffix.size()) == suffix &&
+        (t.name.size() == suffix.size() || t.name[t.name.size() - suffix.size() - 1] == '.'))
+      return &t;
+  }
+  return nullptr;
+}
+
+const TensorInfo& UnitLayout::at(std::string_view suffix) const {
+  const TensorInfo* t = find(suffix);
+  RLHF_CHECK(t != nullptr, "unit '{}' has no tensor '{}'", name, suffix);
+  return *t;
+}
+
+ParamLayout::ParamLayout(const ModelConfig& config, HeadKind head, int n_shards)
+    : config_(config), head_(head), n_shards_(n_shards) {
+  RLHF_CHECK(n_shards >= 1, "number of shards must be >= 1, got {}", n_shards);
+  config.validate();
+  const int64_t C = config.hidden_size, F = config.intermediate_size, V = config.vocab_size;
+  const int64_t D = config.D();
+  const int64_t q = config.num_attention_heads * D, kv = config.num_key_value_heads * D;
+
+  UnitLayout emb;
+  emb.name = "model.embed_tokens";
+  emb.kind = UnitKind::kEmbedding;
+  add_tensor(emb, "model.embed_tokens.weight", {V, C}, true);
+  units_.push_back(std::move(emb));
+
+  for (int64_t l = 0; l < config.num_hidden_layers; ++l) {
+    UnitLayout u;
+    u.name = "model.layers." + std::to_string(l);
+    u.kind = UnitKind::kLayer;
+    u.layer = static_cast<int>(l);
+    const std::string p = u.name + ".";
+    add_tensor(u, p + "self_attn.q_proj.weight", {q, C}, true);
+    if (config.qkv_bias()) add_tensor(u, p + "self_attn.q_proj.bias", {q}, false);
+    add_tensor(u, p + "self_attn.k_proj.weight", {kv, C}, true);
+    if (config.qkv_bias()) add_tensor(u, p + "self_attn.k_proj.bias", {kv}, false);
+    add_tensor(u, p + "self_attn.v_proj.weight", {kv, C}, true);
+    if (config.qkv_bias()) add_tensor(u, p + "self_attn.v_proj.bias", {kv}, false);
+    add_tensor(u, p + "self_attn.o_proj.weight", {C, q}, true);
+    if (config.o_bias()) add_tensor(u, p + "self_attn.o_proj.bias", {C}, false);
+    add_tensor(u, p + "mlp.gate_proj.weight", {F, C}, true);
+    add_tensor(u, p + "mlp.up_proj.weight", {F, C}, true);
+    add_tensor(u, p + "mlp.down_proj.weight", {C, F}, true);
+    add_tensor(u, p + "input_layernorm.weight", {C}, false);
+    add_tensor(u, p + "post_attention_layernorm.weight", {C}, false);
+    units_.push_back(std::move(u));
+  }
+
+  UnitLayout h;
+  h.name = "head";
+  h.kind = UnitKind::kHead;
+  add_tensor(h, "model.norm.weight", {C}, false);
+  if (head == HeadKind::kLM) {
+    if (!config.tie_word_embeddings) add_tensor(h, "lm_head.weight", {V, C}, true);
+  } else {
+    add_tensor(h, "score.weight", {1, C}, true);
+  }
+  units_.push_back(std::move(h));
+
+  const int64_t align = std::lcm(static_cast<int64_t>(n_shards), kUnitAlignElems);
+  for (UnitLayout& u : units_) u.numel_padded = round_up(u.numel, align);
+}
+
+std::pair<int, const TensorInfo*> ParamLayout::locate(std::string_view hf_name) const {
+  for (int i = 0; i < num_units(); ++i)
+    for (const TensorInfo& t : units_[static_cast<size_t>(i)].tensors)
+      if (t.name == hf_name) return {i, &t};
+  RLHF_FAIL("tensor '{}' is not part of this model", hf_name);
+}
+
+int64_t ParamLayout::num_parameters() const {
+  int64_t n = 0;
+  for (const UnitLayout& u : units_)
+    for (const TensorInfo& t : u.tensors) n += t.numel;
+  return n;
+}
+
+int64_t ParamLayout::total_padded() const {
+  int64_t n = 0;
+  for (const UnitLayout& u : units_) n += u.numel_padded;
+  return n;
+}
+
+}  // namespace rlhf::model

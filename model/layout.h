@@ -1,0 +1,97 @@
+// ParamLayout: the flat-buffer layout of every ZeRO unit (embedding, each decoder layer, final
+// norm + head), as a table of Hugging Face tensor names, shapes and offsets (STYLE.md §B3).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "model/config.h"
+
+namespace rlhf::model {
+
+/// Every tensor starts on a multiple of this many elements inside its unit.
+inline constexpr int64_t kTensorAlignElems = 64;
+/// A unit's padded size is a multiple of lcm(n_shards, kUnitAlignElems).
+inline constexpr int64_t kUnitAlignElems = 128;
+
+/// One tensor inside a unit: HF name, shape (row-major, HF convention (out, in) for linears),
+/// element offset from the start of the unit, and element count.
+struct TensorInfo {
+  std::string name;  ///< full HF name, e.g. "model.layers.3.self_attn.q_proj.weight"
+  std::vector<int64_t> shape;
+  int64_t offset = 0;  ///< elements from the start of the unit; a multiple of kTensorAlignElems
+  int64_t numel = 0;
+  bool weight_decay = true;  ///< false for biases and norm weights (OpenRLHF's no-decay list)
+};
+
+/// What a unit is.
+enum class UnitKind { kEmbedding, kLayer, kHead };
+
+/// One ZeRO unit: the tensors of one flat fp32 buffer.
+struct UnitLayout {
+  std::string name;  ///< "model.embed_tokens", "model.layers.3", "head"
+  UnitKind kind = UnitKind::kLayer;
+  int layer = -1;  ///< decoder layer index for kLayer, else -1
+  std::vector<TensorInfo> tensors;
+  int64_t numel = 0;         ///< end of the last tensor (includes inner alignment gaps)
+  int64_t numel_padded = 0;  ///< numel rounded up to a multiple of lcm(n_shards, kUnitAlignElems)
+
+  /// The tensor whose name ends with `suffix` ("self_attn.q_proj.weight"); nullptr if none.
+  const TensorInfo* find(std::string_view suffix) const;
+  /// Same, but throws rlhf::Error if absent.
+  const TensorInfo& at(std::string_view suffix) const;
+  /// Elements per shard: numel_padded / n_shards.
+  int64_t shard_numel(int n_shards) const { return numel_padded / n_shards; }
+};
+
+/// The layout of a whole model, built once from its config. Unit 0 is the embedding, units
+/// 1..L are the decoder layers, unit L+1 is the head (model.norm + lm_head | score).
+/// With tie_word_embeddings and an LM head, the head unit holds only model.norm.weight and the
+/// LM head reads the embedding unit's `model.embed_tokens.weight`.
+class ParamLayout {
+ public:
+  /// n_shards: the data-parallel size the padding must divide (1 for a single process).
+  ParamLayout(const ModelConfig& config, HeadKind head, int n_shards = 1);
+
+  const ModelConfig& config() const { return config_; }
+  HeadKind head() const { return head_; }
+  int n_shards() const { return n_shards_; }
+  int num_units() const { return static_cast<int>(units_.size()); }
+  const UnitLayout& unit(int i) const { return units_.at(static_cast<size_t>(i)); }
+  const std::vector<UnitLayout>& units() const { return units_; }
+  int embedding_unit() const { return 0; }
+  int layer_unit(int l) const { return 1 + l; }
+  int head_unit() const { return num_units() - 1; }
+
+  /// (unit index, tensor) for a full HF name; throws rlhf::Error if it is not part of the model.
+  std::pair<int, const TensorInfo*> locate(std::string_view hf_name) const;
+  /// Sum of numel (real parameters) over all tensors, excluding padding.
+  int64_t num_parameters() const;
+  /// Sum of numel_padded over all units.
+  int64_t total_padded() const;
+
+ private:
+  ModelConfig config_;
+  HeadKind head_;
+  int n_shards_;
+  std::vector<UnitLayout> units_;
+};
+
+/// A typed view of one tensor in a gathered unit buffer: {ptr, shape}, created from the table.
+template <typename T>
+struct TensorView {
+  T* data = nullptr;
+  const TensorInfo* info = nullptr;
+  int64_t numel() const { return info ? info->numel : 0; }
+};
+
+/// View of tensor `suffix` of unit `u` inside `unit_buffer` (the unit's full flat buffer).
+template <typename T>
+TensorView<T> view(const UnitLayout& u, T* unit_buffer, std::string_view suffix) {
+  const TensorInfo& t = u.at(suffix);
+  return TensorView<T>{unit_buffer + t.offset, &t};
+}
+
+}  // namespace rlhf::model

@@ -1,0 +1,28 @@
+// Fused log-softmax + gather over the vocabulary: token log-probabilities, cross-entropy and
+// entropy, without materialising a probability matrix (the logits buffer is the only (N, V) array,
+// and backward overwrites it in place with dlogits).
+#pragma once
+
+#include <cstdint>
+
+namespace rlhf::model {
+
+/// For each row n with z = scale · logits[n, :] (scale = 1/temperature):
+///   lse[n] = log Σ_j exp(z_j),  lp[n] = z[targets[n]] − lse[n]  (log π(target)),
+///   entropy[n] = lse[n] − Σ_j softmax(z)_j · z_j   (skipped when entropy is nullptr).
+/// A target of −1 means "no target": lp[n] = 0. Other targets outside [0, V) throw rlhf::Error.
+/// lp, lse, entropy: (N); logits: (N, V); targets: (N) int32.
+template <typename T>
+void logprob_forward_cpu(T* lp, T* lse, T* entropy, const T* logits, const int32_t* targets,
+                         int64_t N, int64_t V, T scale);
+
+/// dlogits = scale · [ dlp[n] · (onehot(target) − p) + dentropy[n] · (−p ⊙ (log p + H)) ],
+/// p = softmax(scale·logits), H = entropy (assigned). dlogits may alias logits (in place).
+/// dentropy and entropy may be nullptr (no entropy term). Rows with target −1 get only the entropy
+/// term. dlp, dentropy: (N).
+template <typename T>
+void logprob_backward_cpu(T* dlogits, const T* dlp, const T* dentropy, const T* logits,
+                          const T* lse, const T* entropy, const int32_t* targets, int64_t N,
+                          int64_t V, T scale);
+
+}  // namespace rlhf::model

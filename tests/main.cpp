@@ -1,0 +1,21 @@
+// doctest runner for the single-process unit tests.
+#define DOCTEST_CONFIG_IMPLEMENT
+#include <doctest/doctest.h>
+
+#include <filesystem>
+
+#include "tests/test_util.h"
+
+namespace rlhf::test {
+std::string shared_data_dir() {
+  if (const char* env = std::getenv("RLHF_SHARED_DATA")) return env;
+  std::filesystem::path p = std::filesystem::path(RLHF_SOURCE_DIR) / ".." / "shared" / "data";
+  return std::filesystem::exists(p) ? std::filesystem::canonical(p).string() : std::string();
+}
+}  // namespace rlhf::test
+
+int main(int argc, char** argv) {
+  doctest::Context ctx;
+  ctx.applyCommandLine(argc, argv);
+  return ctx.run();
+}
