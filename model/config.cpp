@@ -11,8 +11,9 @@ namespace rlhf::model {
 RopeStyle rope_style_from_string(const std::string& s) {
   if (s == "interleaved") return RopeStyle::kInterleaved;
   if (s == "rotate_half") return RopeStyle::kRotateHalf;
-  RLHF_FAIL("unknown rope_style '{}'\nhint: use \"interleaved\" (Meta, llama2.c) or \"rotate_half\" (HF)",
-            s);
+  RLHF_FAIL(
+      "unknown rope_style '{}'\nhint: use \"interleaved\" (Meta, llama2.c) or \"rotate_half\" (HF)",
+      s);
 }
 
 const char* to_string(RopeStyle s) {
@@ -21,9 +22,12 @@ const char* to_string(RopeStyle s) {
 
 const char* to_string(HeadKind h) {
   switch (h) {
-    case HeadKind::kLM: return "lm";
-    case HeadKind::kValue: return "value";
-    case HeadKind::kReward: return "reward";
+    case HeadKind::kLM:
+      return "lm";
+    case HeadKind::kValue:
+      return "value";
+    case HeadKind::kReward:
+      return "reward";
   }
   return "?";
 }
@@ -93,14 +97,41 @@ namespace {
 // Keys that HF config.json files carry and that do not change the computation we do (or that we
 // check separately below). Anything else is an error, so a typo in a hand-written config is caught.
 const std::set<std::string>& ignorable_hf_keys() {
-  static const std::set<std::string> keys = {
-      "architectures", "torch_dtype", "transformers_version", "initializer_range",
-      "pretraining_tp", "use_cache", "attention_dropout", "_name_or_path", "auto_map",
-      "bos_token_id", "eos_token_id", "pad_token_id", "sliding_window", "max_window_layers",
-      "use_sliding_window", "output_attentions", "output_hidden_states", "return_dict",
-      "dtype", "id2label", "label2id", "mlp_bias", "rope_scaling", "hidden_act", "rope_style",
-      "layer_types", "tokenizer_class", "unsloth_fixed", "model_name", "use_return_dict",
-      "problem_type", "num_labels", "is_decoder", "torchscript", "keys_to_ignore_at_inference"};
+  static const std::set<std::string> keys = {"architectures",
+                                             "torch_dtype",
+                                             "transformers_version",
+                                             "initializer_range",
+                                             "pretraining_tp",
+                                             "use_cache",
+                                             "attention_dropout",
+                                             "_name_or_path",
+                                             "auto_map",
+                                             "bos_token_id",
+                                             "eos_token_id",
+                                             "pad_token_id",
+                                             "sliding_window",
+                                             "max_window_layers",
+                                             "use_sliding_window",
+                                             "output_attentions",
+                                             "output_hidden_states",
+                                             "return_dict",
+                                             "dtype",
+                                             "id2label",
+                                             "label2id",
+                                             "mlp_bias",
+                                             "rope_scaling",
+                                             "hidden_act",
+                                             "rope_style",
+                                             "layer_types",
+                                             "tokenizer_class",
+                                             "unsloth_fixed",
+                                             "model_name",
+                                             "use_return_dict",
+                                             "problem_type",
+                                             "num_labels",
+                                             "is_decoder",
+                                             "torchscript",
+                                             "keys_to_ignore_at_inference"};
   return keys;
 }
 

@@ -18,7 +18,8 @@ RopeStyle rope_style_from_string(const std::string& s);
 const char* to_string(RopeStyle s);
 
 /// What sits on top of the final norm: the LM head (token log-probs), or a scalar head
-/// (`score.weight`, shape (1, C)) read per token (critic values) or at the last token (reward model).
+/// (`score.weight`, shape (1, C)) read per token (critic values) or at the last token (reward
+/// model).
 enum class HeadKind { kLM, kValue, kReward };
 const char* to_string(HeadKind h);
 
@@ -58,9 +59,9 @@ struct ModelConfig {
   /// key "rope_style" that HF ignores).
   nlohmann::json to_json() const;
 
-  /// From a HF config.json-like object. Unknown keys are ignored only if HF uses them (a known list);
-  /// any other unknown key, a wrong type, or a missing required field throws rlhf::Error naming
-  /// `source` and the key. Validates the result.
+  /// From a HF config.json-like object. Unknown keys are ignored only if HF uses them (a known
+  /// list); any other unknown key, a wrong type, or a missing required field throws rlhf::Error
+  /// naming `source` and the key. Validates the result.
   static ModelConfig from_json(const nlohmann::json& j, const std::string& source);
 
   /// Parameters of the model with this head (no padding), for MFU and summaries.

@@ -8,7 +8,9 @@ namespace rlhf::model {
 
 namespace {
 
-int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+int64_t round_up(int64_t x, int64_t m) {
+  return (x + m - 1) / m * m;
+}
 
 void add_tensor(UnitLayout& u, std::string name, std::vector<int64_t> shape, bool decay) {
   TensorInfo t;

@@ -1,0 +1,96 @@
+// The Llama-family decoder, composed from the ops: forward that keeps what backward needs,
+// backward, optional per-layer activation recomputation, LM and scalar heads.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "model/layout.h"
+#include "model/provider.h"
+
+namespace rlhf::model {
+
+/// Forward/backward of the whole model for a batch of B right-padded sequences of length T
+/// (N = B·T tokens; position of token t is t). Parameters come from a UnitProvider, one unit at a
+/// time, so the same code runs on full local buffers and on ZeRO-3 shards.
+///
+/// Per layer (pre-norm, Touvron et al. 2023):
+///   a = RMSNorm(x); q,k,v = a·W{q,k,v}ᵀ (+b); q,k = RoPE(q,k); x += Attn(q,k,v)·Woᵀ (+bo)
+///   m = RMSNorm(x); x += (silu(m·Wgᵀ) ⊙ m·Wuᵀ)·Wdᵀ
+/// Heads: LM  — lp[n] = log softmax(RMSNorm(x)·Wlmᵀ / temperature)[target[n]] (+ entropy);
+///        scalar — value[n] = RMSNorm(x)·scoreᵀ (critic values; a reward model reads the last one).
+///
+/// T is float (training) or double (gradient checks). Not thread-safe: one instance per stream.
+template <typename T>
+class Transformer {
+ public:
+  /// gradient_checkpointing: keep only each layer's input and recompute the layer in backward.
+  Transformer(const ParamLayout& layout, bool gradient_checkpointing = false);
+
+  const ParamLayout& layout() const { return layout_; }
+
+  /// LM forward. tokens, targets: (B, T) int32 (target −1 = no loss at that position, lp = 0).
+  /// lp: (B, T) out; entropy: (B, T) out or nullptr. inv_temperature scales the logits before the
+  /// softmax (OpenRLHF divides by --temperature). With for_backward, activations are kept for
+  /// backward_lm; without, only one layer's scratch is used. Throws rlhf::Error on a token or
+  /// target outside the vocabulary or T > max_position_embeddings.
+  void forward_lm(UnitProvider<T>& p, const int32_t* tokens, const int32_t* targets, int64_t B,
+                  int64_t T_, T* lp, T* entropy, bool for_backward, T inv_temperature = T(1));
+
+  /// LM backward for the last forward_lm(for_backward = true): dlp (B, T), dentropy (B, T) or
+  /// nullptr. Parameter gradients accumulate (+=) into the provider's grad buffers.
+  void backward_lm(UnitProvider<T>& p, const T* dlp, const T* dentropy);
+
+  /// Scalar-head forward: values (B, T) out (one scalar per position).
+  void forward_scalar(UnitProvider<T>& p, const int32_t* tokens, int64_t B, int64_t T_, T* values,
+                      bool for_backward);
+
+  /// Scalar-head backward for the last forward_scalar(for_backward = true); dvalues (B, T).
+  void backward_scalar(UnitProvider<T>& p, const T* dvalues);
+
+  /// Bytes of activation memory currently allocated (for the memory report).
+  int64_t activation_bytes() const;
+
+ private:
+  struct LayerActs {
+    T *ln1, *rstd1, *q, *k, *v, *att, *atty, *x_mid, *ln2, *rstd2, *gate, *up, *h;
+  };
+  void reserve(int64_t B, int64_t T_, bool for_backward);
+  void point_layer(LayerActs& a, T* base) const;
+  int64_t layer_floats() const;
+  void embed(UnitProvider<T>& p, const int32_t* tokens);
+  void layer_forward(const T* params, int l, const T* x_in, T* x_out, LayerActs& a);
+  void layer_backward(const T* params, T* grads, int l, const T* x_in, LayerActs& a, T* dres);
+  void trunk_forward(UnitProvider<T>& p, const int32_t* tokens, int64_t B, int64_t T_,
+                     bool for_backward);
+  void trunk_backward(UnitProvider<T>& p, T* dres);
+  void final_norm(const T* head_params);
+  const T* x_last() const;
+  void head_backward_common(UnitProvider<T>& p, const T* head_params, T* head_grads);
+
+  ParamLayout layout_;
+  bool checkpointing_;
+  int64_t C_, F_, H_, Hkv_, D_, V_, L_;
+  std::vector<T> rope_cos_, rope_sin_;  // (max_pos, D/2)
+
+  // Current batch geometry and state.
+  int64_t B_ = 0, T_ = 0, N_ = 0;
+  bool have_backward_state_ = false;
+  bool entropy_valid_ = false;
+  bool kept_ = false;            // the last trunk forward kept every layer's activations
+  T* held_emb_grads_ = nullptr;  // tied LM head: embedding grads acquired at the head
+  HeadKind last_head_ = HeadKind::kLM;
+  std::vector<int32_t> tokens_, targets_, pos_;
+  T inv_temperature_ = T(1);
+
+  // Activation storage, sized by reserve(): residual stream (L+1, N, C), per-layer activations
+  // (L or 1 sets), final norm, head output.
+  std::vector<T> res_;     // (L+1, N, C)
+  std::vector<T> layers_;  // (n_sets, layer_floats)
+  std::vector<T> lnf_, rstdf_, logits_, lse_, entropy_;
+  // Backward scratch.
+  std::vector<T> dres_, dln_, datty_, dq_, dk_, dv_, dh_, dgate_, dup_, dlnf_;
+  int64_t cap_N_ = 0, cap_T_ = 0, cap_sets_ = 0;
+};
+
+}  // namespace rlhf::model
