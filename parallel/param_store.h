@@ -1,0 +1,82 @@
+// ParamStore: the training state of one model — master weights, gradients, AdamW moments — as the
+// trainer sees it, whether it lives whole in this process or is ZeRO-3 sharded over train_comm.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "model/layout.h"
+#include "model/local_provider.h"
+#include "model/provider.h"
+#include "optim/adamw.h"
+
+namespace rlhf::parallel {
+
+/// Bytes of memory one rank holds for a model's training state.
+struct MemoryReport {
+  int64_t params_bytes = 0;     ///< master weights owned by this rank (fp32)
+  int64_t grads_bytes = 0;      ///< gradient shard (fp32)
+  int64_t optimizer_bytes = 0;  ///< AdamW m and v (fp32)
+  int64_t gather_bytes = 0;     ///< transient full-unit buffers (ZeRO-3 gathers)
+  bool optimizer_on_host = false;
+};
+
+/// The training state of one model. Collective methods must be called by every rank of the
+/// store's communicator in the same order.
+class ParamStore {
+ public:
+  virtual ~ParamStore() = default;
+  virtual const model::ParamLayout& layout() const = 0;
+  /// What the model's forward/backward reads parameters from and accumulates gradients into.
+  virtual model::UnitProvider<float>& provider() = 0;
+  /// Zeroes the gradient accumulators (start of an optimizer step).
+  virtual void zero_grads() = 0;
+  /// Σ g² over every real (non-padding) gradient element of the whole model, in double.
+  /// Collective.
+  virtual double grad_sq_norm() = 0;
+  /// One AdamW step on everything this rank owns, with this step's lr and the gradients
+  /// multiplied by grad_scale (the clip coefficient). step is 1-based. No weight decay on tensors
+  /// whose TensorInfo::weight_decay is false.
+  virtual void adamw_step(const optim::AdamWConfig& cfg, double lr, int64_t step,
+                          float grad_scale) = 0;
+  /// The consolidated parameters of unit u (numel_padded floats) into out on every rank.
+  /// Collective.
+  virtual void gather_unit(int u, float* out) = 0;
+  /// Sets the master weights of unit u from its full buffer (the same on every rank).
+  virtual void load_unit(int u, const float* full) = 0;
+  /// Moments of unit u, consolidated (for checkpoints); m and v each numel_padded floats.
+  virtual void gather_moments(int u, float* m, float* v) = 0;
+  /// Sets the moments of unit u from full buffers.
+  virtual void load_moments(int u, const float* m, const float* v) = 0;
+  virtual MemoryReport memory() const = 0;
+};
+
+/// The AdamW segments of the element range [begin, begin + len) of unit u: the intersections
+/// with each tensor, offsets relative to begin, with the tensor's weight-decay switch. Padding
+/// between tensors is excluded.
+std::vector<optim::AdamWSegment> adamw_segments(const model::UnitLayout& u, int64_t begin,
+                                                int64_t len);
+
+/// A ParamStore that keeps everything whole in this process (one rank, no sharding).
+class LocalParamStore : public ParamStore {
+ public:
+  explicit LocalParamStore(const model::ParamLayout& layout);
+  const model::ParamLayout& layout() const override { return params_.layout(); }
+  model::UnitProvider<float>& provider() override { return params_; }
+  void zero_grads() override { params_.zero_grads(); }
+  double grad_sq_norm() override;
+  void adamw_step(const optim::AdamWConfig& cfg, double lr, int64_t step,
+                  float grad_scale) override;
+  void gather_unit(int u, float* out) override;
+  void load_unit(int u, const float* full) override;
+  void gather_moments(int u, float* m, float* v) override;
+  void load_moments(int u, const float* m, const float* v) override;
+  MemoryReport memory() const override;
+  model::LocalParams<float>& local() { return params_; }
+
+ private:
+  model::LocalParams<float> params_;
+  std::vector<std::vector<float>> m_, v_;
+};
+
+}  // namespace rlhf::parallel
