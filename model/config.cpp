@@ -129,6 +129,7 @@ const std::set<std::string>& ignorable_hf_keys() {
                                              "use_return_dict",
                                              "problem_type",
                                              "num_labels",
+                                             "head",
                                              "is_decoder",
                                              "torchscript",
                                              "keys_to_ignore_at_inference"};
