@@ -1,0 +1,406 @@
+// Comm base (validation, accounting), CommRequest, MpiComm, make_comm.
+#include "parallel/comm.h"
+
+#include <chrono>
+#include <climits>
+#include <cstdlib>
+#include <exception>
+#include <string>
+
+#include "core/error.h"
+#include "parallel/mpi_check.h"
+
+namespace rlhf::parallel {
+
+namespace {
+
+double now_s() {
+  using clock = std::chrono::steady_clock;
+  return std::chrono::duration<double>(clock::now().time_since_epoch()).count();
+}
+
+MPI_Op mpi_op(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum: return MPI_SUM;
+    case ReduceOp::kMax: return MPI_MAX;
+    case ReduceOp::kMin: return MPI_MIN;
+  }
+  RLHF_FAIL("unknown ReduceOp {}", static_cast<int>(op));
+}
+
+int mpi_count(int64_t count, const std::string& comm, const char* what) {
+  RLHF_CHECK(count <= INT_MAX,
+             "{}: {} of {} elements exceeds MPI's int count limit ({})\nhint: split the call into "
+             "pieces below 2^31 elements",
+             comm, what, count, INT_MAX);
+  return static_cast<int>(count);
+}
+
+// A pending MPI_I* collective.
+class MpiRequest final : public CommRequest::Impl {
+ public:
+  MpiRequest() = default;
+  // A nonblocking collective's request may not be freed (MPI-3.1 §5.12): if it is still pending
+  // here (abandoned during unwinding), it is leaked.
+  ~MpiRequest() override = default;
+  void wait() override { MPI_CHECK(MPI_Wait(&req, MPI_STATUS_IGNORE)); }
+  bool test() override {
+    int flag = 0;
+    MPI_CHECK(MPI_Test(&req, &flag, MPI_STATUS_IGNORE));
+    return flag != 0;
+  }
+  MPI_Request req = MPI_REQUEST_NULL;
+};
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Names
+
+size_t dtype_size(DType dt) {
+  switch (dt) {
+    case DType::kFloat32: return 4;
+    case DType::kFloat64: return 8;
+    case DType::kInt32: return 4;
+    case DType::kInt64: return 8;
+    case DType::kUint8: return 1;
+  }
+  RLHF_FAIL("unknown DType {}", static_cast<int>(dt));
+}
+
+const char* dtype_name(DType dt) {
+  switch (dt) {
+    case DType::kFloat32: return "float32";
+    case DType::kFloat64: return "float64";
+    case DType::kInt32: return "int32";
+    case DType::kInt64: return "int64";
+    case DType::kUint8: return "uint8";
+  }
+  return "?";
+}
+
+MPI_Datatype mpi_dtype(DType dt) {
+  switch (dt) {
+    case DType::kFloat32: return MPI_FLOAT;
+    case DType::kFloat64: return MPI_DOUBLE;
+    case DType::kInt32: return MPI_INT32_T;
+    case DType::kInt64: return MPI_INT64_T;
+    case DType::kUint8: return MPI_UINT8_T;
+  }
+  RLHF_FAIL("unknown DType {}", static_cast<int>(dt));
+}
+
+const char* reduce_op_name(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum: return "sum";
+    case ReduceOp::kMax: return "max";
+    case ReduceOp::kMin: return "min";
+  }
+  return "?";
+}
+
+const char* coll_op_name(CollOp op) {
+  switch (op) {
+    case CollOp::kAllGather: return "all_gather";
+    case CollOp::kReduceScatter: return "reduce_scatter";
+    case CollOp::kAllReduce: return "all_reduce";
+    case CollOp::kBroadcast: return "broadcast";
+    case CollOp::kBarrier: return "barrier";
+  }
+  return "?";
+}
+
+const char* comm_kind_name(CommKind kind) {
+  switch (kind) {
+    case CommKind::kAuto: return "auto";
+    case CommKind::kMpi: return "mpi";
+    case CommKind::kShm: return "shm";
+  }
+  return "?";
+}
+
+// ---------------------------------------------------------------------------------------------
+// CommRequest
+
+CommRequest::CommRequest(std::unique_ptr<Impl> impl, Comm* comm, CollOp op)
+    : impl_(std::move(impl)), comm_(comm), op_(op) {}
+
+CommRequest::CommRequest(CommRequest&& o) noexcept
+    : impl_(std::move(o.impl_)), comm_(o.comm_), op_(o.op_) {}
+
+CommRequest& CommRequest::operator=(CommRequest&& o) noexcept {
+  if (this != &o) {
+    if (impl_ != nullptr && std::uncaught_exceptions() == 0) {
+      try {
+        wait();
+      } catch (...) {
+      }
+    }
+    impl_ = std::move(o.impl_);
+    comm_ = o.comm_;
+    op_ = o.op_;
+  }
+  return *this;
+}
+
+CommRequest::~CommRequest() {
+  if (impl_ == nullptr) return;
+  if (std::uncaught_exceptions() > 0) {
+    (void)impl_.release();  // abandoned on purpose: see the class comment
+    return;
+  }
+  try {
+    wait();
+  } catch (...) {
+    // A destructor cannot report; the error resurfaces at the next collective.
+  }
+}
+
+void CommRequest::wait() {
+  if (impl_ == nullptr) return;
+  double t0 = now_s();
+  impl_->wait();
+  impl_.reset();
+  if (comm_ != nullptr) comm_->account_seconds(op_, now_s() - t0);
+}
+
+bool CommRequest::test() {
+  if (impl_ == nullptr) return true;
+  double t0 = now_s();
+  bool done = impl_->test();
+  if (done) impl_.reset();
+  if (comm_ != nullptr) comm_->account_seconds(op_, now_s() - t0);
+  return done;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Comm: validation and accounting
+
+Comm::Comm(std::string name, int rank, int size) : name_(std::move(name)), rank_(rank), size_(size) {}
+
+void Comm::reset_stats() {
+  total_.reset();
+  for (auto& s : by_op_) s.reset();
+}
+
+void Comm::account(CollOp op, int64_t bytes, double seconds) {
+  CommStats d{1, bytes, seconds};
+  total_ += d;
+  by_op_[static_cast<size_t>(op)] += d;
+}
+
+void Comm::account_seconds(CollOp op, double seconds) {
+  total_.seconds += seconds;
+  by_op_[static_cast<size_t>(op)].seconds += seconds;
+}
+
+std::string Comm::summary(bool per_op) const {
+  std::string s = fmt::format("{}: {} calls, {:.2f} GB, {:.3f} s", name_, total_.calls,
+                              static_cast<double>(total_.bytes) * 1e-9, total_.seconds);
+  if (per_op) {
+    std::string parts;
+    for (int i = 0; i < kNumCollOps; ++i) {
+      const CommStats& c = by_op_[static_cast<size_t>(i)];
+      if (c.calls == 0) continue;
+      parts += fmt::format("{}{} {} calls {:.2f} GB {:.3f} s", parts.empty() ? "" : ", ",
+                           coll_op_name(static_cast<CollOp>(i)), c.calls,
+                           static_cast<double>(c.bytes) * 1e-9, c.seconds);
+    }
+    if (!parts.empty()) s += " (" + parts + ")";
+  }
+  return s;
+}
+
+void Comm::check_args(const char* what, const void* a, const void* b, int64_t count) const {
+  RLHF_CHECK(count >= 0, "{}: {} with count {} < 0", name_, what, count);
+  RLHF_CHECK(count == 0 || (a != nullptr && b != nullptr), "{}: {} with a null buffer", name_,
+             what);
+}
+
+void Comm::all_gather(const void* send, void* recv, int64_t count, DType dt) {
+  check_args("all_gather", send, recv, count);
+  double t0 = now_s();
+  do_all_gather(send, recv, count, dt);
+  account(CollOp::kAllGather, count * size_ * static_cast<int64_t>(dtype_size(dt)), now_s() - t0);
+}
+
+void Comm::reduce_scatter(const void* send, void* recv, int64_t count, DType dt, ReduceOp op) {
+  check_args("reduce_scatter", send, recv, count);
+  double t0 = now_s();
+  do_reduce_scatter(send, recv, count, dt, op);
+  account(CollOp::kReduceScatter, count * size_ * static_cast<int64_t>(dtype_size(dt)),
+          now_s() - t0);
+}
+
+void Comm::all_reduce(const void* send, void* recv, int64_t count, DType dt, ReduceOp op) {
+  check_args("all_reduce", send, recv, count);
+  double t0 = now_s();
+  do_all_reduce(send, recv, count, dt, op);
+  account(CollOp::kAllReduce, count * static_cast<int64_t>(dtype_size(dt)), now_s() - t0);
+}
+
+void Comm::broadcast(void* buf, int64_t count, DType dt, int root) {
+  check_args("broadcast", buf, buf, count);
+  RLHF_CHECK(root >= 0 && root < size_, "{}: broadcast root {} outside [0, {})", name_, root,
+             size_);
+  double t0 = now_s();
+  do_broadcast(buf, count, dt, root);
+  account(CollOp::kBroadcast, count * static_cast<int64_t>(dtype_size(dt)), now_s() - t0);
+}
+
+void Comm::barrier() {
+  double t0 = now_s();
+  do_barrier();
+  account(CollOp::kBarrier, 0, now_s() - t0);
+}
+
+CommRequest Comm::iall_gather(const void* send, void* recv, int64_t count, DType dt) {
+  check_args("iall_gather", send, recv, count);
+  double t0 = now_s();
+  auto impl = do_iall_gather(send, recv, count, dt);
+  account(CollOp::kAllGather, count * size_ * static_cast<int64_t>(dtype_size(dt)), now_s() - t0);
+  return CommRequest(std::move(impl), this, CollOp::kAllGather);
+}
+
+CommRequest Comm::ireduce_scatter(const void* send, void* recv, int64_t count, DType dt,
+                                  ReduceOp op) {
+  check_args("ireduce_scatter", send, recv, count);
+  double t0 = now_s();
+  auto impl = do_ireduce_scatter(send, recv, count, dt, op);
+  account(CollOp::kReduceScatter, count * size_ * static_cast<int64_t>(dtype_size(dt)),
+          now_s() - t0);
+  return CommRequest(std::move(impl), this, CollOp::kReduceScatter);
+}
+
+CommRequest Comm::iall_reduce(const void* send, void* recv, int64_t count, DType dt, ReduceOp op) {
+  check_args("iall_reduce", send, recv, count);
+  double t0 = now_s();
+  auto impl = do_iall_reduce(send, recv, count, dt, op);
+  account(CollOp::kAllReduce, count * static_cast<int64_t>(dtype_size(dt)), now_s() - t0);
+  return CommRequest(std::move(impl), this, CollOp::kAllReduce);
+}
+
+CommRequest Comm::ibroadcast(void* buf, int64_t count, DType dt, int root) {
+  check_args("ibroadcast", buf, buf, count);
+  RLHF_CHECK(root >= 0 && root < size_, "{}: ibroadcast root {} outside [0, {})", name_, root,
+             size_);
+  double t0 = now_s();
+  auto impl = do_ibroadcast(buf, count, dt, root);
+  account(CollOp::kBroadcast, count * static_cast<int64_t>(dtype_size(dt)), now_s() - t0);
+  return CommRequest(std::move(impl), this, CollOp::kBroadcast);
+}
+
+// ---------------------------------------------------------------------------------------------
+// MpiComm
+
+MpiComm::MpiComm(MPI_Comm comm, std::string name)
+    : Comm(std::move(name), comm_rank(comm), comm_size(comm)) {
+  MPI_CHECK(MPI_Comm_dup(comm, &comm_));
+}
+
+MpiComm::~MpiComm() { free_comm_quietly(&comm_); }
+
+void MpiComm::do_all_gather(const void* send, void* recv, int64_t count, DType dt) {
+  int n = mpi_count(count, name(), "all_gather");
+  const char* own = static_cast<const char*>(recv) +
+                    static_cast<size_t>(rank()) * static_cast<size_t>(count) * dtype_size(dt);
+  if (send == own) {
+    MPI_CHECK(MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, recv, n, mpi_dtype(dt), comm_));
+  } else {
+    MPI_CHECK(MPI_Allgather(send, n, mpi_dtype(dt), recv, n, mpi_dtype(dt), comm_));
+  }
+}
+
+void MpiComm::do_reduce_scatter(const void* send, void* recv, int64_t count, DType dt,
+                                ReduceOp op) {
+  int n = mpi_count(count, name(), "reduce_scatter");
+  MPI_CHECK(MPI_Reduce_scatter_block(send, recv, n, mpi_dtype(dt), mpi_op(op), comm_));
+}
+
+void MpiComm::do_all_reduce(const void* send, void* recv, int64_t count, DType dt, ReduceOp op) {
+  int n = mpi_count(count, name(), "all_reduce");
+  MPI_CHECK(MPI_Allreduce(send == recv ? MPI_IN_PLACE : send, recv, n, mpi_dtype(dt), mpi_op(op),
+                          comm_));
+}
+
+void MpiComm::do_broadcast(void* buf, int64_t count, DType dt, int root) {
+  int n = mpi_count(count, name(), "broadcast");
+  MPI_CHECK(MPI_Bcast(buf, n, mpi_dtype(dt), root, comm_));
+}
+
+void MpiComm::do_barrier() { MPI_CHECK(MPI_Barrier(comm_)); }
+
+std::unique_ptr<CommRequest::Impl> MpiComm::do_iall_gather(const void* send, void* recv,
+                                                           int64_t count, DType dt) {
+  int n = mpi_count(count, name(), "iall_gather");
+  auto r = std::make_unique<MpiRequest>();
+  const char* own = static_cast<const char*>(recv) +
+                    static_cast<size_t>(rank()) * static_cast<size_t>(count) * dtype_size(dt);
+  if (send == own) {
+    MPI_CHECK(MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, recv, n, mpi_dtype(dt), comm_,
+                             &r->req));
+  } else {
+    MPI_CHECK(MPI_Iallgather(send, n, mpi_dtype(dt), recv, n, mpi_dtype(dt), comm_, &r->req));
+  }
+  return r;
+}
+
+std::unique_ptr<CommRequest::Impl> MpiComm::do_ireduce_scatter(const void* send, void* recv,
+                                                               int64_t count, DType dt,
+                                                               ReduceOp op) {
+  int n = mpi_count(count, name(), "ireduce_scatter");
+  auto r = std::make_unique<MpiRequest>();
+  MPI_CHECK(MPI_Ireduce_scatter_block(send, recv, n, mpi_dtype(dt), mpi_op(op), comm_, &r->req));
+  return r;
+}
+
+std::unique_ptr<CommRequest::Impl> MpiComm::do_iall_reduce(const void* send, void* recv,
+                                                           int64_t count, DType dt, ReduceOp op) {
+  int n = mpi_count(count, name(), "iall_reduce");
+  auto r = std::make_unique<MpiRequest>();
+  MPI_CHECK(MPI_Iallreduce(send == recv ? MPI_IN_PLACE : send, recv, n, mpi_dtype(dt), mpi_op(op),
+                           comm_, &r->req));
+  return r;
+}
+
+std::unique_ptr<CommRequest::Impl> MpiComm::do_ibroadcast(void* buf, int64_t count, DType dt,
+                                                          int root) {
+  int n = mpi_count(count, name(), "ibroadcast");
+  auto r = std::make_unique<MpiRequest>();
+  MPI_CHECK(MPI_Ibcast(buf, n, mpi_dtype(dt), root, comm_, &r->req));
+  return r;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Factory
+
+bool is_node_local(MPI_Comm comm) {
+  RLHF_CHECK(comm != MPI_COMM_NULL, "is_node_local: MPI_COMM_NULL");
+  MPI_Comm shm = MPI_COMM_NULL;
+  int rank = 0, size = 0, shm_size = 0;
+  MPI_CHECK(MPI_Comm_rank(comm, &rank));
+  MPI_CHECK(MPI_Comm_size(comm, &size));
+  MPI_CHECK(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &shm));
+  int rc = MPI_Comm_size(shm, &shm_size);
+  MPI_Comm_free(&shm);
+  MPI_CHECK(rc);
+  return shm_size == size;
+}
+
+std::unique_ptr<Comm> make_comm(MPI_Comm comm, const std::string& name, CommKind kind,
+                                const ShmCommOptions& opts) {
+  if (comm == MPI_COMM_NULL) return nullptr;
+  if (kind == CommKind::kAuto) {
+    if (const char* env = std::getenv("RLHF_COMM_KIND"); env != nullptr && *env != '\0') {
+      std::string v = env;
+      RLHF_CHECK(v == "mpi" || v == "shm" || v == "auto",
+                 "environment variable RLHF_COMM_KIND='{}' must be mpi, shm or auto", v);
+      kind = v == "mpi" ? CommKind::kMpi : v == "shm" ? CommKind::kShm : CommKind::kAuto;
+    }
+  }
+  if (kind == CommKind::kAuto) kind = is_node_local(comm) ? CommKind::kShm : CommKind::kMpi;
+  if (kind == CommKind::kShm) return std::make_unique<ShmComm>(comm, name, opts);
+  return std::make_unique<MpiComm>(comm, name);
+}
+
+}  // namespace rlhf::parallel

@@ -1,0 +1,16 @@
+// Failure injection for tests: make one rank throw at a named point of a run, to check that a
+// failing rank ends the whole job (main turns any exception into MPI_Abort) instead of leaving the
+// other ranks waiting in a collective.
+#pragma once
+
+namespace rlhf::parallel {
+
+/// Throws rlhf::Error("injected failure at <point> on rank <rank>") when the environment variable
+/// RLHF_INJECT_FAILURE names this point and rank: "<point>:<rank>" (the rank is the last
+/// ':'-separated field, so a point may itself contain ':'; "<point>:*" matches every rank). Several
+/// specs may be given separated by ','. Does nothing when the variable is unset or empty. The
+/// variable is read at every call (a getenv: cheap, but keep it out of inner loops). Throws
+/// rlhf::Error for a malformed spec (no ':' or a rank that is neither an integer nor '*').
+void maybe_inject_failure(const char* point, int rank);
+
+}  // namespace rlhf::parallel
