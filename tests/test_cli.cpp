@@ -9,7 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <optional>
-#include <set>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -57,6 +57,14 @@ struct ScopedEnv {
 ParsedCommand parse(std::vector<std::string> args) {
   args.insert(args.begin(), "rlhf");
   return app::parse_args(args);
+}
+
+/// Splits a command line on spaces.
+std::vector<std::string> split(const std::string& line) {
+  std::vector<std::string> out;
+  std::istringstream is(line);
+  for (std::string w; is >> w;) out.push_back(w);
+  return out;
 }
 
 const app::SftArgs& sft(const ParsedCommand& p) {
@@ -132,31 +140,11 @@ TEST_CASE("cli: sft defaults are OpenRLHF's (and the spec's)") {
 }
 
 TEST_CASE("cli: flags of every type") {
-  const ParsedCommand p = parse({"sft",
-                                 "--dataset",
-                                 "x.jsonl",
-                                 "--model_config",
-                                 "m.json",
-                                 "--max_len",
-                                 "1024",
-                                 "--learning_rate",
-                                 "1e-4",
-                                 "--adam_betas",
-                                 "0.8",
-                                 "0.99",
-                                 "--gradient_checkpointing",
-                                 "--lr_scheduler",
-                                 "constant",
-                                 "--zero_stage",
-                                 "0",
-                                 "--save_steps",
-                                 "100",
-                                 "--truncation",
-                                 "skip",
-                                 "--log_dir",
-                                 "/tmp/x",
-                                 "--max_len",
-                                 "2048"});
+  const ParsedCommand p = parse(
+      split("sft --dataset x.jsonl --model_config m.json --max_len 1024 --learning_rate 1e-4 "
+            "--adam_betas 0.8 0.99 --gradient_checkpointing --lr_scheduler constant --zero_stage 0 "
+            "--save_steps 100 --truncation skip --log_dir /tmp/x --max_len 2048 --max_steps -1 "
+            "--l2=0.1"));
   const app::SftArgs& a = sft(p);
   CHECK(a.model.model_config == "m.json");
   CHECK(a.data.max_len == 2048);  // given twice: the last one wins, as with argparse
@@ -168,6 +156,8 @@ TEST_CASE("cli: flags of every type") {
   CHECK(a.zero.zero_stage == 0);
   CHECK(a.ckpt.save_steps == 100);
   CHECK(a.data.truncation == "skip");
+  CHECK(a.loop.max_steps == -1);  // a negative number is a value, not a flag
+  CHECK(a.optim.l2 == 0.1);
   CHECK(a.common.log_dir == "/tmp/x");  // explicit --log_dir is not replaced by <save_path>/logs
   CHECK(source_of(p, "adam_betas") == OptionSource::kCommandLine);
 }
@@ -496,4 +486,25 @@ TEST_CASE("log: levels and per-rank log files") {
   CHECK(contains(text, "[r003] [warning] warn line 2"));
   CHECK(!contains(text, "rank-0-only"));
   std::filesystem::remove_all(dir.parent_path());
+}
+
+TEST_CASE("log: print_resolved_config writes every option and its value") {
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / fmt::format("rlhf_test_cfg_{}", ::getpid());
+  std::vector<std::string> args = kMinimal;
+  args.insert(args.end(), {"--learning_rate", "0.00025", "--log_dir", dir.string()});
+  const ParsedCommand p = parse(args);
+  app::init_logging({0, 1, "off", dir.string()});  // console off: the table goes to the file only
+  app::print_resolved_config(p);
+  app::flush_logs();
+  app::init_logging({});
+  std::ifstream in(dir / "rank_00000.log");
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  CHECK(contains(text, "rlhf sft: resolved configuration"));
+  CHECK(contains(text, "| learning_rate          | 0.00025 "));
+  CHECK(contains(text, "| dataset                | d.jsonl "));
+  CHECK(contains(text, "| adam_betas             | 0.9 0.95 "));
+  CHECK(contains(text, "| gradient_checkpointing | false "));
+  for (const auto& row : p.config) CHECK(contains(text, "| " + row.key + " "));
+  std::filesystem::remove_all(dir);
 }
