@@ -83,16 +83,26 @@ std::string did_you_mean(const std::string& word, const std::vector<std::string>
   return fmt::format("\nhint: did you mean '{}{}'?", prefix, *best);
 }
 
+/// The alternatives of OptionSpec::target, by index.
+enum Kind : size_t { kBool, kInt, kInt64, kDouble, kString, kPair };
+using Target = decltype(OptionSpec::target);
+static_assert(std::is_same_v<std::variant_alternative_t<kBool, Target>, bool*> &&
+              std::is_same_v<std::variant_alternative_t<kInt, Target>, int*> &&
+              std::is_same_v<std::variant_alternative_t<kInt64, Target>, int64_t*> &&
+              std::is_same_v<std::variant_alternative_t<kDouble, Target>, double*> &&
+              std::is_same_v<std::variant_alternative_t<kString, Target>, std::string*> &&
+              std::is_same_v<std::variant_alternative_t<kPair, Target>, std::array<double, 2>*>);
+
 const char* describe_kind(size_t kind) {
   switch (kind) {
-    case 0:
+    case kBool:
       return "true or false";
-    case 1:
-    case 2:
+    case kInt:
+    case kInt64:
       return "an integer";
-    case 3:
+    case kDouble:
       return "a number";
-    case 4:
+    case kString:
       return "a string";
     default:
       return "an array of 2 numbers";
@@ -148,8 +158,8 @@ std::string location(const std::string& file, const toml::source_region& src) {
   return fmt::format("{}:{}:{}", file, src.begin.line, src.begin.column);
 }
 
-/// Converts a TOML value to an option of `kind` (OptionSpec::target's index); nullopt-like
-/// failure is reported as an error string.
+/// Converts a TOML value to an option of `kind` (OptionSpec::target's index). Strict: a float is
+/// not an integer, an integer is a number. Returns the value, or the reason it does not fit.
 std::variant<OptionValue, std::string> value_from_toml(const toml::node& n, size_t kind) {
   auto number = [](const toml::node& x) -> std::optional<double> {
     if (auto i = x.as_integer()) return static_cast<double>(i->get());
@@ -157,10 +167,10 @@ std::variant<OptionValue, std::string> value_from_toml(const toml::node& n, size
     return std::nullopt;
   };
   switch (kind) {
-    case 0:
+    case kBool:
       if (auto b = n.as_boolean()) return OptionValue{b->get()};
       break;
-    case 1:
+    case kInt:
       if (auto i = n.as_integer()) {
         int64_t v = i->get();
         if (v < std::numeric_limits<int>::min() || v > std::numeric_limits<int>::max())
@@ -168,26 +178,31 @@ std::variant<OptionValue, std::string> value_from_toml(const toml::node& n, size
         return OptionValue{static_cast<int>(v)};
       }
       break;
-    case 2:
+    case kInt64:
       if (auto i = n.as_integer()) return OptionValue{static_cast<int64_t>(i->get())};
       break;
-    case 3:
+    case kDouble:
       if (auto x = number(n)) return OptionValue{*x};
       break;
-    case 4:
+    case kString:
       if (auto s = n.as_string()) return OptionValue{s->get()};
       break;
-    case 5:
+    case kPair:
       if (auto a = n.as_array(); a && a->size() == 2) {
         auto x0 = number(*a->get(0)), x1 = number(*a->get(1));
         if (x0 && x1) return OptionValue{std::array<double, 2>{*x0, *x1}};
       }
       break;
   }
-  return fmt::format("expected {}, got {}", describe_kind(kind), describe_node(n));
+  std::string why = fmt::format("expected {}, got {}", describe_kind(kind), describe_node(n));
+  if (auto f = n.as_floating_point(); f && (kind == kInt || kind == kInt64) &&
+                                      std::isfinite(f->get()) && f->get() == std::trunc(f->get()))
+    why +=
+        fmt::format("\nhint: write integers without a decimal point or exponent: {:.0f}", f->get());
+  return why;
 }
 
-/// Converts an environment variable's text to an option of `kind`.
+/// Converts an environment variable's text to an option of `kind`: the value, or the reason.
 std::variant<OptionValue, std::string> value_from_text(const std::string& s, size_t kind) {
   auto parse_int = [&](int64_t& out) {
     const char* end = s.data() + s.size();
@@ -202,24 +217,24 @@ std::variant<OptionValue, std::string> value_from_text(const std::string& s, siz
   int64_t i = 0;
   double d = 0;
   switch (kind) {
-    case 0:
+    case kBool:
       if (s == "true" || s == "1") return OptionValue{true};
       if (s == "false" || s == "0") return OptionValue{false};
       break;
-    case 1:
+    case kInt:
       if (parse_int(i) && i >= std::numeric_limits<int>::min() &&
           i <= std::numeric_limits<int>::max())
         return OptionValue{static_cast<int>(i)};
       break;
-    case 2:
+    case kInt64:
       if (parse_int(i)) return OptionValue{i};
       break;
-    case 3:
+    case kDouble:
       if (parse_double(s, d)) return OptionValue{d};
       break;
-    case 4:
+    case kString:
       return OptionValue{s};
-    case 5: {
+    case kPair: {
       std::istringstream is(s);
       std::string a, b, extra;
       double x0 = 0, x1 = 0;

@@ -283,6 +283,12 @@ TEST_CASE("cli: TOML errors name file:line:column and the key") {
     const std::string e = usage_error({"sft", "--config", f.str()});
     CHECK(contains(e, f.str() + ":3:11: key 'max_len': expected an integer, got a float (51.2)"));
   }
+  SUBCASE("an integral float for an integer, with a hint") {
+    TempToml f("dataset = \"d\"\npretrain = \"p\"\nmax_samples = 1e6\n");
+    const std::string e = usage_error({"sft", "--config", f.str()});
+    CHECK(contains(e, f.str() + ":3:15: key 'max_samples': expected an integer, got a float"));
+    CHECK(contains(e, "hint: write integers without a decimal point or exponent: 1000000"));
+  }
   SUBCASE("a table") {
     TempToml f("dataset = \"d\"\npretrain = \"p\"\n[max_norm]\nx = 1\n");
     const std::string e = usage_error({"sft", "--config", f.str()});
