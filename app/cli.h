@@ -74,7 +74,7 @@ struct OptionSpec {
   std::string env_name;      ///< environment variable consulted when neither flag nor file set it
   CLI::Option* cli = nullptr;
   OptionSource source = OptionSource::kDefault;
-  std::string origin;  ///< "--flag", "file.toml:3:1" or "ENV" (for error messages)
+  std::string origin;  ///< "--flag", "file.toml:3:1" or "environment variable X"
 
   /// Adds a value constraint (also shown in --help).
   OptionSpec& check(Check c);
