@@ -14,7 +14,7 @@
 #include <type_traits>
 #include <utility>
 
-#include "app/log.h"
+#include "core/log.h"
 
 namespace rlhf::app {
 

@@ -20,7 +20,7 @@
 
 #include "app/cli.h"
 #include "app/commands.h"
-#include "app/log.h"
+#include "core/log.h"
 #include "core/error.h"
 
 namespace {
@@ -35,7 +35,7 @@ int fail(const std::string& what, int status, int world_size) {
     message.insert(eol == std::string::npos ? message.size() : eol, " (" + ctx + ")");
   }
   LOG_CRITICAL("error: {}", message);
-  rlhf::app::flush_logs();
+  rlhf::flush_logs();
   std::cout.flush();
   if (world_size > 1) MPI_Abort(MPI_COMM_WORLD, 1);
   MPI_Finalize();
@@ -62,7 +62,7 @@ int main(int argc, char** argv) {
   int status = 0;
   try {
     // A console-only logger until the command line says where and how much to log.
-    rlhf::app::init_logging({rank, world_size, "info", ""});
+    rlhf::init_logging({rank, world_size, "info", ""});
     if (provided < MPI_THREAD_SERIALIZED)
       LOG0_WARN("MPI provides thread level {} < MPI_THREAD_SERIALIZED", provided);
 
@@ -73,7 +73,7 @@ int main(int argc, char** argv) {
       MPI_Finalize();
       return 0;
     }
-    rlhf::app::init_logging({rank, world_size, cmd.common().log_level, cmd.common().log_dir});
+    rlhf::init_logging({rank, world_size, cmd.common().log_level, cmd.common().log_dir});
     LOG0_INFO("{} | rlhf {} | {} rank{}", rlhf::app::version_string(), cmd.command, world_size,
               world_size == 1 ? "" : "s");
     LOG_DEBUG("rank {} of {} on host {}", rank, world_size, host);
@@ -94,7 +94,7 @@ int main(int argc, char** argv) {
   } catch (...) {
     return fail("unknown exception", 1, world_size);
   }
-  rlhf::app::flush_logs();
+  rlhf::flush_logs();
   MPI_Finalize();
   return status;
 }

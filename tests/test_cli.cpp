@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "app/cli.h"
-#include "app/log.h"
+#include "core/log.h"
 
 using namespace rlhf;
 using app::OptionSource;
@@ -460,7 +460,7 @@ TEST_CASE("cli: help, version, subcommands") {
 
 TEST_CASE("log: format_table draws an llm.c-style box") {
   const std::vector<std::string> t =
-      app::format_table({{"learning_rate", "5e-06"}, {"seed", "42"}}, "option", "value");
+      rlhf::format_table({{"learning_rate", "5e-06"}, {"seed", "42"}}, "option", "value");
   const std::vector<std::string> expected = {
       "+---------------+-------+",  //
       "| option        | value |",  //
@@ -473,19 +473,19 @@ TEST_CASE("log: format_table draws an llm.c-style box") {
 }
 
 TEST_CASE("log: levels and per-rank log files") {
-  CHECK(app::parse_log_level("debug") == spdlog::level::debug);
-  CHECK(app::parse_log_level("warn") == spdlog::level::warn);
-  CHECK_THROWS_AS(app::parse_log_level("loud"), rlhf::Error);
+  CHECK(rlhf::parse_log_level("debug") == spdlog::level::debug);
+  CHECK(rlhf::parse_log_level("warn") == spdlog::level::warn);
+  CHECK_THROWS_AS(rlhf::parse_log_level("loud"), rlhf::Error);
 
   const std::filesystem::path dir =
       std::filesystem::temp_directory_path() / fmt::format("rlhf_test_log_{}", ::getpid()) / "logs";
-  app::init_logging({3, 4, "off", dir.string()});
-  CHECK(app::log_rank() == 3);
+  rlhf::init_logging({3, 4, "off", dir.string()});
+  CHECK(rlhf::log_rank() == 3);
   LOG_DEBUG("debug line {}", 1);
   LOG0_INFO("rank-0-only line");  // not rank 0: dropped
   LOG_WARN("warn line {}", 2);
-  app::flush_logs();
-  app::init_logging({});  // back to a plain rank-0 console logger for the other tests
+  rlhf::flush_logs();
+  rlhf::init_logging({});  // back to a plain rank-0 console logger for the other tests
   std::ifstream in(dir / "rank_00003.log");
   std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   CHECK(contains(text, "[r003] [debug] debug line 1"));
@@ -500,10 +500,10 @@ TEST_CASE("log: print_resolved_config writes every option and its value") {
   std::vector<std::string> args = kMinimal;
   args.insert(args.end(), {"--learning_rate", "0.00025", "--log_dir", dir.string()});
   const ParsedCommand p = parse(args);
-  app::init_logging({0, 1, "off", dir.string()});  // console off: the table goes to the file only
+  rlhf::init_logging({0, 1, "off", dir.string()});  // console off: the table goes to the file only
   app::print_resolved_config(p);
-  app::flush_logs();
-  app::init_logging({});
+  rlhf::flush_logs();
+  rlhf::init_logging({});
   std::ifstream in(dir / "rank_00000.log");
   std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   CHECK(contains(text, "rlhf sft: resolved configuration"));

@@ -15,7 +15,7 @@
 #include <utility>
 #include <vector>
 
-namespace rlhf::app {
+namespace rlhf {
 
 /// What init_logging needs to know about this process.
 struct LogOptions {
@@ -54,7 +54,7 @@ void log0_table(const std::vector<std::pair<std::string, std::string>>& rows,
                 const std::string& left_header = "Parameter",
                 const std::string& right_header = "Value");
 
-}  // namespace rlhf::app
+}  // namespace rlhf
 
 // Every rank.
 #define LOG_TRACE(...) ::spdlog::trace(__VA_ARGS__)
@@ -67,13 +67,13 @@ void log0_table(const std::vector<std::pair<std::string, std::string>>& rows,
 // Rank 0 only.
 #define LOG0_DEBUG(...)                                             \
   do {                                                              \
-    if (::rlhf::app::log_rank() == 0) ::spdlog::debug(__VA_ARGS__); \
+    if (::rlhf::log_rank() == 0) ::spdlog::debug(__VA_ARGS__); \
   } while (0)
 #define LOG0_INFO(...)                                             \
   do {                                                             \
-    if (::rlhf::app::log_rank() == 0) ::spdlog::info(__VA_ARGS__); \
+    if (::rlhf::log_rank() == 0) ::spdlog::info(__VA_ARGS__); \
   } while (0)
 #define LOG0_WARN(...)                                             \
   do {                                                             \
-    if (::rlhf::app::log_rank() == 0) ::spdlog::warn(__VA_ARGS__); \
+    if (::rlhf::log_rank() == 0) ::spdlog::warn(__VA_ARGS__); \
   } while (0)

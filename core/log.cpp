@@ -1,4 +1,4 @@
-#include "app/log.h"
+#include "core/log.h"
 
 #include <spdlog/sinks/basic_file_sink.h>
 #include <spdlog/sinks/stdout_color_sinks.h>
@@ -11,7 +11,7 @@
 
 #include "core/error.h"
 
-namespace rlhf::app {
+namespace rlhf {
 
 namespace {
 std::atomic<int> g_rank{0};
@@ -109,4 +109,4 @@ void log0_table(const std::vector<std::pair<std::string, std::string>>& rows,
   for (const std::string& l : format_table(rows, left_header, right_header)) spdlog::info("{}", l);
 }
 
-}  // namespace rlhf::app
+}  // namespace rlhf
