@@ -38,9 +38,10 @@ template <typename T>
 void embedding_backward_cpu(T* dwte, const T* dout, const int32_t* tokens, int64_t N, int64_t C,
                             int64_t V) {
   check_tokens(tokens, N, V, "embedding_backward_cpu");
-  // Each thread owns a disjoint column range of dwte (a multiple of one 64-byte cache line, so no
-  // two threads write the same line) and walks all tokens in order: every dwte element receives
-  // its additions in token order whatever the thread count, and repeated tokens need no atomics.
+  // Each thread owns a disjoint column range of dwte and walks all tokens in order: every dwte
+  // element receives its additions in token order whatever the thread count, and repeated tokens
+  // need no atomics. Ranges are whole multiples of 64 bytes, so when rows are cache-line aligned
+  // (C·sizeof(T) a multiple of 64, e.g. C = 288 in fp32) no two threads write the same line.
   constexpr int64_t kLine = 64 / sizeof(T);
   const int64_t nlines = (C + kLine - 1) / kLine;
 #pragma omp parallel if (N * C >= 32768)
