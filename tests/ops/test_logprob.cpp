@@ -90,6 +90,7 @@ TEST_CASE("logprob backward vs finite differences") {
   const ScopedThreads one_thread(1);
   check_logprob_grad(6, 1000, 1.0 / 0.7, 3, true);  // realistic vocab slice, temperature 0.7
   check_logprob_grad(6, 1000, 1.0, 0, false);       // no entropy term
+  check_logprob_grad(6, 1000, 1.0, 2, false);       // masked rows without entropy: zero rows
   check_logprob_grad(5, 7, 0.8, 2, true);           // odd
   check_logprob_grad(3, 2, 2.5, 0, true);           // two classes
   check_logprob_grad(1, 13, 1.3, 0, true);          // one row

@@ -38,6 +38,11 @@ inline void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, double alpha
 // the full T×T work).
 constexpr int64_t kRowBlock = 64;
 
+// n rounded up to a whole number of 16-lane vectors, capped at the row length.
+inline int64_t padded_len(int64_t n, int64_t row_len) {
+  return std::min(row_len, (n + 15) / 16 * 16);
+}
+
 void check_dims(const char* op, int64_t B, int64_t T_, int64_t H, int64_t Hkv, int64_t D) {
   RLHF_CHECK(B > 0 && T_ > 0 && H > 0 && Hkv > 0 && D > 0,
              "{}: all dimensions must be > 0, got B={} T={} H={} Hkv={} D={}", op, B, T_, H, Hkv,
@@ -73,21 +78,24 @@ void attention_forward_cpu(T* out, T* att, const T* q, const T* k, const T* v, i
       gemm(false, true, m, t1, D, sc, qb + t0 * qs, qs, kb, ks, T(0), P + t0 * T_, T_);
       for (int64_t t = t0; t < t1; ++t) {
         T* row = P + t * T_;
-        const int64_t n = t + 1;
+        const int64_t n = t + 1, n_pad = padded_len(n, T_);
+        // −inf in the padding: the vector loops below then run whole vectors only (a scalar
+        // remainder of exp calls costs more than the vector part for short rows) and give 0 there.
+        for (int64_t s = n; s < n_pad; ++s) row[s] = -std::numeric_limits<T>::infinity();
         T mx = -std::numeric_limits<T>::infinity();
 #pragma omp simd simdlen(16) reduction(max : mx)
-        for (int64_t s = 0; s < n; ++s) mx = row[s] > mx ? row[s] : mx;  // std::max stays scalar
+        for (int64_t s = 0; s < n_pad; ++s) mx = row[s] > mx ? row[s] : mx;  // std::max: scalar
         T sum = 0;
 #pragma omp simd simdlen(16) reduction(+ : sum)
-        for (int64_t s = 0; s < n; ++s) {
+        for (int64_t s = 0; s < n_pad; ++s) {
           const T e = exp_vec(row[s] - mx);
           row[s] = e;
           sum += e;
         }
         const T inv = T(1) / sum;
 #pragma omp simd simdlen(16)
-        for (int64_t s = 0; s < n; ++s) row[s] *= inv;
-        std::fill(row + n, row + T_, T(0));
+        for (int64_t s = 0; s < n_pad; ++s) row[s] *= inv;
+        std::fill(row + n_pad, row + T_, T(0));
       }
       gemm(false, false, m, D, t1, T(1), P + t0 * T_, T_, vb, ks, T(0), ob + t0 * qs, qs);
     }
@@ -141,13 +149,14 @@ void attention_backward_cpu(T* dq, T* dk, T* dv, const T* dout, const T* att, co
           for (int64_t t = t0; t < t1; ++t) {
             const T* prow = P + t * T_;
             T* drow = ds + (t - t0) * t1;
-            const int64_t n = t + 1;
+            // Whole vectors: beyond the diagonal P is 0, so those entries of dS come out 0.
+            const int64_t n_pad = padded_len(t + 1, t1);
             T dot = 0;
 #pragma omp simd simdlen(16) reduction(+ : dot)
-            for (int64_t s = 0; s < n; ++s) dot += prow[s] * drow[s];
+            for (int64_t s = 0; s < n_pad; ++s) dot += prow[s] * drow[s];
 #pragma omp simd simdlen(16)
-            for (int64_t s = 0; s < n; ++s) drow[s] = sc * prow[s] * (drow[s] - dot);
-            std::fill(drow + n, drow + t1, T(0));
+            for (int64_t s = 0; s < n_pad; ++s) drow[s] = sc * prow[s] * (drow[s] - dot);
+            std::fill(drow + n_pad, drow + t1, T(0));
           }
           // dQ[t0:t1] = dS · K[0:t1]
           gemm(false, false, m, D, t1, T(1), ds, t1, kb, ks, T(0), dqb + t0 * qs, qs);

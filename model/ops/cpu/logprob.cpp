@@ -81,6 +81,10 @@ void logprob_backward_cpu(T* dlogits, const T* dlp, const T* dentropy, const T* 
     const int32_t t = targets[n];
     const T a = (dlp != nullptr && t >= 0) ? dlp[n] : T(0);
     const T b = with_entropy ? dentropy[n] : T(0);
+    if (a == T(0) && b == T(0)) {  // e.g. a prompt position: no target, no entropy term
+      std::fill(dx, dx + V, T(0));
+      continue;
+    }
     const T l = lse[n];
     const T h = with_entropy ? entropy[n] : T(0);
     // dx_j = scale·[a·(onehot_j − p_j) − b·p_j·(log p_j + H)]
