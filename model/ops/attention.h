@@ -10,8 +10,10 @@ namespace rlhf::model {
 /// q, out: (B, T, H, D); k, v: (B, T, Hkv, D); att: (B, H, T, T) softmax probabilities saved for
 /// backward (entries s > t are zero). All assigned (=). q/k/v are expected after RoPE.
 /// CPU: OpenMP over (b, h), BLAS GEMMs per block of query rows (single-threaded inside the
-/// parallel region), the masked upper triangle skipped block by block. Throws rlhf::Error if a
-/// dimension is ≤ 0 or H % Hkv != 0.
+/// parallel region), the masked upper triangle skipped block by block. Inputs must be finite:
+/// inside a block of 64 query rows a non-finite v at a later position meets a zero probability,
+/// and 0·NaN would reach the earlier rows. Throws rlhf::Error if a dimension is ≤ 0 or
+/// H % Hkv != 0.
 template <typename T>
 void attention_forward_cpu(T* out, T* att, const T* q, const T* k, const T* v, int64_t B,
                            int64_t T_, int64_t H, int64_t Hkv, int64_t D);
