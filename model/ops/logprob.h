@@ -10,16 +10,19 @@ namespace rlhf::model {
 /// For each row n with z = scale · logits[n, :] (scale = 1/temperature):
 ///   lse[n] = log Σ_j exp(z_j),  lp[n] = z[targets[n]] − lse[n]  (log π(target)),
 ///   entropy[n] = lse[n] − Σ_j softmax(z)_j · z_j   (skipped when entropy is nullptr).
-/// A target of −1 means "no target": lp[n] = 0. Other targets outside [0, V) throw rlhf::Error.
-/// lp, lse, entropy: (N); logits: (N, V); targets: (N) int32.
+/// A target of −1 means "no target": lp[n] = 0 (lse and entropy are still computed).
+/// lp, lse, entropy: (N), assigned; logits: (N, V); targets: (N) int32.
+/// Throws rlhf::Error naming the row if a target is outside [0, V) and not −1, or if V ≤ 0.
+/// CPU float: exp by exp_fast (model/ops/cpu/vec_math.h, ≤ 2 ulp); double: std::exp.
 template <typename T>
 void logprob_forward_cpu(T* lp, T* lse, T* entropy, const T* logits, const int32_t* targets,
                          int64_t N, int64_t V, T scale);
 
 /// dlogits = scale · [ dlp[n] · (onehot(target) − p) + dentropy[n] · (−p ⊙ (log p + H)) ],
 /// p = softmax(scale·logits), H = entropy (assigned). dlogits may alias logits (in place).
-/// dentropy and entropy may be nullptr (no entropy term). Rows with target −1 get only the entropy
-/// term. dlp, dentropy: (N).
+/// dentropy and entropy may be nullptr (no entropy term); dlp may be nullptr (no log-prob term).
+/// Rows with target −1 get only the entropy term. dlp, dentropy: (N); lse, entropy from forward
+/// (same scale). Throws on bad targets like forward.
 template <typename T>
 void logprob_backward_cpu(T* dlogits, const T* dlp, const T* dentropy, const T* logits,
                           const T* lse, const T* entropy, const int32_t* targets, int64_t N,

@@ -6,6 +6,10 @@
 namespace rlhf::model {
 
 /// h = silu(gate) ⊙ up. h, gate, up: (N, F) (h may not alias the inputs).
+/// σ is evaluated from exp(−|x|), so any finite gate gives finite results (silu(100) = 100,
+/// silu(−100) ≈ 0). The fp32 version uses a vectorisable exp (Taylor to r⁷ after ln2 range
+/// reduction); against the fp64 version it is within 1e−6 relative (floor 0.1) for gate in [−100,
+/// 100].
 template <typename T>
 void swiglu_forward_cpu(T* h, const T* gate, const T* up, int64_t N, int64_t F);
 

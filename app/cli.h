@@ -1,0 +1,313 @@
+// The `rlhf` command line: one argument struct per subcommand, built from reusable option groups,
+// and the parser that fills them from argv (CLI11) and an optional TOML file (toml++).
+//
+// Precedence, highest first: command-line flag > `--config` TOML file > environment variable (only
+// for options that name one, e.g. RLHF_RANKS_PER_NODE) > the default written in the struct.
+//
+// Adding an option: add the field to a group (or command) struct below and one line to its bind():
+//     o.add("max_len", max_len, "Max tokens per sample").check(ge(1));
+// That single registration makes `--max_len` a flag, a `max_len = ...` TOML key, a help line with
+// its default, a row of the resolved-config table, and applies the check to whichever source won.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "core/error.h"
+
+namespace CLI {
+class App;
+class Option;
+}  // namespace CLI
+
+namespace rlhf::app {
+
+/// A mistake in how the program was invoked (unknown flag, bad value, bad TOML, missing required
+/// option). main() exits with status 2 for it (1 for every other error).
+class UsageError : public Error {
+ public:
+  explicit UsageError(std::string message) : Error(std::move(message), "") {}
+};
+
+// -------------------------------------------------------------------------------------------------
+// Option registry
+
+/// The current value of one option, whatever its type (used by checks and the config table).
+using OptionValue = std::variant<bool, int, int64_t, double, std::string, std::array<double, 2>>;
+
+/// A value constraint: `text` is shown in --help ("> 0", "truncate|skip"); `fn` returns "" when the
+/// value is acceptable, otherwise the reason (e.g. "must be > 0").
+struct Check {
+  std::string text;
+  std::function<std::string(const OptionValue&)> fn;
+};
+
+/// Numeric checks: they apply to int, int64_t and double options, and to every element of an
+/// array option. gt: x > v; ge: x >= v; le: x <= v; range: lo <= x <= hi; below: x < v.
+Check gt(double v);
+Check ge(double v);
+Check le(double v);
+Check below(double v);
+Check range(double lo, double hi);
+/// Integer option must be one of `allowed` (e.g. --zero_stage 0|3).
+Check one_of_int(std::vector<int64_t> allowed);
+/// String option must be one of `allowed` (e.g. --truncation truncate|skip).
+Check one_of(std::vector<std::string> allowed);
+/// Integer option is -1 ("off"/"derive it") or >= v (e.g. --save_steps).
+Check minus_one_or_ge(int64_t v);
+
+/// Where an option's final value came from.
+enum class OptionSource { kDefault, kCommandLine, kConfigFile, kEnvironment };
+
+/// One registered option. Created by OptionSet::add; chain .check()/.required()/.env() on it.
+struct OptionSpec {
+  std::string key;          ///< TOML key and flag name without dashes, e.g. "learning_rate"
+  std::string description;  ///< one line, as given to add()
+  std::variant<bool*, int*, int64_t*, double*, std::string*, std::array<double, 2>*> target;
+  std::vector<Check> checks;
+  bool is_required = false;  ///< string option that must end up non-empty
+  std::string env_name;      ///< environment variable consulted when neither flag nor file set it
+  CLI::Option* cli = nullptr;
+  OptionSource source = OptionSource::kDefault;
+  std::string origin;  ///< "--flag", "file.toml:3:1" or "environment variable X"
+
+  /// Adds a value constraint (also shown in --help).
+  OptionSpec& check(Check c);
+  /// Marks a string option as required: after merging CLI, file and env it must be non-empty.
+  OptionSpec& required();
+  /// The option also reads `name` from the environment when not given by flag or file.
+  OptionSpec& env(std::string name);
+
+  /// The current value of the bound field.
+  OptionValue value() const;
+};
+
+/// The options of one subcommand. Groups register their fields with add(); the parser then fills
+/// them from the command line, the TOML file and the environment, and runs the checks.
+class OptionSet {
+ public:
+  OptionSet(CLI::App* app, std::string command);
+  OptionSet(const OptionSet&) = delete;
+  OptionSet& operator=(const OptionSet&) = delete;
+
+  /// Registers `--<key>` bound to `field` (its current value is the default shown in --help).
+  /// T is one of bool (a flag: `--key`, `--key=false`; TOML true/false), int, int64_t, double,
+  /// std::string, std::array<double, 2> (`--key 0.9 0.95`; TOML [0.9, 0.95]).
+  template <class T>
+  OptionSpec& add(const std::string& key, T& field, std::string description);
+
+  const std::string& command() const { return command_; }
+  CLI::App* app() const { return app_; }
+  std::deque<OptionSpec>& specs() { return specs_; }
+  const std::deque<OptionSpec>& specs() const { return specs_; }
+  /// The spec for `key`, or nullptr.
+  const OptionSpec* find(const std::string& key) const;
+
+ private:
+  CLI::App* app_;
+  std::string command_;
+  std::deque<OptionSpec> specs_;  // deque: references stay valid as options are added
+};
+
+// -------------------------------------------------------------------------------------------------
+// Option groups (shared between subcommands; later subcommands extend or add groups)
+
+/// Options every subcommand has.
+struct CommonArgs {
+  std::string config;              ///< --config: TOML file with option values (not a TOML key)
+  int64_t seed = 42;               ///< --seed: RNG seed for data order, init and sampling
+  std::string log_level = "info";  ///< --log_level: console level on rank 0
+  std::string log_dir;  ///< --log_dir: per-rank log files; "" = <save_path>/logs (or none)
+  bool disable_progress = false;  ///< --disable_progress: no progress lines
+
+  void bind(OptionSet& o);
+};
+
+/// The model to train: random init from a config, or a checkpoint. Exactly one must be given.
+struct ModelArgs {
+  std::string model_config;  ///< --model_config: JSON/TOML ModelConfig for random init
+  std::string pretrain;      ///< --pretrain: HDF5 checkpoint to start from
+
+  void bind(OptionSet& o);
+  /// Throws UsageError unless exactly one of model_config / pretrain is set.
+  void validate() const;
+};
+
+/// A JSONL dataset and how samples are cut to length.
+struct DatasetArgs {
+  std::string dataset;                  ///< --dataset: path (required)
+  int64_t max_len = 512;                ///< --max_len: max tokens per sample
+  std::string truncation = "truncate";  ///< --truncation: "truncate" | "skip" longer samples
+  int64_t max_samples = 100000000;      ///< --max_samples: use at most this many samples
+
+  void bind(OptionSet& o);
+};
+
+/// Batch sizes and the length of training (OpenRLHF semantics: train_batch_size is global).
+struct TrainLoopArgs {
+  int64_t micro_train_batch_size = 8;  ///< --micro_train_batch_size: per rank, per forward
+  int64_t train_batch_size = 128;      ///< --train_batch_size: global, per optimizer step
+  int64_t max_epochs = 1;              ///< --max_epochs
+  int64_t max_steps = -1;              ///< --max_steps: -1 = derived from max_epochs
+
+  void bind(OptionSet& o);
+};
+
+/// AdamW and the learning-rate schedule.
+struct OptimArgs {
+  double learning_rate = 5e-6;                      ///< --learning_rate: peak LR
+  std::string lr_scheduler = "cosine_with_min_lr";  ///< --lr_scheduler
+  double lr_warmup_ratio = 0.03;                    ///< --lr_warmup_ratio: of total steps
+  std::array<double, 2> adam_betas = {0.9, 0.95};   ///< --adam_betas: beta1 beta2
+  double l2 = 0.0;                                  ///< --l2: AdamW weight decay
+  double max_norm = 1.0;  ///< --max_norm: global grad-norm clip; 0 = no clipping
+
+  void bind(OptionSet& o);
+};
+
+/// ZeRO-3 training strategy (DeepSpeed/OpenRLHF flag names).
+struct ZeroArgs {
+  int zero_stage = 3;                   ///< --zero_stage: 0 (replicated) or 3 (sharded)
+  bool adam_offload = false;            ///< --adam_offload: Adam state + step on the host
+  bool gradient_checkpointing = false;  ///< --gradient_checkpointing: recompute activations
+
+  void bind(OptionSet& o);
+};
+
+/// Process placement and threading.
+struct ParallelArgs {
+  int ranks_per_node = 0;      ///< --ranks_per_node: 0 = detect (env RLHF_RANKS_PER_NODE)
+  int gen_ranks_per_node = 0;  ///< --gen_ranks_per_node: 0 = colocated (every rank does both)
+  int threads = 0;             ///< --threads: OpenMP threads per rank; 0 = cores / ranks on node
+
+  void bind(OptionSet& o);
+};
+
+/// Checkpointing and logging cadence.
+struct CheckpointArgs {
+  std::string save_path = "./ckpt";  ///< --save_path: checkpoint directory
+  int64_t save_steps = -1;           ///< --save_steps: -1 = only at the end
+  int64_t logging_steps = 1;         ///< --logging_steps: step line every N steps
+
+  void bind(OptionSet& o);
+};
+
+// -------------------------------------------------------------------------------------------------
+// Subcommands
+
+/// `rlhf sft`: supervised fine-tuning / pre-training on JSONL.
+struct SftArgs {
+  CommonArgs common;
+  ModelArgs model;
+  DatasetArgs data;
+  std::string input_key = "input";    ///< --input_key: JSON key of the prompt
+  std::string output_key = "output";  ///< --output_key: JSON key of the response
+  TrainLoopArgs loop;
+  OptimArgs optim;
+  ZeroArgs zero;
+  ParallelArgs parallel;
+  CheckpointArgs ckpt;
+
+  void bind(OptionSet& o);
+  /// Cross-option checks; also resolves common.log_dir "" to <save_path>/logs.
+  void validate();
+};
+
+/// `rlhf rm` (not implemented yet: options to come).
+struct RmArgs {
+  CommonArgs common;
+  void bind(OptionSet& o) { common.bind(o); }
+  void validate() {}
+};
+/// `rlhf grpo` (not implemented yet).
+struct GrpoArgs {
+  CommonArgs common;
+  void bind(OptionSet& o) { common.bind(o); }
+  void validate() {}
+};
+/// `rlhf ppo` (not implemented yet).
+struct PpoArgs {
+  CommonArgs common;
+  void bind(OptionSet& o) { common.bind(o); }
+  void validate() {}
+};
+/// `rlhf generate` (not implemented yet).
+struct GenerateArgs {
+  CommonArgs common;
+  void bind(OptionSet& o) { common.bind(o); }
+  void validate() {}
+};
+/// `rlhf export` (not implemented yet).
+struct ExportArgs {
+  CommonArgs common;
+  void bind(OptionSet& o) { common.bind(o); }
+  void validate() {}
+};
+/// `rlhf import` (not implemented yet).
+struct ImportArgs {
+  CommonArgs common;
+  void bind(OptionSet& o) { common.bind(o); }
+  void validate() {}
+};
+/// `rlhf bench` (not implemented yet).
+struct BenchArgs {
+  CommonArgs common;
+  void bind(OptionSet& o) { common.bind(o); }
+  void validate() {}
+};
+
+/// The arguments of the selected subcommand; the alternative's index is the subcommand's position
+/// in kCommandNames.
+using CommandArgs = std::variant<SftArgs, RmArgs, GrpoArgs, PpoArgs, GenerateArgs, ExportArgs,
+                                 ImportArgs, BenchArgs>;
+
+/// Subcommand names, in CommandArgs order.
+inline constexpr std::array<const char*, 8> kCommandNames = {
+    "sft", "rm", "grpo", "ppo", "generate", "export", "import", "bench"};
+
+/// One row of the resolved configuration: option key, its value as text, and where it came from.
+struct ConfigRow {
+  std::string key;
+  std::string value;
+  OptionSource source;
+};
+
+/// The outcome of parsing argv.
+struct ParsedCommand {
+  enum class Action {
+    kRun,           ///< run `command` with `args`
+    kPrintHelp,     ///< print `text` (the help of the program or a subcommand) and exit 0
+    kPrintVersion,  ///< print `text` and exit 0
+  };
+  Action action = Action::kRun;
+  std::string text;               ///< help/version text for kPrintHelp/kPrintVersion
+  std::string command;            ///< "sft", "rm", ... (kRun)
+  CommandArgs args;               ///< filled and validated (kRun)
+  std::vector<ConfigRow> config;  ///< every option of `command`, in registration order (kRun)
+
+  /// The CommonArgs of whichever command was parsed.
+  const CommonArgs& common() const;
+};
+
+/// Parses a full argv (argv[0] is the program name) into the selected subcommand's struct:
+/// command line, then the `--config` TOML file for options not given as flags, then environment
+/// variables, then checks. Pure apart from reading the config file and the environment; no MPI.
+/// Throws UsageError with a one-line (plus optional "hint:" line) message that names the flag, or
+/// the file:line:column and key, at fault.
+ParsedCommand parse_args(const std::vector<std::string>& argv);
+
+/// The version line printed by `rlhf --version`.
+std::string version_string();
+
+/// Prints the resolved configuration of `cmd` as a two-column table on rank 0 (info).
+void print_resolved_config(const ParsedCommand& cmd);
+
+/// Renders an option value as text ("true", "5e-06", "0.9 0.95", "ckpt").
+std::string to_string(const OptionValue& v);
+
+}  // namespace rlhf::app

@@ -1,0 +1,39 @@
+// Placeholders for subcommands that do not exist yet. Each one fails loudly; when a subcommand is
+// implemented in app/cmd_<name>.cpp, delete its stub here.
+#include "app/commands.h"
+
+namespace rlhf::app {
+
+int run_sft(const SftArgs&) {
+  RLHF_FAIL("`rlhf sft` is not implemented yet");
+}
+
+int run_rm(const RmArgs&) {
+  RLHF_FAIL("`rlhf rm` is not implemented yet");
+}
+
+int run_grpo(const GrpoArgs&) {
+  RLHF_FAIL("`rlhf grpo` is not implemented yet");
+}
+
+int run_ppo(const PpoArgs&) {
+  RLHF_FAIL("`rlhf ppo` is not implemented yet");
+}
+
+int run_generate(const GenerateArgs&) {
+  RLHF_FAIL("`rlhf generate` is not implemented yet");
+}
+
+int run_export(const ExportArgs&) {
+  RLHF_FAIL("`rlhf export` is not implemented yet");
+}
+
+int run_import(const ImportArgs&) {
+  RLHF_FAIL("`rlhf import` is not implemented yet");
+}
+
+int run_bench(const BenchArgs&) {
+  RLHF_FAIL("`rlhf bench` is not implemented yet");
+}
+
+}  // namespace rlhf::app

@@ -1,0 +1,32 @@
+// The subcommands' entry points, one per `rlhf <command>`, each taking its parsed arguments.
+//
+// Each returns the process exit status (0 on success) and throws rlhf::Error on failure; main()
+// turns the exception into a logged error and an MPI_Abort. They run on every rank, after MPI is
+// initialised and logging is set up (app/log.h).
+#pragma once
+
+#include "app/cli.h"
+
+namespace rlhf::app {
+
+/// `rlhf sft`: supervised fine-tuning / pre-training.
+int run_sft(const SftArgs& args);
+/// `rlhf rm`: reward-model training.
+int run_rm(const RmArgs& args);
+/// `rlhf grpo`: GRPO training.
+int run_grpo(const GrpoArgs& args);
+/// `rlhf ppo`: PPO training.
+int run_ppo(const PpoArgs& args);
+/// `rlhf generate`: sampling from a checkpoint.
+int run_generate(const GenerateArgs& args);
+/// `rlhf export`: HDF5 checkpoint -> Hugging Face safetensors.
+int run_export(const ExportArgs& args);
+/// `rlhf import`: Hugging Face safetensors -> HDF5 checkpoint.
+int run_import(const ImportArgs& args);
+/// `rlhf bench`: benchmarks.
+int run_bench(const BenchArgs& args);
+
+/// Calls the run_* function of whichever command `args` holds.
+int run_command(const CommandArgs& args);
+
+}  // namespace rlhf::app

@@ -1,0 +1,33 @@
+// metrics.jsonl: one JSON object per line, appended and flushed line by line (DESIGN.md §3).
+#pragma once
+
+#include <nlohmann/json_fwd.hpp>
+
+#include <cstdio>
+#include <string>
+
+namespace rlhf::io {
+
+/// Appends records to `<dir>/metrics.jsonl`. The caller decides who writes (rank 0 only).
+/// Each write() is one line, flushed at once, so a crashed run keeps every finished step.
+class MetricsWriter {
+ public:
+  /// Creates `dir` (and parents) if needed and opens `<dir>/metrics.jsonl` for appending.
+  /// Throws rlhf::Error "cannot create directory <dir>: ..." / "cannot open <file>: <strerror>".
+  explicit MetricsWriter(const std::string& dir);
+  ~MetricsWriter();
+  MetricsWriter(const MetricsWriter&) = delete;
+  MetricsWriter& operator=(const MetricsWriter&) = delete;
+
+  /// Appends `record` (a JSON object; NaN/Inf become null) as one line and flushes.
+  /// Throws rlhf::Error if `record` is not an object or the write fails.
+  void write(const nlohmann::json& record);
+  /// `<dir>/metrics.jsonl`.
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+  std::FILE* file_ = nullptr;
+};
+
+}  // namespace rlhf::io

@@ -1,0 +1,230 @@
+#include "io/sft_dataset.h"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cctype>
+#include <filesystem>
+
+#include "core/error.h"
+#include "io/jsonl.h"
+
+namespace rlhf::io {
+
+OverlongPolicy overlong_policy_from_string(const std::string& s) {
+  if (s == "truncate") return OverlongPolicy::kTruncate;
+  if (s == "skip") return OverlongPolicy::kSkip;
+  RLHF_FAIL("unknown overlong policy '{}'\nhint: truncate or skip", s);
+}
+
+const char* to_string(OverlongPolicy p) {
+  return p == OverlongPolicy::kTruncate ? "truncate" : "skip";
+}
+
+std::string SftDatasetStats::summary() const {
+  return fmt::format(
+      "{} samples ({} truncated, {} skipped of {} read), {} tokens, {} loss tokens{}",
+      total - skipped, truncated, skipped, total, tokens, loss_tokens,
+      limited ? ", limited by --max_samples" : "");
+}
+
+namespace {
+
+// Builder state shared by the JSON formats.
+struct JsonBuilder {
+  const std::string& path;
+  const Tokenizer& tok;
+  const SftDatasetOptions& opt;
+  SftDataset& ds;
+  int64_t skipped_overlong = 0;  // kSkip
+  int64_t skipped_prompt = 0;    // prompt fills max_len
+
+  std::string field(const nlohmann::json& obj, const std::string& key, const char* flag,
+                    const std::string& where) const {
+    if (!obj.contains(key)) {
+      std::vector<std::string> keys;
+      for (auto it = obj.begin(); it != obj.end(); ++it) keys.push_back("'" + it.key() + "'");
+      RLHF_FAIL(
+          "{}: missing key '{}' ({})\nhint: the record's keys are {}; choose them with "
+          "--input_key / --output_key",
+          where, key, flag, keys.empty() ? "none" : fmt::format("{}", fmt::join(keys, ", ")));
+    }
+    const nlohmann::json& v = obj[key];
+    RLHF_CHECK(v.is_string(), "{}: key '{}' must be a string, got {} ({})", where, key,
+               v.type_name(), flag);
+    return v.get<std::string>();
+  }
+
+  // Adds the record; `where` is "file:line" or "file: record i".
+  void add(const nlohmann::json& obj, const std::string& where) {
+    RLHF_CHECK(obj.is_object(), "{}: expected a JSON object, got {}", where, obj.type_name());
+    const std::string prompt = field(obj, opt.input_key, "--input_key", where);
+    const std::string response = field(obj, opt.output_key, "--output_key", where);
+    ++ds.stats.total;
+    SftSample s;
+    s.tokens = tok.encode(prompt, /*add_bos=*/true, /*add_eos=*/false);
+    const int64_t prompt_len = static_cast<int64_t>(s.tokens.size());
+    const std::vector<int32_t> r = tok.encode(response, false, /*add_eos=*/true);
+    s.tokens.insert(s.tokens.end(), r.begin(), r.end());
+    if (static_cast<int64_t>(s.tokens.size()) > opt.max_len) {
+      if (opt.overlong == OverlongPolicy::kSkip) {
+        ++ds.stats.skipped;
+        ++skipped_overlong;
+        return;
+      }
+      if (prompt_len >= opt.max_len) {  // nothing of the response would remain
+        ++ds.stats.skipped;
+        ++skipped_prompt;
+        return;
+      }
+      s.tokens.resize(static_cast<size_t>(opt.max_len));
+      ++ds.stats.truncated;
+    }
+    s.prompt_len = static_cast<int32_t>(prompt_len);
+    ds.stats.tokens += static_cast<int64_t>(s.tokens.size());
+    ds.stats.loss_tokens += static_cast<int64_t>(s.tokens.size()) - prompt_len;
+    ds.samples.push_back(std::move(s));
+  }
+
+  bool full() const { return opt.max_samples >= 0 && ds.stats.total >= opt.max_samples; }
+
+  void check_not_empty() const {
+    RLHF_CHECK(ds.stats.total > 0, "{}: no SFT samples: the file holds no JSON records", path);
+    RLHF_CHECK(!ds.samples.empty(),
+               "{}: no usable SFT sample: all {} were skipped ({} longer than --max_len {} with "
+               "--overlong skip, {} whose prompt alone fills --max_len)\nhint: raise --max_len, "
+               "or use --overlong truncate",
+               path, ds.stats.total, skipped_overlong, opt.max_len, skipped_prompt);
+  }
+};
+
+std::string lower_extension(const std::string& path) {
+  std::string ext = std::filesystem::path(path).extension().string();
+  std::transform(ext.begin(), ext.end(), ext.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  return ext;
+}
+
+bool is_blank_line(std::string_view s) {
+  return s.find_first_not_of(" \t\r\f\v") == std::string_view::npos;
+}
+
+void build_text(const std::string& path, const Tokenizer& tok, const SftDatasetOptions& opt,
+                SftDataset& ds) {
+  const std::string text = read_text_file(path);
+  // The token stream: BOS doc EOS for every blank-line-separated document.
+  std::vector<int32_t> stream;
+  std::string doc;
+  auto flush_doc = [&] {
+    if (doc.empty()) return;
+    const std::vector<int32_t> ids = tok.encode(doc, true, true);
+    stream.insert(stream.end(), ids.begin(), ids.end());
+    doc.clear();
+  };
+  size_t pos = 0;
+  while (pos < text.size()) {
+    size_t end = text.find('\n', pos);
+    if (end == std::string::npos) end = text.size();
+    std::string_view line(text.data() + pos, end - pos);
+    if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+    if (is_blank_line(line)) {
+      flush_doc();
+    } else {
+      if (!doc.empty()) doc += '\n';
+      doc += line;
+    }
+    pos = end + 1;
+  }
+  flush_doc();
+  RLHF_CHECK(!stream.empty(), "{}: no SFT samples: the text file is empty (or only blank lines)",
+             path);
+  for (size_t start = 0; start < stream.size(); start += static_cast<size_t>(opt.max_len)) {
+    if (opt.max_samples >= 0 && ds.stats.total >= opt.max_samples) {
+      ds.stats.limited = true;
+      break;
+    }
+    ++ds.stats.total;
+    const size_t end = std::min(stream.size(), start + static_cast<size_t>(opt.max_len));
+    if (end - start < 2) {  // nothing to predict
+      ++ds.stats.skipped;
+      continue;
+    }
+    SftSample s;
+    s.tokens.assign(stream.begin() + static_cast<std::ptrdiff_t>(start),
+                    stream.begin() + static_cast<std::ptrdiff_t>(end));
+    s.prompt_len = 0;
+    ds.stats.tokens += static_cast<int64_t>(s.tokens.size());
+    ds.stats.loss_tokens += static_cast<int64_t>(s.tokens.size()) - 1;
+    ds.samples.push_back(std::move(s));
+  }
+  RLHF_CHECK(!ds.samples.empty(),
+             "{}: no usable SFT sample: the text is a single token\nhint: the file needs at least "
+             "one character",
+             path);
+}
+
+}  // namespace
+
+SftDataset build_sft_dataset(const std::string& path, const Tokenizer& tok,
+                             const SftDatasetOptions& opt) {
+  RLHF_CHECK(opt.max_len >= 2, "--max_len must be >= 2, got {}", opt.max_len);
+  RLHF_CHECK(opt.max_samples == -1 || opt.max_samples >= 1,
+             "--max_samples must be >= 1 (or -1 for all), got {}", opt.max_samples);
+  RLHF_CHECK(!opt.input_key.empty() && !opt.output_key.empty(),
+             "--input_key and --output_key must not be empty");
+  std::error_code ec;
+  RLHF_CHECK(std::filesystem::exists(path, ec), "cannot open {}: no such file", path);
+  RLHF_CHECK(!std::filesystem::is_directory(path, ec), "cannot read {}: it is a directory", path);
+  const std::string ext = lower_extension(path);
+  RLHF_CHECK(ext != ".gz" && ext != ".bz2" && ext != ".xz" && ext != ".zst",
+             "{}: compressed datasets are not supported\nhint: decompress it first (e.g. gunzip "
+             "-k {})",
+             path, path);
+
+  SftDataset ds;
+  bool json_list = false;
+  if (ext == ".json") {
+    const std::string text = read_text_file(path);
+    const size_t first = text.find_first_not_of(" \t\r\n\xEF\xBB\xBF");
+    json_list = first != std::string::npos && text[first] == '[';
+  }
+  if (ext == ".jsonl" || (ext == ".json" && !json_list)) {
+    ds.format = "jsonl";
+    JsonBuilder b{path, tok, opt, ds};
+    JsonlReader reader(path);
+    nlohmann::json obj;
+    while (true) {
+      if (b.full()) {
+        // Limited only if something is left to read (a malformed line counts as something).
+        try {
+          ds.stats.limited = reader.next(obj);
+        } catch (const Error&) {
+          ds.stats.limited = true;
+        }
+        break;
+      }
+      if (!reader.next(obj)) break;
+      b.add(obj, fmt::format("{}:{}", path, reader.line()));
+    }
+    b.check_not_empty();
+  } else if (json_list) {
+    ds.format = "json";
+    const nlohmann::json list = parse_json_file(path);
+    RLHF_CHECK(list.is_array(), "{}: expected a JSON list of records", path);
+    JsonBuilder b{path, tok, opt, ds};
+    for (size_t i = 0; i < list.size(); ++i) {
+      if (b.full()) {
+        ds.stats.limited = true;
+        break;
+      }
+      b.add(list[i], fmt::format("{}: record {}", path, i + 1));
+    }
+    b.check_not_empty();
+  } else {
+    ds.format = "text";
+    build_text(path, tok, opt, ds);
+  }
+  return ds;
+}
+
+}  // namespace rlhf::io

@@ -1,0 +1,118 @@
+#include "model/ops/logprob.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "core/error.h"
+#include "model/ops/cpu/vec_math.h"
+
+namespace rlhf::model {
+
+namespace {
+
+// Targets are checked before any parallel loop (an exception must not leave an OpenMP region).
+void check_targets(const int32_t* targets, int64_t N, int64_t V, const char* op) {
+  for (int64_t n = 0; n < N; ++n) {
+    const int32_t t = targets[n];
+    RLHF_CHECK(t == -1 || (t >= 0 && t < V),
+               "{}: target {} of row {} is outside [0, {}) and is not -1 (no target)\nhint: token "
+               "ids must be below the model's vocab_size; mask positions with -1",
+               op, t, n, V);
+  }
+}
+
+}  // namespace
+
+// Per row, with z = scale·x and m = max z, e_j = exp(z_j − m), S = Σ e_j:
+//   lse = m + log S,   entropy = lse − Σ p_j z_j = log S − Σ e_j (z_j − m) / S,
+// where the second form sums non-positive terms around the max (no cancellation against m).
+// Two passes over the row (max, then exp-sum); a row of V = 32000 floats (128 KiB) stays in L2.
+template <typename T>
+void logprob_forward_cpu(T* lp, T* lse, T* entropy, const T* logits, const int32_t* targets,
+                         int64_t N, int64_t V, T scale) {
+  RLHF_CHECK(V > 0, "logprob_forward_cpu: vocabulary size V must be > 0, got {}", V);
+  check_targets(targets, N, V, "logprob_forward_cpu");
+#pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < N; ++n) {
+    const T* x = logits + n * V;
+    T m = -std::numeric_limits<T>::infinity();
+#pragma omp simd simdlen(16) reduction(max : m)
+    for (int64_t j = 0; j < V; ++j) {
+      const T z = scale * x[j];
+      m = z > m ? z : m;  // not std::max: GCC 12 leaves that reduction scalar
+    }
+    T s = 0, sez = 0;
+    if (entropy) {
+#pragma omp simd simdlen(16) reduction(+ : s, sez)
+      for (int64_t j = 0; j < V; ++j) {
+        const T d = scale * x[j] - m;
+        const T e = exp_vec(d);
+        s += e;
+        sez += e * d;
+      }
+    } else {
+#pragma omp simd simdlen(16) reduction(+ : s)
+      for (int64_t j = 0; j < V; ++j) s += exp_vec(scale * x[j] - m);
+    }
+    const T log_s = std::log(s);
+    const T l = m + log_s;
+    lse[n] = l;
+    const int32_t t = targets[n];
+    lp[n] = t < 0 ? T(0) : scale * x[t] - l;
+    if (entropy) entropy[n] = log_s - sez / s;
+  }
+}
+
+// With p = softmax(z), z = scale·x, log p_j = z_j − lse:
+//   ∂lp/∂z_j = onehot_j − p_j,   ∂H/∂z_j = −p_j (log p_j + H),
+// and ∂/∂x = scale · ∂/∂z. One pass per row: every element is read before it is written, so
+// dlogits may be the logits buffer itself.
+template <typename T>
+void logprob_backward_cpu(T* dlogits, const T* dlp, const T* dentropy, const T* logits,
+                          const T* lse, const T* entropy, const int32_t* targets, int64_t N,
+                          int64_t V, T scale) {
+  check_targets(targets, N, V, "logprob_backward_cpu");
+  const bool with_entropy = dentropy != nullptr && entropy != nullptr;
+#pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < N; ++n) {
+    const T* x = logits + n * V;
+    T* dx = dlogits + n * V;
+    const int32_t t = targets[n];
+    const T a = (dlp != nullptr && t >= 0) ? dlp[n] : T(0);
+    const T b = with_entropy ? dentropy[n] : T(0);
+    if (a == T(0) && b == T(0)) {  // e.g. a prompt position: no target, no entropy term
+      std::fill(dx, dx + V, T(0));
+      continue;
+    }
+    const T l = lse[n];
+    const T h = with_entropy ? entropy[n] : T(0);
+    // dx_j = scale·[a·(onehot_j − p_j) − b·p_j·(log p_j + H)]
+    //      = −scale·p_j·(c + b·log p_j) + scale·a·onehot_j,   c = a + b·H.
+    const T c = a + b * h;
+    if (b != T(0)) {
+#pragma omp simd simdlen(16)
+      for (int64_t j = 0; j < V; ++j) {
+        const T log_p = scale * x[j] - l;
+        dx[j] = -scale * exp_vec(log_p) * (c + b * log_p);
+      }
+    } else {
+#pragma omp simd simdlen(16)
+      for (int64_t j = 0; j < V; ++j) dx[j] = (-scale * c) * exp_vec(scale * x[j] - l);
+    }
+    if (t >= 0) dx[t] += scale * a;
+  }
+}
+
+template void logprob_forward_cpu<float>(float*, float*, float*, const float*, const int32_t*,
+                                         int64_t, int64_t, float);
+template void logprob_forward_cpu<double>(double*, double*, double*, const double*, const int32_t*,
+                                          int64_t, int64_t, double);
+template void logprob_backward_cpu<float>(float*, const float*, const float*, const float*,
+                                          const float*, const float*, const int32_t*, int64_t,
+                                          int64_t, float);
+template void logprob_backward_cpu<double>(double*, const double*, const double*, const double*,
+                                           const double*, const double*, const int32_t*, int64_t,
+                                           int64_t, double);
+
+}  // namespace rlhf::model
