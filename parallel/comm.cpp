@@ -21,9 +21,12 @@ double now_s() {
 
 MPI_Op mpi_op(ReduceOp op) {
   switch (op) {
-    case ReduceOp::kSum: return MPI_SUM;
-    case ReduceOp::kMax: return MPI_MAX;
-    case ReduceOp::kMin: return MPI_MIN;
+    case ReduceOp::kSum:
+      return MPI_SUM;
+    case ReduceOp::kMax:
+      return MPI_MAX;
+    case ReduceOp::kMin:
+      return MPI_MIN;
   }
   RLHF_FAIL("unknown ReduceOp {}", static_cast<int>(op));
 }
@@ -59,62 +62,88 @@ class MpiRequest final : public CommRequest::Impl {
 
 size_t dtype_size(DType dt) {
   switch (dt) {
-    case DType::kFloat32: return 4;
-    case DType::kFloat64: return 8;
-    case DType::kInt32: return 4;
-    case DType::kInt64: return 8;
-    case DType::kUint8: return 1;
+    case DType::kFloat32:
+      return 4;
+    case DType::kFloat64:
+      return 8;
+    case DType::kInt32:
+      return 4;
+    case DType::kInt64:
+      return 8;
+    case DType::kUint8:
+      return 1;
   }
   RLHF_FAIL("unknown DType {}", static_cast<int>(dt));
 }
 
 const char* dtype_name(DType dt) {
   switch (dt) {
-    case DType::kFloat32: return "float32";
-    case DType::kFloat64: return "float64";
-    case DType::kInt32: return "int32";
-    case DType::kInt64: return "int64";
-    case DType::kUint8: return "uint8";
+    case DType::kFloat32:
+      return "float32";
+    case DType::kFloat64:
+      return "float64";
+    case DType::kInt32:
+      return "int32";
+    case DType::kInt64:
+      return "int64";
+    case DType::kUint8:
+      return "uint8";
   }
   return "?";
 }
 
 MPI_Datatype mpi_dtype(DType dt) {
   switch (dt) {
-    case DType::kFloat32: return MPI_FLOAT;
-    case DType::kFloat64: return MPI_DOUBLE;
-    case DType::kInt32: return MPI_INT32_T;
-    case DType::kInt64: return MPI_INT64_T;
-    case DType::kUint8: return MPI_UINT8_T;
+    case DType::kFloat32:
+      return MPI_FLOAT;
+    case DType::kFloat64:
+      return MPI_DOUBLE;
+    case DType::kInt32:
+      return MPI_INT32_T;
+    case DType::kInt64:
+      return MPI_INT64_T;
+    case DType::kUint8:
+      return MPI_UINT8_T;
   }
   RLHF_FAIL("unknown DType {}", static_cast<int>(dt));
 }
 
 const char* reduce_op_name(ReduceOp op) {
   switch (op) {
-    case ReduceOp::kSum: return "sum";
-    case ReduceOp::kMax: return "max";
-    case ReduceOp::kMin: return "min";
+    case ReduceOp::kSum:
+      return "sum";
+    case ReduceOp::kMax:
+      return "max";
+    case ReduceOp::kMin:
+      return "min";
   }
   return "?";
 }
 
 const char* coll_op_name(CollOp op) {
   switch (op) {
-    case CollOp::kAllGather: return "all_gather";
-    case CollOp::kReduceScatter: return "reduce_scatter";
-    case CollOp::kAllReduce: return "all_reduce";
-    case CollOp::kBroadcast: return "broadcast";
-    case CollOp::kBarrier: return "barrier";
+    case CollOp::kAllGather:
+      return "all_gather";
+    case CollOp::kReduceScatter:
+      return "reduce_scatter";
+    case CollOp::kAllReduce:
+      return "all_reduce";
+    case CollOp::kBroadcast:
+      return "broadcast";
+    case CollOp::kBarrier:
+      return "barrier";
   }
   return "?";
 }
 
 const char* comm_kind_name(CommKind kind) {
   switch (kind) {
-    case CommKind::kAuto: return "auto";
-    case CommKind::kMpi: return "mpi";
-    case CommKind::kShm: return "shm";
+    case CommKind::kAuto:
+      return "auto";
+    case CommKind::kMpi:
+      return "mpi";
+    case CommKind::kShm:
+      return "shm";
   }
   return "?";
 }
@@ -176,7 +205,8 @@ bool CommRequest::test() {
 // ---------------------------------------------------------------------------------------------
 // Comm: validation and accounting
 
-Comm::Comm(std::string name, int rank, int size) : name_(std::move(name)), rank_(rank), size_(size) {}
+Comm::Comm(std::string name, int rank, int size)
+    : name_(std::move(name)), rank_(rank), size_(size) {}
 
 void Comm::reset_stats() {
   total_.reset();
@@ -298,7 +328,9 @@ MpiComm::MpiComm(MPI_Comm comm, std::string name)
   MPI_CHECK(MPI_Comm_dup(comm, &comm_));
 }
 
-MpiComm::~MpiComm() { free_comm_quietly(&comm_); }
+MpiComm::~MpiComm() {
+  free_comm_quietly(&comm_);
+}
 
 void MpiComm::do_all_gather(const void* send, void* recv, int64_t count, DType dt) {
   int n = mpi_count(count, name(), "all_gather");
@@ -319,8 +351,8 @@ void MpiComm::do_reduce_scatter(const void* send, void* recv, int64_t count, DTy
 
 void MpiComm::do_all_reduce(const void* send, void* recv, int64_t count, DType dt, ReduceOp op) {
   int n = mpi_count(count, name(), "all_reduce");
-  MPI_CHECK(MPI_Allreduce(send == recv ? MPI_IN_PLACE : send, recv, n, mpi_dtype(dt), mpi_op(op),
-                          comm_));
+  MPI_CHECK(
+      MPI_Allreduce(send == recv ? MPI_IN_PLACE : send, recv, n, mpi_dtype(dt), mpi_op(op), comm_));
 }
 
 void MpiComm::do_broadcast(void* buf, int64_t count, DType dt, int root) {
@@ -328,7 +360,9 @@ void MpiComm::do_broadcast(void* buf, int64_t count, DType dt, int root) {
   MPI_CHECK(MPI_Bcast(buf, n, mpi_dtype(dt), root, comm_));
 }
 
-void MpiComm::do_barrier() { MPI_CHECK(MPI_Barrier(comm_)); }
+void MpiComm::do_barrier() {
+  MPI_CHECK(MPI_Barrier(comm_));
+}
 
 std::unique_ptr<CommRequest::Impl> MpiComm::do_iall_gather(const void* send, void* recv,
                                                            int64_t count, DType dt) {
@@ -337,8 +371,8 @@ std::unique_ptr<CommRequest::Impl> MpiComm::do_iall_gather(const void* send, voi
   const char* own = static_cast<const char*>(recv) +
                     static_cast<size_t>(rank()) * static_cast<size_t>(count) * dtype_size(dt);
   if (send == own) {
-    MPI_CHECK(MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, recv, n, mpi_dtype(dt), comm_,
-                             &r->req));
+    MPI_CHECK(
+        MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, recv, n, mpi_dtype(dt), comm_, &r->req));
   } else {
     MPI_CHECK(MPI_Iallgather(send, n, mpi_dtype(dt), recv, n, mpi_dtype(dt), comm_, &r->req));
   }

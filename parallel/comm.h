@@ -39,15 +39,25 @@ MPI_Datatype mpi_dtype(DType dt);
 template <typename T>
 constexpr DType dtype_of();
 template <>
-constexpr DType dtype_of<float>() { return DType::kFloat32; }
+constexpr DType dtype_of<float>() {
+  return DType::kFloat32;
+}
 template <>
-constexpr DType dtype_of<double>() { return DType::kFloat64; }
+constexpr DType dtype_of<double>() {
+  return DType::kFloat64;
+}
 template <>
-constexpr DType dtype_of<int32_t>() { return DType::kInt32; }
+constexpr DType dtype_of<int32_t>() {
+  return DType::kInt32;
+}
 template <>
-constexpr DType dtype_of<int64_t>() { return DType::kInt64; }
+constexpr DType dtype_of<int64_t>() {
+  return DType::kInt64;
+}
 template <>
-constexpr DType dtype_of<uint8_t>() { return DType::kUint8; }
+constexpr DType dtype_of<uint8_t>() {
+  return DType::kUint8;
+}
 
 /// Reduction operators. kSum on uint8 wraps modulo 256.
 enum class ReduceOp { kSum, kMax, kMin };
@@ -282,9 +292,9 @@ struct ShmCommOptions {
   double timeout_s = 0;
 };
 
-/// Collectives through an MPI-3 shared-memory window, for a communicator whose ranks all live on one
-/// node (checked: MPI_Comm_split_type(SHARED) must return the whole communicator, and the window's
-/// memory model must be MPI_WIN_UNIFIED).
+/// Collectives through an MPI-3 shared-memory window, for a communicator whose ranks all live on
+/// one node (checked: MPI_Comm_split_type(SHARED) must return the whole communicator, and the
+/// window's memory model must be MPI_WIN_UNIFIED).
 ///
 /// Each rank owns a segment of the window: a flag page and two staging buffers of chunk_bytes
 /// (double buffering). A collective is a sequence of steps; a step writes into one buffer (own
@@ -293,9 +303,11 @@ struct ShmCommOptions {
 /// every peer's flag has reached it (C++ atomic acquire loads on the shared memory; no MPI call on
 /// the data path). Steps alternate between the two buffers, so one barrier per step suffices: a
 /// buffer is rewritten only after a later barrier proves every rank finished reading it.
-///  - all_gather: each step copies a chunk of this rank's send into its buffer, barrier, copies every
+///  - all_gather: each step copies a chunk of this rank's send into its buffer, barrier, copies
+///  every
 ///    rank's chunk into recv (1 barrier per step).
-///  - reduce_scatter: each step copies, for every destination rank r, the next piece of send block r
+///  - reduce_scatter: each step copies, for every destination rank r, the next piece of send block
+///  r
 ///    into its buffer, barrier, then rank r reduces piece r of every rank's buffer (1 barrier).
 ///  - all_reduce: each step copies a chunk, barrier, rank r reduces its 1/size slice of the chunk
 ///    over all buffers and writes it back into its own buffer, barrier, everyone copies every slice
@@ -306,12 +318,12 @@ struct ShmCommOptions {
 /// well defined and equal to a sequential sum over ranks in rank order.
 ///
 /// Non-blocking collectives complete EAGERLY at post time: the returned request is already done.
-/// There is no progress thread, so on this CPU backend a non-blocking shm collective does not overlap
-/// with computation (its whole time is accounted at post).
+/// There is no progress thread, so on this CPU backend a non-blocking shm collective does not
+/// overlap with computation (its whole time is accounted at post).
 class ShmComm final : public Comm {
  public:
-  /// Collective over `comm`. Throws rlhf::Error if the ranks of `comm` are not all on one node or the
-  /// window is not unified.
+  /// Collective over `comm`. Throws rlhf::Error if the ranks of `comm` are not all on one node or
+  /// the window is not unified.
   ShmComm(MPI_Comm comm, std::string name, const ShmCommOptions& opts = {});
   ~ShmComm() override;
   CommKind kind() const override { return CommKind::kShm; }

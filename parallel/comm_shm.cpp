@@ -15,7 +15,7 @@ namespace rlhf::parallel {
 
 namespace {
 
-constexpr int64_t kFlagBytes = 4096;              // one page of flags at the start of a segment
+constexpr int64_t kFlagBytes = 4096;                // one page of flags at the start of a segment
 constexpr int64_t kSmallAllReduceBytes = 16 << 10;  // all_reduce steps up to this: 1 barrier
 
 inline void cpu_relax() {
@@ -70,11 +70,16 @@ void reduce_typed(void* out, const char* const* src, int n, int64_t len, ReduceO
 void reduce_rank_order(void* out, const char* const* src, int n, int64_t len, DType dt,
                        ReduceOp op) {
   switch (dt) {
-    case DType::kFloat32: return reduce_typed<float>(out, src, n, len, op);
-    case DType::kFloat64: return reduce_typed<double>(out, src, n, len, op);
-    case DType::kInt32: return reduce_typed<int32_t>(out, src, n, len, op);
-    case DType::kInt64: return reduce_typed<int64_t>(out, src, n, len, op);
-    case DType::kUint8: return reduce_typed<uint8_t>(out, src, n, len, op);
+    case DType::kFloat32:
+      return reduce_typed<float>(out, src, n, len, op);
+    case DType::kFloat64:
+      return reduce_typed<double>(out, src, n, len, op);
+    case DType::kInt32:
+      return reduce_typed<int32_t>(out, src, n, len, op);
+    case DType::kInt64:
+      return reduce_typed<int64_t>(out, src, n, len, op);
+    case DType::kUint8:
+      return reduce_typed<uint8_t>(out, src, n, len, op);
   }
 }
 
@@ -95,12 +100,17 @@ ShmComm::ShmComm(MPI_Comm comm, std::string name, const ShmCommOptions& opts)
              this->name());
   MPI_CHECK(MPI_Comm_dup(comm, &comm_));
   try {
+    // Open MPI places segments 8-byte aligned only: allocate a page of slack and align each
+    // segment's start to a page. Mappings are page-aligned in every process, so every process
+    // finds the same aligned address inside a peer's segment.
     const int64_t seg_bytes = kFlagBytes + 2 * opts.chunk_bytes;
+    const int64_t alloc_bytes = seg_bytes + kFlagBytes;
     MPI_Info info = MPI_INFO_NULL;
     MPI_CHECK(MPI_Info_create(&info));
     MPI_Info_set(info, "alloc_shared_noncontig", "true");
     char* base = nullptr;
-    int rc = MPI_Win_allocate_shared(static_cast<MPI_Aint>(seg_bytes), 1, info, comm_, &base, &win_);
+    int rc =
+        MPI_Win_allocate_shared(static_cast<MPI_Aint>(alloc_bytes), 1, info, comm_, &base, &win_);
     MPI_Info_free(&info);
     MPI_CHECK(rc);
     int* model = nullptr;
@@ -112,18 +122,20 @@ ShmComm::ShmComm(MPI_Comm comm, std::string name, const ShmCommOptions& opts)
                this->name());
     // First touch of this rank's own segment: local pages, no page faults on the data path later,
     // and every flag starts at 0.
-    std::memset(base, 0, static_cast<size_t>(seg_bytes));
+    std::memset(base, 0, static_cast<size_t>(alloc_bytes));
     seg_.resize(static_cast<size_t>(size()));
     for (int r = 0; r < size(); ++r) {
       MPI_Aint sz = 0;
       int disp = 0;
       void* p = nullptr;
       MPI_CHECK(MPI_Win_shared_query(win_, r, &sz, &disp, &p));
-      RLHF_ASSERT(sz >= seg_bytes && reinterpret_cast<uintptr_t>(p) % 64 == 0);
-      seg_[static_cast<size_t>(r)] = static_cast<char*>(p);
+      const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+      const uintptr_t aligned = (a + kFlagBytes - 1) / kFlagBytes * kFlagBytes;
+      RLHF_ASSERT(sz >= alloc_bytes && aligned + seg_bytes <= a + static_cast<uintptr_t>(sz));
+      seg_[static_cast<size_t>(r)] = reinterpret_cast<char*>(aligned);
     }
-    // One passive-target epoch for the window's lifetime (the MPI-3 shared-memory pattern); the data
-    // path then uses plain loads/stores ordered by C++ atomics on the unified window.
+    // One passive-target epoch for the window's lifetime (the MPI-3 shared-memory pattern); the
+    // data path then uses plain loads/stores ordered by C++ atomics on the unified window.
     MPI_CHECK(MPI_Win_lock_all(MPI_MODE_NOCHECK, win_));
     MPI_CHECK(MPI_Win_sync(win_));
     MPI_CHECK(MPI_Barrier(comm_));  // every flag is zero before anyone uses it
@@ -175,7 +187,9 @@ void ShmComm::flag_barrier() {
   }
 }
 
-void ShmComm::do_barrier() { flag_barrier(); }
+void ShmComm::do_barrier() {
+  flag_barrier();
+}
 
 void ShmComm::do_all_gather(const void* send, void* recv, int64_t count, DType dt) {
   const int n = size(), me = rank();

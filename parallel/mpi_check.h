@@ -16,7 +16,9 @@
 namespace rlhf::parallel {
 
 /// True for MPI_SUCCESS.
-inline bool mpi_ok(int code) { return code == MPI_SUCCESS; }
+inline bool mpi_ok(int code) {
+  return code == MPI_SUCCESS;
+}
 
 /// MPI_Error_string of an MPI return code, with its error class:
 /// "MPI_ERR_... text (code 5, class 5)". Never throws for an unknown code.
@@ -48,8 +50,8 @@ inline int comm_size(MPI_Comm comm) {
 
 /// Frees `*comm` (MPI_Comm_free) and sets it to MPI_COMM_NULL, unless it is MPI_COMM_NULL, MPI is
 /// finalized, or an exception is unwinding the stack: then the handle is leaked on purpose, since
-/// freeing may synchronise and a failing rank must reach MPI_Abort instead of waiting for ranks that
-/// will never come. Never throws.
+/// freeing may synchronise and a failing rank must reach MPI_Abort instead of waiting for ranks
+/// that will never come. Never throws.
 inline void free_comm_quietly(MPI_Comm* comm) noexcept {
   if (comm == nullptr || *comm == MPI_COMM_NULL) return;
   int finalized = 0;

@@ -47,18 +47,20 @@ std::string tp_hint(const std::vector<int>& node_sizes, const std::vector<int>& 
   int min_size = *std::min_element(node_sizes.begin(), node_sizes.end());
   std::vector<int> gs;
   for (int k = tp; k <= min_size - 1; k += tp) gs.push_back(k);
-  std::string hint = fmt::format("\nhint: with these generation ranks per node, "
-                                 "--vllm_tensor_parallel_size {} works",
-                                 list_str(tps));
+  std::string hint = fmt::format(
+      "\nhint: with these generation ranks per node, "
+      "--vllm_tensor_parallel_size {} works",
+      list_str(tps));
   if (!gs.empty()) {
     hint += fmt::format("; or keep {} and set --gen_ranks_per_node to one of {}", tp, list_str(gs));
   } else {
-    hint += fmt::format("; no node has room for {} generation ranks plus a training rank (the "
-                        "smallest node holds {} ranks)",
-                        tp, min_size);
+    hint += fmt::format(
+        "; no node has room for {} generation ranks plus a training rank (the "
+        "smallest node holds {} ranks)",
+        tp, min_size);
   }
-  bool colocated_ok = std::all_of(node_sizes.begin(), node_sizes.end(),
-                                  [&](int s) { return s % tp == 0; });
+  bool colocated_ok =
+      std::all_of(node_sizes.begin(), node_sizes.end(), [&](int s) { return s % tp == 0; });
   if (G > 0 && colocated_ok) hint += "; or --gen_ranks_per_node 0 (colocated)";
   return hint;
 }
@@ -67,9 +69,12 @@ std::string tp_hint(const std::vector<int>& node_sizes, const std::vector<int>& 
 
 const char* role_name(Role role) {
   switch (role) {
-    case Role::kTrain: return "train";
-    case Role::kGen: return "gen";
-    case Role::kBoth: return "both";
+    case Role::kTrain:
+      return "train";
+    case Role::kGen:
+      return "gen";
+    case Role::kBoth:
+      return "both";
   }
   return "?";
 }
@@ -89,7 +94,8 @@ int resolve_ranks_per_node(int option) {
 }
 
 Placement plan_placement(int world_size, const std::vector<int>& node_of_rank,
-                         const std::vector<std::string>& host_of_rank, const TopologyOptions& opts) {
+                         const std::vector<std::string>& host_of_rank,
+                         const TopologyOptions& opts) {
   const int W = world_size, G = opts.gen_ranks_per_node, tp = opts.tensor_parallel;
   const int rpn = opts.ranks_per_node;
   RLHF_CHECK(W >= 1, "topology: world size must be >= 1, got {}", W);
@@ -166,8 +172,8 @@ Placement plan_placement(int world_size, const std::vector<int>& node_of_rank,
   for (int k = 0; k < num_nodes; ++k)
     gen_counts[static_cast<size_t>(k)] = G > 0 ? G : p.node_sizes[static_cast<size_t>(k)];
   if (G > 0) {
-    bool any_train = std::any_of(p.node_sizes.begin(), p.node_sizes.end(),
-                                 [&](int s) { return s > G; });
+    bool any_train =
+        std::any_of(p.node_sizes.begin(), p.node_sizes.end(), [&](int s) { return s > G; });
     RLHF_CHECK(any_train,
                "no rank trains: --gen_ranks_per_node {} makes every rank of every node a "
                "generation rank (ranks per node: {})\nhint: use --gen_ranks_per_node at most {} "
@@ -179,15 +185,17 @@ Placement plan_placement(int world_size, const std::vector<int>& node_of_rank,
     int s = p.node_sizes[static_cast<size_t>(k)], g = gen_counts[static_cast<size_t>(k)];
     if (g % tp == 0) continue;
     if (G == 0) {
-      RLHF_FAIL("cannot cut generation engines of --vllm_tensor_parallel_size {} from node {} ({}): "
-                "in colocated mode (--gen_ranks_per_node 0) all {} ranks of a node generate, and "
-                "{} is not a multiple of {}; an engine never spans nodes{}",
-                tp, k, node_host(k), s, s, tp, tp_hint(p.node_sizes, gen_counts, tp, G));
+      RLHF_FAIL(
+          "cannot cut generation engines of --vllm_tensor_parallel_size {} from node {} ({}): "
+          "in colocated mode (--gen_ranks_per_node 0) all {} ranks of a node generate, and "
+          "{} is not a multiple of {}; an engine never spans nodes{}",
+          tp, k, node_host(k), s, s, tp, tp_hint(p.node_sizes, gen_counts, tp, G));
     }
-    RLHF_FAIL("cannot cut generation engines of --vllm_tensor_parallel_size {} from node {} ({}): "
-              "its {} generation ranks (--gen_ranks_per_node) are not a multiple of {}; an engine "
-              "never spans nodes{}",
-              tp, k, node_host(k), g, tp, tp_hint(p.node_sizes, gen_counts, tp, G));
+    RLHF_FAIL(
+        "cannot cut generation engines of --vllm_tensor_parallel_size {} from node {} ({}): "
+        "its {} generation ranks (--gen_ranks_per_node) are not a multiple of {}; an engine "
+        "never spans nodes{}",
+        tp, k, node_host(k), g, tp, tp_hint(p.node_sizes, gen_counts, tp, G));
   }
   for (auto& rp : p.ranks) {
     int s = p.node_sizes[static_cast<size_t>(rp.node)];
@@ -264,7 +272,9 @@ void Topology::free_all() noexcept {
   free_comm_quietly(&world_);
 }
 
-Topology::~Topology() { free_all(); }
+Topology::~Topology() {
+  free_all();
+}
 
 Topology::Topology(MPI_Comm world, const TopologyOptions& opts) {
   try {
@@ -306,8 +316,8 @@ Topology::Topology(MPI_Comm world, const TopologyOptions& opts) {
     MPI_CHECK(MPI_Comm_split(world_, m.node, rank_, &node_));
     MPI_CHECK(MPI_Comm_split(world_, m.trains() ? 0 : MPI_UNDEFINED, rank_, &train_));
     MPI_CHECK(MPI_Comm_split(world_, m.generates() ? 0 : MPI_UNDEFINED, rank_, &gen_));
-    MPI_CHECK(MPI_Comm_split(node_, m.engine >= 0 ? m.engine : MPI_UNDEFINED, m.engine_rank,
-                             &engine_));
+    MPI_CHECK(
+        MPI_Comm_split(node_, m.engine >= 0 ? m.engine : MPI_UNDEFINED, m.engine_rank, &engine_));
 
     // Check the splits against the plan; every engine's ranks must share one node (simulated and
     // real): MPI_Allreduce of (max node, max -node) over engine_comm.
@@ -350,8 +360,8 @@ Topology::Topology(MPI_Comm world, const TopologyOptions& opts) {
 
 std::string Topology::placement_table() const {
   // What this rank observes: node_comm rank, engine_comm rank, role, node.
-  int rec[5] = {plan_.ranks[static_cast<size_t>(rank_)].node, -1, static_cast<int>(me().role),
-                -1, -1};
+  int rec[5] = {plan_.ranks[static_cast<size_t>(rank_)].node, -1, static_cast<int>(me().role), -1,
+                -1};
   MPI_CHECK(MPI_Comm_rank(node_, &rec[1]));
   if (engine_ != MPI_COMM_NULL) {
     rec[3] = me().engine;

@@ -7,9 +7,9 @@
 //    to the placement of every rank, or an rlhf::Error that says why it cannot be placed and what
 //    would work. Tested without MPI.
 //  - Topology: built collectively by every rank of a communicator; gathers host names and node ids,
-//    calls plan_placement() with the same input on every rank (so a refusal is thrown identically on
-//    every rank), splits the communicators, and checks after the splits that every engine's ranks
-//    share one node.
+//    calls plan_placement() with the same input on every rank (so a refusal is thrown identically
+//    on every rank), splits the communicators, and checks after the splits that every engine's
+//    ranks share one node.
 //
 // Design law: a generation engine (tensor-parallel group) is cut from the generation ranks of ONE
 // node, never by rank arithmetic on the world.
@@ -47,12 +47,12 @@ const char* role_name(Role role);
 
 /// The placement of one rank.
 struct RankPlacement {
-  int rank = 0;          ///< rank in the world communicator
-  std::string host;      ///< host name (MPI_Get_processor_name)
-  int node = 0;          ///< node id, 0..num_nodes-1, numbered by the lowest rank on the node
-  int local_rank = 0;    ///< rank inside its node (ranks of a node in world-rank order)
+  int rank = 0;        ///< rank in the world communicator
+  std::string host;    ///< host name (MPI_Get_processor_name)
+  int node = 0;        ///< node id, 0..num_nodes-1, numbered by the lowest rank on the node
+  int local_rank = 0;  ///< rank inside its node (ranks of a node in world-rank order)
   Role role = Role::kTrain;
-  int engine = -1;       ///< generation engine id (0..num_engines-1), -1 if the rank does not generate
+  int engine = -1;  ///< generation engine id (0..num_engines-1), -1 if the rank does not generate
   int engine_rank = -1;  ///< rank inside the engine (tensor-parallel rank), -1 if none
   int train_rank = -1;   ///< rank inside train_comm, -1 if the rank does not train
 
@@ -62,11 +62,11 @@ struct RankPlacement {
 
 /// The placement of every rank, and the summary counts.
 struct Placement {
-  TopologyOptions options;                ///< as resolved (ranks_per_node is the value used)
-  std::vector<RankPlacement> ranks;       ///< indexed by world rank
-  std::vector<int> node_sizes;            ///< ranks per node
-  std::vector<int> train_ranks;           ///< world ranks that train, ascending (= train_comm order)
-  std::vector<int> gen_ranks;             ///< world ranks that generate, ascending (= gen_comm order)
+  TopologyOptions options;           ///< as resolved (ranks_per_node is the value used)
+  std::vector<RankPlacement> ranks;  ///< indexed by world rank
+  std::vector<int> node_sizes;       ///< ranks per node
+  std::vector<int> train_ranks;      ///< world ranks that train, ascending (= train_comm order)
+  std::vector<int> gen_ranks;        ///< world ranks that generate, ascending (= gen_comm order)
   std::vector<std::vector<int>> engines;  ///< world ranks of engine e, in engine-rank order
   std::string warning;  ///< imbalance report ("" if every node holds the same number of ranks)
 
@@ -77,12 +77,14 @@ struct Placement {
 };
 
 /// Places every rank of a world of `world_size` ranks.
-///  - node_of_rank: per world rank, an id of the real (shared-memory) node it runs on (any integers;
+///  - node_of_rank: per world rank, an id of the real (shared-memory) node it runs on (any
+///  integers;
 ///    equal ids = same node). May be empty: then nodes are derived from host_of_rank (equal host
 ///    name = same node), and if that is empty too, all ranks are on one node.
 ///  - host_of_rank: per world rank, its host name (for the table and messages); may be empty
 ///    (hosts are then shown as "node<k>").
-///  - opts.ranks_per_node > 0 replaces the real nodes by consecutive groups of that many ranks, each
+///  - opts.ranks_per_node > 0 replaces the real nodes by consecutive groups of that many ranks,
+///  each
 ///    of which must lie inside one real node.
 /// Nodes are numbered in order of their lowest rank; local ranks follow world-rank order. Per node
 /// the G = opts.gen_ranks_per_node highest local ranks generate (G = 0: all ranks do both);
@@ -114,8 +116,8 @@ class Topology {
  public:
   /// Collective over `world` (usually MPI_COMM_WORLD, with MPI_ERRORS_RETURN set). Gathers host
   /// names and real node ids (MPI_Comm_split_type(MPI_COMM_TYPE_SHARED)), resolves ranks_per_node
-  /// (resolve_ranks_per_node), plans (plan_placement; a refusal throws the same rlhf::Error on every
-  /// rank), splits node_comm, train_comm, gen_comm and engine_comm (engine_comm is split from
+  /// (resolve_ranks_per_node), plans (plan_placement; a refusal throws the same rlhf::Error on
+  /// every rank), splits node_comm, train_comm, gen_comm and engine_comm (engine_comm is split from
   /// node_comm), then checks with MPI_Allreduce(min/max of the node id) over each engine_comm that
   /// its ranks share one node (simulated and real); if any engine fails, every rank throws.
   Topology(MPI_Comm world, const TopologyOptions& opts);

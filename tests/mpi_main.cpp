@@ -34,7 +34,10 @@ int main(int argc, char** argv) {
 
   doctest::Context ctx;
   ctx.applyCommandLine(argc, argv);
-  if (rank != 0) ctx.setOption("minimal", true);
+  if (rank != 0) {
+    ctx.setOption("minimal", true);
+    ctx.setOption("no-colors", true);
+  }
   int failed = ctx.run() != 0 ? 1 : 0;
   int failed_ranks = 0;
   MPI_Allreduce(&failed, &failed_ranks, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);

@@ -1,5 +1,5 @@
-// plan_placement (pure, no MPI): for several (world, ranks per node, G, TP) cases, every engine lies
-// inside one node, roles and counts are as asked, uneven nodes are placed and reported, and
+// plan_placement (pure, no MPI): for several (world, ranks per node, G, TP) cases, every engine
+// lies inside one node, roles and counts are as asked, uneven nodes are placed and reported, and
 // impossible placements are refused with a message that says why and what would work.
 #include <doctest/doctest.h>
 
@@ -53,7 +53,8 @@ void check_rules(const Placement& p, const std::vector<int>& node_of_rank, int G
     REQUIRE(static_cast<int>(eng.size()) == tp);
     for (int j = 0; j < tp; ++j) {
       const RankPlacement& rp = p.ranks[static_cast<size_t>(eng[static_cast<size_t>(j)])];
-      CHECK(node_of_rank[static_cast<size_t>(rp.rank)] == node_of_rank[static_cast<size_t>(eng[0])]);
+      CHECK(node_of_rank[static_cast<size_t>(rp.rank)] ==
+            node_of_rank[static_cast<size_t>(eng[0])]);
       CHECK(rp.node == p.ranks[static_cast<size_t>(eng[0])].node);
       CHECK(rp.engine == e);
       CHECK(rp.engine_rank == j);
@@ -74,8 +75,8 @@ void check_rules(const Placement& p, const std::vector<int>& node_of_rank, int G
 
 std::vector<int> consecutive_nodes(const std::vector<int>& sizes) {
   std::vector<int> ids;
-  for (size_t k = 0; k < sizes.size(); ++k) ids.insert(ids.end(), static_cast<size_t>(sizes[k]),
-                                                       static_cast<int>(k) * 10 + 3);
+  for (size_t k = 0; k < sizes.size(); ++k)
+    ids.insert(ids.end(), static_cast<size_t>(sizes[k]), static_cast<int>(k) * 10 + 3);
   return ids;
 }
 
@@ -139,11 +140,12 @@ TEST_CASE("plan: uneven nodes (7 then 8) are placed and the imbalance reported")
   CHECK(q.engines == std::vector<std::vector<int>>{{5, 6}, {13, 14}});
 
   // Colocated with tp 2: node 0's 7 ranks cannot be cut into engines of 2.
-  CHECK_THROWS_WITH_AS(plan_placement(15, ids, {}, {0, 0, 2}),
-                       doctest::Contains("node 0 (node0): in colocated mode (--gen_ranks_per_node 0) "
-                                         "all 7 ranks of a node generate, and 7 is not a multiple of "
-                                         "2; an engine never spans nodes\nhint: "),
-                       rlhf::Error);
+  CHECK_THROWS_WITH_AS(
+      plan_placement(15, ids, {}, {0, 0, 2}),
+      doctest::Contains("node 0 (node0): in colocated mode (--gen_ranks_per_node 0) "
+                        "all 7 ranks of a node generate, and 7 is not a multiple of "
+                        "2; an engine never spans nodes\nhint: "),
+      rlhf::Error);
   try {
     plan_placement(15, ids, {}, {0, 0, 2});
   } catch (const rlhf::Error& e) {

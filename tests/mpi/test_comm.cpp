@@ -1,9 +1,9 @@
 // The communicator layer against a naive reference: every rank's input is a known pattern of (rank,
 // index), so every rank can compute what every collective must return by plain loops over ranks.
 // Both implementations (MpiComm, ShmComm with the default chunk and with a tiny chunk that forces
-// many steps), on the world, on two interleaved halves of it and on MPI_COMM_SELF; every dtype; counts
-// 0, 1, odd and larger than a chunk; in-place forms; non-blocking wait/test; sentinels after every
-// output; accounting numbers; bitwise determinism of the shared-memory sums.
+// many steps), on the world, on two interleaved halves of it and on MPI_COMM_SELF; every dtype;
+// counts 0, 1, odd and larger than a chunk; in-place forms; non-blocking wait/test; sentinels after
+// every output; accounting numbers; bitwise determinism of the shared-memory sums.
 #include <doctest/doctest.h>
 #include <mpi.h>
 
@@ -39,9 +39,12 @@ T pattern(int rank, int64_t i) {
 template <typename T>
 T combine(ReduceOp op, T a, T b) {
   switch (op) {
-    case ReduceOp::kSum: return static_cast<T>(a + b);
-    case ReduceOp::kMax: return b > a ? b : a;
-    case ReduceOp::kMin: return b < a ? b : a;
+    case ReduceOp::kSum:
+      return static_cast<T>(a + b);
+    case ReduceOp::kMax:
+      return b > a ? b : a;
+    case ReduceOp::kMin:
+      return b < a ? b : a;
   }
   return a;
 }
@@ -157,8 +160,7 @@ int64_t check_collectives(Comm& c, int64_t count, bool nonblocking) {
     } else {
       c.broadcast(buf.data(), count, root);
     }
-    for (int64_t i = 0; i < count; ++i)
-      wrong += buf[static_cast<size_t>(i)] != pattern<T>(root, i);
+    for (int64_t i = 0; i < count; ++i) wrong += buf[static_cast<size_t>(i)] != pattern<T>(root, i);
     wrong += guards_broken(buf, count);
   }
   return wrong;
@@ -224,7 +226,8 @@ TEST_CASE("comm: multi-step messages (chunked) and the all_reduce slice path") {
   }
 }
 
-TEST_CASE("comm: shared-memory sums are deterministic: rank-order fp32 sums, identical on all ranks") {
+TEST_CASE(
+    "comm: shared-memory sums are deterministic: rank-order fp32 sums, identical on all ranks") {
   const int n = comm_size(MPI_COMM_WORLD), me = comm_rank(MPI_COMM_WORLD);
   const int64_t count = 10007;
   auto input = [&](int r) {
@@ -302,7 +305,8 @@ TEST_CASE("comm: make_comm picks shared memory on one node, nullptr for MPI_COMM
   CHECK(make_comm(MPI_COMM_NULL, "none") == nullptr);
   CHECK(is_node_local(MPI_COMM_WORLD));
   const char* env = std::getenv("RLHF_COMM_KIND");
-  if (env == nullptr || *env == '\0') CHECK(make_comm(MPI_COMM_WORLD, "w")->kind() == CommKind::kShm);
+  if (env == nullptr || *env == '\0')
+    CHECK(make_comm(MPI_COMM_WORLD, "w")->kind() == CommKind::kShm);
   CHECK(make_comm(MPI_COMM_WORLD, "w", CommKind::kMpi)->kind() == CommKind::kMpi);
   auto s = make_comm(MPI_COMM_SELF, "self", CommKind::kShm);
   CHECK(s->size() == 1);

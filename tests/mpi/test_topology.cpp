@@ -17,8 +17,12 @@ using namespace rlhf::parallel;
 
 namespace {
 
-int world_rank() { return comm_rank(MPI_COMM_WORLD); }
-int world_size() { return comm_size(MPI_COMM_WORLD); }
+int world_rank() {
+  return comm_rank(MPI_COMM_WORLD);
+}
+int world_size() {
+  return comm_size(MPI_COMM_WORLD);
+}
 
 // World ranks of the members of `comm`, in comm-rank order (a naive reference built from a plain
 // all-gather of each member's world rank).
@@ -61,7 +65,8 @@ void check_topology(const TopologyOptions& opts) {
   CHECK(p.train_ranks == plan.train_ranks);
   CHECK(p.gen_ranks == plan.gen_ranks);
   for (int r = 0; r < W; ++r) {
-    const RankPlacement &a = p.ranks[static_cast<size_t>(r)], &b = plan.ranks[static_cast<size_t>(r)];
+    const RankPlacement &a = p.ranks[static_cast<size_t>(r)],
+                        &b = plan.ranks[static_cast<size_t>(r)];
     CHECK(a.node == b.node);
     CHECK(a.local_rank == b.local_rank);
     CHECK(a.role == b.role);
