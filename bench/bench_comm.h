@@ -44,7 +44,7 @@ struct BenchCommOptions {
   /// Implementations: "mpi", "shm" (shm is skipped with a row {"skipped": ...} when the
   /// communicator spans nodes).
   std::vector<std::string> impls = {"mpi", "shm"};
-  int64_t shm_chunk_bytes = int64_t{2} << 20;  ///< ShmCommOptions::chunk_bytes
+  int64_t shm_chunk_bytes = int64_t{1} << 20;  ///< ShmCommOptions::chunk_bytes
 };
 
 /// Runs the benchmark; collective over opts.comm. Calls emit_row on rank 0 of opts.comm only, once

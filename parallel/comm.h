@@ -285,7 +285,11 @@ class MpiComm final : public Comm {
 struct ShmCommOptions {
   /// Staging bytes per rank and per buffer; each rank allocates 2 buffers (double buffering) plus a
   /// page of flags in the shared window. Larger messages are cut into steps of this size.
-  int64_t chunk_bytes = int64_t{2} << 20;
+  int64_t chunk_bytes = int64_t{1} << 20;
+  /// Collectives whose output (per rank) is at least this many bytes write it with non-temporal
+  /// stores (x86): such outputs go to memory anyway, and streaming saves the read-for-ownership of
+  /// every destination line. Smaller outputs use ordinary stores and stay in cache.
+  int64_t stream_min_bytes = int64_t{4} << 20;
   /// > 0: a rank waiting in the flag protocol for longer than this throws rlhf::Error
   /// ("shared-memory collective timed out"); 0 waits forever (the job is ended by MPI_Abort from
   /// the failing rank instead).
@@ -299,13 +303,14 @@ struct ShmCommOptions {
 /// Each rank owns a segment of the window: a flag page and two staging buffers of chunk_bytes
 /// (double buffering). A collective is a sequence of steps; a step writes into one buffer (own
 /// segment), synchronises, then reads peers' buffers. Synchronisation is a flag barrier: each rank
-/// release-stores an increasing epoch into its own flag and spins (pause, then sched_yield) until
-/// every peer's flag has reached it (C++ atomic acquire loads on the shared memory; no MPI call on
-/// the data path). Steps alternate between the two buffers, so one barrier per step suffices: a
-/// buffer is rewritten only after a later barrier proves every rank finished reading it.
+/// issues a full fence, release-stores an increasing epoch into its own flag and spins (pause, then
+/// sched_yield) until every peer's flag has reached it (C++ atomic acquire loads on the shared
+/// memory; no MPI call on the data path). Steps alternate between the two buffers, so one barrier
+/// per step suffices: a buffer is rewritten only after a later barrier proves every rank finished
+/// reading it.
 ///  - all_gather: each step copies a chunk of this rank's send into its buffer, barrier, copies
 ///  every
-///    rank's chunk into recv (1 barrier per step).
+///    rank's chunk (its own from the cache-hot buffer) into recv (1 barrier per step).
 ///  - reduce_scatter: each step copies, for every destination rank r, the next piece of send block
 ///  r
 ///    into its buffer, barrier, then rank r reduces piece r of every rank's buffer (1 barrier).
@@ -313,6 +318,7 @@ struct ShmCommOptions {
 ///    over all buffers and writes it back into its own buffer, barrier, everyone copies every slice
 ///    (2 barriers); chunks up to 16 KiB are reduced whole by every rank (1 barrier).
 ///  - broadcast: root copies a chunk in, barrier, others copy it out (1 barrier).
+/// Outputs of at least stream_min_bytes are written with non-temporal stores.
 /// Reductions are deterministic and identical on every rank: op(...op(op(x0, x1), x2)..., x_{n-1})
 /// in rank order, in the element type (fp32 sums in fp32), so for every rank count the result is
 /// well defined and equal to a sequential sum over ranks in rank order.
@@ -320,6 +326,11 @@ struct ShmCommOptions {
 /// Non-blocking collectives complete EAGERLY at post time: the returned request is already done.
 /// There is no progress thread, so on this CPU backend a non-blocking shm collective does not
 /// overlap with computation (its whole time is accounted at post).
+///
+/// Construction and destruction are collective over the communicator (MPI_Win_allocate_shared /
+/// MPI_Win_free): every rank creates and destroys its ShmComms in the same order. While an
+/// exception is unwinding, the destructor skips MPI_Win_free (leaks the window) so a failing rank
+/// cannot block.
 class ShmComm final : public Comm {
  public:
   /// Collective over `comm`. Throws rlhf::Error if the ranks of `comm` are not all on one node or

@@ -1,6 +1,10 @@
 // ShmComm: collectives through an MPI-3 shared-memory window with a flag barrier (see comm.h).
 #include <sched.h>
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -26,6 +30,36 @@ inline void cpu_relax() {
 #endif
 }
 
+// dst[0, n) = src[0, n). With `stream`, large copies use non-temporal stores (no read-for-ownership
+// of the destination, which does not pollute the caches): for outputs that go to memory anyway.
+// Ends with a store fence so the data is ordered like ordinary stores afterwards.
+void copy_out(void* dst, const void* src, size_t n, bool stream) {
+#if defined(__x86_64__) || defined(__i386__)
+  if (stream && n >= 4096) {
+    char* d = static_cast<char*>(dst);
+    const char* s = static_cast<const char*>(src);
+    const size_t head = (16 - reinterpret_cast<uintptr_t>(d) % 16) % 16;
+    std::memcpy(d, s, head);
+    size_t i = head;
+    for (; i + 64 <= n; i += 64) {
+      __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i));
+      __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 16));
+      __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 32));
+      __m128i e = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 48));
+      _mm_stream_si128(reinterpret_cast<__m128i*>(d + i), a);
+      _mm_stream_si128(reinterpret_cast<__m128i*>(d + i + 16), b);
+      _mm_stream_si128(reinterpret_cast<__m128i*>(d + i + 32), c);
+      _mm_stream_si128(reinterpret_cast<__m128i*>(d + i + 48), e);
+    }
+    std::memcpy(d + i, s + i, n - i);
+    _mm_sfence();
+    return;
+  }
+#endif
+  (void)stream;
+  std::memcpy(dst, src, n);
+}
+
 double now_s() {
   using clock = std::chrono::steady_clock;
   return std::chrono::duration<double>(clock::now().time_since_epoch()).count();
@@ -35,7 +69,7 @@ double now_s() {
 // stay in L1. `out` may alias one of the sources (every source of a tile is read before the tile is
 // written).
 template <typename T, typename F>
-void reduce_tiles(T* out, const T* const* src, int n, int64_t len, F f) {
+void reduce_tiles(T* out, const T* const* src, int n, int64_t len, bool stream, F f) {
   constexpr int64_t kTile = 8192 / static_cast<int64_t>(sizeof(T));
   alignas(64) T tmp[kTile];
   for (int64_t t0 = 0; t0 < len; t0 += kTile) {
@@ -45,41 +79,41 @@ void reduce_tiles(T* out, const T* const* src, int n, int64_t len, F f) {
       const T* s = src[j] + t0;
       for (int64_t i = 0; i < m; ++i) tmp[i] = f(tmp[i], s[i]);
     }
-    std::memcpy(out + t0, tmp, static_cast<size_t>(m) * sizeof(T));
+    copy_out(out + t0, tmp, static_cast<size_t>(m) * sizeof(T), stream);
   }
 }
 
 template <typename T>
-void reduce_typed(void* out, const char* const* src, int n, int64_t len, ReduceOp op) {
+void reduce_typed(void* out, const char* const* src, int n, int64_t len, ReduceOp op, bool stream) {
   const T* const* s = reinterpret_cast<const T* const*>(src);
   T* o = static_cast<T*>(out);
   switch (op) {
     case ReduceOp::kSum:
-      reduce_tiles(o, s, n, len, [](T a, T b) { return static_cast<T>(a + b); });
+      reduce_tiles(o, s, n, len, stream, [](T a, T b) { return static_cast<T>(a + b); });
       return;
     case ReduceOp::kMax:
-      reduce_tiles(o, s, n, len, [](T a, T b) { return b > a ? b : a; });
+      reduce_tiles(o, s, n, len, stream, [](T a, T b) { return b > a ? b : a; });
       return;
     case ReduceOp::kMin:
-      reduce_tiles(o, s, n, len, [](T a, T b) { return b < a ? b : a; });
+      reduce_tiles(o, s, n, len, stream, [](T a, T b) { return b < a ? b : a; });
       return;
   }
 }
 
-// Reduces len elements of n sources, in rank order, into out.
-void reduce_rank_order(void* out, const char* const* src, int n, int64_t len, DType dt,
-                       ReduceOp op) {
+// Reduces len elements of n sources, in rank order, into out (non-temporal stores with `stream`).
+void reduce_rank_order(void* out, const char* const* src, int n, int64_t len, DType dt, ReduceOp op,
+                       bool stream = false) {
   switch (dt) {
     case DType::kFloat32:
-      return reduce_typed<float>(out, src, n, len, op);
+      return reduce_typed<float>(out, src, n, len, op, stream);
     case DType::kFloat64:
-      return reduce_typed<double>(out, src, n, len, op);
+      return reduce_typed<double>(out, src, n, len, op, stream);
     case DType::kInt32:
-      return reduce_typed<int32_t>(out, src, n, len, op);
+      return reduce_typed<int32_t>(out, src, n, len, op, stream);
     case DType::kInt64:
-      return reduce_typed<int64_t>(out, src, n, len, op);
+      return reduce_typed<int64_t>(out, src, n, len, op, stream);
     case DType::kUint8:
-      return reduce_typed<uint8_t>(out, src, n, len, op);
+      return reduce_typed<uint8_t>(out, src, n, len, op, stream);
   }
 }
 
@@ -164,6 +198,9 @@ char* ShmComm::buffer(int r, uint64_t step) const {
 
 void ShmComm::flag_barrier() {
   const uint64_t e = ++epoch_;
+  // Full fence: orders this rank's earlier data stores, non-temporal ones included (glibc's memcpy
+  // uses them for large copies), before the flag store.
+  std::atomic_thread_fence(std::memory_order_seq_cst);
   std::atomic_ref<uint64_t>(*reinterpret_cast<uint64_t*>(seg_[static_cast<size_t>(rank())]))
       .store(e, std::memory_order_release);
   double t_start = 0;
@@ -197,14 +234,16 @@ void ShmComm::do_all_gather(const void* send, void* recv, int64_t count, DType d
   const char* src = static_cast<const char*>(send);
   char* dst = static_cast<char*>(recv);
   const bool in_place = src == dst + me * b;
+  const bool stream = n * b >= opts_.stream_min_bytes;
   for (int64_t off = 0; off < b; off += opts_.chunk_bytes, ++step_) {
     const size_t len = static_cast<size_t>(std::min(opts_.chunk_bytes, b - off));
     std::memcpy(buffer(me, step_), src + off, len);
     flag_barrier();
-    if (!in_place) std::memcpy(dst + me * b + off, src + off, len);
+    // Own block from the (cache-hot) staging buffer, then the peers' blocks.
+    if (!in_place) copy_out(dst + me * b + off, buffer(me, step_), len, stream);
     for (int k = 1; k < n; ++k) {
       const int j = (me + k) % n;
-      std::memcpy(dst + j * b + off, buffer(j, step_), len);
+      copy_out(dst + j * b + off, buffer(j, step_), len, stream);
     }
   }
 }
@@ -217,6 +256,7 @@ void ShmComm::do_reduce_scatter(const void* send, void* recv, int64_t count, DTy
   const char* src = static_cast<const char*>(send);
   char* dst = static_cast<char*>(recv);
   std::vector<const char*> srcs(static_cast<size_t>(n));
+  const bool stream = count * es >= opts_.stream_min_bytes;
   for (int64_t off = 0; off < count; off += piece, ++step_) {
     const int64_t len = std::min(piece, count - off);
     char* mine = buffer(me, step_);
@@ -224,7 +264,7 @@ void ShmComm::do_reduce_scatter(const void* send, void* recv, int64_t count, DTy
       std::memcpy(mine + r * len * es, src + (r * count + off) * es, static_cast<size_t>(len * es));
     flag_barrier();
     for (int j = 0; j < n; ++j) srcs[static_cast<size_t>(j)] = buffer(j, step_) + me * len * es;
-    reduce_rank_order(dst + off * es, srcs.data(), n, len, dt, op);
+    reduce_rank_order(dst + off * es, srcs.data(), n, len, dt, op, stream);
   }
 }
 
@@ -235,6 +275,7 @@ void ShmComm::do_all_reduce(const void* send, void* recv, int64_t count, DType d
   const char* src = static_cast<const char*>(send);
   char* dst = static_cast<char*>(recv);
   std::vector<const char*> srcs(static_cast<size_t>(n));
+  const bool stream = count * es >= opts_.stream_min_bytes;
   for (int64_t off = 0; off < count; off += per_step, ++step_) {
     const int64_t len = std::min(per_step, count - off);
     char* mine = buffer(me, step_);
@@ -243,7 +284,7 @@ void ShmComm::do_all_reduce(const void* send, void* recv, int64_t count, DType d
     if (len * es <= kSmallAllReduceBytes || n == 1) {
       // Every rank reduces the whole (small) step: one barrier, identical result everywhere.
       for (int j = 0; j < n; ++j) srcs[static_cast<size_t>(j)] = buffer(j, step_);
-      reduce_rank_order(dst + off * es, srcs.data(), n, len, dt, op);
+      reduce_rank_order(dst + off * es, srcs.data(), n, len, dt, op, stream);
       continue;
     }
     // Rank me reduces its slice [lo, hi) of the step into its own buffer; then everyone copies.
@@ -255,8 +296,8 @@ void ShmComm::do_all_reduce(const void* send, void* recv, int64_t count, DType d
     for (int k = 0; k < n; ++k) {
       const int j = (me + k) % n;
       const int64_t jl = lo_of(j), jh = lo_of(j + 1);
-      std::memcpy(dst + (off + jl) * es, buffer(j, step_) + jl * es,
-                  static_cast<size_t>((jh - jl) * es));
+      copy_out(dst + (off + jl) * es, buffer(j, step_) + jl * es,
+               static_cast<size_t>((jh - jl) * es), stream);
     }
   }
 }
@@ -264,11 +305,12 @@ void ShmComm::do_all_reduce(const void* send, void* recv, int64_t count, DType d
 void ShmComm::do_broadcast(void* buf, int64_t count, DType dt, int root) {
   const int64_t b = count * static_cast<int64_t>(dtype_size(dt));
   char* p = static_cast<char*>(buf);
+  const bool stream = b >= opts_.stream_min_bytes;
   for (int64_t off = 0; off < b; off += opts_.chunk_bytes, ++step_) {
     const size_t len = static_cast<size_t>(std::min(opts_.chunk_bytes, b - off));
     if (rank() == root) std::memcpy(buffer(root, step_), p + off, len);
     flag_barrier();
-    if (rank() != root) std::memcpy(p + off, buffer(root, step_), len);
+    if (rank() != root) copy_out(p + off, buffer(root, step_), len, stream);
   }
 }
 
