@@ -33,7 +33,7 @@ struct BenchCommOptions {
   int64_t min_bytes = 1024;         ///< [-b] smallest size
   int64_t max_bytes = 256ll << 20;  ///< [-e] largest size
   int factor = 4;                   ///< [-f] size multiplier between rows (>= 2)
-  int warmup = 2;                   ///< [-w] untimed calls per row
+  int warmup = 3;                   ///< [-w] untimed calls per row
   int iters = 20;                   ///< [-n] timed calls per row (at most; see max_bytes_per_row)
   /// Timed calls per row are reduced to max(min_iters, max_bytes_per_row / S) so that the large
   /// sizes do not dominate the run (0 = always `iters`).

@@ -202,6 +202,27 @@ class Comm {
   void broadcast(T* buf, int64_t count, int root) {
     broadcast(static_cast<void*>(buf), count, dtype_of<T>(), root);
   }
+  template <typename T>
+  [[nodiscard]] CommRequest iall_gather(const T* send, T* recv, int64_t count) {
+    return iall_gather(static_cast<const void*>(send), static_cast<void*>(recv), count,
+                       dtype_of<T>());
+  }
+  template <typename T>
+  [[nodiscard]] CommRequest ireduce_scatter(const T* send, T* recv, int64_t count,
+                                            ReduceOp op = ReduceOp::kSum) {
+    return ireduce_scatter(static_cast<const void*>(send), static_cast<void*>(recv), count,
+                           dtype_of<T>(), op);
+  }
+  template <typename T>
+  [[nodiscard]] CommRequest iall_reduce(const T* send, T* recv, int64_t count,
+                                        ReduceOp op = ReduceOp::kSum) {
+    return iall_reduce(static_cast<const void*>(send), static_cast<void*>(recv), count,
+                       dtype_of<T>(), op);
+  }
+  template <typename T>
+  [[nodiscard]] CommRequest ibroadcast(T* buf, int64_t count, int root) {
+    return ibroadcast(static_cast<void*>(buf), count, dtype_of<T>(), root);
+  }
 
   /// Totals over every collective of this communicator.
   const CommStats& stats() const { return total_; }

@@ -107,7 +107,7 @@ int64_t check_collectives(Comm& c, int64_t count, bool nonblocking) {
         src = recv.data() + me * count;
       }
       if (nonblocking) {
-        finish(c.iall_gather(src, recv.data(), count, dtype_of<T>()));
+        finish(c.iall_gather(src, recv.data(), count));  // typed form
       } else {
         c.all_gather(src, recv.data(), count);
       }
@@ -156,7 +156,7 @@ int64_t check_collectives(Comm& c, int64_t count, bool nonblocking) {
     auto buf = out_buffer<T>(count);
     for (int64_t i = 0; i < count; ++i) buf[static_cast<size_t>(i)] = pattern<T>(me, i);
     if (nonblocking) {
-      finish(c.ibroadcast(buf.data(), count, dtype_of<T>(), root));
+      finish(c.ibroadcast(buf.data(), count, root));  // typed form
     } else {
       c.broadcast(buf.data(), count, root);
     }
