@@ -14,7 +14,7 @@ namespace rlhf::io {
 OverlongPolicy overlong_policy_from_string(const std::string& s) {
   if (s == "truncate") return OverlongPolicy::kTruncate;
   if (s == "skip") return OverlongPolicy::kSkip;
-  RLHF_FAIL("unknown overlong policy '{}'\nhint: truncate or skip", s);
+  RLHF_FAIL("unknown --truncation policy '{}'\nhint: truncate or skip", s);
 }
 
 const char* to_string(OverlongPolicy p) {
@@ -92,8 +92,8 @@ struct JsonBuilder {
     RLHF_CHECK(ds.stats.total > 0, "{}: no SFT samples: the file holds no JSON records", path);
     RLHF_CHECK(!ds.samples.empty(),
                "{}: no usable SFT sample: all {} were skipped ({} longer than --max_len {} with "
-               "--overlong skip, {} whose prompt alone fills --max_len)\nhint: raise --max_len, "
-               "or use --overlong truncate",
+               "--truncation skip, {} whose prompt alone fills --max_len)\nhint: raise --max_len, "
+               "or use --truncation truncate",
                path, ds.stats.total, skipped_overlong, opt.max_len, skipped_prompt);
   }
 };
