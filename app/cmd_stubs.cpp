@@ -4,10 +4,6 @@
 
 namespace rlhf::app {
 
-int run_sft(const SftArgs&) {
-  RLHF_FAIL("`rlhf sft` is not implemented yet");
-}
-
 int run_rm(const RmArgs&) {
   RLHF_FAIL("`rlhf rm` is not implemented yet");
 }

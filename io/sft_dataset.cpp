@@ -228,3 +228,34 @@ SftDataset build_sft_dataset(const std::string& path, const Tokenizer& tok,
 }
 
 }  // namespace rlhf::io
+
+namespace rlhf::io {
+
+int64_t sft_loss_tokens(const SftSample& s) {
+  const int64_t n = static_cast<int64_t>(s.tokens.size());
+  const int64_t first = std::max<int64_t>(s.prompt_len, 1);
+  return std::max<int64_t>(0, n - first);
+}
+
+TokenBatch collate_sft(const std::vector<SftSample>& samples, const std::vector<int64_t>& indices,
+                       int32_t pad_id) {
+  RLHF_CHECK(!indices.empty(), "collate_sft: empty micro-batch");
+  TokenBatch b;
+  b.B = static_cast<int64_t>(indices.size());
+  for (int64_t i : indices)
+    b.T = std::max<int64_t>(b.T, static_cast<int64_t>(samples.at(size_t(i)).tokens.size()));
+  b.tokens.assign(static_cast<size_t>(b.B * b.T), pad_id);
+  b.targets.assign(static_cast<size_t>(b.B * b.T), -1);
+  for (int64_t r = 0; r < b.B; ++r) {
+    const SftSample& s = samples[size_t(indices[size_t(r)])];
+    const int64_t n = static_cast<int64_t>(s.tokens.size());
+    const int64_t first = std::max<int64_t>(s.prompt_len, 1);
+    std::copy(s.tokens.begin(), s.tokens.end(), b.tokens.begin() + r * b.T);
+    for (int64_t t = first; t < n; ++t) b.targets[size_t(r * b.T + t - 1)] = s.tokens[size_t(t)];
+    b.real_tokens += n;
+    b.loss_tokens += std::max<int64_t>(0, n - first);
+  }
+  return b;
+}
+
+}  // namespace rlhf::io
