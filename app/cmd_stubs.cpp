@@ -28,8 +28,4 @@ int run_import(const ImportArgs&) {
   RLHF_FAIL("`rlhf import` is not implemented yet");
 }
 
-int run_bench(const BenchArgs&) {
-  RLHF_FAIL("`rlhf bench` is not implemented yet");
-}
-
 }  // namespace rlhf::app
