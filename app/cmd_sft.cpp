@@ -116,7 +116,7 @@ int run_sft(const SftArgs& args) {
       total_steps, steps_per_epoch, args.loop.max_epochs, TB, world, MB, accum, threads);
 
   std::unique_ptr<io::MetricsWriter> metrics;
-  if (rank == 0) metrics = std::make_unique<io::MetricsWriter>(args.ckpt.save_path);
+  if (rank == 0) metrics = std::make_unique<io::MetricsWriter>(args.ckpt.save_path, true);
 
   // --- loop
   const auto t_start = Clock::now();
@@ -161,8 +161,8 @@ int run_sft(const SftArgs& args) {
       real_tokens += double(batch.real_tokens);
     }
     const double loss = allreduce_sum(loss_sum) / n_loss_tokens;
-    RLHF_CHECK(std::isfinite(loss), "loss is {} at step {}\nhint: lower --learning_rate", loss,
-               step + 1);
+    RLHF_CHECK(std::isfinite(loss),
+               "loss is not finite ({}) at step {}\nhint: lower --learning_rate", loss, step + 1);
     const double lr = sched.lr_at(step);
     const double grad_norm =
         parallel::clip_and_step(store, adam, lr, step + 1, args.optim.max_norm);
