@@ -422,7 +422,7 @@ void ModelArgs::validate() const {
 }
 
 void DatasetArgs::bind(OptionSet& o) {
-  o.add("dataset", dataset, "Training data (JSONL path)").required();
+  o.add("dataset", dataset, "Training data: JSONL (prompt/response) or plain text").required();
   o.add("max_len", max_len, "Max tokens per sample (prompt + response)").check(ge(1));
   o.add("truncation", truncation, "What to do with samples longer than max_len")
       .check(one_of({"truncate", "skip"}));
@@ -617,7 +617,7 @@ void add_commands(CLI::App& app, CommandArgs (&args)[kCommandNames.size()],
                   std::vector<std::unique_ptr<OptionSet>>& sets) {
   if constexpr (I < kCommandNames.size()) {
     static const char* kDescriptions[] = {
-        "Supervised fine-tuning / pre-training on JSONL",
+        "Supervised fine-tuning / pre-training on JSONL or plain text",
         "Reward-model training on preference pairs",
         "GRPO: group-normalised advantages, no critic",
         "PPO with a critic (GAE)",
