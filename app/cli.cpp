@@ -383,6 +383,31 @@ void CommonArgs::bind(OptionSet& o) {
   o.add("disable_progress", disable_progress, "Do not print progress lines");
 }
 
+void BenchArgs::bind(OptionSet& o) {
+  common.bind(o);
+  o.app()
+      ->add_option("suite", suites, "Benchmarks to run: train, comm, all (default all)")
+      ->type_name("SUITE");
+  o.add("model_config", model_config, "Model config for train (\"\" = stories15M shape)");
+  o.add("tokens_per_step", tokens_per_step, "Tokens per optimizer step (global)").check(ge(1));
+  o.add("seq_len", seq_len, "Sequence length of the training benchmark").check(ge(1));
+  o.add("micro_train_batch_size", micro_train_batch_size,
+        "Sequences per forward/backward (0 = the whole step at once)")
+      .check(ge(0));
+  o.add("steps", steps, "Timed steps").check(ge(1));
+  o.add("warmup", warmup, "Untimed warm-up steps").check(ge(0));
+  zero.bind(o);
+  parallel.bind(o);
+  o.add("output", output, "Also append the JSON lines to this file");
+}
+
+void BenchArgs::validate() {
+  if (suites.empty()) suites = {"all"};
+  for (const std::string& s : suites)
+    if (s != "train" && s != "comm" && s != "all")
+      usage_fail("unknown benchmark suite '{}'\nhint: train, comm or all", s);
+}
+
 void ModelArgs::bind(OptionSet& o) {
   o.add("model_config", model_config, "Model config (JSON/TOML) for random init");
   o.add("pretrain", pretrain, "HDF5 checkpoint to start from");
@@ -397,7 +422,7 @@ void ModelArgs::validate() const {
 }
 
 void DatasetArgs::bind(OptionSet& o) {
-  o.add("dataset", dataset, "Training data (JSONL path)").required();
+  o.add("dataset", dataset, "Training data: JSONL (prompt/response) or plain text").required();
   o.add("max_len", max_len, "Max tokens per sample (prompt + response)").check(ge(1));
   o.add("truncation", truncation, "What to do with samples longer than max_len")
       .check(one_of({"truncate", "skip"}));
@@ -592,7 +617,7 @@ void add_commands(CLI::App& app, CommandArgs (&args)[kCommandNames.size()],
                   std::vector<std::unique_ptr<OptionSet>>& sets) {
   if constexpr (I < kCommandNames.size()) {
     static const char* kDescriptions[] = {
-        "Supervised fine-tuning / pre-training on JSONL",
+        "Supervised fine-tuning / pre-training on JSONL or plain text",
         "Reward-model training on preference pairs",
         "GRPO: group-normalised advantages, no critic",
         "PPO with a critic (GAE)",

@@ -254,11 +254,21 @@ struct ImportArgs {
   void bind(OptionSet& o) { common.bind(o); }
   void validate() {}
 };
-/// `rlhf bench` (not implemented yet).
+/// `rlhf bench [suite...]`: benchmarks, JSON lines on stdout (rank 0) and a table in the log.
 struct BenchArgs {
   CommonArgs common;
-  void bind(OptionSet& o) { common.bind(o); }
-  void validate() {}
+  std::vector<std::string> suites;     ///< positional: train | comm | all (default all)
+  std::string model_config;            ///< --model_config: "" = the stories15M shape
+  int64_t tokens_per_step = 4096;      ///< --tokens_per_step: tokens per optimizer step (global)
+  int64_t seq_len = 256;               ///< --seq_len: sequence length of the training benchmark
+  int64_t micro_train_batch_size = 0;  ///< --micro_train_batch_size: 0 = whole step in one pass
+  int64_t steps = 3;                   ///< --steps: timed steps
+  int64_t warmup = 1;                  ///< --warmup: untimed steps first
+  ZeroArgs zero;                       ///< --zero_stage, --adam_offload, --gradient_checkpointing
+  ParallelArgs parallel;               ///< --threads, --ranks_per_node, ...
+  std::string output;                  ///< --output: also append the JSON lines to this file
+  void bind(OptionSet& o);
+  void validate();
 };
 
 /// The arguments of the selected subcommand; the alternative's index is the subcommand's position

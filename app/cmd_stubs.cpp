@@ -4,10 +4,6 @@
 
 namespace rlhf::app {
 
-int run_sft(const SftArgs&) {
-  RLHF_FAIL("`rlhf sft` is not implemented yet");
-}
-
 int run_rm(const RmArgs&) {
   RLHF_FAIL("`rlhf rm` is not implemented yet");
 }
@@ -30,10 +26,6 @@ int run_export(const ExportArgs&) {
 
 int run_import(const ImportArgs&) {
   RLHF_FAIL("`rlhf import` is not implemented yet");
-}
-
-int run_bench(const BenchArgs&) {
-  RLHF_FAIL("`rlhf bench` is not implemented yet");
 }
 
 }  // namespace rlhf::app

@@ -20,8 +20,8 @@
 
 #include "app/cli.h"
 #include "app/commands.h"
-#include "core/log.h"
 #include "core/error.h"
+#include "core/log.h"
 
 namespace {
 

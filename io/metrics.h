@@ -12,9 +12,10 @@ namespace rlhf::io {
 /// Each write() is one line, flushed at once, so a crashed run keeps every finished step.
 class MetricsWriter {
  public:
-  /// Creates `dir` (and parents) if needed and opens `<dir>/metrics.jsonl` for appending.
+  /// Creates `dir` (and parents) if needed and opens `<dir>/metrics.jsonl` for appending (a
+  /// resumed run continues the file) or, with `truncate`, empty (a fresh run).
   /// Throws rlhf::Error "cannot create directory <dir>: ..." / "cannot open <file>: <strerror>".
-  explicit MetricsWriter(const std::string& dir);
+  explicit MetricsWriter(const std::string& dir, bool truncate = false);
   ~MetricsWriter();
   MetricsWriter(const MetricsWriter&) = delete;
   MetricsWriter& operator=(const MetricsWriter&) = delete;

@@ -14,7 +14,7 @@ namespace rlhf::io {
 OverlongPolicy overlong_policy_from_string(const std::string& s) {
   if (s == "truncate") return OverlongPolicy::kTruncate;
   if (s == "skip") return OverlongPolicy::kSkip;
-  RLHF_FAIL("unknown overlong policy '{}'\nhint: truncate or skip", s);
+  RLHF_FAIL("unknown --truncation policy '{}'\nhint: truncate or skip", s);
 }
 
 const char* to_string(OverlongPolicy p) {
@@ -92,8 +92,8 @@ struct JsonBuilder {
     RLHF_CHECK(ds.stats.total > 0, "{}: no SFT samples: the file holds no JSON records", path);
     RLHF_CHECK(!ds.samples.empty(),
                "{}: no usable SFT sample: all {} were skipped ({} longer than --max_len {} with "
-               "--overlong skip, {} whose prompt alone fills --max_len)\nhint: raise --max_len, "
-               "or use --overlong truncate",
+               "--truncation skip, {} whose prompt alone fills --max_len)\nhint: raise --max_len, "
+               "or use --truncation truncate",
                path, ds.stats.total, skipped_overlong, opt.max_len, skipped_prompt);
   }
 };
@@ -225,6 +225,37 @@ SftDataset build_sft_dataset(const std::string& path, const Tokenizer& tok,
     build_text(path, tok, opt, ds);
   }
   return ds;
+}
+
+}  // namespace rlhf::io
+
+namespace rlhf::io {
+
+int64_t sft_loss_tokens(const SftSample& s) {
+  const int64_t n = static_cast<int64_t>(s.tokens.size());
+  const int64_t first = std::max<int64_t>(s.prompt_len, 1);
+  return std::max<int64_t>(0, n - first);
+}
+
+TokenBatch collate_sft(const std::vector<SftSample>& samples, const std::vector<int64_t>& indices,
+                       int32_t pad_id) {
+  RLHF_CHECK(!indices.empty(), "collate_sft: empty micro-batch");
+  TokenBatch b;
+  b.B = static_cast<int64_t>(indices.size());
+  for (int64_t i : indices)
+    b.T = std::max<int64_t>(b.T, static_cast<int64_t>(samples.at(size_t(i)).tokens.size()));
+  b.tokens.assign(static_cast<size_t>(b.B * b.T), pad_id);
+  b.targets.assign(static_cast<size_t>(b.B * b.T), -1);
+  for (int64_t r = 0; r < b.B; ++r) {
+    const SftSample& s = samples[size_t(indices[size_t(r)])];
+    const int64_t n = static_cast<int64_t>(s.tokens.size());
+    const int64_t first = std::max<int64_t>(s.prompt_len, 1);
+    std::copy(s.tokens.begin(), s.tokens.end(), b.tokens.begin() + r * b.T);
+    for (int64_t t = first; t < n; ++t) b.targets[size_t(r * b.T + t - 1)] = s.tokens[size_t(t)];
+    b.real_tokens += n;
+    b.loss_tokens += std::max<int64_t>(0, n - first);
+  }
+  return b;
 }
 
 }  // namespace rlhf::io

@@ -70,3 +70,24 @@ SftDataset build_sft_dataset(const std::string& path, const Tokenizer& tokenizer
                              const SftDatasetOptions& options);
 
 }  // namespace rlhf::io
+
+namespace rlhf::io {
+
+/// A right-padded micro-batch for next-token training: tokens (B, T) int32 (pad_id after each
+/// sample's end), targets (B, T) int32 with targets[b, t] = tokens[b, t+1] where token t+1 is a
+/// loss token (t+1 >= max(prompt_len, 1) and inside the sample), else −1. T = the longest sample.
+struct TokenBatch {
+  std::vector<int32_t> tokens, targets;
+  int64_t B = 0, T = 0;
+  int64_t real_tokens = 0;  ///< non-padding tokens
+  int64_t loss_tokens = 0;  ///< targets >= 0
+};
+
+/// Collates samples[indices[i]] into a TokenBatch. Throws rlhf::Error if indices is empty.
+TokenBatch collate_sft(const std::vector<SftSample>& samples, const std::vector<int64_t>& indices,
+                       int32_t pad_id);
+
+/// Loss tokens sample s contributes (the number of targets >= 0 collate_sft gives it).
+int64_t sft_loss_tokens(const SftSample& s);
+
+}  // namespace rlhf::io

@@ -252,6 +252,25 @@ void Transformer<T>::forward_lm(UnitProvider<T>& p, const int32_t* tokens, const
 }
 
 template <typename T>
+void Transformer<T>::forward_logits(UnitProvider<T>& p, const int32_t* tokens, int64_t B,
+                                    int64_t T_len, T* logits) {
+  RLHF_CHECK(layout_.head() == HeadKind::kLM, "forward_logits needs a model with an LM head");
+  p.begin_pass(false);
+  trunk_forward(p, tokens, B, T_len, false);
+  const int hu = layout_.head_unit(), eu = layout_.embedding_unit();
+  const bool tied = layout_.config().tie_word_embeddings;
+  const T* hp = p.acquire_params(hu);
+  final_norm(hp);
+  const T* w = tied ? p.acquire_params(eu) + layout_.unit(eu).at("embed_tokens.weight").offset
+                    : hp + layout_.unit(hu).at("lm_head.weight").offset;
+  linear_forward_cpu(logits, lnf_.data(), w, static_cast<const T*>(nullptr), N_, C_, V_);
+  if (tied) p.release_params(eu);
+  p.release_params(hu);
+  p.end_pass(false);
+  have_backward_state_ = false;
+}
+
+template <typename T>
 void Transformer<T>::head_backward_common(UnitProvider<T>& p, const T* head_params, T* head_grads) {
   // dlnf_ holds d loss / d RMSNorm(x_L); the residual gradient starts here.
   const UnitLayout& hu = layout_.unit(layout_.head_unit());

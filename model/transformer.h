@@ -37,6 +37,10 @@ class Transformer {
   void forward_lm(UnitProvider<T>& p, const int32_t* tokens, const int32_t* targets, int64_t B,
                   int64_t T_, T* lp, T* entropy, bool for_backward, T inv_temperature = T(1));
 
+  /// Inference forward returning the raw logits: logits (B, T, V) out. For tests and references
+  /// (the training path never materialises more than it needs).
+  void forward_logits(UnitProvider<T>& p, const int32_t* tokens, int64_t B, int64_t T_, T* logits);
+
   /// LM backward for the last forward_lm(for_backward = true): dlp (B, T), dentropy (B, T) or
   /// nullptr. Parameter gradients accumulate (+=) into the provider's grad buffers.
   void backward_lm(UnitProvider<T>& p, const T* dlp, const T* dentropy);

@@ -1,8 +1,10 @@
 #include "parallel/param_store.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
+#include "core/error.h"
 #include "optim/clip.h"
 
 namespace rlhf::parallel {
@@ -16,6 +18,18 @@ std::vector<optim::AdamWSegment> adamw_segments(const model::UnitLayout& u, int6
     if (a < b) segs.push_back({a - begin, b - a, t.weight_decay});
   }
   return segs;
+}
+
+double clip_and_step(ParamStore& store, const optim::AdamWConfig& cfg, double lr, int64_t step,
+                     double max_norm) {
+  const double norm = std::sqrt(store.grad_sq_norm());
+  RLHF_CHECK(std::isfinite(norm),
+             "gradient norm is {} at optimizer step {}\nhint: lower the "
+             "learning rate or check the data for empty or degenerate samples",
+             norm, step);
+  const double coef = optim::clip_coefficient(norm, max_norm);
+  store.adamw_step(cfg, lr, step, static_cast<float>(coef));
+  return norm;
 }
 
 LocalParamStore::LocalParamStore(const model::ParamLayout& layout) : params_(layout) {

@@ -51,6 +51,13 @@ class ParamStore {
   virtual MemoryReport memory() const = 0;
 };
 
+/// Global-norm clipping and one AdamW step (torch.nn.utils.clip_grad_norm_ then AdamW.step()):
+/// grad_norm = sqrt(store.grad_sq_norm()), coefficient = optim::clip_coefficient(norm, max_norm)
+/// folded into the step as grad_scale. Returns the gradient norm before clipping. Collective.
+/// Throws rlhf::Error if the norm is not finite (NaN/Inf gradients), before touching the weights.
+double clip_and_step(ParamStore& store, const optim::AdamWConfig& cfg, double lr, int64_t step,
+                     double max_norm);
+
 /// The AdamW segments of the element range [begin, begin + len) of unit u: the intersections
 /// with each tensor, offsets relative to begin, with the tensor's weight-decay switch. Padding
 /// between tensors is excluded.

@@ -131,3 +131,23 @@ TEST_CASE("gradient checkpointing gives identical gradients") {
   }
   for (size_t u = 0; u < grads[0].size(); ++u) CHECK(grads[0][u] == grads[1][u]);
 }
+
+TEST_CASE("forward_logits agrees with forward_lm's log-probs") {
+  auto cfg = tiny_config(model::RopeStyle::kInterleaved, false, false);
+  model::ParamLayout layout(cfg, HeadKind::kLM, 1);
+  model::LocalParams<double> P(layout);
+  P.init(3, 0.3);
+  const int64_t B = 2, T = 6, N = B * T, V = cfg.vocab_size;
+  auto tokens = test::random_tokens(N, V, 4);
+  auto targets = test::random_tokens(N, V, 5);
+  model::Transformer<double> net(layout, false);
+  std::vector<double> logits(N * V), lp(N);
+  net.forward_logits(P, tokens.data(), B, T, logits.data());
+  net.forward_lm(P, tokens.data(), targets.data(), B, T, lp.data(), nullptr, false);
+  for (int64_t n = 0; n < N; ++n) {
+    double m = -1e300, s = 0;
+    for (int64_t v = 0; v < V; ++v) m = std::max(m, logits[n * V + v]);
+    for (int64_t v = 0; v < V; ++v) s += std::exp(logits[n * V + v] - m);
+    CHECK(lp[n] == doctest::Approx(logits[n * V + targets[n]] - m - std::log(s)).epsilon(1e-12));
+  }
+}

@@ -98,11 +98,11 @@ TEST_CASE("sft jsonl: overlong samples, truncate vs skip") {
     std::string msg =
         test::error_of([&] { io::build_sft_dataset(p, kTok, opts(3, io::OverlongPolicy::kSkip)); });
     RLHF_CHECK_CONTAINS(msg, p + ": no usable SFT sample: all 4 were skipped (4 longer than "
-                                 "--max_len 3 with --overlong skip, 0 whose prompt");
+                                 "--max_len 3 with --truncation skip, 0 whose prompt");
     RLHF_CHECK_CONTAINS(msg, "hint: raise --max_len");
     msg = test::error_of([&] { io::build_sft_dataset(p, kTok, opts(2)); });
     RLHF_CHECK_CONTAINS(msg,
-                        "all 4 were skipped (0 longer than --max_len 2 with --overlong skip, "
+                        "all 4 were skipped (0 longer than --max_len 2 with --truncation skip, "
                         "4 whose prompt alone fills --max_len)");
   }
   SUBCASE("policy names") {
@@ -110,7 +110,7 @@ TEST_CASE("sft jsonl: overlong samples, truncate vs skip") {
     CHECK(io::overlong_policy_from_string("truncate") == io::OverlongPolicy::kTruncate);
     CHECK(std::string(io::to_string(io::OverlongPolicy::kSkip)) == "skip");
     RLHF_CHECK_CONTAINS(test::error_of([] { io::overlong_policy_from_string("cut"); }),
-                        "unknown overlong policy 'cut'");
+                        "unknown --truncation policy 'cut'");
   }
 }
 

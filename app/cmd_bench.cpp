@@ -1,0 +1,58 @@
+// `rlhf bench [train|comm|all]`: benchmarks as JSON lines on stdout (rank 0), each row also in the
+// log as a human-readable line.
+#include <mpi.h>
+
+#include <fstream>
+#include <iostream>
+
+#include "app/commands.h"
+#include "app/runtime.h"
+#include "bench/bench_train.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "io/model_config_file.h"
+
+namespace rlhf::app {
+
+int run_bench(const BenchArgs& args) {
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  const int threads = configure_threads(args.parallel.threads);
+  std::unique_ptr<std::ofstream> out;
+  if (rank == 0 && !args.output.empty()) {
+    out = std::make_unique<std::ofstream>(args.output, std::ios::app);
+    RLHF_CHECK(out->good(), "--output {}: cannot open for appending", args.output);
+  }
+  const bench::Emit emit = [&](const nlohmann::json& row) {
+    if (rank != 0) return;
+    const std::string line = row.dump();
+    std::cout << line << std::endl;
+    if (out) *out << line << std::endl;
+  };
+  auto wants = [&](const char* s) {
+    for (const auto& x : args.suites)
+      if (x == s || x == "all") return true;
+    return false;
+  };
+  if (wants("train")) {
+    bench::BenchTrainOptions o;
+    if (!args.model_config.empty()) o.config = io::load_model_config_file(args.model_config);
+    o.tokens_per_step = args.tokens_per_step;
+    o.seq_len = args.seq_len;
+    o.micro_batch = args.micro_train_batch_size;
+    o.steps = args.steps;
+    o.warmup = args.warmup;
+    o.gradient_checkpointing = args.zero.gradient_checkpointing;
+    o.zero_stage = args.zero.zero_stage;
+    o.adam_offload = args.zero.adam_offload;
+    o.seed = static_cast<uint64_t>(args.common.seed);
+    LOG0_INFO("bench train: {} threads per rank", threads);
+    bench::run_bench_train(o, emit);
+  }
+  if (wants("comm")) {
+    RLHF_CHECK(false, "`rlhf bench comm` is not built yet");
+  }
+  return 0;
+}
+
+}  // namespace rlhf::app

@@ -1,0 +1,211 @@
+// `rlhf sft`: supervised fine-tuning / pre-training with next-token cross-entropy.
+//
+// Batch arithmetic (OpenRLHF's): each optimizer step takes --train_batch_size samples (global),
+// each rank --micro_train_batch_size per forward/backward, gradient accumulation fills the rest.
+// The loss is the mean over every loss token of the whole optimizer step (ALGORITHMS.md "agg"),
+// so the gradient does not depend on how the batch is split across micro-batches or ranks.
+#include <mpi.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <numeric>
+#include <random>
+
+#include <nlohmann/json.hpp>
+
+#include "app/commands.h"
+#include "app/runtime.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "io/metrics.h"
+#include "io/sft_dataset.h"
+#include "io/tokenizer.h"
+#include "model/flops.h"
+#include "model/transformer.h"
+#include "optim/schedule.h"
+#include "parallel/param_store.h"
+
+namespace rlhf::app {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+double allreduce_sum(double x) {
+  double y = 0;
+  MPI_Allreduce(&x, &y, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+  return y;
+}
+
+}  // namespace
+
+int run_sft(const SftArgs& args) {
+  int rank = 0, world = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  RLHF_CHECK(world == 1,
+             "`rlhf sft` on {} ranks needs the ZeRO-3 trainer, which is not built yet\nhint: run "
+             "on one rank",
+             world);
+  const int threads = configure_threads(args.parallel.threads);
+
+  // --- model and tokenizer
+  const ModelSource src = resolve_model_source(args.model, model::HeadKind::kLM);
+  const model::ModelConfig& cfg = src.config;
+  auto tokenizer = io::make_tokenizer("byte");
+  RLHF_CHECK(tokenizer->vocab_size() <= cfg.vocab_size,
+             "the tokenizer has {} tokens but the model's vocab_size is {}\nhint: set vocab_size "
+             ">= {} in the model config",
+             tokenizer->vocab_size(), cfg.vocab_size, tokenizer->vocab_size());
+  model::ParamLayout layout(cfg, model::HeadKind::kLM, world);
+  parallel::LocalParamStore store(layout);
+  initialize_weights(store, src, static_cast<uint64_t>(args.common.seed));
+  model::Transformer<float> net(layout, args.zero.gradient_checkpointing);
+
+  // --- data
+  io::SftDatasetOptions dopt;
+  dopt.input_key = args.input_key;
+  dopt.output_key = args.output_key;
+  dopt.max_len = args.data.max_len;
+  dopt.overlong = io::overlong_policy_from_string(args.data.truncation);
+  dopt.max_samples = args.data.max_samples;
+  RLHF_CHECK(args.data.max_len <= cfg.max_position_embeddings,
+             "--max_len {} exceeds the model's max_position_embeddings {}", args.data.max_len,
+             cfg.max_position_embeddings);
+  const io::SftDataset data = io::build_sft_dataset(args.data.dataset, *tokenizer, dopt);
+  const int64_t n_samples = static_cast<int64_t>(data.samples.size());
+
+  // --- batch arithmetic
+  const int64_t TB = args.loop.train_batch_size, MB = args.loop.micro_train_batch_size;
+  RLHF_CHECK(TB % (MB * world) == 0,
+             "--train_batch_size {} must be a multiple of --micro_train_batch_size {} x {} rank(s)",
+             TB, MB, world);
+  const int64_t accum = TB / (MB * world);
+  const int64_t steps_per_epoch = n_samples / TB;
+  RLHF_CHECK(steps_per_epoch >= 1,
+             "{}: {} usable samples, fewer than one --train_batch_size ({})\nhint: lower "
+             "--train_batch_size or add data",
+             args.data.dataset, n_samples, TB);
+  int64_t total_steps = steps_per_epoch * args.loop.max_epochs;
+  if (args.loop.max_steps > 0) total_steps = std::min(total_steps, args.loop.max_steps);
+  const optim::LrSchedule sched = optim::LrSchedule::openrlhf(
+      args.optim.lr_scheduler, args.optim.learning_rate, total_steps, args.optim.lr_warmup_ratio);
+  optim::AdamWConfig adam;
+  adam.lr = args.optim.learning_rate;
+  adam.beta1 = args.optim.adam_betas[0];
+  adam.beta2 = args.optim.adam_betas[1];
+  adam.weight_decay = args.optim.l2;
+  adam.validate("--adam_betas/--l2");
+
+  const auto mem = store.memory();
+  LOG0_INFO("model: {} | {} parameters | {} layers, hidden {}, heads {}/{} | {}", cfg.model_type,
+            layout.num_parameters(), cfg.num_hidden_layers, cfg.hidden_size,
+            cfg.num_attention_heads, cfg.num_key_value_heads, src.describe());
+  LOG0_INFO("memory per rank: params {}, grads {}, optimizer {}", format_bytes(mem.params_bytes),
+            format_bytes(mem.grads_bytes), format_bytes(mem.optimizer_bytes));
+  LOG0_INFO("data: {} ({}) | {}", args.data.dataset, data.format, data.stats.summary());
+  LOG0_INFO(
+      "training: {} steps ({} per epoch x {} epochs) | batch {} = {} rank(s) x {} micro x {} "
+      "accumulation | {} threads per rank",
+      total_steps, steps_per_epoch, args.loop.max_epochs, TB, world, MB, accum, threads);
+
+  std::unique_ptr<io::MetricsWriter> metrics;
+  if (rank == 0) metrics = std::make_unique<io::MetricsWriter>(args.ckpt.save_path, true);
+
+  // --- loop
+  const auto t_start = Clock::now();
+  std::vector<int64_t> order(static_cast<size_t>(n_samples));
+  std::vector<float> lp, dlp;
+  int64_t epoch = -1;
+  for (int64_t step = 0; step < total_steps; ++step) {
+    const auto t_step = Clock::now();
+    if (step / steps_per_epoch != epoch) {
+      epoch = step / steps_per_epoch;
+      std::iota(order.begin(), order.end(), 0);
+      std::mt19937_64 rng(static_cast<uint64_t>(args.common.seed) * 1000003ull +
+                          static_cast<uint64_t>(epoch));
+      std::shuffle(order.begin(), order.end(), rng);
+    }
+    // This rank's slice of the global batch, then its micro-batches.
+    const int64_t base = (step % steps_per_epoch) * TB + rank * (TB / world);
+    double local_loss_tokens = 0;
+    for (int64_t i = 0; i < TB / world; ++i)
+      local_loss_tokens +=
+          double(io::sft_loss_tokens(data.samples[size_t(order[size_t(base + i)])]));
+    const double n_loss_tokens = allreduce_sum(local_loss_tokens);
+    RLHF_CHECK(n_loss_tokens > 0, "step {}: the batch has no loss tokens", step + 1);
+
+    store.zero_grads();
+    double loss_sum = 0, real_tokens = 0;
+    for (int64_t a = 0; a < accum; ++a) {
+      std::vector<int64_t> idx;
+      for (int64_t i = 0; i < MB; ++i) idx.push_back(order[size_t(base + a * MB + i)]);
+      const io::TokenBatch batch = io::collate_sft(data.samples, idx, tokenizer->pad_id());
+      const int64_t N = batch.B * batch.T;
+      lp.resize(size_t(N));
+      dlp.resize(size_t(N));
+      net.forward_lm(store.provider(), batch.tokens.data(), batch.targets.data(), batch.B, batch.T,
+                     lp.data(), nullptr, true);
+      for (int64_t n = 0; n < N; ++n) {
+        const bool on = batch.targets[size_t(n)] >= 0;
+        loss_sum -= on ? double(lp[size_t(n)]) : 0.0;
+        dlp[size_t(n)] = on ? static_cast<float>(-1.0 / n_loss_tokens) : 0.0f;
+      }
+      net.backward_lm(store.provider(), dlp.data(), nullptr);
+      real_tokens += double(batch.real_tokens);
+    }
+    const double loss = allreduce_sum(loss_sum) / n_loss_tokens;
+    RLHF_CHECK(std::isfinite(loss),
+               "loss is not finite ({}) at step {}\nhint: lower --learning_rate", loss, step + 1);
+    const double lr = sched.lr_at(step);
+    const double grad_norm =
+        parallel::clip_and_step(store, adam, lr, step + 1, args.optim.max_norm);
+    const double step_s = seconds_since(t_step);
+    const double tokens = allreduce_sum(real_tokens);
+    const double tok_s = tokens / step_s;
+    const double gflops =
+        tokens * model::training_flops_per_token(cfg, args.data.max_len) / step_s / 1e9;
+    if ((step + 1) % args.ckpt.logging_steps == 0 || step + 1 == total_steps) {
+      const double elapsed = seconds_since(t_start);
+      const double eta = elapsed / double(step + 1) * double(total_steps - step - 1);
+      LOG0_INFO(
+          "step {}/{} ({:.1f}%) | loss {:.4f} | lr {:.3e} | grad_norm {:.3f} | {:.0f} tok/s | "
+          "{:.1f} GFLOP/s | {:.2f}s/step | elapsed {:.1f}s | eta {:.0f}s",
+          step + 1, total_steps, 100.0 * double(step + 1) / double(total_steps), loss, lr,
+          grad_norm, tok_s, gflops, step_s, elapsed, eta);
+      if (metrics)
+        metrics->write(nlohmann::json{{"step", step + 1},
+                                      {"epoch", epoch},
+                                      {"loss", loss},
+                                      {"lr", lr},
+                                      {"grad_norm", grad_norm},
+                                      {"tokens", tokens},
+                                      {"loss_tokens", n_loss_tokens},
+                                      {"tokens_per_s", tok_s},
+                                      {"gflops_per_s", gflops},
+                                      {"step_time_s", step_s},
+                                      {"elapsed_s", elapsed}});
+    }
+    if (args.ckpt.save_steps > 0 && (step + 1) % args.ckpt.save_steps == 0 &&
+        step + 1 < total_steps) {
+      const std::string path =
+          (std::filesystem::path(args.ckpt.save_path) / fmt::format("model_step{}.h5", step + 1))
+              .string();
+      save_model(store, path, rank);
+      LOG0_INFO("saved {}", path);
+    }
+  }
+  const std::string path = (std::filesystem::path(args.ckpt.save_path) / "model.h5").string();
+  save_model(store, path, rank);
+  LOG0_INFO("done: {} steps in {:.1f}s | final model {}", total_steps, seconds_since(t_start),
+            path);
+  return 0;
+}
+
+}  // namespace rlhf::app

@@ -1,0 +1,44 @@
+// `rlhf bench train`: training throughput against the same run's OpenBLAS sgemm on the model's own
+// GEMM shapes.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <functional>
+
+#include "model/config.h"
+
+namespace rlhf::bench {
+
+/// One JSON object per result row; rank 0 prints it.
+using Emit = std::function<void(const nlohmann::json&)>;
+
+/// The stories15M shape (llama2.c): dim 288, 6 layers, 6 heads, hidden 768, vocab 32000, seq 256,
+/// tied classifier, interleaved RoPE.
+model::ModelConfig stories15m_config();
+
+struct BenchTrainOptions {
+  model::ModelConfig config = stories15m_config();
+  int64_t tokens_per_step = 4096;  ///< global tokens per optimizer step
+  int64_t seq_len = 256;
+  int64_t micro_batch = 0;  ///< sequences per forward/backward per rank; 0 = all at once
+  int64_t steps = 3, warmup = 1;
+  bool gradient_checkpointing = false;
+  int zero_stage = 3;
+  bool adam_offload = false;
+  uint64_t seed = 42;
+};
+
+/// Times OpenBLAS sgemm on every GEMM of one training step of `cfg` with `rows` tokens per
+/// forward (forward y = x·Wᵀ, backward dx = dy·W and dW = dyᵀ·x of each linear, the LM head
+/// included) and returns the flop-weighted GFLOP/s (Σ flops / Σ time). Emits one row per shape.
+double bench_sgemm_model_shapes(const model::ModelConfig& cfg, int64_t rows, const Emit& emit);
+
+/// Runs warmup + steps optimizer steps of next-token training on random tokens and emits
+/// {"bench":"train", tokens_per_s, gflops_per_s, step_s, sgemm_gflops_per_s, ratio_to_sgemm, ...}.
+/// FLOPs per token: model::training_flops_per_token (6·N_matmul + 6·L·H·D·T). On more than one rank
+/// the trainer is sharded as zero_stage says (collective).
+void run_bench_train(const BenchTrainOptions& opt, const Emit& emit);
+
+}  // namespace rlhf::bench

@@ -1,0 +1,285 @@
+#include "parallel/zero3.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "core/error.h"
+#include "optim/clip.h"
+
+namespace rlhf::parallel {
+
+namespace {
+void copy_floats(float* dst, const float* src, int64_t n) {
+  std::memcpy(dst, src, sizeof(float) * static_cast<size_t>(n));
+}
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Zero3Store
+
+Zero3Store::Zero3Store(const model::ParamLayout& layout, Comm& comm, Zero3Options options)
+    : layout_(layout), comm_(comm), opt_(options) {
+  RLHF_CHECK(layout.n_shards() == comm.size(),
+             "ZeRO-3: the layout is padded for {} shards but {} has {} ranks", layout.n_shards(),
+             comm.name(), comm.size());
+  shards_.resize(static_cast<size_t>(layout.num_units()));
+  int64_t max_shard = 0;
+  for (int u = 0; u < layout.num_units(); ++u) {
+    const int64_t S = shard_numel(u);
+    max_shard = std::max(max_shard, S);
+    max_unit_ = std::max(max_unit_, layout.unit(u).numel_padded);
+    Shard& s = shards_[size_t(u)];
+    s.params.assign(size_t(S), 0.0f);
+    s.grads.assign(size_t(S), 0.0f);
+    if (opt_.adam_offload) {
+      s.master_host.assign(size_t(S), 0.0f);
+      s.grads_host.assign(size_t(S), 0.0f);
+      s.m_host.assign(size_t(S), 0.0f);
+      s.v_host.assign(size_t(S), 0.0f);
+    } else {
+      s.m.assign(size_t(S), 0.0f);
+      s.v.assign(size_t(S), 0.0f);
+    }
+  }
+}
+
+Zero3Store::~Zero3Store() = default;
+
+std::vector<float>* Zero3Store::take_buffer(std::vector<std::unique_ptr<std::vector<float>>>& pool,
+                                            std::vector<std::vector<float>*>& free_list) {
+  if (!free_list.empty()) {
+    std::vector<float>* b = free_list.back();
+    free_list.pop_back();
+    return b;
+  }
+  const int64_t n = &pool == &staging_pool_ ? max_unit_ / comm_.size() : max_unit_;
+  pool.push_back(std::make_unique<std::vector<float>>(static_cast<size_t>(n), 0.0f));
+  return pool.back().get();
+}
+
+void Zero3Store::post_gather(int u) {
+  Gathered& g = gathered_[u];
+  RLHF_ASSERT(g.state == State::kNotAvailable);
+  g.buffer = take_buffer(param_pool_, free_params_);
+  g.request = comm_.iall_gather(shards_[size_t(u)].params.data(), g.buffer->data(), shard_numel(u));
+  g.state = g.request.done() ? State::kAvailable : State::kInflight;
+}
+
+void Zero3Store::prefetch_after(int u) {
+  // The static order: forward walks units upwards, backward downwards. Only an acquire at the
+  // cursor moves it, so the tied head's nested acquire of unit 0 prefetches nothing.
+  if (u != cursor_) return;
+  cursor_ = backward_ ? u - 1 : u + 1;
+  if (!opt_.prefetch || cursor_ < 0 || cursor_ >= layout_.num_units()) return;
+  auto it = gathered_.find(cursor_);
+  if (it == gathered_.end() || it->second.state == State::kNotAvailable) post_gather(cursor_);
+}
+
+const float* Zero3Store::acquire_params(int u) {
+  RLHF_ASSERT(u >= 0 && u < layout_.num_units());
+  auto it = gathered_.find(u);
+  if (it == gathered_.end() || it->second.state == State::kNotAvailable) post_gather(u);
+  Gathered& g = gathered_[u];
+  if (g.state == State::kInflight) {
+    g.request.wait();
+    g.state = State::kAvailable;
+  }
+  ++g.refs;
+  prefetch_after(u);
+  return g.buffer->data();
+}
+
+void Zero3Store::release_params(int u) {
+  auto it = gathered_.find(u);
+  RLHF_ASSERT(it != gathered_.end() && it->second.refs > 0);
+  Gathered& g = it->second;
+  if (--g.refs > 0) return;
+  if (opt_.keep_params_for_backward && !backward_) return;  // reused by backward
+  free_params_.push_back(g.buffer);
+  gathered_.erase(it);
+}
+
+float* Zero3Store::acquire_grads(int u) {
+  RLHF_ASSERT(grads_out_.count(u) == 0);
+  std::vector<float>* b = take_buffer(grad_pool_, free_grads_);
+  std::memset(b->data(), 0, sizeof(float) * size_t(layout_.unit(u).numel_padded));
+  grads_out_[u] = b;
+  return b->data();
+}
+
+void Zero3Store::release_grads(int u) {
+  auto it = grads_out_.find(u);
+  RLHF_ASSERT(it != grads_out_.end());
+  PendingGrad p;
+  p.unit = u;
+  p.full = it->second;
+  grads_out_.erase(it);
+  Shard& s = shards_[size_t(u)];
+  const int64_t S = shard_numel(u);
+  if (s.grads_fresh) {
+    // First micro-batch since zero_grads: the reduce-scatter writes the shard directly.
+    p.request = comm_.ireduce_scatter(p.full->data(), s.grads.data(), S);
+    s.grads_fresh = false;
+  } else {
+    p.staging = take_buffer(staging_pool_, free_staging_);
+    p.request = comm_.ireduce_scatter(p.full->data(), p.staging->data(), S);
+  }
+  pending_.push_back(std::move(p));
+  // At most two reduce-scatters in flight: the previous unit's overlaps this unit's backward.
+  while (pending_.size() > 2) {
+    finish_pending_grad(pending_.front());
+    pending_.erase(pending_.begin());
+  }
+}
+
+void Zero3Store::finish_pending_grad(PendingGrad& p) {
+  p.request.wait();
+  if (p.staging) {
+    float* g = shards_[size_t(p.unit)].grads.data();
+    const float* add = p.staging->data();
+    const int64_t S = shard_numel(p.unit);
+#pragma omp parallel for simd schedule(static) if (S > 65536)
+    for (int64_t i = 0; i < S; ++i) g[i] += add[i];
+    free_staging_.push_back(p.staging);
+  }
+  free_grads_.push_back(p.full);
+}
+
+void Zero3Store::finish_all_pending_grads() {
+  for (PendingGrad& p : pending_) finish_pending_grad(p);
+  pending_.clear();
+}
+
+void Zero3Store::begin_pass(bool backward) {
+  backward_ = backward;
+  cursor_ = backward ? layout_.num_units() - 1 : 0;
+  if (opt_.prefetch) {
+    auto it = gathered_.find(cursor_);
+    if (it == gathered_.end()) post_gather(cursor_);
+  }
+}
+
+void Zero3Store::end_pass(bool backward) {
+  if (backward) finish_all_pending_grads();
+  // Drop every full copy nobody holds (a prefetch past the end, or the kept forward copies once
+  // backward is done). In-flight gathers complete first.
+  for (auto it = gathered_.begin(); it != gathered_.end();) {
+    Gathered& g = it->second;
+    const bool keep = opt_.keep_params_for_backward && !backward;
+    if (g.refs == 0 && !keep) {
+      if (g.state == State::kInflight) g.request.wait();
+      free_params_.push_back(g.buffer);
+      it = gathered_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+void Zero3Store::zero_grads() {
+  finish_all_pending_grads();
+  for (Shard& s : shards_) {
+    std::fill(s.grads.begin(), s.grads.end(), 0.0f);
+    s.grads_fresh = true;
+  }
+}
+
+double Zero3Store::grad_sq_norm() {
+  finish_all_pending_grads();
+  double local = 0;
+  for (int u = 0; u < layout_.num_units(); ++u)
+    local += optim::sum_of_squares(shards_[size_t(u)].grads.data(), shard_numel(u));
+  double global = 0;
+  comm_.all_reduce(&local, &global, 1);
+  return global;
+}
+
+void Zero3Store::adamw_step(const optim::AdamWConfig& cfg, double lr, int64_t step,
+                            float grad_scale) {
+  finish_all_pending_grads();
+  for (int u = 0; u < layout_.num_units(); ++u) {
+    Shard& s = shards_[size_t(u)];
+    const int64_t S = shard_numel(u);
+    const auto segs = adamw_segments(layout_.unit(u), int64_t(comm_.rank()) * S, S);
+    if (opt_.adam_offload) {
+      // Gradient shard down to the host, step on the host master, updated shard back up.
+      copy_floats(s.grads_host.data(), s.grads.data(), S);
+      optim::adamw_step_segments_cpu(s.master_host.data(), s.m_host.data(), s.v_host.data(),
+                                     s.grads_host.data(), S, segs, cfg, lr, step, grad_scale);
+      copy_floats(s.params.data(), s.master_host.data(), S);
+    } else {
+      optim::adamw_step_segments_cpu(s.params.data(), s.m.data(), s.v.data(), s.grads.data(), S,
+                                     segs, cfg, lr, step, grad_scale);
+    }
+  }
+}
+
+void Zero3Store::gather_unit(int u, float* out) {
+  comm_.all_gather(shards_[size_t(u)].params.data(), out, shard_numel(u));
+}
+
+void Zero3Store::load_unit(int u, const float* full) {
+  Shard& s = shards_[size_t(u)];
+  const int64_t S = shard_numel(u);
+  copy_floats(s.params.data(), full + int64_t(comm_.rank()) * S, S);
+  if (opt_.adam_offload) copy_floats(s.master_host.data(), s.params.data(), S);
+}
+
+void Zero3Store::gather_moments(int u, float* m, float* v) {
+  Shard& s = shards_[size_t(u)];
+  const int64_t S = shard_numel(u);
+  comm_.all_gather(opt_.adam_offload ? s.m_host.data() : s.m.data(), m, S);
+  comm_.all_gather(opt_.adam_offload ? s.v_host.data() : s.v.data(), v, S);
+}
+
+void Zero3Store::load_moments(int u, const float* m, const float* v) {
+  Shard& s = shards_[size_t(u)];
+  const int64_t S = shard_numel(u);
+  const int64_t off = int64_t(comm_.rank()) * S;
+  copy_floats(opt_.adam_offload ? s.m_host.data() : s.m.data(), m + off, S);
+  copy_floats(opt_.adam_offload ? s.v_host.data() : s.v.data(), v + off, S);
+}
+
+MemoryReport Zero3Store::memory() const {
+  MemoryReport r;
+  int64_t shard = 0;
+  for (int u = 0; u < layout_.num_units(); ++u) shard += shard_numel(u);
+  const int64_t b = shard * int64_t(sizeof(float));
+  r.params_bytes = b;
+  r.grads_bytes = b;
+  r.optimizer_bytes = opt_.adam_offload ? 4 * b : 2 * b;  // offload: m, v, master, grad copy
+  r.optimizer_on_host = opt_.adam_offload;
+  int64_t pooled = 0;
+  for (const auto* pool : {&param_pool_, &grad_pool_, &staging_pool_})
+    for (const auto& buf : *pool) pooled += int64_t(buf->size());
+  r.gather_bytes = pooled * int64_t(sizeof(float));
+  return r;
+}
+
+// ---------------------------------------------------------------------------------------------
+// ReplicatedStore
+
+ReplicatedStore::ReplicatedStore(const model::ParamLayout& layout, Comm& comm)
+    : local_(layout), comm_(comm) {}
+
+void ReplicatedStore::reduce_grads() {
+  if (reduced_) return;
+  for (int u = 0; u < layout().num_units(); ++u) {
+    float* g = local_.local().grads(u);
+    comm_.all_reduce(g, g, layout().unit(u).numel_padded);
+  }
+  reduced_ = true;
+}
+
+double ReplicatedStore::grad_sq_norm() {
+  reduce_grads();
+  return local_.grad_sq_norm();
+}
+
+void ReplicatedStore::adamw_step(const optim::AdamWConfig& cfg, double lr, int64_t step,
+                                 float grad_scale) {
+  reduce_grads();
+  local_.adamw_step(cfg, lr, step, grad_scale);
+}
+
+}  // namespace rlhf::parallel

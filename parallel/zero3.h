@@ -1,0 +1,141 @@
+// ZeRO-3 (Rajbhandari et al. 2020, §5.3): every unit's flat fp32 buffer is padded and split evenly
+// over train_comm; a rank owns 1/N of every unit's master weights, gradients and AdamW moments.
+// Forward and backward all-gather a unit when the model acquires it (prefetching the next unit
+// in the static order), free the full copy on release, and reduce-scatter each unit's gradient
+// into its owner's shard as soon as that unit's backward ends. Also the replicated baseline
+// (ZeRO stage 0: full copies everywhere, gradients all-reduced before the step).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "parallel/comm.h"
+#include "parallel/param_store.h"
+
+namespace rlhf::parallel {
+
+/// Options of the sharded store.
+struct Zero3Options {
+  /// Keep the parameters gathered in forward until backward has used them (no second gather; the
+  /// full model then lives on every rank during a step) — `--zero_keep_params`.
+  bool keep_params_for_backward = false;
+  /// `--adam_offload`: master weights, gradients and moments of the shard live in separate host
+  /// buffers; the step runs on the host and the updated shard is copied back. On the CPU backend
+  /// both sides are host memory, so only the copies differ; results are bit-identical.
+  bool adam_offload = false;
+  /// Prefetch the next unit's all-gather when a unit is acquired.
+  bool prefetch = true;
+};
+
+/// The sharded ParamStore and the UnitProvider the model runs on. Collective methods (and every
+/// acquire/release, which may communicate) must be called in the same order on every rank of
+/// `comm`. Unit states follow DeepSpeed's names: NOT_AVAILABLE, INFLIGHT, AVAILABLE.
+class Zero3Store final : public ParamStore, public model::UnitProvider<float> {
+ public:
+  /// `layout` must be padded for comm.size() shards (ParamLayout(config, head, comm.size())).
+  Zero3Store(const model::ParamLayout& layout, Comm& comm, Zero3Options options = {});
+  ~Zero3Store() override;
+
+  // ParamStore
+  const model::ParamLayout& layout() const override { return layout_; }
+  model::UnitProvider<float>& provider() override { return *this; }
+  void zero_grads() override;
+  double grad_sq_norm() override;
+  void adamw_step(const optim::AdamWConfig& cfg, double lr, int64_t step,
+                  float grad_scale) override;
+  void gather_unit(int u, float* out) override;
+  void load_unit(int u, const float* full) override;
+  void gather_moments(int u, float* m, float* v) override;
+  void load_moments(int u, const float* m, const float* v) override;
+  MemoryReport memory() const override;
+
+  // UnitProvider
+  const float* acquire_params(int u) override;
+  void release_params(int u) override;
+  float* acquire_grads(int u) override;
+  void release_grads(int u) override;
+  void begin_pass(bool backward) override;
+  void end_pass(bool backward) override;
+
+  /// This rank's shard of unit u: elements [rank·S, (rank+1)·S) of the padded unit, S =
+  /// numel_padded / N. (The working copy the gathers read.)
+  const float* shard_params(int u) const { return shards_[size_t(u)].params.data(); }
+  const float* shard_grads(int u) const { return shards_[size_t(u)].grads.data(); }
+  int64_t shard_numel(int u) const { return layout_.unit(u).shard_numel(comm_.size()); }
+  Comm& comm() { return comm_; }
+
+ private:
+  enum class State { kNotAvailable, kInflight, kAvailable };
+  struct Shard {
+    std::vector<float> params, grads, m, v;      // the "device" side (m, v empty with offload)
+    std::vector<float> master_host, grads_host;  // adam_offload: host master + grad copy
+    std::vector<float> m_host, v_host;
+    bool grads_fresh = true;  // no micro-batch has reduced into grads since zero_grads
+  };
+  struct Gathered {
+    std::vector<float>* buffer = nullptr;
+    State state = State::kNotAvailable;
+    int refs = 0;
+    CommRequest request;
+  };
+  struct PendingGrad {
+    int unit = -1;
+    std::vector<float>* full = nullptr;
+    std::vector<float>* staging = nullptr;  // reduce-scatter output when accumulating
+    CommRequest request;
+  };
+
+  std::vector<float>* take_buffer(std::vector<std::unique_ptr<std::vector<float>>>& pool,
+                                  std::vector<std::vector<float>*>& free_list);
+  void post_gather(int u);
+  void prefetch_after(int u);
+  void finish_pending_grad(PendingGrad& g);
+  void finish_all_pending_grads();
+
+  model::ParamLayout layout_;
+  Comm& comm_;
+  Zero3Options opt_;
+  std::vector<Shard> shards_;
+  int64_t max_unit_ = 0;
+  std::map<int, Gathered> gathered_;
+  std::vector<std::unique_ptr<std::vector<float>>> param_pool_, grad_pool_, staging_pool_;
+  std::vector<std::vector<float>*> free_params_, free_grads_, free_staging_;
+  std::map<int, std::vector<float>*> grads_out_;  // acquired, not yet released
+  std::vector<PendingGrad> pending_;
+  bool backward_ = false;
+  int cursor_ = 0;  // the next unit of the static order (prefetch target)
+};
+
+/// ZeRO stage 0, the baseline: full weights, gradients and moments on every rank (like
+/// LocalParamStore), gradients all-reduced (summed) over `comm` before the norm and the step.
+class ReplicatedStore final : public ParamStore {
+ public:
+  ReplicatedStore(const model::ParamLayout& layout, Comm& comm);
+  const model::ParamLayout& layout() const override { return local_.layout(); }
+  model::UnitProvider<float>& provider() override { return local_.provider(); }
+  void zero_grads() override {
+    local_.zero_grads();
+    reduced_ = false;
+  }
+  /// All-reduces the gradients (once per step), then the local sum of squares.
+  double grad_sq_norm() override;
+  void adamw_step(const optim::AdamWConfig& cfg, double lr, int64_t step,
+                  float grad_scale) override;
+  void gather_unit(int u, float* out) override { local_.gather_unit(u, out); }
+  void load_unit(int u, const float* full) override { local_.load_unit(u, full); }
+  void gather_moments(int u, float* m, float* v) override { local_.gather_moments(u, m, v); }
+  void load_moments(int u, const float* m, const float* v) override {
+    local_.load_moments(u, m, v);
+  }
+  MemoryReport memory() const override { return local_.memory(); }
+
+ private:
+  void reduce_grads();
+  LocalParamStore local_;
+  Comm& comm_;
+  bool reduced_ = false;
+};
+
+}  // namespace rlhf::parallel
