@@ -453,6 +453,8 @@ void ZeroArgs::bind(OptionSet& o) {
       .check(one_of_int({0, 3}));
   o.add("adam_offload", adam_offload, "Keep Adam state in host memory and step on the host");
   o.add("gradient_checkpointing", gradient_checkpointing, "Recompute activations in backward");
+  o.add("zero_keep_params", zero_keep_params,
+        "ZeRO-3: keep the units gathered in forward for backward (no second all-gather)");
 }
 
 void ParallelArgs::bind(OptionSet& o) {
@@ -462,6 +464,10 @@ void ParallelArgs::bind(OptionSet& o) {
   o.add("gen_ranks_per_node", gen_ranks_per_node, "Generation-only ranks per node (0 = colocated)")
       .check(ge(0));
   o.add("threads", threads, "OpenMP threads per rank (0 = cores / ranks on the node)").check(ge(0));
+  o.add("comm_backend", comm_backend,
+        "Collectives: auto (shared memory inside a node, else MPI), mpi, shm")
+      .check(one_of({"auto", "mpi", "shm"}))
+      .env("RLHF_COMM_KIND");
 }
 
 void CheckpointArgs::bind(OptionSet& o) {

@@ -175,6 +175,7 @@ struct ZeroArgs {
   int zero_stage = 3;                   ///< --zero_stage: 0 (replicated) or 3 (sharded)
   bool adam_offload = false;            ///< --adam_offload: Adam state + step on the host
   bool gradient_checkpointing = false;  ///< --gradient_checkpointing: recompute activations
+  bool zero_keep_params = false;        ///< --zero_keep_params: keep forward's gathers for backward
 
   void bind(OptionSet& o);
 };
@@ -184,6 +185,7 @@ struct ParallelArgs {
   int ranks_per_node = 0;      ///< --ranks_per_node: 0 = detect (env RLHF_RANKS_PER_NODE)
   int gen_ranks_per_node = 0;  ///< --gen_ranks_per_node: 0 = colocated (every rank does both)
   int threads = 0;             ///< --threads: OpenMP threads per rank; 0 = cores / ranks on node
+  std::string comm_backend = "auto";  ///< --comm_backend: auto | mpi | shm (env RLHF_COMM_KIND)
 
   void bind(OptionSet& o);
 };

@@ -25,6 +25,7 @@
 #include "model/flops.h"
 #include "model/transformer.h"
 #include "optim/schedule.h"
+#include "parallel/failure_injection.h"
 #include "parallel/param_store.h"
 
 namespace rlhf::app {
@@ -37,23 +38,19 @@ double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-double allreduce_sum(double x) {
+double allreduce_sum(parallel::Comm& comm, double x) {
   double y = 0;
-  MPI_Allreduce(&x, &y, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+  comm.all_reduce(&x, &y, 1);
   return y;
 }
 
 }  // namespace
 
 int run_sft(const SftArgs& args) {
-  int rank = 0, world = 1;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  MPI_Comm_size(MPI_COMM_WORLD, &world);
-  RLHF_CHECK(world == 1,
-             "`rlhf sft` on {} ranks needs the ZeRO-3 trainer, which is not built yet\nhint: run "
-             "on one rank",
-             world);
-  const int threads = configure_threads(args.parallel.threads);
+  TrainRuntime rt = setup_train_runtime(args.parallel, 1, /*needs_generation=*/false);
+  parallel::Comm& comm = *rt.train_comm;
+  const int rank = comm.rank(), world = comm.size();
+  const int threads = rt.threads;
 
   // --- model and tokenizer
   const ModelSource src = resolve_model_source(args.model, model::HeadKind::kLM);
@@ -64,7 +61,8 @@ int run_sft(const SftArgs& args) {
              ">= {} in the model config",
              tokenizer->vocab_size(), cfg.vocab_size, tokenizer->vocab_size());
   model::ParamLayout layout(cfg, model::HeadKind::kLM, world);
-  parallel::LocalParamStore store(layout);
+  std::unique_ptr<parallel::ParamStore> store_ptr = make_param_store(layout, comm, args.zero);
+  parallel::ParamStore& store = *store_ptr;
   initialize_weights(store, src, static_cast<uint64_t>(args.common.seed));
   model::Transformer<float> net(layout, args.zero.gradient_checkpointing);
 
@@ -103,12 +101,9 @@ int run_sft(const SftArgs& args) {
   adam.weight_decay = args.optim.l2;
   adam.validate("--adam_betas/--l2");
 
-  const auto mem = store.memory();
   LOG0_INFO("model: {} | {} parameters | {} layers, hidden {}, heads {}/{} | {}", cfg.model_type,
             layout.num_parameters(), cfg.num_hidden_layers, cfg.hidden_size,
             cfg.num_attention_heads, cfg.num_key_value_heads, src.describe());
-  LOG0_INFO("memory per rank: params {}, grads {}, optimizer {}", format_bytes(mem.params_bytes),
-            format_bytes(mem.grads_bytes), format_bytes(mem.optimizer_bytes));
   LOG0_INFO("data: {} ({}) | {}", args.data.dataset, data.format, data.stats.summary());
   LOG0_INFO(
       "training: {} steps ({} per epoch x {} epochs) | batch {} = {} rank(s) x {} micro x {} "
@@ -125,6 +120,8 @@ int run_sft(const SftArgs& args) {
   int64_t epoch = -1;
   for (int64_t step = 0; step < total_steps; ++step) {
     const auto t_step = Clock::now();
+    parallel::maybe_inject_failure("sft_step", rank);
+    const parallel::CommStats comm_before = comm.stats();
     if (step / steps_per_epoch != epoch) {
       epoch = step / steps_per_epoch;
       std::iota(order.begin(), order.end(), 0);
@@ -138,7 +135,7 @@ int run_sft(const SftArgs& args) {
     for (int64_t i = 0; i < TB / world; ++i)
       local_loss_tokens +=
           double(io::sft_loss_tokens(data.samples[size_t(order[size_t(base + i)])]));
-    const double n_loss_tokens = allreduce_sum(local_loss_tokens);
+    const double n_loss_tokens = allreduce_sum(comm, local_loss_tokens);
     RLHF_CHECK(n_loss_tokens > 0, "step {}: the batch has no loss tokens", step + 1);
 
     store.zero_grads();
@@ -160,14 +157,17 @@ int run_sft(const SftArgs& args) {
       net.backward_lm(store.provider(), dlp.data(), nullptr);
       real_tokens += double(batch.real_tokens);
     }
-    const double loss = allreduce_sum(loss_sum) / n_loss_tokens;
+    const double loss = allreduce_sum(comm, loss_sum) / n_loss_tokens;
     RLHF_CHECK(std::isfinite(loss),
                "loss is not finite ({}) at step {}\nhint: lower --learning_rate", loss, step + 1);
     const double lr = sched.lr_at(step);
     const double grad_norm =
         parallel::clip_and_step(store, adam, lr, step + 1, args.optim.max_norm);
     const double step_s = seconds_since(t_step);
-    const double tokens = allreduce_sum(real_tokens);
+    const double comm_s = comm.stats().seconds - comm_before.seconds;
+    const double comm_gb = double(comm.stats().bytes - comm_before.bytes) / 1e9;
+    if (step == 0) log_memory(store, net.activation_bytes(), comm);
+    const double tokens = allreduce_sum(comm, real_tokens);
     const double tok_s = tokens / step_s;
     const double gflops =
         tokens * model::training_flops_per_token(cfg, args.data.max_len) / step_s / 1e9;
@@ -176,9 +176,9 @@ int run_sft(const SftArgs& args) {
       const double eta = elapsed / double(step + 1) * double(total_steps - step - 1);
       LOG0_INFO(
           "step {}/{} ({:.1f}%) | loss {:.4f} | lr {:.3e} | grad_norm {:.3f} | {:.0f} tok/s | "
-          "{:.1f} GFLOP/s | {:.2f}s/step | elapsed {:.1f}s | eta {:.0f}s",
+          "{:.1f} GFLOP/s | {:.2f}s/step (comm {:.2f}s) | elapsed {:.1f}s | eta {:.0f}s",
           step + 1, total_steps, 100.0 * double(step + 1) / double(total_steps), loss, lr,
-          grad_norm, tok_s, gflops, step_s, elapsed, eta);
+          grad_norm, tok_s, gflops, step_s, comm_s, elapsed, eta);
       if (metrics)
         metrics->write(nlohmann::json{{"step", step + 1},
                                       {"epoch", epoch},
@@ -190,6 +190,8 @@ int run_sft(const SftArgs& args) {
                                       {"tokens_per_s", tok_s},
                                       {"gflops_per_s", gflops},
                                       {"step_time_s", step_s},
+                                      {"comm_time_s", comm_s},
+                                      {"comm_gb", comm_gb},
                                       {"elapsed_s", elapsed}});
     }
     if (args.ckpt.save_steps > 0 && (step + 1) % args.ckpt.save_steps == 0 &&

@@ -7,6 +7,8 @@
 
 #include <cblas.h>
 
+#include <sys/resource.h>
+
 #include <filesystem>
 #include <thread>
 #include <vector>
@@ -16,6 +18,7 @@
 #include "io/hdf5_ckpt.h"
 #include "io/model_config_file.h"
 #include "model/init.h"
+#include "parallel/zero3.h"
 
 namespace rlhf::app {
 
@@ -99,6 +102,77 @@ void save_model(parallel::ParamStore& store, const std::string& path, int rank) 
     ptrs.push_back(units[size_t(u)].data());
   }
   if (rank == 0) io::save_model_hdf5(path, layout, ptrs, nlohmann::json::object());
+}
+
+TrainRuntime setup_train_runtime(const ParallelArgs& args, int tensor_parallel,
+                                 bool needs_generation) {
+  TrainRuntime rt;
+  parallel::TopologyOptions topt;
+  topt.ranks_per_node = parallel::resolve_ranks_per_node(args.ranks_per_node);
+  topt.gen_ranks_per_node = args.gen_ranks_per_node;
+  topt.tensor_parallel = tensor_parallel;
+  RLHF_CHECK(needs_generation || args.gen_ranks_per_node == 0,
+             "--gen_ranks_per_node {}: this command only trains, so generation ranks would idle\n"
+             "hint: use --gen_ranks_per_node 0",
+             args.gen_ranks_per_node);
+  rt.topology = std::make_unique<parallel::Topology>(MPI_COMM_WORLD, topt);
+  const std::string table = rt.topology->placement_table();
+  if (rt.topology->rank() == 0) {
+    LOG0_INFO("placement ({} ranks, {} nodes):", rt.topology->size(),
+              rt.topology->placement().num_nodes());
+    std::string line;
+    for (char c : table) {
+      if (c == '\n') {
+        LOG0_INFO("  {}", line);
+        line.clear();
+      } else {
+        line += c;
+      }
+    }
+    if (!line.empty()) LOG0_INFO("  {}", line);
+  }
+  rt.threads = configure_threads(args.threads);
+  const parallel::CommKind kind = args.comm_backend == "mpi"   ? parallel::CommKind::kMpi
+                                  : args.comm_backend == "shm" ? parallel::CommKind::kShm
+                                                               : parallel::CommKind::kAuto;
+  // make_comm is collective over train_comm's members only; ranks outside get nullptr.
+  rt.train_comm = parallel::make_comm(rt.topology->train_comm(), "train_comm", kind);
+  return rt;
+}
+
+std::unique_ptr<parallel::ParamStore> make_param_store(const model::ParamLayout& layout,
+                                                       parallel::Comm& comm, const ZeroArgs& z) {
+  if (z.zero_stage == 0) {
+    RLHF_CHECK(!z.adam_offload, "--adam_offload needs --zero_stage 3");
+    if (comm.size() == 1) return std::make_unique<parallel::LocalParamStore>(layout);
+    return std::make_unique<parallel::ReplicatedStore>(layout, comm);
+  }
+  if (comm.size() == 1 && !z.adam_offload)
+    return std::make_unique<parallel::LocalParamStore>(layout);  // nothing to shard
+  parallel::Zero3Options o;
+  o.adam_offload = z.adam_offload;
+  o.keep_params_for_backward = z.zero_keep_params;
+  return std::make_unique<parallel::Zero3Store>(layout, comm, o);
+}
+
+int64_t peak_rss_bytes() {
+  struct rusage ru {};
+  getrusage(RUSAGE_SELF, &ru);
+  return static_cast<int64_t>(ru.ru_maxrss) * 1024;
+}
+
+void log_memory(const parallel::ParamStore& store, int64_t activation_bytes, parallel::Comm& comm) {
+  const auto m = store.memory();
+  int64_t v[6] = {m.params_bytes, m.grads_bytes,    m.optimizer_bytes,
+                  m.gather_bytes, activation_bytes, peak_rss_bytes()};
+  int64_t mx[6];
+  comm.all_reduce(v, mx, 6, parallel::ReduceOp::kMax);
+  LOG0_INFO(
+      "memory per rank (max over {} ranks): params {} | grads {} | optimizer {}{} | gather "
+      "buffers {} | activations {} | peak RSS {}",
+      comm.size(), format_bytes(double(mx[0])), format_bytes(double(mx[1])),
+      format_bytes(double(mx[2])), m.optimizer_on_host ? " (host)" : "",
+      format_bytes(double(mx[3])), format_bytes(double(mx[4])), format_bytes(double(mx[5])));
 }
 
 std::string format_bytes(double bytes) {

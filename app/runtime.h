@@ -8,7 +8,9 @@
 #include "app/cli.h"
 #include "model/config.h"
 #include "model/layout.h"
+#include "parallel/comm.h"
 #include "parallel/param_store.h"
+#include "parallel/topology.h"
 
 namespace rlhf::app {
 
@@ -35,6 +37,35 @@ void initialize_weights(parallel::ParamStore& store, const ModelSource& src, uin
 
 /// Writes the store's consolidated model to `path` (HDF5, .tmp + rename) from rank 0; collective.
 void save_model(parallel::ParamStore& store, const std::string& path, int rank);
+
+/// What a training command runs on: the placement of every rank and the training communicator.
+struct TrainRuntime {
+  std::unique_ptr<parallel::Topology> topology;
+  std::unique_ptr<parallel::Comm> train_comm;  ///< nullptr on ranks that do not train
+  int threads = 1;
+  int rank() const { return topology->rank(); }
+};
+
+/// Builds the topology (collective over MPI_COMM_WORLD; refuses placements that cannot be made,
+/// with the reason), prints the placement table on rank 0, sets the thread count, and makes
+/// train_comm with --comm_backend. `needs_generation` = false refuses --gen_ranks_per_node > 0
+/// (a command that only trains would leave those ranks idle).
+TrainRuntime setup_train_runtime(const ParallelArgs& args, int tensor_parallel,
+                                 bool needs_generation);
+
+/// The training state for --zero_stage: ZeRO-3 shards (with --adam_offload, --zero_keep_params),
+/// or ZeRO-0 replicas (all-reduced gradients), or whole local buffers on a single rank.
+/// `layout` must be padded for train_comm's size. Throws rlhf::Error for --adam_offload with
+/// --zero_stage 0.
+std::unique_ptr<parallel::ParamStore> make_param_store(const model::ParamLayout& layout,
+                                                       parallel::Comm& comm, const ZeroArgs& z);
+
+/// Logs this rank's memory (rank 0 prints the max over ranks of each part): params, grads,
+/// optimizer, gather buffers, activations and the process's peak resident size.
+void log_memory(const parallel::ParamStore& store, int64_t activation_bytes, parallel::Comm& comm);
+
+/// Peak resident set size of this process in bytes (getrusage).
+int64_t peak_rss_bytes();
 
 /// "12.3 MiB"-style byte count.
 std::string format_bytes(double bytes);
