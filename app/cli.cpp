@@ -399,6 +399,10 @@ void BenchArgs::bind(OptionSet& o) {
   zero.bind(o);
   parallel.bind(o);
   o.add("output", output, "Also append the JSON lines to this file");
+  o.add("min_bytes", min_bytes, "comm: smallest message (bytes)").check(ge(4));
+  o.add("max_bytes", max_bytes, "comm: largest message (bytes)").check(ge(4));
+  o.add("step_factor", step_factor, "comm: size multiplier between rows").check(ge(2));
+  o.add("iters", iters, "comm: timed calls per size").check(ge(1));
 }
 
 void BenchArgs::validate() {

@@ -269,6 +269,10 @@ struct BenchArgs {
   ZeroArgs zero;                       ///< --zero_stage, --adam_offload, --gradient_checkpointing
   ParallelArgs parallel;               ///< --threads, --ranks_per_node, ...
   std::string output;                  ///< --output: also append the JSON lines to this file
+  int64_t min_bytes = 1024;            ///< --min_bytes: comm, smallest size (nccl-tests -b)
+  int64_t max_bytes = 256ll << 20;     ///< --max_bytes: comm, largest size (-e)
+  int64_t step_factor = 4;             ///< --step_factor: comm, size multiplier (-f)
+  int64_t iters = 20;                  ///< --iters: comm, timed calls per size (-n)
   void bind(OptionSet& o);
   void validate();
 };

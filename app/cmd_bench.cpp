@@ -1,5 +1,5 @@
-// `rlhf bench [train|comm|all]`: benchmarks as JSON lines on stdout (rank 0), each row also in the
-// log as a human-readable line.
+// `rlhf bench [train|comm|all]`: benchmarks as JSON lines on stdout (rank 0), with a
+// human-readable line per row in the log.
 #include <mpi.h>
 
 #include <fstream>
@@ -7,6 +7,7 @@
 
 #include "app/commands.h"
 #include "app/runtime.h"
+#include "bench/bench_comm.h"
 #include "bench/bench_train.h"
 #include "core/error.h"
 #include "core/log.h"
@@ -34,6 +35,20 @@ int run_bench(const BenchArgs& args) {
       if (x == s || x == "all") return true;
     return false;
   };
+  if (wants("comm")) {
+    bench::BenchCommOptions o;
+    o.comm = MPI_COMM_WORLD;
+    o.comm_name = "world";
+    o.min_bytes = args.min_bytes;
+    o.max_bytes = args.max_bytes;
+    o.factor = static_cast<int>(args.step_factor);
+    o.iters = static_cast<int>(args.iters);
+    LOG0_INFO("bench comm: {}", bench::bench_comm_header());
+    bench::run_bench_comm(o, [&](const nlohmann::json& row) {
+      emit(row);
+      LOG0_INFO("bench comm: {}", bench::bench_comm_row_text(row));
+    });
+  }
   if (wants("train")) {
     bench::BenchTrainOptions o;
     if (!args.model_config.empty()) o.config = io::load_model_config_file(args.model_config);
@@ -46,11 +61,23 @@ int run_bench(const BenchArgs& args) {
     o.zero_stage = args.zero.zero_stage;
     o.adam_offload = args.zero.adam_offload;
     o.seed = static_cast<uint64_t>(args.common.seed);
-    LOG0_INFO("bench train: {} threads per rank", threads);
-    bench::run_bench_train(o, emit);
-  }
-  if (wants("comm")) {
-    RLHF_CHECK(false, "`rlhf bench comm` is not built yet");
+    const parallel::CommKind kind = args.parallel.comm_backend == "mpi" ? parallel::CommKind::kMpi
+                                    : args.parallel.comm_backend == "shm"
+                                        ? parallel::CommKind::kShm
+                                        : parallel::CommKind::kAuto;
+    auto comm = parallel::make_comm(MPI_COMM_WORLD, "train_comm", kind);
+    LOG0_INFO("bench train: {} rank(s) x {} threads", comm->size(), threads);
+    bench::run_bench_train(o, *comm, [&](const nlohmann::json& row) {
+      emit(row);
+      if (row["bench"] == "train")
+        LOG0_INFO(
+            "bench train: zero {} | {} ranks | step {:.3f}s (comm {:.3f}s) | {:.0f} tok/s | "
+            "{:.1f} GFLOP/s per rank = {:.2f} x sgemm ({:.1f})",
+            row["zero_stage"].get<int>(), row["ranks"].get<int>(), row["step_s"].get<double>(),
+            row["comm_s"].get<double>(), row["tokens_per_s"].get<double>(),
+            row["gflops_per_s_per_rank"].get<double>(), row["ratio_to_sgemm"].get<double>(),
+            row["sgemm_gflops_per_s"].get<double>());
+    });
   }
   return 0;
 }

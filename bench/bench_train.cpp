@@ -4,6 +4,8 @@
 
 #include <cblas.h>
 
+#include <sys/resource.h>
+
 #include <algorithm>
 #include <chrono>
 #include <map>
@@ -13,8 +15,10 @@
 
 #include "core/error.h"
 #include "model/flops.h"
+#include "model/init.h"
 #include "model/transformer.h"
 #include "parallel/param_store.h"
+#include "parallel/zero3.h"
 
 namespace rlhf::bench {
 
@@ -96,68 +100,153 @@ double bench_sgemm_model_shapes(const model::ModelConfig& cfg, int64_t rows, con
   return total_flops / total_time / 1e9;
 }
 
-void run_bench_train(const BenchTrainOptions& opt, const Emit& emit) {
-  int rank = 0, world = 1;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  MPI_Comm_size(MPI_COMM_WORLD, &world);
-  RLHF_CHECK(world == 1, "bench train on {} ranks needs the ZeRO-3 trainer (not built yet)", world);
+namespace {
+
+// One variant of the training benchmark on `comm`; returns its result row.
+nlohmann::json bench_train_variant(const BenchTrainOptions& opt, parallel::Comm& comm,
+                                   int zero_stage, double sgemm) {
   const model::ModelConfig& cfg = opt.config;
+  const int N = comm.size();
   const int64_t T = opt.seq_len;
-  RLHF_CHECK(T <= cfg.max_position_embeddings, "--seq_len {} exceeds max_position_embeddings {}", T,
-             cfg.max_position_embeddings);
   const int64_t seqs = std::max<int64_t>(1, opt.tokens_per_step / T);
-  const int64_t mb = opt.micro_batch > 0 ? std::min(opt.micro_batch, seqs) : seqs;
-  RLHF_CHECK(seqs % mb == 0, "--micro_train_batch_size {} must divide the {} sequences of a step",
-             mb, seqs);
-  model::ParamLayout layout(cfg, model::HeadKind::kLM, world);
-  parallel::LocalParamStore store(layout);
-  store.local().init(opt.seed);
+  RLHF_CHECK(seqs % N == 0,
+             "--tokens_per_step {} / --seq_len {} = {} sequences do not split over {} ranks",
+             opt.tokens_per_step, T, seqs, N);
+  const int64_t per_rank = seqs / N;
+  const int64_t mb = opt.micro_batch > 0 ? std::min(opt.micro_batch, per_rank) : per_rank;
+  RLHF_CHECK(per_rank % mb == 0,
+             "--micro_train_batch_size {} must divide the {} sequences per rank", mb, per_rank);
+  model::ParamLayout layout(cfg, model::HeadKind::kLM, N);
+  std::unique_ptr<parallel::ParamStore> store;
+  if (zero_stage == 3 && (N > 1 || opt.adam_offload)) {
+    parallel::Zero3Options z;
+    z.adam_offload = opt.adam_offload;
+    store = std::make_unique<parallel::Zero3Store>(layout, comm, z);
+  } else if (N > 1) {
+    store = std::make_unique<parallel::ReplicatedStore>(layout, comm);
+  } else {
+    store = std::make_unique<parallel::LocalParamStore>(layout);
+  }
+  for (int u = 0; u < layout.num_units(); ++u) {
+    std::vector<float> full(size_t(layout.unit(u).numel_padded));
+    model::init_unit_params(full.data(), layout.unit(u), opt.seed);
+    store->load_unit(u, full.data());
+  }
   model::Transformer<float> net(layout, opt.gradient_checkpointing);
-  std::mt19937_64 rng(opt.seed);
+  std::mt19937_64 rng(opt.seed * 7919 + uint64_t(comm.rank()));
   std::uniform_int_distribution<int32_t> tok(0, int32_t(cfg.vocab_size - 1));
-  const int64_t N = mb * T;
-  std::vector<int32_t> tokens(static_cast<size_t>(N)), targets(static_cast<size_t>(N));
-  std::vector<float> lp(static_cast<size_t>(N)),
-      dlp(static_cast<size_t>(N), -1.0f / float(seqs * T));
+  const int64_t Nt = mb * T;
+  std::vector<int32_t> tokens(static_cast<size_t>(Nt)), targets(static_cast<size_t>(Nt));
+  std::vector<float> lp(static_cast<size_t>(Nt)),
+      dlp(static_cast<size_t>(Nt), -1.0f / float(seqs * T));
   optim::AdamWConfig adam;
   adam.lr = 1e-4;
-
-  const double sgemm = bench_sgemm_model_shapes(cfg, N, emit);
-  std::vector<double> times;
+  std::vector<double> times, comm_times;
   for (int64_t s = 0; s < opt.warmup + opt.steps; ++s) {
+    comm.barrier();
+    const double c0 = comm.stats().seconds;
     const auto t0 = Clock::now();
-    store.zero_grads();
-    for (int64_t m = 0; m < seqs / mb; ++m) {
+    store->zero_grads();
+    for (int64_t m = 0; m < per_rank / mb; ++m) {
       for (auto& t : tokens) t = tok(rng);
-      for (int64_t n = 0; n < N; ++n)
+      for (int64_t n = 0; n < Nt; ++n)
         targets[size_t(n)] = (n % T == T - 1) ? -1 : tokens[size_t(n + 1)];
-      net.forward_lm(store.provider(), tokens.data(), targets.data(), mb, T, lp.data(), nullptr,
+      net.forward_lm(store->provider(), tokens.data(), targets.data(), mb, T, lp.data(), nullptr,
                      true);
-      net.backward_lm(store.provider(), dlp.data(), nullptr);
+      net.backward_lm(store->provider(), dlp.data(), nullptr);
     }
-    parallel::clip_and_step(store, adam, adam.lr, s + 1, 1.0);
-    if (s >= opt.warmup) times.push_back(since(t0));
+    parallel::clip_and_step(*store, adam, adam.lr, s + 1, 1.0);
+    if (s >= opt.warmup) {
+      times.push_back(since(t0));
+      comm_times.push_back(comm.stats().seconds - c0);
+    }
   }
-  std::sort(times.begin(), times.end());
-  const double step_s = times[times.size() / 2];  // median
+  // The slowest rank sets the step time.
+  std::vector<double> tmax(times.size()), cmax(comm_times.size());
+  comm.all_reduce(times.data(), tmax.data(), int64_t(times.size()), parallel::ReduceOp::kMax);
+  comm.all_reduce(comm_times.data(), cmax.data(), int64_t(cmax.size()), parallel::ReduceOp::kMax);
+  std::vector<size_t> idx(tmax.size());
+  for (size_t i = 0; i < idx.size(); ++i) idx[i] = i;
+  std::sort(idx.begin(), idx.end(), [&](size_t a, size_t b) { return tmax[a] < tmax[b]; });
+  const size_t med = idx[idx.size() / 2];
+  const double step_s = tmax[med], comm_s = cmax[med];
+  const auto mem = store->memory();
+  int64_t bytes[3] = {mem.params_bytes + mem.grads_bytes + mem.optimizer_bytes, mem.gather_bytes,
+                      net.activation_bytes()};
+  int64_t bytes_max[3];
+  comm.all_reduce(bytes, bytes_max, 3, parallel::ReduceOp::kMax);
   const double tokens_per_step = double(seqs * T);
-  const double flops = model::training_flops_per_token(cfg, T) * tokens_per_step;
-  const double gflops = flops / step_s / 1e9;
-  emit({{"bench", "train"},
-        {"model_params", layout.num_parameters()},
-        {"ranks", world},
-        {"zero_stage", opt.zero_stage},
-        {"tokens_per_step", tokens_per_step},
-        {"seq_len", T},
-        {"micro_batch", mb},
-        {"gradient_checkpointing", opt.gradient_checkpointing},
-        {"step_s", step_s},
-        {"tokens_per_s", tokens_per_step / step_s},
-        {"flops_per_token", model::training_flops_per_token(cfg, T)},
-        {"gflops_per_s", gflops},
-        {"sgemm_gflops_per_s", sgemm},
-        {"ratio_to_sgemm", gflops / sgemm},
-        {"activation_bytes", net.activation_bytes()}});
+  const double gflops = model::training_flops_per_token(cfg, T) * tokens_per_step / step_s / 1e9;
+  return {{"bench", "train"},
+          {"model_params", layout.num_parameters()},
+          {"ranks", N},
+          {"zero_stage", zero_stage},
+          {"adam_offload", opt.adam_offload},
+          {"tokens_per_step", tokens_per_step},
+          {"seq_len", T},
+          {"micro_batch", mb},
+          {"gradient_checkpointing", opt.gradient_checkpointing},
+          {"step_s", step_s},
+          {"comm_s", comm_s},
+          {"comm_share", comm_s / step_s},
+          {"tokens_per_s", tokens_per_step / step_s},
+          {"flops_per_token", model::training_flops_per_token(cfg, T)},
+          {"gflops_per_s", gflops},
+          {"gflops_per_s_per_rank", gflops / N},
+          {"sgemm_gflops_per_s", sgemm},
+          {"ratio_to_sgemm", gflops / N / sgemm},
+          {"sharded_state_bytes_per_rank", bytes_max[0]},
+          {"gather_buffer_bytes_per_rank", bytes_max[1]},
+          {"activation_bytes_per_rank", bytes_max[2]},
+          {"peak_rss_bytes", 0}};
+}
+
+int64_t rss_bytes() {
+  struct rusage ru {};
+  getrusage(RUSAGE_SELF, &ru);
+  return int64_t(ru.ru_maxrss) * 1024;
+}
+
+}  // namespace
+
+void run_bench_train(const BenchTrainOptions& opt, parallel::Comm& comm, const Emit& emit) {
+  const model::ModelConfig& cfg = opt.config;
+  RLHF_CHECK(opt.seq_len <= cfg.max_position_embeddings,
+             "--seq_len {} exceeds max_position_embeddings {}", opt.seq_len,
+             cfg.max_position_embeddings);
+  // The reference: sgemm on the GEMM shapes of one rank's micro-batch, one rank at a time would
+  // be unfair to a shared machine; every rank runs it with its own threads, at the same time, as
+  // the training step does.
+  const int64_t seqs = std::max<int64_t>(1, opt.tokens_per_step / opt.seq_len);
+  const int64_t per_rank = std::max<int64_t>(1, seqs / comm.size());
+  const int64_t mb = opt.micro_batch > 0 ? std::min(opt.micro_batch, per_rank) : per_rank;
+  const double sgemm_local =
+      bench_sgemm_model_shapes(cfg, mb * opt.seq_len, comm.rank() == 0 ? emit : Emit([](auto&) {}));
+  double sgemm = 0;
+  comm.all_reduce(&sgemm_local, &sgemm, 1);
+  sgemm /= comm.size();  // mean per-rank sgemm GFLOP/s
+  auto row = bench_train_variant(opt, comm, opt.zero_stage, sgemm);
+  row["peak_rss_bytes"] = rss_bytes();
+  emit(row);
+  if (comm.size() > 1 && opt.compare_zero0 && opt.zero_stage == 3) {
+    auto base = bench_train_variant(opt, comm, 0, sgemm);
+    emit(base);
+    auto b = [](const nlohmann::json& r, const char* k) { return double(r[k].get<int64_t>()); };
+    const double z3_state = b(row, "sharded_state_bytes_per_rank");
+    const double z0_state = b(base, "sharded_state_bytes_per_rank");
+    const double z3_buf = b(row, "gather_buffer_bytes_per_rank");
+    const double z0_buf = b(base, "gather_buffer_bytes_per_rank");
+    const double z3_act = b(row, "activation_bytes_per_rank");
+    const double z0_act = b(base, "activation_bytes_per_rank");
+    emit({{"bench", "train_zero3_vs_zero0"},
+          {"ranks", comm.size()},
+          {"step_time_ratio", row["step_s"].get<double>() / base["step_s"].get<double>()},
+          {"sharded_state_ratio", z3_state / z0_state},
+          {"state_with_gather_buffers_ratio", (z3_state + z3_buf) / (z0_state + z0_buf)},
+          {"total_memory_ratio", (z3_state + z3_buf + z3_act) / (z0_state + z0_buf + z0_act)},
+          {"zero3_comm_share", row["comm_share"]},
+          {"zero0_comm_share", base["comm_share"]}});
+  }
 }
 
 }  // namespace rlhf::bench

@@ -8,6 +8,7 @@
 #include <functional>
 
 #include "model/config.h"
+#include "parallel/comm.h"
 
 namespace rlhf::bench {
 
@@ -27,6 +28,7 @@ struct BenchTrainOptions {
   bool gradient_checkpointing = false;
   int zero_stage = 3;
   bool adam_offload = false;
+  bool compare_zero0 = true;  ///< on > 1 rank with zero_stage 3, also run ZeRO-0 and report ratios
   uint64_t seed = 42;
 };
 
@@ -35,10 +37,13 @@ struct BenchTrainOptions {
 /// included) and returns the flop-weighted GFLOP/s (Σ flops / Σ time). Emits one row per shape.
 double bench_sgemm_model_shapes(const model::ModelConfig& cfg, int64_t rows, const Emit& emit);
 
-/// Runs warmup + steps optimizer steps of next-token training on random tokens and emits
-/// {"bench":"train", tokens_per_s, gflops_per_s, step_s, sgemm_gflops_per_s, ratio_to_sgemm, ...}.
-/// FLOPs per token: model::training_flops_per_token (6·N_matmul + 6·L·H·D·T). On more than one rank
-/// the trainer is sharded as zero_stage says (collective).
-void run_bench_train(const BenchTrainOptions& opt, const Emit& emit);
+/// Runs warmup + steps optimizer steps of next-token training on random tokens (collective over
+/// `comm`, the data-parallel group) and emits {"bench":"train", step_s (median of the slowest
+/// rank), comm_s (time inside collectives, i.e. not overlapped with compute), tokens_per_s,
+/// gflops_per_s, sgemm_gflops_per_s (same run, per rank), ratio_to_sgemm (per rank), memory per
+/// rank, ...}. FLOPs per token: model::training_flops_per_token (6·N_matmul + 6·L·H·D·T).
+/// On > 1 rank with zero_stage 3 and compare_zero0, also runs ZeRO-0 and emits
+/// {"bench":"train_zero3_vs_zero0", step_time_ratio, memory_per_rank_ratio, ...}.
+void run_bench_train(const BenchTrainOptions& opt, parallel::Comm& comm, const Emit& emit);
 
 }  // namespace rlhf::bench

@@ -304,8 +304,7 @@ void Transformer<T>::backward_lm(UnitProvider<T>& p, const T* dlp, const T* dent
   if (tied) {
     const int64_t off = layout_.unit(eu).at("embed_tokens.weight").offset;
     w = p.acquire_params(eu) + off;
-    held_emb_grads_ = p.acquire_grads(eu);
-    dw = held_emb_grads_ + off;
+    dw = p.acquire_grads(eu) + off;
   } else {
     const int64_t off = layout_.unit(hu).at("lm_head.weight").offset;
     w = hp + off;
@@ -313,7 +312,13 @@ void Transformer<T>::backward_lm(UnitProvider<T>& p, const T* dlp, const T* dent
   }
   linear_backward_cpu(dlnf_.data(), dw, static_cast<T*>(nullptr), logits_.data(), lnf_.data(), w,
                       N_, C_, V_, false);
-  if (tied) p.release_params(eu);
+  if (tied) {
+    // Hand the LM-head part of the embedding gradient back now (a ZeRO-3 provider reduce-scatters
+    // it) rather than holding a full embedding-sized buffer through the whole backward; the
+    // embedding backward acquires it again and accumulates.
+    p.release_grads(eu);
+    p.release_params(eu);
+  }
   head_backward_common(p, hp, hg);
 }
 
@@ -405,8 +410,7 @@ void Transformer<T>::trunk_backward(UnitProvider<T>& p, T* dres) {
     p.release_params(u);
   }
   const int eu = layout_.embedding_unit();
-  T* eg = held_emb_grads_ ? held_emb_grads_ : p.acquire_grads(eu);
-  held_emb_grads_ = nullptr;
+  T* eg = p.acquire_grads(eu);
   embedding_backward_cpu(eg + layout_.unit(eu).at("embed_tokens.weight").offset, dres,
                          tokens_.data(), N_, C_, V_);
   p.release_grads(eu);

@@ -82,7 +82,6 @@ class Transformer {
   bool have_backward_state_ = false;
   bool entropy_valid_ = false;
   bool kept_ = false;            // the last trunk forward kept every layer's activations
-  T* held_emb_grads_ = nullptr;  // tied LM head: embedding grads acquired at the head
   HeadKind last_head_ = HeadKind::kLM;
   std::vector<int32_t> tokens_, targets_, pos_;
   T inv_temperature_ = T(1);

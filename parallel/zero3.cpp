@@ -23,11 +23,8 @@ Zero3Store::Zero3Store(const model::ParamLayout& layout, Comm& comm, Zero3Option
              "ZeRO-3: the layout is padded for {} shards but {} has {} ranks", layout.n_shards(),
              comm.name(), comm.size());
   shards_.resize(static_cast<size_t>(layout.num_units()));
-  int64_t max_shard = 0;
   for (int u = 0; u < layout.num_units(); ++u) {
     const int64_t S = shard_numel(u);
-    max_shard = std::max(max_shard, S);
-    max_unit_ = std::max(max_unit_, layout.unit(u).numel_padded);
     Shard& s = shards_[size_t(u)];
     s.params.assign(size_t(S), 0.0f);
     s.grads.assign(size_t(S), 0.0f);
@@ -45,22 +42,32 @@ Zero3Store::Zero3Store(const model::ParamLayout& layout, Comm& comm, Zero3Option
 
 Zero3Store::~Zero3Store() = default;
 
-std::vector<float>* Zero3Store::take_buffer(std::vector<std::unique_ptr<std::vector<float>>>& pool,
-                                            std::vector<std::vector<float>*>& free_list) {
-  if (!free_list.empty()) {
-    std::vector<float>* b = free_list.back();
-    free_list.pop_back();
-    return b;
+std::vector<float>* Zero3Store::take_buffer(Pool& free, int64_t n) {
+  std::unique_ptr<std::vector<float>> b;
+  auto it = free.find(n);
+  if (it != free.end() && !it->second.empty()) {
+    b = std::move(it->second.back());
+    it->second.pop_back();
+  } else {
+    b = std::make_unique<std::vector<float>>(static_cast<size_t>(n), 0.0f);
+    pooled_floats_ += n;
   }
-  const int64_t n = &pool == &staging_pool_ ? max_unit_ / comm_.size() : max_unit_;
-  pool.push_back(std::make_unique<std::vector<float>>(static_cast<size_t>(n), 0.0f));
-  return pool.back().get();
+  std::vector<float>* raw = b.get();
+  in_use_[raw] = std::move(b);
+  return raw;
+}
+
+void Zero3Store::give_back(Pool& free, std::vector<float>* b) {
+  auto it = in_use_.find(b);
+  RLHF_ASSERT(it != in_use_.end());
+  free[int64_t(b->size())].push_back(std::move(it->second));
+  in_use_.erase(it);
 }
 
 void Zero3Store::post_gather(int u) {
   Gathered& g = gathered_[u];
   RLHF_ASSERT(g.state == State::kNotAvailable);
-  g.buffer = take_buffer(param_pool_, free_params_);
+  g.buffer = take_buffer(free_params_, layout_.unit(u).numel_padded);
   g.request = comm_.iall_gather(shards_[size_t(u)].params.data(), g.buffer->data(), shard_numel(u));
   g.state = g.request.done() ? State::kAvailable : State::kInflight;
 }
@@ -95,13 +102,13 @@ void Zero3Store::release_params(int u) {
   Gathered& g = it->second;
   if (--g.refs > 0) return;
   if (opt_.keep_params_for_backward && !backward_) return;  // reused by backward
-  free_params_.push_back(g.buffer);
+  give_back(free_params_, g.buffer);
   gathered_.erase(it);
 }
 
 float* Zero3Store::acquire_grads(int u) {
   RLHF_ASSERT(grads_out_.count(u) == 0);
-  std::vector<float>* b = take_buffer(grad_pool_, free_grads_);
+  std::vector<float>* b = take_buffer(free_grads_, layout_.unit(u).numel_padded);
   std::memset(b->data(), 0, sizeof(float) * size_t(layout_.unit(u).numel_padded));
   grads_out_[u] = b;
   return b->data();
@@ -121,7 +128,7 @@ void Zero3Store::release_grads(int u) {
     p.request = comm_.ireduce_scatter(p.full->data(), s.grads.data(), S);
     s.grads_fresh = false;
   } else {
-    p.staging = take_buffer(staging_pool_, free_staging_);
+    p.staging = take_buffer(free_staging_, S);
     p.request = comm_.ireduce_scatter(p.full->data(), p.staging->data(), S);
   }
   pending_.push_back(std::move(p));
@@ -140,9 +147,9 @@ void Zero3Store::finish_pending_grad(PendingGrad& p) {
     const int64_t S = shard_numel(p.unit);
 #pragma omp parallel for simd schedule(static) if (S > 65536)
     for (int64_t i = 0; i < S; ++i) g[i] += add[i];
-    free_staging_.push_back(p.staging);
+    give_back(free_staging_, p.staging);
   }
-  free_grads_.push_back(p.full);
+  give_back(free_grads_, p.full);
 }
 
 void Zero3Store::finish_all_pending_grads() {
@@ -168,7 +175,7 @@ void Zero3Store::end_pass(bool backward) {
     const bool keep = opt_.keep_params_for_backward && !backward;
     if (g.refs == 0 && !keep) {
       if (g.state == State::kInflight) g.request.wait();
-      free_params_.push_back(g.buffer);
+      give_back(free_params_, g.buffer);
       it = gathered_.erase(it);
     } else {
       ++it;
@@ -249,10 +256,7 @@ MemoryReport Zero3Store::memory() const {
   r.grads_bytes = b;
   r.optimizer_bytes = opt_.adam_offload ? 4 * b : 2 * b;  // offload: m, v, master, grad copy
   r.optimizer_on_host = opt_.adam_offload;
-  int64_t pooled = 0;
-  for (const auto* pool : {&param_pool_, &grad_pool_, &staging_pool_})
-    for (const auto& buf : *pool) pooled += int64_t(buf->size());
-  r.gather_bytes = pooled * int64_t(sizeof(float));
+  r.gather_bytes = pooled_floats_ * int64_t(sizeof(float));
   return r;
 }
 

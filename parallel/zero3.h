@@ -87,8 +87,11 @@ class Zero3Store final : public ParamStore, public model::UnitProvider<float> {
     CommRequest request;
   };
 
-  std::vector<float>* take_buffer(std::vector<std::unique_ptr<std::vector<float>>>& pool,
-                                  std::vector<std::vector<float>*>& free_list);
+  // Buffers are pooled by size (a unit's numel_padded, or a shard's), so a layer never holds an
+  // embedding-sized buffer.
+  using Pool = std::map<int64_t, std::vector<std::unique_ptr<std::vector<float>>>>;
+  std::vector<float>* take_buffer(Pool& free, int64_t n);
+  void give_back(Pool& free, std::vector<float>* b);
   void post_gather(int u);
   void prefetch_after(int u);
   void finish_pending_grad(PendingGrad& g);
@@ -98,10 +101,10 @@ class Zero3Store final : public ParamStore, public model::UnitProvider<float> {
   Comm& comm_;
   Zero3Options opt_;
   std::vector<Shard> shards_;
-  int64_t max_unit_ = 0;
   std::map<int, Gathered> gathered_;
-  std::vector<std::unique_ptr<std::vector<float>>> param_pool_, grad_pool_, staging_pool_;
-  std::vector<std::vector<float>*> free_params_, free_grads_, free_staging_;
+  Pool free_params_, free_grads_, free_staging_;
+  std::map<const std::vector<float>*, std::unique_ptr<std::vector<float>>> in_use_;
+  int64_t pooled_floats_ = 0;
   std::map<int, std::vector<float>*> grads_out_;  // acquired, not yet released
   std::vector<PendingGrad> pending_;
   bool backward_ = false;
