@@ -216,7 +216,7 @@ TEST_CASE("cli: every sft option can come from TOML") {
       "save_path = \"/tmp/s\"\nsave_steps = 10\nlogging_steps = 5\ngradient_checkpointing = true\n"
       "zero_stage = 0\nadam_offload = true\nranks_per_node = 2\ngen_ranks_per_node = 1\n"
       "threads = 3\nlog_dir = \"/tmp/l\"\nlog_level = \"debug\"\nmax_steps = 9\n"
-      "disable_progress = true\n");
+      "disable_progress = true\nzero_keep_params = true\ncomm_backend = \"mpi\"\n");
   const ParsedCommand p = parse({"sft", "--config", f.str()});
   const app::SftArgs& a = sft(p);
   CHECK(a.data.dataset == "d.jsonl");
@@ -249,6 +249,8 @@ TEST_CASE("cli: every sft option can come from TOML") {
   CHECK(a.common.log_level == "debug");
   CHECK(a.loop.max_steps == 9);
   CHECK(a.common.disable_progress == true);
+  CHECK(a.zero.zero_keep_params == true);
+  CHECK(a.parallel.comm_backend == "mpi");
   // Every option came from the file, except the file itself and --pretrain (exclusive with
   // --model_config).
   for (const auto& row : p.config) {
