@@ -1,5 +1,7 @@
-// Tokenizers behind one interface: the byte-level tokenizer now, real ones (SentencePiece, BPE)
-// later.
+// Tokenizers behind one interface: the byte-level tokenizer, and the tokenizers that come with
+// real models (io/hf_tokenizer.h: Hugging Face tokenizer.json BPE; io/spm_tokenizer.h: llama2.c
+// tokenizer.bin and GGUF vocabularies; io/sp_tokenizer.h: SentencePiece tokenizer.model), picked
+// by make_tokenizer from a file or folder.
 #pragma once
 
 #include <cstdint>
@@ -10,6 +12,13 @@
 #include <vector>
 
 namespace rlhf::io {
+
+/// A file that recreates a tokenizer: its base name and its bytes. Stored in checkpoints
+/// (/tokenizer/<name>) and copied by exports.
+struct TokenizerFile {
+  std::string name;
+  std::string bytes;
+};
 
 /// Text ⇄ token ids. Implementations are immutable after construction and thread-safe to use.
 class Tokenizer {
@@ -33,6 +42,26 @@ class Tokenizer {
   virtual bool is_special(int32_t id) const = 0;
   /// Short description for logs, e.g. "byte (vocab 259)".
   virtual std::string name() const = 0;
+
+  /// What make_tokenizer_from_files needs to rebuild it: "byte" | "hf" (tokenizer.json) |
+  /// "llama2c" (tokenizer.bin) | "sentencepiece" (tokenizer.model) | "gguf" (a GGUF vocabulary).
+  virtual std::string kind() const { return "byte"; }
+  /// The files that recreate this tokenizer (none for "byte").
+  virtual std::vector<TokenizerFile> files() const { return {}; }
+  /// Id of the vocabulary entry or added/special token spelled `token` (e.g. "<|im_start|>",
+  /// "<s>"), or -1 when there is none.
+  virtual int32_t token_to_id(std::string_view token) const {
+    (void)token;
+    return -1;
+  }
+  /// The raw vocabulary entry of `id` (e.g. "▁Once", "<0x0A>", "<s>"); throws rlhf::Error for an
+  /// id outside the vocabulary.
+  virtual std::string id_to_token(int32_t id) const {
+    const int32_t one[1] = {id};
+    return decode(std::span<const int32_t>(one, 1), false);
+  }
+  /// The chat template (Jinja text from tokenizer_config.json), or "" when the tokenizer has none.
+  virtual std::string chat_template() const { return ""; }
 };
 
 /// Byte-level tokenizer: ids 0..255 are the bytes, 256 = BOS, 257 = EOS, 258 = PAD; vocab 259.
@@ -53,8 +82,20 @@ class ByteTokenizer final : public Tokenizer {
   std::string name() const override { return "byte (vocab 259)"; }
 };
 
-/// The tokenizer named by `spec`: "byte" → ByteTokenizer. Throws rlhf::Error (with the known
-/// names) for anything else.
+/// The tokenizer named by `spec`:
+///  - "byte" → ByteTokenizer;
+///  - a folder → its tokenizer.json (with tokenizer_config.json when present), else
+///    tokenizer.model, else tokenizer.bin (llama2.c), else tokenizer.gguf;
+///  - a file, by content: JSON → Hugging Face tokenizer.json; "GGUF" magic → the vocabulary
+///    embedded in a GGUF file; *.model → SentencePiece; otherwise a llama2.c tokenizer.bin.
+/// Throws rlhf::Error naming the file and what is wrong (missing, corrupt, unsupported model type),
+/// or, for an unknown name, listing what `spec` can be.
 std::unique_ptr<Tokenizer> make_tokenizer(const std::string& spec);
+
+/// Rebuilds a tokenizer of `kind` (Tokenizer::kind()) from its files (Tokenizer::files()), e.g.
+/// as stored in a checkpoint; `source` names where they came from in messages.
+std::unique_ptr<Tokenizer> make_tokenizer_from_files(const std::string& kind,
+                                                     const std::vector<TokenizerFile>& files,
+                                                     const std::string& source);
 
 }  // namespace rlhf::io

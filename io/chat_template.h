@@ -1,0 +1,42 @@
+// Basic chat templates: the two formats most Llama-family chat models use, chosen from the
+// tokenizer's chat_template (tokenizer_config.json) or the model type. Not a Jinja interpreter:
+// the template text only selects the format.
+//   ChatML (Qwen2, SmolLM-Instruct, ...):
+//     <|im_start|>{role}\n{content}<|im_end|>\n ... [<|im_start|>assistant\n]
+//   Llama 2 [INST] (Llama-2-chat, Mistral-Instruct, TinyLlama-chat v0.x):
+//     <s>[INST] <<SYS>>\n{system}\n<</SYS>>\n\n{user} [/INST] {assistant} </s><s>[INST] {user}
+//     [/INST]
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "io/tokenizer.h"
+
+namespace rlhf::io {
+
+/// One chat message: role "system" | "user" | "assistant", and its text.
+struct ChatMessage {
+  std::string role;
+  std::string content;
+};
+
+enum class ChatFormat { kChatML, kLlama2 };
+
+/// "chatml" | "llama2".
+const char* to_string(ChatFormat f);
+
+/// The format for a tokenizer and model: its chat_template mentions "<|im_start|>" → ChatML, or
+/// "[INST]" → Llama 2; without a template, a vocabulary with "<|im_start|>" or model_type
+/// "qwen2" → ChatML, otherwise Llama 2.
+ChatFormat detect_chat_format(const Tokenizer& tokenizer, const std::string& model_type);
+
+/// Formats `messages` as text (to be encoded with add_bos = false: the Llama 2 form writes its own
+/// "<s>", which the tokenizers encode as BOS). add_generation_prompt appends the assistant header
+/// (ChatML) — the Llama 2 form already ends ready for the answer after a user turn. Throws
+/// rlhf::Error for an unknown role, a system message that is not first, or (Llama 2) turns that do
+/// not alternate user/assistant.
+std::string apply_chat_template(const std::vector<ChatMessage>& messages, ChatFormat format,
+                                bool add_generation_prompt);
+
+}  // namespace rlhf::io
