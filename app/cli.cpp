@@ -414,7 +414,12 @@ void BenchArgs::validate() {
 
 void ModelArgs::bind(OptionSet& o) {
   o.add("model_config", model_config, "Model config (JSON/TOML) for random init");
-  o.add("pretrain", pretrain, "HDF5 checkpoint to start from");
+  o.add("pretrain", pretrain,
+        "Model to start from: rlhf HDF5 checkpoint, Hugging Face folder (safetensors), llama2.c "
+        ".bin or GGUF file");
+  o.add("tokenizer", tokenizer,
+        "Tokenizer file or folder (tokenizer.json, tokenizer.model, llama2.c tokenizer.bin, GGUF) "
+        "when the model has none (\"\" = the model's own, else bytes)");
 }
 
 void ModelArgs::validate() const {
@@ -423,6 +428,36 @@ void ModelArgs::validate() const {
         "exactly one of --model_config (random init) and --pretrain (checkpoint) is required, "
         "got {}",
         model_config.empty() ? "neither" : "both");
+}
+
+void ExportArgs::bind(OptionSet& o) {
+  common.bind(o);
+  o.add("pretrain", pretrain,
+        "Model to export: rlhf HDF5 checkpoint, Hugging Face folder, llama2.c .bin or GGUF file")
+      .required();
+  o.add("tokenizer", tokenizer, "Tokenizer to ship with the model (\"\" = the model's own)");
+  o.add("format", format, "Output format").check(one_of({"safetensors", "hdf5", "gguf"}));
+  o.add("output_path", output_path,
+        "Output: a folder for safetensors, a file for hdf5 (a folder means <folder>/model.h5) "
+        "and gguf")
+      .required();
+  o.add("dtype", dtype, "Element type of the written tensors (hdf5 is always float32)")
+      .check(one_of({"float32", "bfloat16", "float16"}));
+}
+
+void ExportArgs::validate() {
+  if (format == "hdf5" && dtype != "float32")
+    usage_fail("--dtype {} with --format hdf5: checkpoints store float32\nhint: drop --dtype",
+               dtype);
+}
+
+void ImportArgs::bind(OptionSet& o) {
+  common.bind(o);
+  o.add("pretrain", pretrain,
+        "Model to import: Hugging Face folder, llama2.c .bin, GGUF file or rlhf HDF5 checkpoint")
+      .required();
+  o.add("tokenizer", tokenizer, "Tokenizer to store with it (\"\" = the model's own)");
+  o.add("output_path", output_path, "The rlhf HDF5 checkpoint to write (.h5)").required();
 }
 
 void DatasetArgs::bind(OptionSet& o) {
@@ -632,8 +667,8 @@ void add_commands(CLI::App& app, CommandArgs (&args)[kCommandNames.size()],
         "GRPO: group-normalised advantages, no critic",
         "PPO with a critic (GAE)",
         "Sample from a checkpoint",
-        "Export an HDF5 checkpoint to Hugging Face safetensors",
-        "Import Hugging Face safetensors into an HDF5 checkpoint",
+        "Export a model as a Hugging Face folder (safetensors), HDF5 or GGUF",
+        "Import a Hugging Face / llama2.c / GGUF model into an HDF5 checkpoint",
         "Benchmarks (JSON lines on stdout)",
     };
     CLI::App* sub = app.add_subcommand(kCommandNames[I], kDescriptions[I]);

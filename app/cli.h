@@ -131,7 +131,12 @@ struct CommonArgs {
 /// The model to train: random init from a config, or a checkpoint. Exactly one must be given.
 struct ModelArgs {
   std::string model_config;  ///< --model_config: JSON/TOML ModelConfig for random init
-  std::string pretrain;      ///< --pretrain: HDF5 checkpoint to start from
+  /// --pretrain: the model to start from: an rlhf HDF5 checkpoint, a Hugging Face folder
+  /// (safetensors), a llama2.c .bin or a GGUF file (io/pretrained.h)
+  std::string pretrain;
+  /// --tokenizer: tokenizer file or folder when the model carries none (llama2.c), or to override
+  /// it; "" = the model's own (else the byte tokenizer)
+  std::string tokenizer;
 
   void bind(OptionSet& o);
   /// Throws UsageError unless exactly one of model_config / pretrain is set.
@@ -244,16 +249,26 @@ struct GenerateArgs {
   void bind(OptionSet& o) { common.bind(o); }
   void validate() {}
 };
-/// `rlhf export` (not implemented yet).
+/// `rlhf export`: any supported model → a Hugging Face folder (safetensors), our HDF5 checkpoint,
+/// or a GGUF file.
 struct ExportArgs {
   CommonArgs common;
-  void bind(OptionSet& o) { common.bind(o); }
-  void validate() {}
+  std::string pretrain;   ///< --pretrain: the model to export (any format --pretrain reads)
+  std::string tokenizer;  ///< --tokenizer: tokenizer to ship with it ("" = the model's own)
+  std::string format = "safetensors";  ///< --format: safetensors | hdf5 | gguf
+  std::string output_path;             ///< --output_path: folder (safetensors) or file
+  std::string dtype = "float32";       ///< --dtype: float32 | bfloat16 | float16 (tensors written)
+  void bind(OptionSet& o);
+  /// Throws UsageError for a dtype the format cannot store (GGUF/HDF5 restrictions).
+  void validate();
 };
-/// `rlhf import` (not implemented yet).
+/// `rlhf import`: any supported model → our HDF5 checkpoint (with its tokenizer).
 struct ImportArgs {
   CommonArgs common;
-  void bind(OptionSet& o) { common.bind(o); }
+  std::string pretrain;     ///< --pretrain: the model to import
+  std::string tokenizer;    ///< --tokenizer: tokenizer to store ("" = the model's own)
+  std::string output_path;  ///< --output_path: the .h5 file to write
+  void bind(OptionSet& o);
   void validate() {}
 };
 /// `rlhf bench [suite...]`: benchmarks, JSON lines on stdout (rank 0) and a table in the log.

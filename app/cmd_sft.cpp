@@ -55,11 +55,7 @@ int run_sft(const SftArgs& args) {
   // --- model and tokenizer
   const ModelSource src = resolve_model_source(args.model, model::HeadKind::kLM);
   const model::ModelConfig& cfg = src.config;
-  auto tokenizer = io::make_tokenizer("byte");
-  RLHF_CHECK(tokenizer->vocab_size() <= cfg.vocab_size,
-             "the tokenizer has {} tokens but the model's vocab_size is {}\nhint: set vocab_size "
-             ">= {} in the model config",
-             tokenizer->vocab_size(), cfg.vocab_size, tokenizer->vocab_size());
+  const std::shared_ptr<const io::Tokenizer> tokenizer = model_tokenizer(src);
   model::ParamLayout layout(cfg, model::HeadKind::kLM, world);
   std::unique_ptr<parallel::ParamStore> store_ptr = make_param_store(layout, comm, args.zero);
   parallel::ParamStore& store = *store_ptr;
@@ -104,6 +100,7 @@ int run_sft(const SftArgs& args) {
   LOG0_INFO("model: {} | {} parameters | {} layers, hidden {}, heads {}/{} | {}", cfg.model_type,
             layout.num_parameters(), cfg.num_hidden_layers, cfg.hidden_size,
             cfg.num_attention_heads, cfg.num_key_value_heads, src.describe());
+  LOG0_INFO("tokenizer: {}", tokenizer->name());
   LOG0_INFO("data: {} ({}) | {}", args.data.dataset, data.format, data.stats.summary());
   LOG0_INFO(
       "training: {} steps ({} per epoch x {} epochs) | batch {} = {} rank(s) x {} micro x {} "
@@ -199,12 +196,12 @@ int run_sft(const SftArgs& args) {
       const std::string path =
           (std::filesystem::path(args.ckpt.save_path) / fmt::format("model_step{}.h5", step + 1))
               .string();
-      save_model(store, path, rank);
+      save_model(store, path, rank, tokenizer.get());
       LOG0_INFO("saved {}", path);
     }
   }
   const std::string path = (std::filesystem::path(args.ckpt.save_path) / "model.h5").string();
-  save_model(store, path, rank);
+  save_model(store, path, rank, tokenizer.get());
   LOG0_INFO("done: {} steps in {:.1f}s | final model {}", total_steps, seconds_since(t_start),
             path);
   return 0;

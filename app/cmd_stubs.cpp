@@ -20,12 +20,4 @@ int run_generate(const GenerateArgs&) {
   RLHF_FAIL("`rlhf generate` is not implemented yet");
 }
 
-int run_export(const ExportArgs&) {
-  RLHF_FAIL("`rlhf export` is not implemented yet");
-}
-
-int run_import(const ImportArgs&) {
-  RLHF_FAIL("`rlhf import` is not implemented yet");
-}
-
 }  // namespace rlhf::app

@@ -19,9 +19,9 @@ int run_grpo(const GrpoArgs& args);
 int run_ppo(const PpoArgs& args);
 /// `rlhf generate`: sampling from a checkpoint.
 int run_generate(const GenerateArgs& args);
-/// `rlhf export`: HDF5 checkpoint -> Hugging Face safetensors.
+/// `rlhf export`: any supported model -> Hugging Face folder (safetensors), HDF5 or GGUF.
 int run_export(const ExportArgs& args);
-/// `rlhf import`: Hugging Face safetensors -> HDF5 checkpoint.
+/// `rlhf import`: any supported model -> HDF5 checkpoint.
 int run_import(const ImportArgs& args);
 /// `rlhf bench`: benchmarks.
 int run_bench(const BenchArgs& args);

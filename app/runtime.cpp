@@ -17,6 +17,7 @@
 #include "core/log.h"
 #include "io/hdf5_ckpt.h"
 #include "io/model_config_file.h"
+#include "io/tokenizer_hdf5.h"
 #include "model/init.h"
 #include "parallel/zero3.h"
 
@@ -38,61 +39,86 @@ int configure_threads(int threads) {
 }
 
 std::string ModelSource::describe() const {
-  return checkpoint.empty() ? "random init" : "checkpoint " + checkpoint;
+  if (checkpoint.empty()) return "random init";
+  if (format == "hdf5") return "checkpoint " + checkpoint;
+  return pretrained ? pretrained->detail + " " + checkpoint : format + " " + checkpoint;
 }
 
 ModelSource resolve_model_source(const ModelArgs& args, model::HeadKind want_head) {
+  namespace fs = std::filesystem;
   ModelSource src;
   src.head = want_head;
   if (!args.model_config.empty()) {
-    RLHF_CHECK(std::filesystem::exists(args.model_config), "--model_config {}: no such file",
-               args.model_config);
+    RLHF_CHECK(fs::exists(args.model_config), "--model_config {}: no such file", args.model_config);
     src.config = io::load_model_config_file(args.model_config);
+    if (!args.tokenizer.empty()) src.tokenizer = io::make_tokenizer(args.tokenizer);
     return src;
   }
+  // A folder is our checkpoint folder (model.h5) unless it is a Hugging Face folder.
   std::string path = args.pretrain;
-  if (std::filesystem::is_directory(path))
-    path = (std::filesystem::path(path) / "model.h5").string();
-  RLHF_CHECK(std::filesystem::exists(path), "--pretrain {}: no such file{}", args.pretrain,
+  if (fs::is_directory(path) &&
+      (fs::exists(fs::path(path) / "model.h5") || !fs::exists(fs::path(path) / "config.json")))
+    path = (fs::path(path) / "model.h5").string();
+  RLHF_CHECK(fs::exists(path), "--pretrain {}: no such file{}", args.pretrain,
              path != args.pretrain ? " (looked for " + path + ")" : "");
-  io::StoredModelConfig stored = io::load_model_config_hdf5(path);
-  RLHF_CHECK(stored.head == want_head ||
-                 (want_head != model::HeadKind::kLM && stored.head == model::HeadKind::kLM),
+  auto m = std::make_shared<io::PretrainedModel>(open_pretrained_arg(path, args.tokenizer));
+  RLHF_CHECK(m->head == want_head ||
+                 (want_head != model::HeadKind::kLM && m->head == model::HeadKind::kLM),
              "--pretrain {}: the checkpoint has a '{}' head, this command needs '{}'", path,
-             model::to_string(stored.head), model::to_string(want_head));
-  src.config = stored.config;
-  src.checkpoint = path;
+             model::to_string(m->head), model::to_string(want_head));
+  src.config = m->config;
+  src.checkpoint = m->path;
+  src.format = m->format;
+  src.tokenizer = m->tokenizer;
+  src.pretrained = std::move(m);
   src.head = want_head;
   return src;
 }
 
+io::PretrainedModel open_pretrained_arg(const std::string& pretrain, const std::string& tokenizer) {
+  try {
+    return io::open_pretrained(pretrain, tokenizer);
+  } catch (const Error& e) {
+    throw Error(fmt::format("--pretrain {}: {}", pretrain, e.what()), e.where());
+  }
+}
+
+std::shared_ptr<const io::Tokenizer> model_tokenizer(const ModelSource& src) {
+  std::shared_ptr<const io::Tokenizer> tok = src.tokenizer;
+  if (!tok) tok = io::make_tokenizer("byte");
+  RLHF_CHECK(tok->vocab_size() <= src.config.vocab_size,
+             "the tokenizer {} has {} tokens but the model's vocab_size is {}\nhint: set "
+             "vocab_size >= {} in the model config, or give the model's own tokenizer with "
+             "--tokenizer",
+             tok->name(), tok->vocab_size(), src.config.vocab_size, tok->vocab_size());
+  return tok;
+}
+
 void initialize_weights(parallel::ParamStore& store, const ModelSource& src, uint64_t seed) {
   const model::ParamLayout& layout = store.layout();
-  std::unique_ptr<io::CheckpointReader> reader;
-  if (!src.checkpoint.empty()) reader = std::make_unique<io::CheckpointReader>(src.checkpoint);
+  const io::PretrainedModel* m = src.pretrained.get();
   std::vector<float> full;
   for (int u = 0; u < layout.num_units(); ++u) {
     const model::UnitLayout& unit = layout.unit(u);
     full.assign(static_cast<size_t>(unit.numel_padded), 0.0f);
-    // A checkpoint of an LM supplies the trunk of a value/reward model; its new head is random.
-    const bool from_ckpt =
-        reader && (unit.kind != model::UnitKind::kHead ||
-                   io::load_model_config_hdf5(src.checkpoint).head == layout.head());
+    // A pretrained LM supplies the trunk of a value/reward model; its new head is random.
+    const bool from_ckpt = m && (unit.kind != model::UnitKind::kHead || m->head == layout.head());
     if (from_ckpt) {
-      io::load_model_unit_hdf5(*reader, layout, u, full.data());
+      io::load_pretrained_unit(*m, layout, u, full.data());
     } else {
       model::init_unit_params(full.data(), unit, seed);
-      if (reader && unit.kind == model::UnitKind::kHead) {
+      if (m && unit.kind == model::UnitKind::kHead) {
         // Keep the pretrained final norm; only score.weight is new.
         const auto& norm = unit.at("model.norm.weight");
-        reader->read_dataset("/model/model.norm.weight", full.data() + norm.offset, norm.shape);
+        m->tensors->read_checked("model.norm.weight", full.data() + norm.offset, norm.shape);
       }
     }
     store.load_unit(u, full.data());
   }
 }
 
-void save_model(parallel::ParamStore& store, const std::string& path, int rank) {
+void save_model(parallel::ParamStore& store, const std::string& path, int rank,
+                const io::Tokenizer* tokenizer) {
   const model::ParamLayout& layout = store.layout();
   std::vector<std::vector<float>> units(static_cast<size_t>(layout.num_units()));
   std::vector<const float*> ptrs;
@@ -101,7 +127,11 @@ void save_model(parallel::ParamStore& store, const std::string& path, int rank) 
     store.gather_unit(u, units[size_t(u)].data());
     ptrs.push_back(units[size_t(u)].data());
   }
-  if (rank == 0) io::save_model_hdf5(path, layout, ptrs, nlohmann::json::object());
+  if (rank != 0) return;
+  io::CheckpointWriter w(path);
+  io::write_model_hdf5(w, layout, ptrs);
+  if (tokenizer != nullptr) io::write_tokenizer_hdf5(w, *tokenizer);
+  w.commit();
 }
 
 TrainRuntime setup_train_runtime(const ParallelArgs& args, int tensor_parallel,

@@ -3,9 +3,12 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include "app/cli.h"
+#include "io/pretrained.h"
+#include "io/tokenizer.h"
 #include "model/config.h"
 #include "model/layout.h"
 #include "parallel/comm.h"
@@ -18,25 +21,43 @@ namespace rlhf::app {
 /// hardware threads divided by the ranks on this node (at least 1). Returns the count used.
 int configure_threads(int threads);
 
-/// Where a model comes from: a config for random init, or a checkpoint.
+/// Where a model comes from: a config for random init, or a pretrained model in any supported
+/// format (io/pretrained.h), with the tokenizer that came with it.
 struct ModelSource {
   model::ModelConfig config;
   model::HeadKind head = model::HeadKind::kLM;
-  std::string checkpoint;  ///< HDF5 file to load weights from; "" = random init
+  std::string checkpoint;  ///< the model file/folder weights come from; "" = random init
+  std::string format;      ///< "hdf5" | "safetensors" | "llama2c" | "gguf"; "" = random init
+  /// The opened model (weights are read lazily by initialize_weights); null for random init.
+  std::shared_ptr<const io::PretrainedModel> pretrained;
+  /// The model's tokenizer (or --tokenizer's); null when there is none (random init without
+  /// --tokenizer, or a llama2.c file with no tokenizer next to it).
+  std::shared_ptr<const io::Tokenizer> tokenizer;
   std::string describe() const;
 };
 
-/// Resolves --model_config / --pretrain. A --pretrain directory means `<dir>/model.h5`.
-/// Throws rlhf::Error naming the flag when the file is missing or unreadable, or when the
-/// checkpoint's head is not `want_head`.
+/// Resolves --model_config / --pretrain / --tokenizer. --pretrain takes any format of
+/// io::open_pretrained; a directory means `<dir>/model.h5` when that exists, else a Hugging Face
+/// folder. Throws rlhf::Error naming the flag when the file is missing or unreadable, or when the
+/// checkpoint's head is not `want_head` (an LM trunk may start a value or reward model).
 ModelSource resolve_model_source(const ModelArgs& args, model::HeadKind want_head);
 
-/// Fills the store's master weights: from the checkpoint (shapes checked) or a deterministic random
-/// init with `seed` (the same weights for any rank count).
+/// io::open_pretrained(pretrain, tokenizer) with errors prefixed by "--pretrain <path>: ".
+io::PretrainedModel open_pretrained_arg(const std::string& pretrain, const std::string& tokenizer);
+
+/// The tokenizer a command uses: the model's own (ModelSource::tokenizer), else the byte tokenizer.
+/// Throws rlhf::Error when the tokenizer's vocabulary is larger than the model's vocab_size.
+std::shared_ptr<const io::Tokenizer> model_tokenizer(const ModelSource& src);
+
+/// Fills the store's master weights: from the pretrained model (shapes checked) or a deterministic
+/// random init with `seed` (the same weights for any rank count). A value/reward model started
+/// from an LM keeps the trunk and the final norm and initialises score.weight randomly.
 void initialize_weights(parallel::ParamStore& store, const ModelSource& src, uint64_t seed);
 
 /// Writes the store's consolidated model to `path` (HDF5, .tmp + rename) from rank 0; collective.
-void save_model(parallel::ParamStore& store, const std::string& path, int rank);
+/// With a tokenizer, its files go under /tokenizer so the checkpoint restores it.
+void save_model(parallel::ParamStore& store, const std::string& path, int rank,
+                const io::Tokenizer* tokenizer = nullptr);
 
 /// What a training command runs on: the placement of every rank and the training communicator.
 struct TrainRuntime {

@@ -1,0 +1,69 @@
+// `rlhf export`: writes a model that --pretrain can read (HDF5 checkpoint, Hugging Face folder,
+// llama2.c, GGUF) as a Hugging Face folder (config.json, model.safetensors, tokenizer files), our
+// HDF5 checkpoint, or a GGUF file. Runs on rank 0; other ranks return at once.
+#include <mpi.h>
+
+#include <filesystem>
+
+#include "app/commands.h"
+#include "app/runtime.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "io/dtype.h"
+#include "io/pretrained.h"
+
+namespace rlhf::app {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+io::DType dtype_of(const std::string& s) {
+  if (s == "bfloat16") return io::DType::kBF16;
+  if (s == "float16") return io::DType::kF16;
+  return io::DType::kF32;
+}
+
+bool same_path(const std::string& a, const std::string& b) {
+  std::error_code ec;
+  return fs::exists(a) && fs::exists(b) && fs::equivalent(a, b, ec);
+}
+
+}  // namespace
+
+int run_export(const ExportArgs& args) {
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  if (rank != 0) return 0;
+  const io::PretrainedModel m = open_pretrained_arg(args.pretrain, args.tokenizer);
+  LOG0_INFO("export: {}", m.describe());
+  LOG0_INFO("model: {} | {} parameters | {} layers, hidden {}, heads {}/{}, RoPE {}",
+            m.config.model_type, m.config.num_parameters(m.head), m.config.num_hidden_layers,
+            m.config.hidden_size, m.config.num_attention_heads, m.config.num_key_value_heads,
+            model::to_string(m.config.rope_style));
+  const io::DType dt = dtype_of(args.dtype);
+  std::string out = args.output_path;
+  if (args.format == "safetensors") {
+    RLHF_CHECK(!fs::exists(out) || fs::is_directory(out),
+               "--output_path {}: exists and is not a folder (safetensors export writes a "
+               "Hugging Face folder)",
+               out);
+    RLHF_CHECK(!same_path(out, m.path), "--output_path {} is the model's own folder", out);
+    io::export_hf_folder(out, m, dt);
+  } else if (args.format == "hdf5") {
+    if (fs::is_directory(out) || (!out.empty() && out.back() == '/'))
+      out = (fs::path(out) / "model.h5").string();
+    RLHF_CHECK(!same_path(out, m.path), "--output_path {} is the model being read", out);
+    io::export_hdf5(out, m);
+  } else {
+    RLHF_CHECK(!fs::is_directory(out), "--output_path {}: a folder; GGUF export writes a file",
+               out);
+    RLHF_CHECK(!same_path(out, m.path), "--output_path {} is the model being read", out);
+    io::export_gguf(out, m, dt);
+  }
+  LOG0_INFO("wrote {} ({}, {}){}", out, args.format, args.dtype,
+            m.tokenizer ? fmt::format(" with tokenizer {}", m.tokenizer->name()) : "");
+  return 0;
+}
+
+}  // namespace rlhf::app
