@@ -175,13 +175,13 @@ class Llama2cTensors final : public TensorSource {
 
 }  // namespace
 
-bool looks_like_llama2c(const Blob& blob) {
+bool looks_like_llama2c(const Blob& blob, bool check_size) {
   if (blob.size < static_cast<size_t>(kLegacyHeaderBytes)) return false;
   try {
     const Llama2cHeader h = read_header(blob);
     if (h.version == 1) return true;
     if (!implausible(h).empty()) return false;
-    return implied_bytes(h, blob.source) == static_cast<int64_t>(blob.size);
+    return !check_size || implied_bytes(h, blob.source) == static_cast<int64_t>(blob.size);
   } catch (const Error&) {
     return false;
   }

@@ -34,9 +34,10 @@ struct Llama2cHeader {
   int64_t expected_bytes = 0;  ///< exact file size the header implies
 };
 
-/// True if the blob starts like a llama2.c checkpoint (v1 magic, or a legacy header whose fields
-/// are plausible and whose implied size equals the blob's size). Never throws.
-bool looks_like_llama2c(const Blob& blob);
+/// True if the blob starts like a llama2.c checkpoint: the v1 magic, or a legacy header whose
+/// fields are plausible and (with `check_size`) whose implied size equals the blob's size.
+/// Never throws.
+bool looks_like_llama2c(const Blob& blob, bool check_size = true);
 
 /// Parses and validates the header against the blob's size: positive dimensions within sane limits
 /// (each < 2^24, n_layers < 4096), n_heads divisible by n_kv_heads, dim divisible by n_heads, even

@@ -322,7 +322,10 @@ std::string detect_model_format(const std::string& path) {
     std::memcpy(&magic, head.data(), 4);
     if (magic == kLlama2cMagic) return "llama2c";
   }
-  if (looks_like_llama2c(map_file(path))) return "llama2c";
+  const Blob blob = map_file(path);
+  if (looks_like_llama2c(blob)) return "llama2c";
+  // A .bin whose legacy header is plausible: let the reader say what is wrong with its size.
+  if (ext == ".bin" && looks_like_llama2c(blob, /*check_size=*/false)) return "llama2c";
   if (ext == ".bin")
     RLHF_FAIL("{}: not a llama2.c checkpoint: its header does not describe a file of this size{}",
               path, kFormatsHint);
@@ -350,6 +353,12 @@ PretrainedModel open_pretrained(const std::string& path, const std::string& toke
     m.tokenizer_origin = tokenizer_path;
   }
   if (m.tokenizer) {
+    // A llama2.c tokenizer.bin carries no token count (llama2.c reads vocab_size entries): a file
+    // cut at an entry boundary, or one of another model, shows only as a different count.
+    RLHF_CHECK(m.tokenizer->kind() != "llama2c" || m.tokenizer->vocab_size() == m.config.vocab_size,
+               "{}: the llama2.c tokenizer {} has {} tokens, the model's vocab_size is {}\nhint: "
+               "give the tokenizer.bin this model was trained with",
+               path, m.tokenizer_origin, m.tokenizer->vocab_size(), m.config.vocab_size);
     RLHF_CHECK(m.tokenizer->vocab_size() <= m.config.vocab_size,
                "{}: the tokenizer {} has {} tokens, more than the model's vocab_size {}\nhint: "
                "give the model's own tokenizer with --tokenizer",

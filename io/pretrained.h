@@ -52,7 +52,8 @@ std::string detect_model_format(const std::string& path);
 /// tokenizer is used: the HDF5 checkpoint's /tokenizer group; tokenizer.json (else
 /// tokenizer.model, else a llama2.c tokenizer.bin) in an HF folder; the vocabulary embedded in a
 /// GGUF file; for llama2.c, a tokenizer.bin or tok<vocab_size>.bin next to the checkpoint.
-/// A tokenizer whose vocabulary is larger than the model's is an error. Errors name the file and
+/// A tokenizer whose vocabulary is larger than the model's is an error, and so is a llama2.c
+/// tokenizer.bin whose token count differs from the model's vocab_size. Errors name the file and
 /// what is wrong (missing config.json, a shard listed in the index but absent, a tensor whose shape
 /// disagrees with the config, ...).
 PretrainedModel open_pretrained(const std::string& path, const std::string& tokenizer_path = "");

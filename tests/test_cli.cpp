@@ -216,7 +216,8 @@ TEST_CASE("cli: every sft option can come from TOML") {
       "save_path = \"/tmp/s\"\nsave_steps = 10\nlogging_steps = 5\ngradient_checkpointing = true\n"
       "zero_stage = 0\nadam_offload = true\nranks_per_node = 2\ngen_ranks_per_node = 1\n"
       "threads = 3\nlog_dir = \"/tmp/l\"\nlog_level = \"debug\"\nmax_steps = 9\n"
-      "disable_progress = true\nzero_keep_params = true\ncomm_backend = \"mpi\"\n");
+      "disable_progress = true\nzero_keep_params = true\ncomm_backend = \"mpi\"\n"
+      "tokenizer = \"tok.json\"\n");
   const ParsedCommand p = parse({"sft", "--config", f.str()});
   const app::SftArgs& a = sft(p);
   CHECK(a.data.dataset == "d.jsonl");
@@ -251,6 +252,7 @@ TEST_CASE("cli: every sft option can come from TOML") {
   CHECK(a.common.disable_progress == true);
   CHECK(a.zero.zero_keep_params == true);
   CHECK(a.parallel.comm_backend == "mpi");
+  CHECK(a.model.tokenizer == "tok.json");
   // Every option came from the file, except the file itself and --pretrain (exclusive with
   // --model_config).
   for (const auto& row : p.config) {
@@ -451,6 +453,9 @@ TEST_CASE("cli: help, version, subcommands") {
     TempToml f("seed = 3\nlog_level = \"warn\"\n");
     std::vector<std::string> args = {app::kCommandNames[i], "--config", f.str()};
     if (i == 0) args.insert(args.end(), {"--dataset", "d", "--pretrain", "p"});
+    if (std::string(app::kCommandNames[i]) == "export" ||
+        std::string(app::kCommandNames[i]) == "import")
+      args.insert(args.end(), {"--pretrain", "p", "--output_path", "o"});
     const ParsedCommand p = parse(args);
     CHECK(p.command == app::kCommandNames[i]);
     CHECK(p.args.index() == i);

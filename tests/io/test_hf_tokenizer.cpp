@@ -11,6 +11,7 @@
 
 #include "io/file_util.h"
 #include "io/regex.h"
+#include "tests/io/corrupt_util.h"
 #include "tests/io/io_test_util.h"
 #include "tests/test_util.h"
 
@@ -171,4 +172,22 @@ TEST_CASE("hf tokenizer: corrupt and unsupported tokenizer.json files are clear 
                         "invalid regular expression");
   RLHF_CHECK_CONTAINS(test::error_of([&] { io::load_hf_tokenizer(dir.file("missing.json")); }),
                       "cannot open");
+}
+
+TEST_CASE("hf tokenizer: truncated and bit-flipped TinyStories-656K tokenizer.json") {
+  const std::string root = test::shared_data_dir();
+  const std::string p = root + "/tinystories-656k/bf16_upstream/tokenizer.json";
+  if (root.empty() || !std::filesystem::exists(p)) {
+    MESSAGE("skipped: ../shared/data not found (set RLHF_SHARED_DATA)");
+    return;
+  }
+  const std::string bytes = test::slurp(p);
+  auto load = [](const std::string& b) {
+    auto tok = io::hf_tokenizer_from_files({{"tokenizer.json", b}}, "mutant");
+    tok->decode(
+        tok->encode("Once upon a time, there was a little girl named Lily. 🙂", true, true));
+  };
+  load(bytes);
+  test::check_truncations(load, bytes, 40);
+  test::check_bit_flips(load, bytes, bytes.size(), 150, 5, {0});
 }

@@ -8,6 +8,7 @@
 
 #include "io/gguf.h"
 #include "io/sp_tokenizer.h"
+#include "tests/io/corrupt_util.h"
 #include "tests/io/io_test_util.h"
 #include "tests/test_util.h"
 
@@ -149,4 +150,33 @@ TEST_CASE("llama2.c tokenizer.bin: truncated or corrupt files are clear errors")
   std::memcpy(neg.data() + 8, &minus, 4);
   RLHF_CHECK_CONTAINS(load(neg), "length -5 is not in");
   RLHF_CHECK_CONTAINS(load(header(8) + entry(std::nanf(""), "a")), "score is nan");
+}
+
+TEST_CASE(
+    "llama2.c tokenizer.bin and SentencePiece tokenizer.model: truncated and bit-flipped copies") {
+  const std::string root = test::shared_data_dir();
+  if (!have(root + "/stories260K/tok512.bin")) return;
+  for (const std::string& p :
+       {root + "/stories260K/tok512.bin", root + "/llama2-tokenizer/tokenizer.bin"}) {
+    INFO(p);
+    const std::string bytes = test::slurp(p);
+    const int64_t n = io::load_llama2c_tokenizer(io::blob_from_string(bytes, p))->vocab_size();
+    // The file has no token count: as open_pretrained does, the count must match the model's.
+    auto load = [n](const std::string& b) {
+      auto tok = io::load_llama2c_tokenizer(io::blob_from_string(b, "mutant.bin"));
+      RLHF_CHECK(tok->vocab_size() == n, "{} tokens, expected {}", tok->vocab_size(), n);
+      tok->decode(
+          tok->encode("Once upon a time, there was a little girl named Lily. 🙂", true, true));
+    };
+    test::check_truncations(load, bytes, p.find("tok512") != std::string::npos ? 40 : 15);
+    test::check_bit_flips(load, bytes, bytes.size(),
+                          p.find("tok512") != std::string::npos ? 200 : 40, 9);
+  }
+  if (!io::sentencepiece_available()) return;
+  const std::string model = test::slurp(root + "/llama2-tokenizer/tokenizer.model");
+  auto load_sp = [](const std::string& b) {
+    auto tok = io::load_sentencepiece(b, "tokenizer.model", "mutant.model");
+    tok->decode(tok->encode("Once upon a time 🙂", true, true));
+  };
+  test::check_truncations(load_sp, model, 10);
 }
