@@ -500,6 +500,28 @@ void SftArgs::validate() {
     common.log_dir = (std::filesystem::path(ckpt.save_path) / "logs").string();
 }
 
+void RmArgs::bind(OptionSet& o) {
+  common.bind(o);
+  model.bind(o);
+  o.add("dataset", dataset, "Preference pairs (JSONL)").required();
+  o.add("chosen_key", chosen_key, "JSON key of the preferred response (or transcript)");
+  o.add("rejected_key", rejected_key, "JSON key of the rejected response (or transcript)");
+  o.add("prompt_key", prompt_key, "JSON key of the prompt (\"\" = the texts are transcripts)");
+  o.add("max_len", max_len, "Max tokens per side (longer sides are cut, EOS kept)").check(ge(3));
+  o.add("max_samples", max_samples, "Use at most this many pairs").check(ge(1));
+  loop.bind(o);
+  optim.bind(o);
+  zero.bind(o);
+  parallel.bind(o);
+  ckpt.bind(o);
+}
+
+void RmArgs::validate() {
+  model.validate();
+  if (common.log_dir.empty())
+    common.log_dir = (std::filesystem::path(ckpt.save_path) / "logs").string();
+}
+
 // -------------------------------------------------------------------------------------------------
 // Parsing
 

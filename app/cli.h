@@ -220,11 +220,24 @@ struct SftArgs {
   void validate();
 };
 
-/// `rlhf rm` (not implemented yet: options to come).
+/// `rlhf rm`: reward-model training on preference pairs (Bradley–Terry).
 struct RmArgs {
   CommonArgs common;
-  void bind(OptionSet& o) { common.bind(o); }
-  void validate() {}
+  ModelArgs model;
+  std::string dataset;                    ///< --dataset: JSONL of preference pairs (required)
+  std::string chosen_key = "chosen";      ///< --chosen_key
+  std::string rejected_key = "rejected";  ///< --rejected_key
+  std::string prompt_key;                 ///< --prompt_key: "" = chosen/rejected are full texts
+  int64_t max_len = 512;                  ///< --max_len: tokens per side
+  int64_t max_samples = 100000000;        ///< --max_samples
+  TrainLoopArgs loop;
+  OptimArgs optim;
+  ZeroArgs zero;
+  ParallelArgs parallel;
+  CheckpointArgs ckpt;
+
+  void bind(OptionSet& o);
+  void validate();
 };
 /// `rlhf grpo` (not implemented yet).
 struct GrpoArgs {

@@ -4,10 +4,6 @@
 
 namespace rlhf::app {
 
-int run_rm(const RmArgs&) {
-  RLHF_FAIL("`rlhf rm` is not implemented yet");
-}
-
 int run_grpo(const GrpoArgs&) {
   RLHF_FAIL("`rlhf grpo` is not implemented yet");
 }

@@ -9,7 +9,10 @@
 
 #include <sys/resource.h>
 
+#include <algorithm>
 #include <filesystem>
+#include <numeric>
+#include <random>
 #include <thread>
 #include <vector>
 
@@ -173,6 +176,28 @@ void log_memory(const parallel::ParamStore& store, int64_t activation_bytes, par
       comm.size(), format_bytes(double(mx[0])), format_bytes(double(mx[1])),
       format_bytes(double(mx[2])), m.optimizer_on_host ? " (host)" : "",
       format_bytes(double(mx[3])), format_bytes(double(mx[4])), format_bytes(double(mx[5])));
+}
+
+optim::AdamWConfig make_adamw(const OptimArgs& args, double lr) {
+  optim::AdamWConfig adam;
+  adam.lr = lr;
+  adam.beta1 = args.adam_betas[0];
+  adam.beta2 = args.adam_betas[1];
+  adam.weight_decay = args.l2;
+  adam.validate("--adam_betas/--l2");
+  return adam;
+}
+
+int64_t EpochOrder::at(int64_t pos) {
+  const int64_t e = pos / n_;
+  if (e != epoch_) {
+    epoch_ = e;
+    order_.resize(static_cast<size_t>(n_));
+    std::iota(order_.begin(), order_.end(), 0);
+    std::mt19937_64 rng(seed_ * 1000003ull + static_cast<uint64_t>(e));
+    std::shuffle(order_.begin(), order_.end(), rng);
+  }
+  return order_[static_cast<size_t>(pos % n_)];
 }
 
 std::string format_bytes(double bytes) {

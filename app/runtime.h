@@ -8,6 +8,7 @@
 #include "app/cli.h"
 #include "model/config.h"
 #include "model/layout.h"
+#include "optim/adamw.h"
 #include "parallel/comm.h"
 #include "parallel/param_store.h"
 #include "parallel/topology.h"
@@ -66,6 +67,24 @@ void log_memory(const parallel::ParamStore& store, int64_t activation_bytes, par
 
 /// Peak resident set size of this process in bytes (getrusage).
 int64_t peak_rss_bytes();
+
+/// AdamW hyper-parameters from --learning_rate (or `lr`), --adam_betas, --l2 (validated).
+optim::AdamWConfig make_adamw(const OptimArgs& args, double lr);
+
+/// The shuffled sample order of each epoch: a permutation of [0, n) drawn from (seed, epoch), the
+/// same on every rank and for every rank count (OpenRLHF's DistributedSampler with shuffle).
+class EpochOrder {
+ public:
+  EpochOrder(int64_t n, uint64_t seed) : n_(n), seed_(seed) {}
+  /// The index at global position `pos` (pos / n is the epoch).
+  int64_t at(int64_t pos);
+
+ private:
+  int64_t n_;
+  uint64_t seed_;
+  int64_t epoch_ = -1;
+  std::vector<int64_t> order_;
+};
 
 /// "12.3 MiB"-style byte count.
 std::string format_bytes(double bytes);

@@ -58,4 +58,9 @@ template <typename T>
 void value_loss_backward_cpu(T* dv, const T* weight, const T* v, const T* v_old, const T* ret,
                              int64_t N, double value_clip);
 
+/// Bradley–Terry pairwise loss of a reward model (Ouyang et al. 2022, eq. 1) on
+/// Δ = r_chosen − r_rejected: loss = −log σ(Δ) = softplus(−Δ), computed without overflow; returns
+/// the loss and writes dloss/dΔ = −σ(−Δ) to *dloss_ddelta.
+double bradley_terry_loss(double delta, double* dloss_ddelta);
+
 }  // namespace rlhf::model

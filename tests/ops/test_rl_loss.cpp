@@ -150,3 +150,22 @@ TEST_CASE("rl losses: backward vs finite differences (double, away from kinks)")
   auto c3 = test::fd_check(vl, v.data(), g.data(), N, 1e-6);
   RLHF_CHECK_GRAD(c3, "value_loss dv");
 }
+
+TEST_CASE("Bradley-Terry loss: closed form, stability, derivative") {
+  double d = 0;
+  CHECK(model::bradley_terry_loss(0.0, &d) == doctest::Approx(std::log(2.0)));
+  CHECK(d == doctest::Approx(-0.5));
+  CHECK(model::bradley_terry_loss(2.0, &d) == doctest::Approx(std::log1p(std::exp(-2.0))));
+  CHECK(d == doctest::Approx(-1.0 / (1.0 + std::exp(2.0))));
+  CHECK(model::bradley_terry_loss(-800.0, &d) == doctest::Approx(800.0));  // no overflow
+  CHECK(d == doctest::Approx(-1.0));
+  CHECK(model::bradley_terry_loss(800.0, &d) == doctest::Approx(0.0).epsilon(1e-12));
+  const double h = 1e-6;
+  for (double x : {-3.0, -0.3, 0.7, 4.0}) {
+    model::bradley_terry_loss(x, &d);
+    const double fd =
+        (model::bradley_terry_loss(x + h, nullptr) - model::bradley_terry_loss(x - h, nullptr)) /
+        (2 * h);
+    CHECK(d == doctest::Approx(fd).epsilon(1e-7));
+  }
+}

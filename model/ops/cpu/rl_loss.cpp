@@ -155,6 +155,11 @@ void value_loss_backward_cpu(T* dv, const T* weight, const T* v, const T* v_old,
   }
 }
 
+double bradley_terry_loss(double delta, double* dloss_ddelta) {
+  if (dloss_ddelta) *dloss_ddelta = -1.0 / (1.0 + std::exp(delta));
+  return delta > 0 ? std::log1p(std::exp(-delta)) : -delta + std::log1p(std::exp(delta));
+}
+
 #define RLHF_INSTANTIATE(T)                                                                        \
   template void ppo_clip_loss_forward_cpu<T>(T*, uint8_t*, T*, const T*, const T*, const T*,       \
                                              int64_t, double, double, double);                     \
