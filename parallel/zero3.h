@@ -27,6 +27,9 @@ struct Zero3Options {
   bool adam_offload = false;
   /// Prefetch the next unit's all-gather when a unit is acquired.
   bool prefetch = true;
+  /// A frozen model (reference policy, reward model): weights only — no gradients, no optimizer
+  /// state; acquiring gradients or stepping throws.
+  bool frozen = false;
 };
 
 /// The sharded ParamStore and the UnitProvider the model runs on. Collective methods (and every
