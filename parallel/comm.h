@@ -161,6 +161,11 @@ class Comm {
   /// in rank order. In place: send == recv + rank·count·elem (this rank's block already in recv).
   /// Otherwise send and recv must not overlap.
   void all_gather(const void* send, void* recv, int64_t count, DType dt);
+  /// All-gather with a stride: rank j's `count` elements land at recv + j·stride elements
+  /// (stride >= count; the gaps are left untouched). Gathers the same slice of every rank's shard
+  /// straight into place in a full unit buffer (weight sync). send must not overlap recv.
+  /// Accounted as an all-gather of size·count elements.
+  void all_gather_strided(const void* send, void* recv, int64_t count, int64_t stride, DType dt);
   /// Reduce-scatter. send: (size·count) elements; recv: (count) = op over ranks of every rank's
   /// block `rank` of send. send and recv must not overlap.
   void reduce_scatter(const void* send, void* recv, int64_t count, DType dt,
@@ -247,6 +252,9 @@ class Comm {
                              ReduceOp op) = 0;
   virtual void do_broadcast(void* buf, int64_t count, DType dt, int root) = 0;
   virtual void do_barrier() = 0;
+  /// Default: a contiguous all-gather into a temporary buffer, then a copy into place.
+  virtual void do_all_gather_strided(const void* send, void* recv, int64_t count, int64_t stride,
+                                     DType dt);
   /// Non-blocking hooks: return nullptr when the collective completed at post time.
   virtual std::unique_ptr<CommRequest::Impl> do_iall_gather(const void* send, void* recv,
                                                             int64_t count, DType dt) = 0;
@@ -284,6 +292,8 @@ class MpiComm final : public Comm {
 
  protected:
   void do_all_gather(const void* send, void* recv, int64_t count, DType dt) override;
+  void do_all_gather_strided(const void* send, void* recv, int64_t count, int64_t stride,
+                             DType dt) override;
   void do_reduce_scatter(const void* send, void* recv, int64_t count, DType dt,
                          ReduceOp op) override;
   void do_all_reduce(const void* send, void* recv, int64_t count, DType dt, ReduceOp op) override;
@@ -363,6 +373,8 @@ class ShmComm final : public Comm {
 
  protected:
   void do_all_gather(const void* send, void* recv, int64_t count, DType dt) override;
+  void do_all_gather_strided(const void* send, void* recv, int64_t count, int64_t stride,
+                             DType dt) override;
   void do_reduce_scatter(const void* send, void* recv, int64_t count, DType dt,
                          ReduceOp op) override;
   void do_all_reduce(const void* send, void* recv, int64_t count, DType dt, ReduceOp op) override;
