@@ -404,8 +404,8 @@ void BenchArgs::bind(OptionSet& o) {
 void BenchArgs::validate() {
   if (suites.empty()) suites = {"all"};
   for (const std::string& s : suites)
-    if (s != "train" && s != "comm" && s != "all")
-      usage_fail("unknown benchmark suite '{}'\nhint: train, comm or all", s);
+    if (s != "train" && s != "generate" && s != "comm" && s != "all")
+      usage_fail("unknown benchmark suite '{}'\nhint: train, generate, comm or all", s);
 }
 
 void ModelArgs::bind(OptionSet& o) {

@@ -1,5 +1,5 @@
-// `rlhf bench [train|comm|all]`: benchmarks as JSON lines on stdout (rank 0), each row also in the
-// log as a human-readable line.
+// `rlhf bench [train|generate|comm|all]`: benchmarks as JSON lines on stdout (rank 0), each row
+// also in the log as a human-readable line.
 #include <mpi.h>
 
 #include <fstream>
@@ -7,6 +7,7 @@
 
 #include "app/commands.h"
 #include "app/runtime.h"
+#include "bench/bench_generate.h"
 #include "bench/bench_train.h"
 #include "core/error.h"
 #include "core/log.h"
@@ -48,6 +49,13 @@ int run_bench(const BenchArgs& args) {
     o.seed = static_cast<uint64_t>(args.common.seed);
     LOG0_INFO("bench train: {} threads per rank", threads);
     bench::run_bench_train(o, emit);
+  }
+  if (wants("generate")) {
+    bench::BenchGenerateOptions o;
+    if (!args.model_config.empty()) o.config = io::load_model_config_file(args.model_config);
+    o.seed = static_cast<uint64_t>(args.common.seed);
+    LOG0_INFO("bench generate: {} threads per rank", threads);
+    bench::run_bench_generate(o, emit);
   }
   if (wants("comm")) {
     RLHF_CHECK(false, "`rlhf bench comm` is not built yet");

@@ -470,7 +470,7 @@ std::vector<GenerationResult> Engine::generate(const std::vector<GenerationReque
     const float* logits = decode_step(batch);
     sampled.resize(static_cast<size_t>(B));
     std::exception_ptr error;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(dynamic, 1)
     for (int64_t b = 0; b < B; ++b) {
       try {
         const Seq& s = *batch[size_t(b)];

@@ -124,6 +124,8 @@ const Case kCases[] = {
     {{13, 2}, 3, 3, 5, 1},               // plain multi-head, prime D, one position per block
     {{40, 9, 1}, 6, 3, 8, 40},           // contiguous: one block holds a whole sequence
     {{100}, 2, 1, 16, 16},               // one long sequence, partial last block
+    {{20, 7}, 2, 1, 136, 5},             // D > 128: the portable path in float too
+    {{18, 33}, 4, 2, 128, 16},           // Llama's head_dim, exactly 8 chunks
 };
 
 }  // namespace

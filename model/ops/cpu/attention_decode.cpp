@@ -5,15 +5,185 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "core/error.h"
+#include "model/ops/cpu/avx512_util.h"
 #include "model/ops/cpu/vec_math.h"
 
 namespace rlhf::model {
 
-// Per (b, KV head g), for its G query heads j at once (each cached K/V row is read once per group):
-//   S[j, s] = q_j · K[s] / sqrt(D)                      (positions in order, block by block)
+namespace {
+
+// Where one (b, g) task reads and writes: its G query heads, output rows, block list, length.
+template <typename T>
+struct Group {
+  T* out;      // (G, D), row stride D
+  const T* q;  // (G, D)
+  const T* k;  // k_cache + g·D: position s at k + (table[s / bs]·bs + s % bs)·kv_row
+  const T* v;  // likewise
+  const int32_t* table;
+  int64_t n, G, D, kv_row, bs;
+  T sc;
+};
+
+// e = exp(S − max S) in place for each of the G score rows (length n, stride n); inv[j] = 1/Σ e.
+template <typename T>
+void softmax_rows(T* S, T* inv, int64_t G, int64_t n) {
+  for (int64_t j = 0; j < G; ++j) {
+    T* row = S + j * n;
+    T mx = -std::numeric_limits<T>::infinity();
+#pragma omp simd reduction(max : mx)
+    for (int64_t s = 0; s < n; ++s) mx = row[s] > mx ? row[s] : mx;
+    T z = 0;
+#pragma omp simd reduction(+ : z)
+    for (int64_t s = 0; s < n; ++s) {
+      const T e = exp_vec(row[s] - mx);
+      row[s] = e;
+      z += e;
+    }
+    inv[j] = T(1) / z;
+  }
+}
+
+// Walks positions 0, 1, ... of a block list without a division per position.
+struct RowCursor {
+  const int32_t* table;
+  int64_t bs, kv_row, blk = 0, r = 0;
+  int64_t offset() const { return (int64_t(table[blk]) * bs + r) * kv_row; }
+  void next() {
+    if (++r == bs) r = 0, ++blk;
+  }
+};
+
+// Portable (and double) path: scores by position, softmax, weighted sum of values.
+template <typename T>
+void group_generic(const Group<T>& a, T* S, T* inv) {
+  const int64_t n = a.n, G = a.G, D = a.D;
+  RowCursor cur{a.table, a.bs, a.kv_row};
+  for (int64_t s = 0; s < n; ++s, cur.next()) {
+    const T* kr = a.k + cur.offset();
+    for (int64_t j = 0; j < G; ++j) {
+      const T* qr = a.q + j * D;
+      T dot = 0;
+#pragma omp simd reduction(+ : dot)
+      for (int64_t d = 0; d < D; ++d) dot += qr[d] * kr[d];
+      S[j * n + s] = dot * a.sc;
+    }
+  }
+  softmax_rows(S, inv, G, n);
+  std::fill(a.out, a.out + G * D, T(0));
+  cur = RowCursor{a.table, a.bs, a.kv_row};
+  for (int64_t s = 0; s < n; ++s, cur.next()) {
+    const T* vr = a.v + cur.offset();
+    for (int64_t j = 0; j < G; ++j) {
+      const T p = S[j * n + s];
+      T* o = a.out + j * D;
+#pragma omp simd
+      for (int64_t d = 0; d < D; ++d) o[d] += p * vr[d];
+    }
+  }
+  for (int64_t j = 0; j < G; ++j) {
+    T* o = a.out + j * D;
+#pragma omp simd
+    for (int64_t d = 0; d < D; ++d) o[d] *= inv[j];
+  }
+}
+
+#if defined(__AVX512F__)
+RLHF_AVX512_DIAGNOSTICS_PUSH
+
+// fp32 AVX-512 path for D ≤ 16·NV: a head's D values are NV 16-lane chunks (the last one masked)
+// held in registers. Scores go 16 positions at a time — 16 dot-product accumulators, reduced
+// together by hsum16_f32 into one vector of 16 scores — and the weighted sum of values keeps its
+// NV accumulators in registers. Same formula and order of positions as group_generic.
+template <int NV>
+void group_f32(const Group<float>& a, float* S, float* inv) {
+  const int64_t n = a.n, G = a.G, D = a.D;
+  const __mmask16 tail = first_lanes(D - 16 * (NV - 1));
+  auto load = [tail](const float* p, int c) {
+    return c == NV - 1 ? _mm512_maskz_loadu_ps(tail, p + 16 * c) : _mm512_loadu_ps(p + 16 * c);
+  };
+  const __m512 scale = _mm512_set1_ps(a.sc);
+  RowCursor cur{a.table, a.bs, a.kv_row};
+  for (int64_t s0 = 0; s0 < n; s0 += 16) {
+    const int64_t rows = std::min<int64_t>(16, n - s0);
+    const float* kr[16];
+    for (int64_t i = 0; i < rows; ++i, cur.next()) kr[i] = a.k + cur.offset();
+    for (int64_t j = 0; j < G; ++j) {
+      __m512 qv[NV];
+      for (int c = 0; c < NV; ++c) qv[c] = load(a.q + j * D, c);
+      __m512 acc[16];
+      for (int64_t i = 0; i < 16; ++i) {
+        if (i >= rows) {
+          acc[i] = _mm512_setzero_ps();
+          continue;
+        }
+        __m512 x = _mm512_mul_ps(qv[0], load(kr[i], 0));
+        for (int c = 1; c < NV; ++c) x = _mm512_fmadd_ps(qv[c], load(kr[i], c), x);
+        acc[i] = x;
+      }
+      _mm512_mask_storeu_ps(S + j * n + s0, first_lanes(rows),
+                            _mm512_mul_ps(hsum16_f32(acc), scale));
+    }
+  }
+  softmax_rows(S, inv, G, n);
+  for (int64_t j = 0; j < G; ++j) {
+    const float* p = S + j * n;
+    __m512 acc[NV];
+    for (int c = 0; c < NV; ++c) acc[c] = _mm512_setzero_ps();
+    cur = RowCursor{a.table, a.bs, a.kv_row};
+    for (int64_t s = 0; s < n; ++s, cur.next()) {
+      const float* vr = a.v + cur.offset();
+      const __m512 ps = _mm512_set1_ps(p[s]);
+      for (int c = 0; c < NV; ++c) acc[c] = _mm512_fmadd_ps(ps, load(vr, c), acc[c]);
+    }
+    const __m512 iz = _mm512_set1_ps(inv[j]);
+    float* o = a.out + j * D;
+    for (int c = 0; c < NV; ++c) {
+      const __m512 r = _mm512_mul_ps(acc[c], iz);
+      if (c == NV - 1)
+        _mm512_mask_storeu_ps(o + 16 * c, tail, r);
+      else
+        _mm512_storeu_ps(o + 16 * c, r);
+    }
+  }
+}
+
+// Head dimensions up to 8 16-lane chunks (D ≤ 128) take the AVX-512 path, larger ones the
+// portable one.
+void group_dispatch(const Group<float>& a, float* S, float* inv) {
+  switch ((a.D + 15) / 16) {
+    case 1:
+      return group_f32<1>(a, S, inv);
+    case 2:
+      return group_f32<2>(a, S, inv);
+    case 3:
+      return group_f32<3>(a, S, inv);
+    case 4:
+      return group_f32<4>(a, S, inv);
+    case 5:
+      return group_f32<5>(a, S, inv);
+    case 6:
+      return group_f32<6>(a, S, inv);
+    case 7:
+      return group_f32<7>(a, S, inv);
+    case 8:
+      return group_f32<8>(a, S, inv);
+    default:
+      return group_generic(a, S, inv);
+  }
+}
+
+RLHF_AVX512_DIAGNOSTICS_POP
+#endif
+
+}  // namespace
+
+// Per (b, KV head g), for its G query heads j at once (each cached K/V row is read once per group
+// of 16 positions):
+//   S[j, s] = q_j · K[s] / sqrt(D)                      (positions in order)
 //   e[j, s] = exp(S[j, s] − max_s S[j, ·]),  Z_j = Σ_s e[j, s]
 //   out_j   = (Σ_s e[j, s] · V[s]) / Z_j
 template <typename T>
@@ -54,63 +224,28 @@ void attention_decode_cpu(T* out, const T* q, const T* k_cache, const T* v_cache
 #pragma omp parallel
   {
     T* S = scores.data() + omp_get_thread_num() * scratch;
+    T* inv = S + G * max_n;  // (G) 1 / Z_j
 #pragma omp for schedule(dynamic, 1)
     for (int64_t bg = 0; bg < B * Hkv; ++bg) {
-      const int64_t b = bg / Hkv, g = bg % Hkv, n = seq_lens[b];
-      const int32_t* table = block_table + b * max_blocks;
-      const T* qg = q + (b * H + g * G) * D;  // the group's G query heads, (G, D)
-      // Scores, position by position.
-      for (int64_t s0 = 0; s0 < n; s0 += block_size) {
-        const int64_t rows = std::min(block_size, n - s0);
-        const T* kb = k_cache + int64_t(table[s0 / block_size]) * block_size * kv_row + g * D;
-        for (int64_t r = 0; r < rows; ++r) {
-          const T* kr = kb + r * kv_row;
-          for (int64_t j = 0; j < G; ++j) {
-            const T* qr = qg + j * D;
-            T dot = 0;
-#pragma omp simd reduction(+ : dot)
-            for (int64_t d = 0; d < D; ++d) dot += qr[d] * kr[d];
-            S[j * n + s0 + r] = dot * sc;
-          }
-        }
+      const int64_t b = bg / Hkv, g = bg % Hkv;
+      const Group<T> a{out + (b * H + g * G) * D,
+                       q + (b * H + g * G) * D,
+                       k_cache + g * D,
+                       v_cache + g * D,
+                       block_table + b * max_blocks,
+                       int64_t(seq_lens[b]),
+                       G,
+                       D,
+                       kv_row,
+                       block_size,
+                       sc};
+#if defined(__AVX512F__)
+      if constexpr (std::is_same_v<T, float>) {
+        group_dispatch(a, S, inv);
+        continue;
       }
-      // Softmax numerators and their sums.
-      T* inv = S + G * max_n;  // (G) 1 / Z_j
-      for (int64_t j = 0; j < G; ++j) {
-        T* row = S + j * n;
-        T mx = -std::numeric_limits<T>::infinity();
-#pragma omp simd reduction(max : mx)
-        for (int64_t s = 0; s < n; ++s) mx = row[s] > mx ? row[s] : mx;
-        T z = 0;
-#pragma omp simd reduction(+ : z)
-        for (int64_t s = 0; s < n; ++s) {
-          const T e = exp_vec(row[s] - mx);
-          row[s] = e;
-          z += e;
-        }
-        inv[j] = T(1) / z;
-      }
-      // Weighted sum of values, position by position, then the normalisation.
-      T* og = out + (b * H + g * G) * D;
-      std::fill(og, og + G * D, T(0));
-      for (int64_t s0 = 0; s0 < n; s0 += block_size) {
-        const int64_t rows = std::min(block_size, n - s0);
-        const T* vb = v_cache + int64_t(table[s0 / block_size]) * block_size * kv_row + g * D;
-        for (int64_t r = 0; r < rows; ++r) {
-          const T* vr = vb + r * kv_row;
-          for (int64_t j = 0; j < G; ++j) {
-            const T p = S[j * n + s0 + r];
-            T* o = og + j * D;
-#pragma omp simd
-            for (int64_t d = 0; d < D; ++d) o[d] += p * vr[d];
-          }
-        }
-      }
-      for (int64_t j = 0; j < G; ++j) {
-        T* o = og + j * D;
-#pragma omp simd
-        for (int64_t d = 0; d < D; ++d) o[d] *= inv[j];
-      }
+#endif
+      group_generic(a, S, inv);
     }
   }
 }

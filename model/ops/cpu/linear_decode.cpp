@@ -3,11 +3,8 @@
 #include <algorithm>
 #include <type_traits>
 
-#if defined(__AVX512F__)
-#include <immintrin.h>
-#endif
-
 #include "core/error.h"
+#include "model/ops/cpu/avx512_util.h"
 #include "model/ops/linear.h"
 
 namespace rlhf::model {
@@ -22,33 +19,7 @@ constexpr int64_t kPanelBytes = 24 * 1024;
 constexpr int64_t kParallelMacs = 1 << 16;
 
 #if defined(__AVX512F__)
-// GCC 12's AVX-512 headers initialise "undefined" vectors from themselves (GCC PR 105593, fixed in
-// 13), which -Wuninitialized reports at every inlined call site of a shuffle intrinsic (so the
-// suppression runs to the end of this file, popped there).
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-
-// Sixteen horizontal sums at once: lane j of the result is Σ of the 16 lanes of a[j]. The tree is
-// the same for every input vector — within each 128-bit block (l0 + l2) + (l1 + l3), then blocks
-// (b0 + b1) + (b2 + b3) — so a[j]'s sum does not depend on the other 15 inputs or on j (zero
-// vectors stand in for absent ones). 45 shuffles/adds instead of 16 separate reductions.
-inline __m512 hsum16_f32(const __m512* a) {
-  __m512 p[8], q[4], r[2];
-  for (int i = 0; i < 8; ++i)  // per block: [a0 l0+l2, a1 l0+l2, a0 l1+l3, a1 l1+l3]
-    p[i] = _mm512_add_ps(_mm512_unpacklo_ps(a[2 * i], a[2 * i + 1]),
-                         _mm512_unpackhi_ps(a[2 * i], a[2 * i + 1]));
-  for (int i = 0; i < 4; ++i) {  // per block: [Σ a0, Σ a1, Σ a2, Σ a3] of that block
-    const __m512d x = _mm512_castps_pd(p[2 * i]), y = _mm512_castps_pd(p[2 * i + 1]);
-    q[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)),
-                         _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
-  }
-  for (int i = 0; i < 2; ++i)  // blocks [q0 b0+b1, q0 b2+b3, q1 b0+b1, q1 b2+b3]
-    r[i] = _mm512_add_ps(_mm512_shuffle_f32x4(q[2 * i], q[2 * i + 1], 0x88),
-                         _mm512_shuffle_f32x4(q[2 * i], q[2 * i + 1], 0xDD));
-  return _mm512_add_ps(_mm512_shuffle_f32x4(r[0], r[1], 0x88),
-                       _mm512_shuffle_f32x4(r[0], r[1], 0xDD));
-}
+RLHF_AVX512_DIAGNOSTICS_PUSH
 
 // y[i·ldy + j] = x_i · w_j + b_j for i < MR, j < NR (MR·NR ≤ 16); x and w rows have stride IC.
 // Every accumulator sees the same FMA sequence (16-lane chunks in order, the tail through a zero-
@@ -163,12 +134,13 @@ void linear_decode_cpu(T* y, const T* x, const T* w, const T* b, int64_t M, int6
              M, IC, OC);
   if (M == 0 || OC == 0) return;
   // Weight rows go in panels of a multiple of 4 rows that fit in ~24 KiB (L1 holds the panel plus
-  // 4 input rows). Threads take contiguous ranges of panels (static schedule): each streams its
-  // part of w from memory once.
+  // 4 input rows). Threads take panels one at a time (dynamic schedule): on a machine shared with
+  // other processes a thread that is descheduled does not hold back half of the matrix; the result
+  // does not depend on which thread computes a panel.
   const int64_t panel = std::max<int64_t>(
       kNR, (kPanelBytes / std::max<int64_t>(1, IC * int64_t(sizeof(T)))) / kNR * kNR);
   const int64_t npanels = (OC + panel - 1) / panel;
-#pragma omp parallel for schedule(static) if (M * IC * OC >= kParallelMacs)
+#pragma omp parallel for schedule(dynamic, 1) if (M * IC * OC >= kParallelMacs)
   for (int64_t p = 0; p < npanels; ++p) {
     const int64_t o0 = p * panel, n = std::min(panel, OC - o0);
     const T* bb = b != nullptr ? b + o0 : nullptr;
@@ -202,5 +174,5 @@ template void linear_rows_cpu<double>(double*, const double*, const double*, con
 }  // namespace rlhf::model
 
 #if defined(__AVX512F__)
-#pragma GCC diagnostic pop
+RLHF_AVX512_DIAGNOSTICS_POP
 #endif
