@@ -20,7 +20,7 @@ struct BenchGenerateOptions {
   std::vector<int64_t> batches = {1, 8, 64};  ///< one fixed-length run per batch size
   /// Ragged run: long_requests requests, at most long_batch decoded at once, each with its own
   /// max length drawn uniformly from [long_min_new_tokens, long_new_tokens]; 0 requests = skip.
-  int64_t long_requests = 128;
+  int64_t long_requests = 256;
   int64_t long_batch = 64;
   int64_t long_min_new_tokens = 64;
   int64_t long_new_tokens = 1024;

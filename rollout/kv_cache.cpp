@@ -9,6 +9,8 @@ namespace rlhf::rollout {
 
 KvCache::KvCache(const model::ModelConfig& config, int64_t budget_bytes, int64_t block_size)
     : L_(config.num_hidden_layers),
+      Hkv_(config.num_key_value_heads),
+      D_(config.D()),
       row_elems_(config.num_key_value_heads * config.D()),
       block_size_(block_size) {
   RLHF_CHECK(block_size >= 1, "KV cache: block_size must be >= 1, got {}", block_size);
@@ -56,24 +58,34 @@ void KvCache::write(int64_t layer, const int32_t* blocks, int64_t pos0, int64_t 
                     const float* k_rows, const float* v_rows) {
   float* kl = k(layer);
   float* vl = v(layer);
+  const size_t head_bytes = sizeof(float) * size_t(D_);
   for (int64_t i = 0; i < n; ++i) {
     const int64_t s = pos0 + i;
-    const int64_t off =
-        (int64_t(blocks[s / block_size_]) * block_size_ + s % block_size_) * row_elems_;
-    std::memcpy(kl + off, k_rows + i * row_elems_, sizeof(float) * size_t(row_elems_));
-    std::memcpy(vl + off, v_rows + i * row_elems_, sizeof(float) * size_t(row_elems_));
+    // Head h of position s: block blocks[s / bs], head-major inside the block.
+    const int64_t base =
+        int64_t(blocks[s / block_size_]) * block_size_ * row_elems_ + (s % block_size_) * D_;
+    for (int64_t h = 0; h < Hkv_; ++h) {
+      const int64_t off = base + h * block_size_ * D_;
+      std::memcpy(kl + off, k_rows + i * row_elems_ + h * D_, head_bytes);
+      std::memcpy(vl + off, v_rows + i * row_elems_ + h * D_, head_bytes);
+    }
   }
 }
 
 void KvCache::copy_prefix(const int32_t* src, const int32_t* dst, int64_t n) {
-  const int64_t block_elems = block_size_ * row_elems_;
+  const int64_t block_elems = block_size_ * row_elems_, head_elems = block_size_ * D_;
   for (int64_t l = 0; l < 2 * L_; ++l) {  // K and V of every layer
     float* base = data_.get() + l * layer_elems_;
     for (int64_t s0 = 0; s0 < n; s0 += block_size_) {
       const int64_t rows = std::min(block_size_, n - s0);
-      std::memcpy(base + int64_t(dst[s0 / block_size_]) * block_elems,
-                  base + int64_t(src[s0 / block_size_]) * block_elems,
-                  sizeof(float) * size_t(rows * row_elems_));
+      float* d = base + int64_t(dst[s0 / block_size_]) * block_elems;
+      const float* s = base + int64_t(src[s0 / block_size_]) * block_elems;
+      if (rows == block_size_) {
+        std::memcpy(d, s, sizeof(float) * size_t(block_elems));
+      } else {  // a partial last block: the first `rows` rows of each head
+        for (int64_t h = 0; h < Hkv_; ++h)
+          std::memcpy(d + h * head_elems, s + h * head_elems, sizeof(float) * size_t(rows * D_));
+      }
     }
   }
 }

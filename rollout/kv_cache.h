@@ -12,7 +12,8 @@
 namespace rlhf::rollout {
 
 /// A pool of KV blocks. Block `i` of layer `l` holds positions [0, block_size) of whichever
-/// sequence owns it: K at k(l) + i·block_size·Hkv·D, shape (block_size, Hkv, D), fp32; V alike.
+/// sequence owns it: K at k(l) + i·Hkv·block_size·D, shape (Hkv, block_size, D) — head-major, so
+/// one head's rows of a block are contiguous for attention — fp32; V alike.
 /// A sequence owns a list of blocks (its block table row); position s lives in its block s /
 /// block_size, row s % block_size — the same block ids in every layer.
 ///
@@ -49,7 +50,7 @@ class KvCache {
   /// Returns blocks to the pool. Throws rlhf::Error on an id that is not in use (double free).
   void release(const std::vector<int32_t>& blocks);
 
-  /// K (or V) of layer l: (num_blocks, block_size, Hkv, D).
+  /// K (or V) of layer l: (num_blocks, Hkv, block_size, D) (model::attention_decode_cpu's layout).
   float* k(int64_t layer) { return data_.get() + (2 * layer) * layer_elems_; }
   float* v(int64_t layer) { return data_.get() + (2 * layer + 1) * layer_elems_; }
   const float* k(int64_t layer) const { return data_.get() + (2 * layer) * layer_elems_; }
@@ -64,9 +65,9 @@ class KvCache {
   void copy_prefix(const int32_t* src, const int32_t* dst, int64_t n);
 
  private:
-  int64_t L_, row_elems_;  // layers, Hkv·D
+  int64_t L_, Hkv_, D_, row_elems_;  // layers, KV heads, head_dim, Hkv·D
   int64_t block_size_, num_blocks_, layer_elems_, bytes_per_token_;
-  std::unique_ptr<float[]> data_;  // (L, 2, num_blocks, block_size, Hkv, D), uninitialised
+  std::unique_ptr<float[]> data_;  // (L, 2, num_blocks, Hkv, block_size, D), uninitialised
   std::vector<int32_t> free_;      // stack of free ids; back() is handed out next
   std::vector<uint8_t> in_use_;
   int64_t peak_used_ = 0;

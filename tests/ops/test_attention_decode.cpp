@@ -41,8 +41,9 @@ struct Case {
   }
 };
 
-// A batch laid out both ways: whole sequences (for attention_forward_cpu) and a paged cache with
-// block ids handed out in a shuffled order. Unused cache rows hold NaN: reading one would show.
+// A batch laid out both ways: whole sequences (for attention_forward_cpu) and a paged cache of
+// head-major blocks (num_blocks, Hkv, block_size, D) with block ids handed out in a shuffled order.
+// Unused cache rows hold NaN: reading one would show.
 template <typename T>
 struct Batch {
   int64_t B, H, Hkv, D, bs, max_blocks, num_blocks;
@@ -72,11 +73,13 @@ struct Batch {
       v.push_back(test::random_vec<T>(n * Hkv * D, seed + 10 * b + 3));
       for (int64_t i = 0; i < (n + bs - 1) / bs; ++i)
         table[size_t(b * max_blocks + i)] = ids[next++];
-      for (int64_t s = 0; s < n; ++s) {
+      for (int64_t s = 0; s < n; ++s) {  // head-major blocks: (Hkv, bs, D)
         const int64_t blk = table[size_t(b * max_blocks + s / bs)];
-        const size_t dst = size_t((blk * bs + s % bs) * Hkv * D);
-        std::copy_n(k.back().begin() + s * Hkv * D, Hkv * D, k_cache.begin() + dst);
-        std::copy_n(v.back().begin() + s * Hkv * D, Hkv * D, v_cache.begin() + dst);
+        for (int64_t g = 0; g < Hkv; ++g) {
+          const size_t dst = size_t(((blk * Hkv + g) * bs + s % bs) * D);
+          std::copy_n(k.back().begin() + (s * Hkv + g) * D, D, k_cache.begin() + dst);
+          std::copy_n(v.back().begin() + (s * Hkv + g) * D, D, v_cache.begin() + dst);
+        }
       }
     }
   }

@@ -22,15 +22,13 @@ model::ModelConfig small_config() {
   return c;
 }
 
-// Element (layer, K or V, position s, j) of a sequence with block list `blocks`.
+// Element (layer, K or V, position s, j) of a sequence with block list `blocks`, j = h·D + d:
+// head-major blocks (Hkv, block_size, D), D = 6.
 float at(const rollout::KvCache& kv, int64_t layer, bool is_v, const std::vector<int32_t>& blocks,
          int64_t s, int64_t j) {
-  const int64_t row = 12;
+  const int64_t D = 6, Hkv = 2, bs = kv.block_size();
   const float* base = is_v ? kv.v(layer) : kv.k(layer);
-  return base[(int64_t(blocks[size_t(s / kv.block_size())]) * kv.block_size() +
-               s % kv.block_size()) *
-                  row +
-              j];
+  return base[((int64_t(blocks[size_t(s / bs)]) * Hkv + j / D) * bs + s % bs) * D + j % D];
 }
 
 }  // namespace

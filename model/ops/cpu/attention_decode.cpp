@@ -21,10 +21,10 @@ template <typename T>
 struct Group {
   T* out;      // (G, D), row stride D
   const T* q;  // (G, D)
-  const T* k;  // k_cache + g·D: position s at k + (table[s / bs]·bs + s % bs)·kv_row
+  const T* k;  // k_cache + g·bs·D: position s at k + (table[s / bs]·Hkv·bs + s % bs)·D
   const T* v;  // likewise
   const int32_t* table;
-  int64_t n, G, D, kv_row, bs;
+  int64_t n, G, D, block_stride, bs;  // block_stride = Hkv·bs·D
   T sc;
 };
 
@@ -50,8 +50,8 @@ void softmax_rows(T* S, T* inv, int64_t G, int64_t n) {
 // Walks positions 0, 1, ... of a block list without a division per position.
 struct RowCursor {
   const int32_t* table;
-  int64_t bs, kv_row, blk = 0, r = 0;
-  int64_t offset() const { return (int64_t(table[blk]) * bs + r) * kv_row; }
+  int64_t bs, block_stride, D, blk = 0, r = 0;
+  int64_t offset() const { return int64_t(table[blk]) * block_stride + r * D; }
   void next() {
     if (++r == bs) r = 0, ++blk;
   }
@@ -61,7 +61,7 @@ struct RowCursor {
 template <typename T>
 void group_generic(const Group<T>& a, T* S, T* inv) {
   const int64_t n = a.n, G = a.G, D = a.D;
-  RowCursor cur{a.table, a.bs, a.kv_row};
+  RowCursor cur{a.table, a.bs, a.block_stride, a.D};
   for (int64_t s = 0; s < n; ++s, cur.next()) {
     const T* kr = a.k + cur.offset();
     for (int64_t j = 0; j < G; ++j) {
@@ -74,7 +74,7 @@ void group_generic(const Group<T>& a, T* S, T* inv) {
   }
   softmax_rows(S, inv, G, n);
   std::fill(a.out, a.out + G * D, T(0));
-  cur = RowCursor{a.table, a.bs, a.kv_row};
+  cur = RowCursor{a.table, a.bs, a.block_stride, a.D};
   for (int64_t s = 0; s < n; ++s, cur.next()) {
     const T* vr = a.v + cur.offset();
     for (int64_t j = 0; j < G; ++j) {
@@ -106,11 +106,24 @@ void group_f32(const Group<float>& a, float* S, float* inv) {
     return c == NV - 1 ? _mm512_maskz_loadu_ps(tail, p + 16 * c) : _mm512_loadu_ps(p + 16 * c);
   };
   const __m512 scale = _mm512_set1_ps(a.sc);
-  RowCursor cur{a.table, a.bs, a.kv_row};
+  // One head's rows of a block are contiguous (bs·D floats), but blocks are scattered: prefetch
+  // block i + 1 when block i starts, so the hardware prefetcher's ramp-up is not paid per block.
+  const int64_t nblk = (n + a.bs - 1) / a.bs, span = a.bs * D;
+  auto prefetch_block = [&](const float* base, int64_t i) {
+    if (i >= nblk) return;
+    const char* p = reinterpret_cast<const char*>(base + int64_t(a.table[i]) * a.block_stride);
+    for (int64_t off = 0; off < span * int64_t(sizeof(float)); off += 64)
+      _mm_prefetch(p + off, _MM_HINT_T0);
+  };
+  prefetch_block(a.k, 0);
+  RowCursor cur{a.table, a.bs, a.block_stride, a.D};
   for (int64_t s0 = 0; s0 < n; s0 += 16) {
     const int64_t rows = std::min<int64_t>(16, n - s0);
     const float* kr[16];
-    for (int64_t i = 0; i < rows; ++i, cur.next()) kr[i] = a.k + cur.offset();
+    for (int64_t i = 0; i < rows; ++i, cur.next()) {
+      if (cur.r == 0) prefetch_block(a.k, cur.blk + 1);
+      kr[i] = a.k + cur.offset();
+    }
     for (int64_t j = 0; j < G; ++j) {
       __m512 qv[NV];
       for (int c = 0; c < NV; ++c) qv[c] = load(a.q + j * D, c);
@@ -128,13 +141,15 @@ void group_f32(const Group<float>& a, float* S, float* inv) {
                             _mm512_mul_ps(hsum16_f32(acc), scale));
     }
   }
+  prefetch_block(a.v, 0);
   softmax_rows(S, inv, G, n);
   for (int64_t j = 0; j < G; ++j) {
     const float* p = S + j * n;
     __m512 acc[NV];
     for (int c = 0; c < NV; ++c) acc[c] = _mm512_setzero_ps();
-    cur = RowCursor{a.table, a.bs, a.kv_row};
+    cur = RowCursor{a.table, a.bs, a.block_stride, a.D};
     for (int64_t s = 0; s < n; ++s, cur.next()) {
+      if (cur.r == 0 && j == 0) prefetch_block(a.v, cur.blk + 1);
       const float* vr = a.v + cur.offset();
       const __m512 ps = _mm512_set1_ps(p[s]);
       for (int c = 0; c < NV; ++c) acc[c] = _mm512_fmadd_ps(ps, load(vr, c), acc[c]);
@@ -217,7 +232,7 @@ void attention_decode_cpu(T* out, const T* q, const T* k_cache, const T* v_cache
     max_n = std::max(max_n, n);
   }
   const int64_t G = H / Hkv;
-  const int64_t kv_row = Hkv * D;  // elements between consecutive positions of one block
+  const int64_t block_stride = Hkv * block_size * D;  // elements of one block
   const T sc = T(1) / std::sqrt(static_cast<T>(D));
   const int64_t scratch = G * max_n + G;  // per thread: scores (G, n) and 1/Z (G)
   std::vector<T> scores(static_cast<size_t>(omp_get_max_threads() * scratch));
@@ -230,13 +245,13 @@ void attention_decode_cpu(T* out, const T* q, const T* k_cache, const T* v_cache
       const int64_t b = bg / Hkv, g = bg % Hkv;
       const Group<T> a{out + (b * H + g * G) * D,
                        q + (b * H + g * G) * D,
-                       k_cache + g * D,
-                       v_cache + g * D,
+                       k_cache + g * block_size * D,
+                       v_cache + g * block_size * D,
                        block_table + b * max_blocks,
                        int64_t(seq_lens[b]),
                        G,
                        D,
-                       kv_row,
+                       block_stride,
                        block_size,
                        sc};
 #if defined(__AVX512F__)
