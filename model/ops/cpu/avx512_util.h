@@ -23,14 +23,17 @@ namespace rlhf::model {
 /// vectors stand in for absent ones). 45 shuffles/adds instead of 16 separate reductions.
 inline __m512 hsum16_f32(const __m512* a) {
   __m512 p[8], q[4], r[2];
+#pragma GCC unroll 16
   for (int i = 0; i < 8; ++i)  // per block: [a0 l0+l2, a1 l0+l2, a0 l1+l3, a1 l1+l3]
     p[i] = _mm512_add_ps(_mm512_unpacklo_ps(a[2 * i], a[2 * i + 1]),
                          _mm512_unpackhi_ps(a[2 * i], a[2 * i + 1]));
+#pragma GCC unroll 16
   for (int i = 0; i < 4; ++i) {  // per block: [Σ a0, Σ a1, Σ a2, Σ a3] of that block
     const __m512d x = _mm512_castps_pd(p[2 * i]), y = _mm512_castps_pd(p[2 * i + 1]);
     q[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)),
                          _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
   }
+#pragma GCC unroll 16
   for (int i = 0; i < 2; ++i)  // blocks [q0 b0+b1, q0 b2+b3, q1 b0+b1, q1 b2+b3]
     r[i] = _mm512_add_ps(_mm512_shuffle_f32x4(q[2 * i], q[2 * i + 1], 0x88),
                          _mm512_shuffle_f32x4(q[2 * i], q[2 * i + 1], 0xDD));

@@ -29,28 +29,37 @@ inline void block_f32(float* y, int64_t ldy, const float* x, const float* w, con
                       int64_t IC) {
   static_assert(MR * NR <= 16);
   __m512 acc[16];
+#pragma GCC unroll 16
   for (int i = 0; i < 16; ++i) acc[i] = _mm512_setzero_ps();
   int64_t k = 0;
   for (; k + 16 <= IC; k += 16) {
     __m512 wv[NR];
+#pragma GCC unroll 16
     for (int j = 0; j < NR; ++j) wv[j] = _mm512_loadu_ps(w + j * IC + k);
+#pragma GCC unroll 16
     for (int i = 0; i < MR; ++i) {
       const __m512 xv = _mm512_loadu_ps(x + i * IC + k);
+#pragma GCC unroll 16
       for (int j = 0; j < NR; ++j) acc[i * NR + j] = _mm512_fmadd_ps(xv, wv[j], acc[i * NR + j]);
     }
   }
   if (k < IC) {
     const __mmask16 m = static_cast<__mmask16>((1u << (IC - k)) - 1u);
     __m512 wv[NR];
+#pragma GCC unroll 16
     for (int j = 0; j < NR; ++j) wv[j] = _mm512_maskz_loadu_ps(m, w + j * IC + k);
+#pragma GCC unroll 16
     for (int i = 0; i < MR; ++i) {
       const __m512 xv = _mm512_maskz_loadu_ps(m, x + i * IC + k);
+#pragma GCC unroll 16
       for (int j = 0; j < NR; ++j) acc[i * NR + j] = _mm512_fmadd_ps(xv, wv[j], acc[i * NR + j]);
     }
   }
   alignas(64) float sums[16];
   _mm512_store_ps(sums, hsum16_f32(acc));
+#pragma GCC unroll 16
   for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 16
     for (int j = 0; j < NR; ++j) y[i * ldy + j] = sums[i * NR + j] + (b != nullptr ? b[j] : 0.0f);
 }
 
