@@ -388,6 +388,16 @@ std::vector<GenerationResult> Engine::generate(const std::vector<GenerationReque
     results[size_t(i)].resize(static_cast<size_t>(requests[size_t(i)].n_samples));
   std::vector<std::unique_ptr<Seq>> active;
   int64_t samples_done = 0;
+  // If anything throws mid-way, the running sequences' blocks go back to the pool, so the engine
+  // stays usable for the next call.
+  struct ReleaseOnExit {
+    KvCache& cache;
+    std::vector<std::unique_ptr<Seq>>& seqs;
+    ~ReleaseOnExit() {
+      for (auto& s : seqs)
+        if (s && !s->blocks.empty()) cache.release(s->blocks);
+    }
+  } release_on_exit{*cache_, active};
 
   // Appends a sampled token; true when the sample is finished (its blocks are then released and
   // its result stored).
@@ -429,6 +439,7 @@ std::vector<GenerationResult> Engine::generate(const std::vector<GenerationReque
       waiting = false;
       const auto t_prefill = Clock::now();
       std::vector<std::unique_ptr<Seq>> group;
+      const ReleaseOnExit group_guard{*cache_, group};  // until each is active or finished
       for (int64_t j = 0; j < want; ++j) {
         auto s = std::make_unique<Seq>();
         const bool allocated = cache_->allocate(per, s->blocks);

@@ -392,3 +392,22 @@ TEST_CASE("unit buffers are the weights the engine reads, and it has no gradient
   CHECK(b->generate({r})[0].tokens == ta);
   CHECK_THROWS_AS(a->provider().acquire_grads(0), Error);
 }
+
+TEST_CASE("an error mid-generation leaves the KV cache empty and the engine usable") {
+  const auto cfg = tiny(false, model::RopeStyle::kRotateHalf, true);
+  auto engine = make_engine(cfg);
+  GenerationRequest r;
+  r.prompt = prompt_of(6, 1);
+  r.max_new_tokens = 8;
+  r.n_samples = 3;
+  const auto good = engine->generate({r})[0].tokens;
+  // NaN in the final norm: every logit is NaN, sampling throws on the first token.
+  const int hu = engine->layout().head_unit();
+  float* norm = engine->unit_buffer(hu) + engine->layout().unit(hu).at("model.norm.weight").offset;
+  const float saved = norm[0];
+  norm[0] = NAN;
+  CHECK_THROWS_WITH_AS(engine->generate({r, r}), doctest::Contains("not finite"), Error);
+  CHECK(engine->kv_cache().used_blocks() == 0);
+  norm[0] = saved;
+  CHECK(engine->generate({r})[0].tokens == good);
+}
