@@ -251,11 +251,28 @@ struct PpoArgs {
   void bind(OptionSet& o) { common.bind(o); }
   void validate() {}
 };
-/// `rlhf generate` (not implemented yet).
+/// `rlhf generate`: sample completions of JSONL prompts from a checkpoint (OpenRLHF flag names).
+/// Continuous batching replaces a micro-batch size: every prompt is queued at once and the engine
+/// decodes as many sequences together as --gen_kv_cache_mb and --gen_max_num_seqs allow.
 struct GenerateArgs {
   CommonArgs common;
-  void bind(OptionSet& o) { common.bind(o); }
-  void validate() {}
+  std::string pretrain;              ///< --pretrain: HDF5 checkpoint (a directory: <dir>/model.h5)
+  std::string dataset;               ///< --dataset: prompts, JSONL (required)
+  std::string input_key = "input";   ///< --input_key: JSON key of the prompt text
+  std::string output_path;           ///< --output_path: completions, JSONL (required)
+  int64_t max_samples = 100000000;   ///< --max_samples: use at most this many prompts
+  int64_t generate_max_len = 1024;   ///< --generate_max_len: max new tokens per sample
+  double temperature = 1.0;          ///< --temperature: 0 = greedy
+  double top_p = 1.0;                ///< --top_p: nucleus sampling, 1 = off
+  int64_t top_k = -1;                ///< --top_k: -1 = off
+  bool greedy = false;               ///< --greedy: argmax decoding
+  int64_t n_samples_per_prompt = 1;  ///< --n_samples_per_prompt: completions per prompt
+  int64_t gen_kv_cache_mb = 1024;    ///< --gen_kv_cache_mb: KV cache budget per engine (MiB)
+  int64_t gen_max_num_seqs = 256;    ///< --gen_max_num_seqs: most sequences decoded at once
+  ParallelArgs parallel;             ///< --threads (placement flags for the topology to come)
+
+  void bind(OptionSet& o);
+  void validate();
 };
 /// `rlhf export` (not implemented yet).
 struct ExportArgs {

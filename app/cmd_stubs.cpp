@@ -12,10 +12,6 @@ int run_ppo(const PpoArgs&) {
   RLHF_FAIL("`rlhf ppo` is not implemented yet");
 }
 
-int run_generate(const GenerateArgs&) {
-  RLHF_FAIL("`rlhf generate` is not implemented yet");
-}
-
 int run_export(const ExportArgs&) {
   RLHF_FAIL("`rlhf export` is not implemented yet");
 }
