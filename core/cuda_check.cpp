@@ -70,7 +70,12 @@ std::string cudnn_error_string(int status) {
 
 std::string nccl_error_string(int status) {
 #ifdef RLHF_NCCL
-  return fmt::format("{} ({})", ncclGetErrorString(static_cast<ncclResult_t>(status)), status);
+  static const char* const kNames[] = {
+      "ncclSuccess",         "ncclUnhandledCudaError", "ncclSystemError", "ncclInternalError",
+      "ncclInvalidArgument", "ncclInvalidUsage",       "ncclRemoteError", "ncclInProgress"};
+  const char* name = status >= 0 && status < 8 ? kNames[status] : "ncclResult";
+  return fmt::format("{}: {} ({})", name, ncclGetErrorString(static_cast<ncclResult_t>(status)),
+                     status);
 #else
   return fmt::format("status {}", status);
 #endif
