@@ -17,6 +17,7 @@
 
 using namespace rlhf;
 
+#ifdef RLHF_CUDA
 namespace {
 
 // The message of the rlhf::Error thrown by f (empty if none).
@@ -35,6 +36,7 @@ bool contains(const std::string& s, const std::string& part) {
 }
 
 }  // namespace
+#endif
 
 TEST_CASE("cuda_device_count and the device summary never throw") {
   const int n = cuda_device_count();
