@@ -116,6 +116,8 @@ int64_t compare_with_mpi(NcclComm& nc, MpiComm& mc, int64_t count, bool nonblock
     std::vector<T> own(static_cast<size_t>(n * count), T(0));
     std::copy(send.begin(), send.end(), own.begin() + me * count);
     DeviceBuffer<T> d_inplace(own);
+    mc.all_gather(own.data() + me * count, own.data(), count);  // MPI in place too (same calls)
+    wrong += mismatches(own, ref);
     if (nonblocking) {
       finish(nc.iall_gather(d_inplace.get() + me * count, d_inplace.get(), count));
     } else {
@@ -141,6 +143,9 @@ int64_t compare_with_mpi(NcclComm& nc, MpiComm& mc, int64_t count, bool nonblock
     std::vector<T> ref_ar(static_cast<size_t>(count));
     mc.all_reduce(in.data(), ref_ar.data(), count, op);
     DeviceBuffer<T> d_in(in), d_out(count), d_inplace(in);
+    auto in_host = in;
+    mc.all_reduce(in_host.data(), in_host.data(), count, op);  // MPI in place too (same calls)
+    wrong += mismatches(in_host, ref_ar);
     if (nonblocking) {
       finish(nc.iall_reduce(d_in.get(), d_out.get(), count, dtype_of<T>(), op));
       finish(nc.iall_reduce(d_inplace.get(), d_inplace.get(), count, dtype_of<T>(), op));
