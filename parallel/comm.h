@@ -1,5 +1,5 @@
 // The communicator layer: one abstract interface (Comm) for the collectives that ZeRO-3, weight
-// sync and the benchmarks use, with two CPU implementations:
+// sync and the benchmarks use, with these implementations:
 //  - MpiComm: MPI collectives on a duplicate of an MPI communicator (MPI_Allgather,
 //    MPI_Reduce_scatter_block, MPI_Allreduce, MPI_Bcast and their MPI_I* forms);
 //  - ShmComm: for communicators whose ranks all live on one node, staged through an MPI-3 shared
@@ -9,9 +9,10 @@
 // make_comm() picks one.
 //
 // Contract common to every collective: called by every rank of the communicator, in the same order,
-// with the same count, dtype, op and root; buffers are host memory; `count` is in elements (>= 0;
-// 0 is a no-op that still counts as a call). Every call is accounted to its communicator (calls,
-// bytes, seconds; see CommStats). Errors throw rlhf::Error (MPI_CHECK / RLHF_CHECK).
+// with the same count, dtype, op and root; buffers are host memory (device memory for NcclComm);
+// `count` is in elements (>= 0; 0 is a no-op that still counts as a call). Every call is accounted
+// to its communicator (calls, bytes, seconds; see CommStats). Errors throw rlhf::Error (MPI_CHECK /
+// RLHF_CHECK).
 #pragma once
 
 #include <mpi.h>

@@ -118,11 +118,14 @@ NcclComm::NcclComm(MPI_Comm comm, std::string name, const NcclCommOptions& opts)
     release_resources(false);
     throw;
   }
-  {
-    std::lock_guard<std::mutex> lock(registry_mutex());
-    registry().insert(this);
+  try {
+    wd_thread_ = std::thread([this] { watchdog_loop(); });
+  } catch (...) {  // std::system_error: no thread, so no communicator either
+    release_resources(false);
+    throw;
   }
-  wd_thread_ = std::thread([this] { watchdog_loop(); });
+  std::lock_guard<std::mutex> lock(registry_mutex());
+  registry().insert(this);
 }
 
 NcclComm::~NcclComm() {
