@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "parallel/comm_nccl.h"
 #include "parallel/mpi_check.h"
 
 namespace rlhf::parallel {
@@ -147,6 +148,8 @@ const char* comm_kind_name(CommKind kind) {
       return "mpi";
     case CommKind::kShm:
       return "shm";
+    case CommKind::kNccl:
+      return "nccl";
   }
   return "?";
 }
@@ -457,8 +460,22 @@ bool is_node_local(MPI_Comm comm) {
 }
 
 std::unique_ptr<Comm> make_comm(MPI_Comm comm, const std::string& name, CommKind kind,
-                                const ShmCommOptions& opts) {
+                                const ShmCommOptions& opts, double nccl_timeout_s) {
   if (comm == MPI_COMM_NULL) return nullptr;
+  if (kind == CommKind::kNccl) {
+#ifdef RLHF_NCCL
+    NcclCommOptions nccl_opts;
+    nccl_opts.timeout_s = nccl_timeout_s;
+    return std::make_unique<NcclComm>(comm, name, nccl_opts);
+#else
+    (void)nccl_timeout_s;
+    RLHF_FAIL(
+        "{}: an NCCL communicator was requested, but this build has no NCCL\nhint: rebuild where "
+        "CUDA and NCCL are found (cmake -DRLHF_CUDA=ON -DRLHF_NCCL=ON), or use the mpi or shm "
+        "backend",
+        name);
+#endif
+  }
   if (kind == CommKind::kAuto) {
     if (const char* env = std::getenv("RLHF_COMM_KIND"); env != nullptr && *env != '\0') {
       std::string v = env;
