@@ -408,8 +408,8 @@ void BenchArgs::bind(OptionSet& o) {
 void BenchArgs::validate() {
   if (suites.empty()) suites = {"all"};
   for (const std::string& s : suites)
-    if (s != "train" && s != "comm" && s != "all")
-      usage_fail("unknown benchmark suite '{}'\nhint: train, comm or all", s);
+    if (s != "train" && s != "generate" && s != "comm" && s != "all")
+      usage_fail("unknown benchmark suite '{}'\nhint: train, generate, comm or all", s);
 }
 
 void ModelArgs::bind(OptionSet& o) {
@@ -534,6 +534,60 @@ void SftArgs::validate() {
   if (common.log_dir.empty())
     common.log_dir = (std::filesystem::path(ckpt.save_path) / "logs").string();
 }
+
+void RmArgs::bind(OptionSet& o) {
+  common.bind(o);
+  model.bind(o);
+  o.add("dataset", dataset, "Preference pairs (JSONL)").required();
+  o.add("chosen_key", chosen_key, "JSON key of the preferred response (or transcript)");
+  o.add("rejected_key", rejected_key, "JSON key of the rejected response (or transcript)");
+  o.add("prompt_key", prompt_key, "JSON key of the prompt (\"\" = the texts are transcripts)");
+  o.add("max_len", max_len, "Max tokens per side (longer sides are cut, EOS kept)").check(ge(3));
+  o.add("max_samples", max_samples, "Use at most this many pairs").check(ge(1));
+  loop.bind(o);
+  optim.bind(o);
+  zero.bind(o);
+  parallel.bind(o);
+  ckpt.bind(o);
+}
+
+void RmArgs::validate() {
+  model.validate();
+  if (common.log_dir.empty())
+    common.log_dir = (std::filesystem::path(ckpt.save_path) / "logs").string();
+}
+
+// -------------------------------------------------------------------------------------------------
+// rlhf generate
+
+void GenerateArgs::bind(OptionSet& o) {
+  common.bind(o);
+  o.add("pretrain", pretrain,
+        "Model to sample from: rlhf HDF5 checkpoint, Hugging Face folder, llama2.c .bin or GGUF "
+        "file")
+      .required();
+  o.add("tokenizer", tokenizer,
+        "Tokenizer file or folder when the model has none (\"\" = the model's own, else bytes)");
+  o.add("dataset", dataset, "Prompts: JSONL, one object per line").required();
+  o.add("input_key", input_key, "JSON key of the prompt text");
+  o.add("output_path", output_path, "Completions out: JSONL, one object per sample").required();
+  o.add("max_samples", max_samples, "Use at most this many prompts").check(ge(1));
+  o.add("generate_max_len", generate_max_len, "Max new tokens per sample").check(ge(1));
+  o.add("temperature", temperature, "Sampling temperature (0 = greedy)").check(ge(0));
+  o.add("top_p", top_p, "Nucleus sampling: smallest set with probability >= top_p (1 = off)")
+      .check(gt(0))
+      .check(le(1));
+  o.add("top_k", top_k, "Sample from the k most likely tokens (-1 = off)").check(ge(-1));
+  o.add("greedy", greedy, "Greedy decoding (argmax)");
+  o.add("n_samples_per_prompt", n_samples_per_prompt, "Completions per prompt").check(ge(1));
+  o.add("gen_kv_cache_mb", gen_kv_cache_mb, "KV cache budget of a generation engine (MiB)")
+      .check(ge(1));
+  o.add("gen_max_num_seqs", gen_max_num_seqs, "Most sequences a generation engine decodes at once")
+      .check(ge(1));
+  parallel.bind(o);
+}
+
+void GenerateArgs::validate() {}
 
 // -------------------------------------------------------------------------------------------------
 // Parsing

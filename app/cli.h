@@ -225,11 +225,24 @@ struct SftArgs {
   void validate();
 };
 
-/// `rlhf rm` (not implemented yet: options to come).
+/// `rlhf rm`: reward-model training on preference pairs (Bradley–Terry).
 struct RmArgs {
   CommonArgs common;
-  void bind(OptionSet& o) { common.bind(o); }
-  void validate() {}
+  ModelArgs model;
+  std::string dataset;                    ///< --dataset: JSONL of preference pairs (required)
+  std::string chosen_key = "chosen";      ///< --chosen_key
+  std::string rejected_key = "rejected";  ///< --rejected_key
+  std::string prompt_key;                 ///< --prompt_key: "" = chosen/rejected are full texts
+  int64_t max_len = 512;                  ///< --max_len: tokens per side
+  int64_t max_samples = 100000000;        ///< --max_samples
+  TrainLoopArgs loop;
+  OptimArgs optim;
+  ZeroArgs zero;
+  ParallelArgs parallel;
+  CheckpointArgs ckpt;
+
+  void bind(OptionSet& o);
+  void validate();
 };
 /// `rlhf grpo` (not implemented yet).
 struct GrpoArgs {
@@ -243,11 +256,29 @@ struct PpoArgs {
   void bind(OptionSet& o) { common.bind(o); }
   void validate() {}
 };
-/// `rlhf generate` (not implemented yet).
+/// `rlhf generate`: sample completions of JSONL prompts from a checkpoint (OpenRLHF flag names).
+/// Continuous batching replaces a micro-batch size: every prompt is queued at once and the engine
+/// decodes as many sequences together as --gen_kv_cache_mb and --gen_max_num_seqs allow.
 struct GenerateArgs {
   CommonArgs common;
-  void bind(OptionSet& o) { common.bind(o); }
-  void validate() {}
+  std::string pretrain;              ///< --pretrain: any format ModelArgs::pretrain takes
+  std::string tokenizer;             ///< --tokenizer: as ModelArgs::tokenizer
+  std::string dataset;               ///< --dataset: prompts, JSONL (required)
+  std::string input_key = "input";   ///< --input_key: JSON key of the prompt text
+  std::string output_path;           ///< --output_path: completions, JSONL (required)
+  int64_t max_samples = 100000000;   ///< --max_samples: use at most this many prompts
+  int64_t generate_max_len = 1024;   ///< --generate_max_len: max new tokens per sample
+  double temperature = 1.0;          ///< --temperature: 0 = greedy
+  double top_p = 1.0;                ///< --top_p: nucleus sampling, 1 = off
+  int64_t top_k = -1;                ///< --top_k: -1 = off
+  bool greedy = false;               ///< --greedy: argmax decoding
+  int64_t n_samples_per_prompt = 1;  ///< --n_samples_per_prompt: completions per prompt
+  int64_t gen_kv_cache_mb = 1024;    ///< --gen_kv_cache_mb: KV cache budget per engine (MiB)
+  int64_t gen_max_num_seqs = 256;    ///< --gen_max_num_seqs: most sequences decoded at once
+  ParallelArgs parallel;             ///< --threads (placement flags for the topology to come)
+
+  void bind(OptionSet& o);
+  void validate();
 };
 /// `rlhf export`: any supported model → a Hugging Face folder (safetensors), our HDF5 checkpoint,
 /// or a GGUF file.

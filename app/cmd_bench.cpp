@@ -1,5 +1,5 @@
-// `rlhf bench [train|comm|all]`: benchmarks as JSON lines on stdout (rank 0), with a
-// human-readable line per row in the log.
+// `rlhf bench [train|generate|comm|all]`: benchmarks as JSON lines on stdout (rank 0), each row
+// also in the log as a human-readable line.
 #include <mpi.h>
 
 #include <fstream>
@@ -8,6 +8,7 @@
 #include "app/commands.h"
 #include "app/runtime.h"
 #include "bench/bench_comm.h"
+#include "bench/bench_generate.h"
 #include "bench/bench_train.h"
 #include "core/error.h"
 #include "core/log.h"
@@ -78,6 +79,13 @@ int run_bench(const BenchArgs& args) {
             row["gflops_per_s_per_rank"].get<double>(), row["ratio_to_sgemm"].get<double>(),
             row["sgemm_gflops_per_s"].get<double>());
     });
+  }
+  if (wants("generate")) {
+    bench::BenchGenerateOptions o;
+    if (!args.model_config.empty()) o.config = io::load_model_config_file(args.model_config);
+    o.seed = static_cast<uint64_t>(args.common.seed);
+    LOG0_INFO("bench generate: {} threads per rank", threads);
+    bench::run_bench_generate(o, emit);
   }
   return 0;
 }

@@ -90,12 +90,7 @@ int run_sft(const SftArgs& args) {
   if (args.loop.max_steps > 0) total_steps = std::min(total_steps, args.loop.max_steps);
   const optim::LrSchedule sched = optim::LrSchedule::openrlhf(
       args.optim.lr_scheduler, args.optim.learning_rate, total_steps, args.optim.lr_warmup_ratio);
-  optim::AdamWConfig adam;
-  adam.lr = args.optim.learning_rate;
-  adam.beta1 = args.optim.adam_betas[0];
-  adam.beta2 = args.optim.adam_betas[1];
-  adam.weight_decay = args.optim.l2;
-  adam.validate("--adam_betas/--l2");
+  const optim::AdamWConfig adam = make_adamw(args.optim, args.optim.learning_rate);
 
   LOG0_INFO("model: {} | {} parameters | {} layers, hidden {}, heads {}/{} | {}", cfg.model_type,
             layout.num_parameters(), cfg.num_hidden_layers, cfg.hidden_size,
@@ -112,26 +107,19 @@ int run_sft(const SftArgs& args) {
 
   // --- loop
   const auto t_start = Clock::now();
-  std::vector<int64_t> order(static_cast<size_t>(n_samples));
+  EpochOrder order(n_samples, static_cast<uint64_t>(args.common.seed));
   std::vector<float> lp, dlp;
-  int64_t epoch = -1;
+  int64_t epoch = 0;
   for (int64_t step = 0; step < total_steps; ++step) {
     const auto t_step = Clock::now();
     parallel::maybe_inject_failure("sft_step", rank);
     const parallel::CommStats comm_before = comm.stats();
-    if (step / steps_per_epoch != epoch) {
-      epoch = step / steps_per_epoch;
-      std::iota(order.begin(), order.end(), 0);
-      std::mt19937_64 rng(static_cast<uint64_t>(args.common.seed) * 1000003ull +
-                          static_cast<uint64_t>(epoch));
-      std::shuffle(order.begin(), order.end(), rng);
-    }
+    epoch = step / steps_per_epoch;
     // This rank's slice of the global batch, then its micro-batches.
-    const int64_t base = (step % steps_per_epoch) * TB + rank * (TB / world);
+    const int64_t base = epoch * n_samples + (step % steps_per_epoch) * TB + rank * (TB / world);
     double local_loss_tokens = 0;
     for (int64_t i = 0; i < TB / world; ++i)
-      local_loss_tokens +=
-          double(io::sft_loss_tokens(data.samples[size_t(order[size_t(base + i)])]));
+      local_loss_tokens += double(io::sft_loss_tokens(data.samples[size_t(order.at(base + i))]));
     const double n_loss_tokens = allreduce_sum(comm, local_loss_tokens);
     RLHF_CHECK(n_loss_tokens > 0, "step {}: the batch has no loss tokens", step + 1);
 
@@ -139,7 +127,7 @@ int run_sft(const SftArgs& args) {
     double loss_sum = 0, real_tokens = 0;
     for (int64_t a = 0; a < accum; ++a) {
       std::vector<int64_t> idx;
-      for (int64_t i = 0; i < MB; ++i) idx.push_back(order[size_t(base + a * MB + i)]);
+      for (int64_t i = 0; i < MB; ++i) idx.push_back(order.at(base + a * MB + i));
       const io::TokenBatch batch = io::collate_sft(data.samples, idx, tokenizer->pad_id());
       const int64_t N = batch.B * batch.T;
       lp.resize(size_t(N));

@@ -4,20 +4,12 @@
 
 namespace rlhf::app {
 
-int run_rm(const RmArgs&) {
-  RLHF_FAIL("`rlhf rm` is not implemented yet");
-}
-
 int run_grpo(const GrpoArgs&) {
   RLHF_FAIL("`rlhf grpo` is not implemented yet");
 }
 
 int run_ppo(const PpoArgs&) {
   RLHF_FAIL("`rlhf ppo` is not implemented yet");
-}
-
-int run_generate(const GenerateArgs&) {
-  RLHF_FAIL("`rlhf generate` is not implemented yet");
 }
 
 }  // namespace rlhf::app

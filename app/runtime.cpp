@@ -9,7 +9,10 @@
 
 #include <sys/resource.h>
 
+#include <algorithm>
 #include <filesystem>
+#include <numeric>
+#include <random>
 #include <thread>
 #include <vector>
 
@@ -117,6 +120,19 @@ void initialize_weights(parallel::ParamStore& store, const ModelSource& src, uin
   }
 }
 
+void load_model_weights(const ModelSource& src, const model::ParamLayout& layout,
+                        const std::vector<float*>& unit_buffers) {
+  RLHF_CHECK(src.pretrained != nullptr, "no pretrained model to load weights from");
+  RLHF_CHECK(static_cast<int>(unit_buffers.size()) == layout.num_units(),
+             "load_model_weights: {} unit buffers for {} units", unit_buffers.size(),
+             layout.num_units());
+  const io::PretrainedModel& m = *src.pretrained;
+  RLHF_CHECK(m.config.to_json() == layout.config().to_json() && m.head == layout.head(),
+             "{}: the model's config or head differs from the one being loaded", m.path);
+  for (int u = 0; u < layout.num_units(); ++u)
+    io::load_pretrained_unit(m, layout, u, unit_buffers[static_cast<size_t>(u)]);
+}
+
 void save_model(parallel::ParamStore& store, const std::string& path, int rank,
                 const io::Tokenizer* tokenizer) {
   const model::ParamLayout& layout = store.layout();
@@ -203,6 +219,28 @@ void log_memory(const parallel::ParamStore& store, int64_t activation_bytes, par
       comm.size(), format_bytes(double(mx[0])), format_bytes(double(mx[1])),
       format_bytes(double(mx[2])), m.optimizer_on_host ? " (host)" : "",
       format_bytes(double(mx[3])), format_bytes(double(mx[4])), format_bytes(double(mx[5])));
+}
+
+optim::AdamWConfig make_adamw(const OptimArgs& args, double lr) {
+  optim::AdamWConfig adam;
+  adam.lr = lr;
+  adam.beta1 = args.adam_betas[0];
+  adam.beta2 = args.adam_betas[1];
+  adam.weight_decay = args.l2;
+  adam.validate("--adam_betas/--l2");
+  return adam;
+}
+
+int64_t EpochOrder::at(int64_t pos) {
+  const int64_t e = pos / n_;
+  if (e != epoch_) {
+    epoch_ = e;
+    order_.resize(static_cast<size_t>(n_));
+    std::iota(order_.begin(), order_.end(), 0);
+    std::mt19937_64 rng(seed_ * 1000003ull + static_cast<uint64_t>(e));
+    std::shuffle(order_.begin(), order_.end(), rng);
+  }
+  return order_[static_cast<size_t>(pos % n_)];
 }
 
 std::string format_bytes(double bytes) {

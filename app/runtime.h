@@ -11,6 +11,7 @@
 #include "io/tokenizer.h"
 #include "model/config.h"
 #include "model/layout.h"
+#include "optim/adamw.h"
 #include "parallel/comm.h"
 #include "parallel/param_store.h"
 #include "parallel/topology.h"
@@ -54,6 +55,12 @@ std::shared_ptr<const io::Tokenizer> model_tokenizer(const ModelSource& src);
 /// from an LM keeps the trunk and the final norm and initialises score.weight randomly.
 void initialize_weights(parallel::ParamStore& store, const ModelSource& src, uint64_t seed);
 
+/// Fills full (unsharded) unit buffers (unit_buffers[u] has layout.unit(u).numel_padded floats)
+/// from a pretrained source of any format, after checking that its config and head equal the
+/// layout's (e.g. a generation engine's buffers). Throws rlhf::Error for a random-init source.
+void load_model_weights(const ModelSource& src, const model::ParamLayout& layout,
+                        const std::vector<float*>& unit_buffers);
+
 /// Writes the store's consolidated model to `path` (HDF5, .tmp + rename) from rank 0; collective.
 /// With a tokenizer, its files go under /tokenizer so the checkpoint restores it.
 void save_model(parallel::ParamStore& store, const std::string& path, int rank,
@@ -87,6 +94,24 @@ void log_memory(const parallel::ParamStore& store, int64_t activation_bytes, par
 
 /// Peak resident set size of this process in bytes (getrusage).
 int64_t peak_rss_bytes();
+
+/// AdamW hyper-parameters from --learning_rate (or `lr`), --adam_betas, --l2 (validated).
+optim::AdamWConfig make_adamw(const OptimArgs& args, double lr);
+
+/// The shuffled sample order of each epoch: a permutation of [0, n) drawn from (seed, epoch), the
+/// same on every rank and for every rank count (OpenRLHF's DistributedSampler with shuffle).
+class EpochOrder {
+ public:
+  EpochOrder(int64_t n, uint64_t seed) : n_(n), seed_(seed) {}
+  /// The index at global position `pos` (pos / n is the epoch).
+  int64_t at(int64_t pos);
+
+ private:
+  int64_t n_;
+  uint64_t seed_;
+  int64_t epoch_ = -1;
+  std::vector<int64_t> order_;
+};
 
 /// "12.3 MiB"-style byte count.
 std::string format_bytes(double bytes);

@@ -8,6 +8,10 @@
 #include <span>
 #include <string>
 
+#ifdef RLHF_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
 namespace rlhf::optim {
 
 /// AdamW hyper-parameters. Defaults follow OpenRLHF: `--actor_learning_rate` 1e-6, `--adam_betas`
@@ -53,5 +57,22 @@ void adamw_step_cpu(float* p, float* m, float* v, const float* g, int64_t n, con
 void adamw_step_segments_cpu(float* p, float* m, float* v, const float* g, int64_t n,
                              std::span<const AdamWSegment> segments, const AdamWConfig& cfg,
                              double lr, int64_t step, float grad_scale = 1.0f);
+
+#ifdef RLHF_CUDA
+/// adamw_step_cpu on the GPU: p, m, v, g (n) fp32 in device memory, the same formula, operation
+/// order and per-step scalars (computed on the host in double, rounded to fp32 as on the CPU),
+/// one thread per element (grid-stride), enqueued on `stream` (asynchronous: returns before the
+/// update has run). Results agree with the CPU version to fp32 rounding (FMA contraction may
+/// differ). Throws rlhf::Error like adamw_step_cpu (host-side checks only).
+void adamw_step_cuda(float* p, float* m, float* v, const float* g, int64_t n,
+                     const AdamWConfig& cfg, double lr, int64_t step, bool decay, float grad_scale,
+                     cudaStream_t stream);
+
+/// adamw_step_segments_cpu on the GPU: one launch per non-empty segment, all on `stream`.
+/// Validates the segments on the host like the CPU version (bounds, no overlap).
+void adamw_step_segments_cuda(float* p, float* m, float* v, const float* g, int64_t n,
+                              std::span<const AdamWSegment> segments, const AdamWConfig& cfg,
+                              double lr, int64_t step, float grad_scale, cudaStream_t stream);
+#endif
 
 }  // namespace rlhf::optim

@@ -4,10 +4,14 @@
 #include <chrono>
 #include <climits>
 #include <cstdlib>
+#include <cstring>
 #include <exception>
+#include <limits>
 #include <string>
+#include <vector>
 
 #include "core/error.h"
+#include "parallel/comm_nccl.h"
 #include "parallel/mpi_check.h"
 
 namespace rlhf::parallel {
@@ -144,6 +148,8 @@ const char* comm_kind_name(CommKind kind) {
       return "mpi";
     case CommKind::kShm:
       return "shm";
+    case CommKind::kNccl:
+      return "nccl";
   }
   return "?";
 }
@@ -284,6 +290,27 @@ void Comm::barrier() {
   account(CollOp::kBarrier, 0, now_s() - t0);
 }
 
+void Comm::all_gather_strided(const void* send, void* recv, int64_t count, int64_t stride,
+                              DType dt) {
+  check_args("all_gather_strided", send, recv, count);
+  RLHF_CHECK(stride >= count, "{}: all_gather_strided with stride {} < count {}", name_, stride,
+             count);
+  double t0 = now_s();
+  do_all_gather_strided(send, recv, count, stride, dt);
+  account(CollOp::kAllGather, count * size_ * static_cast<int64_t>(dtype_size(dt)), now_s() - t0);
+}
+
+void Comm::do_all_gather_strided(const void* send, void* recv, int64_t count, int64_t stride,
+                                 DType dt) {
+  const size_t es = dtype_size(dt), b = static_cast<size_t>(count) * es;
+  std::vector<char> tmp(b * static_cast<size_t>(size_));
+  do_all_gather(send, tmp.data(), count, dt);
+  for (int j = 0; j < size_; ++j)
+    std::memcpy(
+        static_cast<char*>(recv) + static_cast<size_t>(j) * static_cast<size_t>(stride) * es,
+        tmp.data() + static_cast<size_t>(j) * b, b);
+}
+
 CommRequest Comm::iall_gather(const void* send, void* recv, int64_t count, DType dt) {
   check_args("iall_gather", send, recv, count);
   double t0 = now_s();
@@ -341,6 +368,17 @@ void MpiComm::do_all_gather(const void* send, void* recv, int64_t count, DType d
   } else {
     MPI_CHECK(MPI_Allgather(send, n, mpi_dtype(dt), recv, n, mpi_dtype(dt), comm_));
   }
+}
+
+void MpiComm::do_all_gather_strided(const void* send, void* recv, int64_t count, int64_t stride,
+                                    DType dt) {
+  const int n = mpi_count(count, name(), "all_gather_strided");
+  if (stride * static_cast<int64_t>(size()) > std::numeric_limits<int>::max())
+    return Comm::do_all_gather_strided(send, recv, count, stride, dt);
+  std::vector<int> counts(static_cast<size_t>(size()), n), displs(static_cast<size_t>(size()));
+  for (int j = 0; j < size(); ++j) displs[static_cast<size_t>(j)] = static_cast<int>(j * stride);
+  MPI_CHECK(MPI_Allgatherv(send, n, mpi_dtype(dt), recv, counts.data(), displs.data(),
+                           mpi_dtype(dt), comm_));
 }
 
 void MpiComm::do_reduce_scatter(const void* send, void* recv, int64_t count, DType dt,
@@ -422,8 +460,22 @@ bool is_node_local(MPI_Comm comm) {
 }
 
 std::unique_ptr<Comm> make_comm(MPI_Comm comm, const std::string& name, CommKind kind,
-                                const ShmCommOptions& opts) {
+                                const ShmCommOptions& opts, double nccl_timeout_s) {
   if (comm == MPI_COMM_NULL) return nullptr;
+  if (kind == CommKind::kNccl) {
+#ifdef RLHF_NCCL
+    NcclCommOptions nccl_opts;
+    nccl_opts.timeout_s = nccl_timeout_s;
+    return std::make_unique<NcclComm>(comm, name, nccl_opts);
+#else
+    (void)nccl_timeout_s;
+    RLHF_FAIL(
+        "{}: an NCCL communicator was requested, but this build has no NCCL\nhint: rebuild where "
+        "CUDA and NCCL are found (cmake -DRLHF_CUDA=ON -DRLHF_NCCL=ON), or use the mpi or shm "
+        "backend",
+        name);
+#endif
+  }
   if (kind == CommKind::kAuto) {
     if (const char* env = std::getenv("RLHF_COMM_KIND"); env != nullptr && *env != '\0') {
       std::string v = env;

@@ -1,15 +1,18 @@
 // The communicator layer: one abstract interface (Comm) for the collectives that ZeRO-3, weight
-// sync and the benchmarks use, with two CPU implementations:
+// sync and the benchmarks use, with these implementations:
 //  - MpiComm: MPI collectives on a duplicate of an MPI communicator (MPI_Allgather,
 //    MPI_Reduce_scatter_block, MPI_Allreduce, MPI_Bcast and their MPI_I* forms);
 //  - ShmComm: for communicators whose ranks all live on one node, staged through an MPI-3 shared
 //    window (MPI_Win_allocate_shared) with a flag protocol (see ShmComm).
-// NCCL will implement the same interface in the CUDA issue. make_comm() picks one.
+//  - NcclComm (parallel/comm_nccl.h, built with RLHF_NCCL): NCCL collectives on device buffers, on
+//    the communicator's own CUDA stream, with a watchdog.
+// make_comm() picks one.
 //
 // Contract common to every collective: called by every rank of the communicator, in the same order,
-// with the same count, dtype, op and root; buffers are host memory; `count` is in elements (>= 0;
-// 0 is a no-op that still counts as a call). Every call is accounted to its communicator (calls,
-// bytes, seconds; see CommStats). Errors throw rlhf::Error (MPI_CHECK / RLHF_CHECK).
+// with the same count, dtype, op and root; buffers are host memory (device memory for NcclComm);
+// `count` is in elements (>= 0; 0 is a no-op that still counts as a call). Every call is accounted
+// to its communicator (calls, bytes, seconds; see CommStats). Errors throw rlhf::Error (MPI_CHECK /
+// RLHF_CHECK).
 #pragma once
 
 #include <mpi.h>
@@ -71,8 +74,9 @@ inline constexpr int kNumCollOps = 5;
 const char* coll_op_name(CollOp op);
 
 /// Which implementation.
-enum class CommKind { kAuto, kMpi, kShm };
-/// "auto", "mpi", "shm".
+/// kNccl is never chosen by kAuto: its buffers are device memory (see parallel/comm_nccl.h).
+enum class CommKind { kAuto, kMpi, kShm, kNccl };
+/// "auto", "mpi", "shm", "nccl".
 const char* comm_kind_name(CommKind kind);
 
 /// Accounting of one communicator (or one of its collectives).
@@ -161,6 +165,11 @@ class Comm {
   /// in rank order. In place: send == recv + rank·count·elem (this rank's block already in recv).
   /// Otherwise send and recv must not overlap.
   void all_gather(const void* send, void* recv, int64_t count, DType dt);
+  /// All-gather with a stride: rank j's `count` elements land at recv + j·stride elements
+  /// (stride >= count; the gaps are left untouched). Gathers the same slice of every rank's shard
+  /// straight into place in a full unit buffer (weight sync). send must not overlap recv.
+  /// Accounted as an all-gather of size·count elements.
+  void all_gather_strided(const void* send, void* recv, int64_t count, int64_t stride, DType dt);
   /// Reduce-scatter. send: (size·count) elements; recv: (count) = op over ranks of every rank's
   /// block `rank` of send. send and recv must not overlap.
   void reduce_scatter(const void* send, void* recv, int64_t count, DType dt,
@@ -247,6 +256,9 @@ class Comm {
                              ReduceOp op) = 0;
   virtual void do_broadcast(void* buf, int64_t count, DType dt, int root) = 0;
   virtual void do_barrier() = 0;
+  /// Default: a contiguous all-gather into a temporary buffer, then a copy into place.
+  virtual void do_all_gather_strided(const void* send, void* recv, int64_t count, int64_t stride,
+                                     DType dt);
   /// Non-blocking hooks: return nullptr when the collective completed at post time.
   virtual std::unique_ptr<CommRequest::Impl> do_iall_gather(const void* send, void* recv,
                                                             int64_t count, DType dt) = 0;
@@ -284,6 +296,8 @@ class MpiComm final : public Comm {
 
  protected:
   void do_all_gather(const void* send, void* recv, int64_t count, DType dt) override;
+  void do_all_gather_strided(const void* send, void* recv, int64_t count, int64_t stride,
+                             DType dt) override;
   void do_reduce_scatter(const void* send, void* recv, int64_t count, DType dt,
                          ReduceOp op) override;
   void do_all_reduce(const void* send, void* recv, int64_t count, DType dt, ReduceOp op) override;
@@ -363,6 +377,8 @@ class ShmComm final : public Comm {
 
  protected:
   void do_all_gather(const void* send, void* recv, int64_t count, DType dt) override;
+  void do_all_gather_strided(const void* send, void* recv, int64_t count, int64_t stride,
+                             DType dt) override;
   void do_reduce_scatter(const void* send, void* recv, int64_t count, DType dt,
                          ReduceOp op) override;
   void do_all_reduce(const void* send, void* recv, int64_t count, DType dt, ReduceOp op) override;
@@ -395,8 +411,11 @@ bool is_node_local(MPI_Comm comm);
 /// Makes the communicator named `name` over `comm` (collective over `comm`). Returns nullptr for
 /// MPI_COMM_NULL (a rank that is not a member). kAuto: env RLHF_COMM_KIND ("mpi", "shm" or
 /// "auto") if set, else ShmComm when is_node_local(comm), else MpiComm. kShm on a communicator that
-/// spans nodes throws rlhf::Error.
+/// spans nodes throws rlhf::Error. kNccl makes an NcclComm on the current CUDA device with
+/// `nccl_timeout_s` as its watchdog timeout (--nccl_timeout; 0 = none); it throws rlhf::Error when
+/// built without NCCL.
 std::unique_ptr<Comm> make_comm(MPI_Comm comm, const std::string& name,
-                                CommKind kind = CommKind::kAuto, const ShmCommOptions& opts = {});
+                                CommKind kind = CommKind::kAuto, const ShmCommOptions& opts = {},
+                                double nccl_timeout_s = 600.0);
 
 }  // namespace rlhf::parallel

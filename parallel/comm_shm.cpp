@@ -248,6 +248,25 @@ void ShmComm::do_all_gather(const void* send, void* recv, int64_t count, DType d
   }
 }
 
+void ShmComm::do_all_gather_strided(const void* send, void* recv, int64_t count, int64_t stride,
+                                    DType dt) {
+  const int n = size(), me = rank();
+  const int64_t es = static_cast<int64_t>(dtype_size(dt));
+  const int64_t b = count * es, sb = stride * es;
+  const char* src = static_cast<const char*>(send);
+  char* dst = static_cast<char*>(recv);
+  const bool stream = n * b >= opts_.stream_min_bytes;
+  for (int64_t off = 0; off < b; off += opts_.chunk_bytes, ++step_) {
+    const size_t len = static_cast<size_t>(std::min(opts_.chunk_bytes, b - off));
+    std::memcpy(buffer(me, step_), src + off, len);
+    flag_barrier();
+    for (int k = 0; k < n; ++k) {
+      const int j = (me + k) % n;
+      copy_out(dst + j * sb + off, buffer(j, step_), len, stream);
+    }
+  }
+}
+
 void ShmComm::do_reduce_scatter(const void* send, void* recv, int64_t count, DType dt,
                                 ReduceOp op) {
   const int n = size(), me = rank();

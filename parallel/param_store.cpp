@@ -77,6 +77,11 @@ void LocalParamStore::load_moments(int u, const float* m, const float* v) {
   std::memcpy(v_[size_t(u)].data(), v, sizeof(float) * n);
 }
 
+UnitShard LocalParamStore::unit_shard(int u) const {
+  auto& p = const_cast<model::LocalParams<float>&>(params_);
+  return {p.params(u), 0, layout().unit(u).numel_padded};
+}
+
 MemoryReport LocalParamStore::memory() const {
   MemoryReport r;
   const int64_t n = layout().total_padded() * int64_t(sizeof(float));

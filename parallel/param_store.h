@@ -21,6 +21,15 @@ struct MemoryReport {
   bool optimizer_on_host = false;
 };
 
+/// This rank's part of a unit's master weights, as weight sync reads it: `count` elements at
+/// `offset` in the padded unit. ZeRO-3 ranks' parts tile the unit; a replicated or local store
+/// holds the whole unit (offset 0, count numel_padded) on every rank.
+struct UnitShard {
+  const float* data = nullptr;
+  int64_t offset = 0;
+  int64_t count = 0;
+};
+
 /// The training state of one model. Collective methods must be called by every rank of the
 /// store's communicator in the same order.
 class ParamStore {
@@ -49,6 +58,10 @@ class ParamStore {
   /// Sets the moments of unit u from full buffers.
   virtual void load_moments(int u, const float* m, const float* v) = 0;
   virtual MemoryReport memory() const = 0;
+  /// This rank's part of unit u (see UnitShard).
+  virtual UnitShard unit_shard(int u) const = 0;
+  /// True when every rank holds every unit whole (local or ZeRO-0), false for ZeRO-3 shards.
+  virtual bool replicated() const = 0;
 };
 
 /// Global-norm clipping and one AdamW step (torch.nn.utils.clip_grad_norm_ then AdamW.step()):
@@ -79,6 +92,8 @@ class LocalParamStore : public ParamStore {
   void gather_moments(int u, float* m, float* v) override;
   void load_moments(int u, const float* m, const float* v) override;
   MemoryReport memory() const override;
+  UnitShard unit_shard(int u) const override;
+  bool replicated() const override { return true; }
   model::LocalParams<float>& local() { return params_; }
 
  private:

@@ -27,6 +27,7 @@ Zero3Store::Zero3Store(const model::ParamLayout& layout, Comm& comm, Zero3Option
     const int64_t S = shard_numel(u);
     Shard& s = shards_[size_t(u)];
     s.params.assign(size_t(S), 0.0f);
+    if (opt_.frozen) continue;
     s.grads.assign(size_t(S), 0.0f);
     if (opt_.adam_offload) {
       s.master_host.assign(size_t(S), 0.0f);
@@ -107,6 +108,7 @@ void Zero3Store::release_params(int u) {
 }
 
 float* Zero3Store::acquire_grads(int u) {
+  RLHF_CHECK(!opt_.frozen, "internal error: gradients requested from a frozen model");
   RLHF_ASSERT(grads_out_.count(u) == 0);
   std::vector<float>* b = take_buffer(free_grads_, layout_.unit(u).numel_padded);
   std::memset(b->data(), 0, sizeof(float) * size_t(layout_.unit(u).numel_padded));
@@ -185,6 +187,7 @@ void Zero3Store::end_pass(bool backward) {
 
 void Zero3Store::zero_grads() {
   finish_all_pending_grads();
+  if (opt_.frozen) return;
   for (Shard& s : shards_) {
     std::fill(s.grads.begin(), s.grads.end(), 0.0f);
     s.grads_fresh = true;
@@ -193,6 +196,7 @@ void Zero3Store::zero_grads() {
 
 double Zero3Store::grad_sq_norm() {
   finish_all_pending_grads();
+  if (opt_.frozen) return 0.0;
   double local = 0;
   for (int u = 0; u < layout_.num_units(); ++u)
     local += optim::sum_of_squares(shards_[size_t(u)].grads.data(), shard_numel(u));
@@ -203,6 +207,7 @@ double Zero3Store::grad_sq_norm() {
 
 void Zero3Store::adamw_step(const optim::AdamWConfig& cfg, double lr, int64_t step,
                             float grad_scale) {
+  RLHF_CHECK(!opt_.frozen, "internal error: optimizer step on a frozen model");
   finish_all_pending_grads();
   for (int u = 0; u < layout_.num_units(); ++u) {
     Shard& s = shards_[size_t(u)];
@@ -253,8 +258,10 @@ MemoryReport Zero3Store::memory() const {
   for (int u = 0; u < layout_.num_units(); ++u) shard += shard_numel(u);
   const int64_t b = shard * int64_t(sizeof(float));
   r.params_bytes = b;
-  r.grads_bytes = b;
-  r.optimizer_bytes = opt_.adam_offload ? 4 * b : 2 * b;  // offload: m, v, master, grad copy
+  r.grads_bytes = opt_.frozen ? 0 : b;
+  r.optimizer_bytes = opt_.frozen         ? 0
+                      : opt_.adam_offload ? 4 * b
+                                          : 2 * b;  // offload: + master, grad
   r.optimizer_on_host = opt_.adam_offload;
   r.gather_bytes = pooled_floats_ * int64_t(sizeof(float));
   return r;

@@ -27,6 +27,9 @@ struct Zero3Options {
   bool adam_offload = false;
   /// Prefetch the next unit's all-gather when a unit is acquired.
   bool prefetch = true;
+  /// A frozen model (reference policy, reward model): weights only — no gradients, no optimizer
+  /// state; acquiring gradients or stepping throws.
+  bool frozen = false;
 };
 
 /// The sharded ParamStore and the UnitProvider the model runs on. Collective methods (and every
@@ -50,6 +53,11 @@ class Zero3Store final : public ParamStore, public model::UnitProvider<float> {
   void gather_moments(int u, float* m, float* v) override;
   void load_moments(int u, const float* m, const float* v) override;
   MemoryReport memory() const override;
+  UnitShard unit_shard(int u) const override {
+    return {shards_[size_t(u)].params.data(), int64_t(comm_.rank()) * shard_numel(u),
+            shard_numel(u)};
+  }
+  bool replicated() const override { return false; }
 
   // UnitProvider
   const float* acquire_params(int u) override;
@@ -133,6 +141,8 @@ class ReplicatedStore final : public ParamStore {
     local_.load_moments(u, m, v);
   }
   MemoryReport memory() const override { return local_.memory(); }
+  UnitShard unit_shard(int u) const override { return local_.unit_shard(u); }
+  bool replicated() const override { return true; }
 
  private:
   void reduce_grads();

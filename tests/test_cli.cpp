@@ -456,6 +456,8 @@ TEST_CASE("cli: help, version, subcommands") {
     if (std::string(app::kCommandNames[i]) == "export" ||
         std::string(app::kCommandNames[i]) == "import")
       args.insert(args.end(), {"--pretrain", "p", "--output_path", "o"});
+    if (std::string(app::kCommandNames[i]) == "generate")
+      args.insert(args.end(), {"--dataset", "d", "--pretrain", "p", "--output_path", "o"});
     const ParsedCommand p = parse(args);
     CHECK(p.command == app::kCommandNames[i]);
     CHECK(p.args.index() == i);
@@ -520,4 +522,39 @@ TEST_CASE("log: print_resolved_config writes every option and its value") {
   CHECK(contains(text, "| gradient_checkpointing | false "));
   for (const auto& row : p.config) CHECK(contains(text, "| " + row.key + " "));
   std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("cli: generate options, defaults and checks") {
+  const std::vector<std::string> base = {"generate", "--pretrain",    "ck",       "--dataset",
+                                         "p.jsonl",  "--output_path", "out.jsonl"};
+  const ParsedCommand p = parse(base);
+  const auto& g = std::get<app::GenerateArgs>(p.args);
+  CHECK(g.input_key == "input");
+  CHECK(g.generate_max_len == 1024);
+  CHECK(g.temperature == 1.0);
+  CHECK(g.top_p == 1.0);
+  CHECK(g.top_k == -1);
+  CHECK_FALSE(g.greedy);
+  CHECK(g.n_samples_per_prompt == 1);
+  CHECK(g.gen_kv_cache_mb == 1024);
+  auto with = [&](std::initializer_list<std::string> extra) {
+    std::vector<std::string> a = base;
+    a.insert(a.end(), extra);
+    return a;
+  };
+  const ParsedCommand q = parse(with({"--top_p", "0.9", "--top_k", "50", "--greedy",
+                                      "--n_samples_per_prompt", "4", "--temperature", "0.7"}));
+  const auto& h = std::get<app::GenerateArgs>(q.args);
+  CHECK(h.top_p == 0.9);
+  CHECK(h.top_k == 50);
+  CHECK(h.greedy);
+  CHECK(h.n_samples_per_prompt == 4);
+  CHECK(h.temperature == 0.7);
+  CHECK(contains(usage_error(with({"--top_p", "1.5"})), "--top_p"));
+  CHECK(contains(usage_error(with({"--top_p", "0"})), "--top_p"));
+  CHECK(contains(usage_error(with({"--top_k", "-2"})), "--top_k"));
+  CHECK(contains(usage_error(with({"--temperature", "-0.1"})), "--temperature"));
+  CHECK(contains(usage_error(with({"--gen_kv_cache_mb", "0"})), "--gen_kv_cache_mb"));
+  CHECK(contains(usage_error({"generate", "--dataset", "p.jsonl", "--output_path", "o"}),
+                 "--pretrain is required"));
 }

@@ -4,6 +4,8 @@
 
 #include <cstdint>
 
+#include "model/ops/cuda_types.h"
+
 namespace rlhf::model {
 
 /// out[b,t,h,:] = Σ_{s≤t} softmax_s(q[b,t,h]·k[b,s,g] / sqrt(D)) · v[b,s,g], g = h / (H/Hkv).
@@ -29,5 +31,47 @@ template <typename T>
 void attention_backward_cpu(T* dq, T* dk, T* dv, const T* dout, const T* att, const T* q,
                             const T* k, const T* v, int64_t B, int64_t T_, int64_t H, int64_t Hkv,
                             int64_t D);
+
+#ifdef RLHF_CUDA
+/// CUDA forward, flash-attention style (Dao et al. 2022, Alg. 1 with the FA-2 loop order): same
+/// causal GQA result, but instead of the (B, H, T, T) probabilities it saves the row
+/// log-sum-exp for backward. out, q (B, T, H, D) bf16; k, v (B, T, Hkv, D) bf16; lse (B, H, T)
+/// fp32 = log Σ_{s≤t} exp(q·k_s/sqrt(D)). One block per (b, h, 16 query rows): K/V tiles of 32
+/// keys in shared memory, online softmax in fp32 registers (scalar FMA, no tensor cores), tiles
+/// above the diagonal skipped. D <= 128 (any value, odd included). Throws rlhf::Error like the CPU
+/// version, and if D > 128.
+void attention_forward_cuda(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v,
+                            int64_t B, int64_t T_, int64_t H, int64_t Hkv, int64_t D,
+                            cudaStream_t stream);
+
+/// CUDA backward (FA-2 backward, recomputing P from q, k and lse): dq (B, T, H, D), dk, dv
+/// (B, T, Hkv, D) bf16, all assigned. dout, out (B, T, H, D) bf16 (out: forward's output, for
+/// Δ_t = rowsum(dout ⊙ out)); lse from forward; q, k, v as forward. Deterministic without atomics:
+/// one kernel owns blocks of 32 keys of a KV head and loops over its G query heads and all later
+/// query rows in a fixed order (dk, dv), another owns blocks of 8 query rows (dq).
+void attention_backward_cuda(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf16* out,
+                             const float* lse, const bf16* q, const bf16* k, const bf16* v,
+                             int64_t B, int64_t T_, int64_t H, int64_t Hkv, int64_t D,
+                             cudaStream_t stream);
+
+/// Keys per split of attention_decode_cuda (flash-decoding: each block handles one split of one
+/// sequence and KV head; a second kernel combines the splits).
+inline constexpr int64_t kAttentionDecodeSplit = 256;
+
+/// fp32 workspace bytes attention_decode_cuda needs: B·H·ceil(T_max / kAttentionDecodeSplit)·
+/// (D + 2)·4.
+size_t attention_decode_cuda_workspace_bytes(int64_t B, int64_t H, int64_t D, int64_t T_max);
+
+/// One decoding step over a KV cache (one query per sequence, it attends to every cached position
+/// s < lens[b], its own included). out, q (B, H, D) bf16; k_cache, v_cache (B, T_max, Hkv, D)
+/// bf16 (sequence b's keys at positions 0..lens[b]−1); lens (B) int32 device, clamped to
+/// [0, T_max]; a sequence with lens[b] = 0 gets out = 0. workspace: device memory of
+/// attention_decode_cuda_workspace_bytes(B, H, D, T_max) bytes (fp32 partial results; contents on
+/// entry ignored). K/V of a group are read once for its G query heads. D <= 128, G = H/Hkv <= 16.
+/// Throws rlhf::Error on bad dimensions.
+void attention_decode_cuda(bf16* out, float* workspace, const bf16* q, const bf16* k_cache,
+                           const bf16* v_cache, const int32_t* lens, int64_t B, int64_t T_max,
+                           int64_t H, int64_t Hkv, int64_t D, cudaStream_t stream);
+#endif
 
 }  // namespace rlhf::model

@@ -3,6 +3,8 @@
 
 #include <cstdint>
 
+#include "model/ops/cuda_types.h"
+
 namespace rlhf::model {
 
 /// y = x · wᵀ + b (assigned).  y: (N, OC); x: (N, IC); w: (OC, IC); b: (OC) or nullptr.
@@ -27,5 +29,34 @@ void linear_backward_cpu(T* dx, T* dw, T* db, const T* dy, const T* x, const T* 
 template <typename T>
 void gemm_cpu(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alpha, const T* A,
               int64_t lda, const T* B, int64_t ldb, T beta, T* C, int64_t ldc);
+
+#ifdef RLHF_CUDA
+/// CUDA forward through cuBLASLt, same contract: y (N, OC) bf16 = x (N, IC) bf16 · w (OC, IC)ᵀ
+/// bf16 + b (OC) bf16 or nullptr; fp32 accumulation (CUBLAS_COMPUTE_32F), one bf16 rounding of
+/// the result. The bias is added by the CUBLASLT_EPILOGUE_BIAS epilogue when b is 16-byte aligned,
+/// else y is pre-filled with b and the GEMM adds into it (beta = 1). When cuBLASLt offers no
+/// algorithm for the shape, falls back to cublasGemmEx. Handles and a 32 MiB workspace per
+/// (device, stream) are created on first use and cached for the life of the process (see
+/// linear_cuda_release). N = 0 is a no-op. Throws rlhf::Error if N < 0, IC <= 0 or OC <= 0, or on
+/// a cuBLAS error.
+void linear_forward_cuda(bf16* y, const bf16* x, const bf16* w, const bf16* b, int64_t N,
+                         int64_t IC, int64_t OC, cudaStream_t stream);
+
+/// CUDA backward, same contract as linear_backward_cpu with fp32 parameter gradients:
+///   dx (N, IC) bf16  = dy · w   (+= when accumulate_dx; skipped when dx is nullptr)
+///   dw (OC, IC) fp32 += dyᵀ · x (skipped when dw is nullptr: a frozen weight)
+///   db (OC) fp32     += Σ_n dy  (skipped when db is nullptr; fixed-order column sums,
+///                                deterministic)
+/// dy (N, OC) bf16, x (N, IC) bf16, w (OC, IC) bf16. GEMMs through cuBLASLt (A, B bf16; C, D bf16
+/// for dx and fp32 for dw; fp32 compute). Throws like forward.
+void linear_backward_cuda(bf16* dx, float* dw, float* db, const bf16* dy, const bf16* x,
+                          const bf16* w, int64_t N, int64_t IC, int64_t OC, bool accumulate_dx,
+                          cudaStream_t stream);
+
+/// Frees the cached cuBLASLt handles and workspaces of every device and stream (the caller must
+/// have synchronised the streams that used them). Optional: the cache is otherwise released at
+/// process exit by the driver. Never throws.
+void linear_cuda_release() noexcept;
+#endif
 
 }  // namespace rlhf::model

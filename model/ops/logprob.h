@@ -5,6 +5,8 @@
 
 #include <cstdint>
 
+#include "model/ops/cuda_types.h"
+
 namespace rlhf::model {
 
 /// For each row n with z = scale · logits[n, :] (scale = 1/temperature):
@@ -27,5 +29,24 @@ template <typename T>
 void logprob_backward_cpu(T* dlogits, const T* dlp, const T* dentropy, const T* logits,
                           const T* lse, const T* entropy, const int32_t* targets, int64_t N,
                           int64_t V, T scale);
+
+#ifdef RLHF_CUDA
+/// CUDA forward, same contract with bf16 logits and fp32 results: lp, lse, entropy (N) fp32
+/// (entropy may be nullptr), logits (N, V) bf16, targets (N) int32 device, scale fp32. One block
+/// per row streams the row twice (max, then Σ exp and Σ exp·z) in fp32, so nothing of size (N, V)
+/// besides the bf16 logits exists. Targets are not validated on the device: a target outside
+/// [0, V) that is not −1 gives lp = NaN for its row. Throws rlhf::Error if N < 0 or V <= 0.
+void logprob_forward_cuda(float* lp, float* lse, float* entropy, const bf16* logits,
+                          const int32_t* targets, int64_t N, int64_t V, float scale,
+                          cudaStream_t stream);
+
+/// CUDA backward, same formula and contract: dlogits (N, V) bf16 assigned and may alias logits
+/// (in place: each element is read, then written, by the same thread); dlp, dentropy (N) fp32 or
+/// nullptr; lse, entropy (N) fp32 from forward. A row with an invalid target is filled with NaN.
+void logprob_backward_cuda(bf16* dlogits, const float* dlp, const float* dentropy,
+                           const bf16* logits, const float* lse, const float* entropy,
+                           const int32_t* targets, int64_t N, int64_t V, float scale,
+                           cudaStream_t stream);
+#endif
 
 }  // namespace rlhf::model

@@ -4,6 +4,7 @@
 #include <cstdint>
 
 #include "model/config.h"
+#include "model/ops/cuda_types.h"
 
 namespace rlhf::model {
 
@@ -27,5 +28,21 @@ void rope_forward_cpu(T* out, const T* x, const int32_t* pos, const T* cos, cons
 template <typename T>
 void rope_backward_cpu(T* dx, const T* dout, const int32_t* pos, const T* cos, const T* sin,
                        int64_t N, int64_t H, int64_t D, RopeStyle style);
+
+#ifdef RLHF_CUDA
+/// CUDA forward, same contract: out, x (N, H, D) bf16 (out may alias x), pos (N) int32 device
+/// positions, cos, sin (max_pos, D/2) fp32 device tables (rope_tables_cpu<float>, uploaded once).
+/// fp32 math, one bf16 rounding. Positions are not validated on the device: the caller keeps them
+/// in [0, max_pos) (a negative one yields NaN in its row instead of reading outside the table).
+/// Throws rlhf::Error unless D is even and positive, N >= 0, H > 0.
+void rope_forward_cuda(bf16* out, const bf16* x, const int32_t* pos, const float* cos,
+                       const float* sin, int64_t N, int64_t H, int64_t D, RopeStyle style,
+                       cudaStream_t stream);
+
+/// CUDA backward: dx = Rᵀ · dout (assigned; dx may alias dout). Shapes and dtypes as forward.
+void rope_backward_cuda(bf16* dx, const bf16* dout, const int32_t* pos, const float* cos,
+                        const float* sin, int64_t N, int64_t H, int64_t D, RopeStyle style,
+                        cudaStream_t stream);
+#endif
 
 }  // namespace rlhf::model

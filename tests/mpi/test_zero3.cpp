@@ -7,77 +7,11 @@
 #include <random>
 
 #include "model/transformer.h"
+#include "tests/mpi/train_util.h"
 #include "tests/test_util.h"
 
 using namespace rlhf;
-
-namespace {
-
-model::ModelConfig small_config(bool tied) {
-  model::ModelConfig c;
-  c.hidden_size = 32;
-  c.intermediate_size = 56;
-  c.num_hidden_layers = 2;
-  c.num_attention_heads = 4;
-  c.num_key_value_heads = 2;
-  c.vocab_size = 37;  // odd sizes: units are padded
-  c.max_position_embeddings = 32;
-  c.tie_word_embeddings = tied;
-  c.bos_token_id = c.eos_token_id = c.pad_token_id = 0;
-  return c;
-}
-
-// A global batch of kSeqs sequences of length kT; every rank can build it.
-constexpr int64_t kSeqs = 8, kT = 12;
-std::vector<int32_t> batch_tokens(int step, int64_t V) {
-  return test::random_tokens(kSeqs * kT, V, 100 + uint64_t(step));
-}
-
-// k optimizer steps of next-token training of the global batch, this rank taking sequences
-// [first, first + count) in micro-batches of `micro` sequences. dlp = −1 / (global loss tokens).
-std::vector<double> train(parallel::ParamStore& store, const model::ModelConfig& cfg, int steps,
-                          int64_t first, int64_t count, int64_t micro) {
-  model::Transformer<float> net(store.layout(), false);
-  optim::AdamWConfig adam;
-  adam.lr = 3e-3;
-  adam.weight_decay = 0.01;
-  std::vector<double> norms;
-  const float scale = -1.0f / float(kSeqs * (kT - 1));
-  for (int s = 0; s < steps; ++s) {
-    auto tokens = batch_tokens(s, cfg.vocab_size);
-    store.zero_grads();
-    for (int64_t m = first; m < first + count; m += micro) {
-      std::vector<int32_t> tok(tokens.begin() + m * kT, tokens.begin() + (m + micro) * kT);
-      std::vector<int32_t> tgt(tok.size());
-      for (int64_t n = 0; n < micro * kT; ++n) tgt[n] = (n % kT == kT - 1) ? -1 : tok[n + 1];
-      std::vector<float> lp(tok.size()), dlp(tok.size());
-      for (size_t n = 0; n < tok.size(); ++n) dlp[n] = tgt[n] >= 0 ? scale : 0.0f;
-      net.forward_lm(store.provider(), tok.data(), tgt.data(), micro, kT, lp.data(), nullptr, true);
-      net.backward_lm(store.provider(), dlp.data(), nullptr);
-    }
-    norms.push_back(parallel::clip_and_step(store, adam, adam.lr, s + 1, 1.0));
-  }
-  return norms;
-}
-
-std::vector<std::vector<float>> full_weights(parallel::ParamStore& store) {
-  std::vector<std::vector<float>> w;
-  for (int u = 0; u < store.layout().num_units(); ++u) {
-    w.emplace_back(size_t(store.layout().unit(u).numel_padded));
-    store.gather_unit(u, w.back().data());
-  }
-  return w;
-}
-
-void init_store(parallel::ParamStore& store, uint64_t seed) {
-  for (int u = 0; u < store.layout().num_units(); ++u) {
-    std::vector<float> full(size_t(store.layout().unit(u).numel_padded));
-    model::init_unit_params(full.data(), store.layout().unit(u), seed, 0.1);
-    store.load_unit(u, full.data());
-  }
-}
-
-}  // namespace
+using namespace rlhf::test;
 
 TEST_CASE("zero3: N ranks train like 1 rank (ZeRO-3, ZeRO-3 + offload, keep params, ZeRO-0)") {
   auto comm = parallel::make_comm(MPI_COMM_WORLD, "train_comm");

@@ -1,0 +1,159 @@
+#include "app/checkpoint.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <regex>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "io/hdf5_ckpt.h"
+
+namespace rlhf::app {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr const char* kTrainFormat = "rlhf-train-checkpoint";
+
+void write_group_model(io::CheckpointWriter& w, const std::string& group,
+                       const model::ParamLayout& layout) {
+  const std::string g = "/" + group;
+  w.create_group(g);
+  w.write_string_attr(g, "config", layout.config().to_json().dump());
+  w.write_string_attr(g, "head", model::to_string(layout.head()));
+}
+
+}  // namespace
+
+std::string checkpoint_path(const std::string& dir, int64_t step) {
+  return (fs::path(dir) / fmt::format("step_{}.h5", step)).string();
+}
+
+std::vector<std::string> list_checkpoints(const std::string& dir) {
+  std::vector<std::pair<int64_t, std::string>> found;
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return {};
+  static const std::regex re(R"(step_(\d+)\.h5)");
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    std::smatch m;
+    const std::string name = e.path().filename().string();
+    if (std::regex_match(name, m, re)) found.emplace_back(std::stoll(m[1]), e.path().string());
+  }
+  std::sort(found.begin(), found.end());
+  std::vector<std::string> out;
+  for (auto& f : found) out.push_back(f.second);
+  return out;
+}
+
+void save_train_checkpoint(const std::string& path, const std::vector<CheckpointSlot>& slots,
+                           const nlohmann::json& trainer_state, bool writer, int max_keep) {
+  std::unique_ptr<io::CheckpointWriter> w;
+  if (writer) w = std::make_unique<io::CheckpointWriter>(path);
+  for (const CheckpointSlot& s : slots) {
+    const model::ParamLayout& layout = s.store->layout();
+    if (w) {
+      if (s.group == "model")
+        io::write_model_config_hdf5(*w, layout);
+      else
+        write_group_model(*w, s.group, layout);
+      if (s.optimizer) {
+        w->create_group("/optimizer/" + s.group + "/m");
+        w->create_group("/optimizer/" + s.group + "/v");
+      }
+    }
+    std::vector<float> full, m, v;
+    for (int u = 0; u < layout.num_units(); ++u) {
+      const model::UnitLayout& unit = layout.unit(u);
+      full.resize(size_t(unit.numel_padded));
+      s.store->gather_unit(u, full.data());  // collective
+      if (s.optimizer) {
+        m.resize(size_t(unit.numel_padded));
+        v.resize(size_t(unit.numel_padded));
+        s.store->gather_moments(u, m.data(), v.data());  // collective
+      }
+      if (!w) continue;
+      for (const model::TensorInfo& t : unit.tensors) {
+        w->write_dataset<float>("/" + s.group + "/" + t.name, full.data() + t.offset, t.shape);
+        if (s.optimizer) {
+          w->write_dataset<float>("/optimizer/" + s.group + "/m/" + t.name, m.data() + t.offset,
+                                  t.shape);
+          w->write_dataset<float>("/optimizer/" + s.group + "/v/" + t.name, v.data() + t.offset,
+                                  t.shape);
+        }
+      }
+    }
+  }
+  if (!w) return;
+  w->create_group("/trainer");
+  w->write_string_attr("/trainer", "format", kTrainFormat);
+  w->write_string_attr("/trainer", "state", trainer_state.dump());
+  if (trainer_state.contains("step"))
+    w->write_int_attr("/trainer", "step", trainer_state["step"].get<int64_t>());
+  w->commit();
+  if (max_keep > 0) {
+    auto all = list_checkpoints(fs::path(path).parent_path().string());
+    for (size_t i = 0; i + size_t(max_keep) < all.size(); ++i) {
+      std::error_code ec;
+      fs::remove(all[i], ec);
+      LOG_DEBUG("removed old checkpoint {}", all[i]);
+    }
+  }
+}
+
+nlohmann::json load_train_checkpoint(const std::string& path,
+                                     const std::vector<CheckpointSlot>& slots) {
+  io::CheckpointReader r(path);
+  io::check_checkpoint_format(r);
+  RLHF_CHECK(r.exists("/trainer") && r.has_attr("/trainer", "state"),
+             "{}: not a training checkpoint (no /trainer state)\nhint: use --pretrain for a model "
+             "checkpoint",
+             path);
+  for (const CheckpointSlot& s : slots) {
+    const model::ParamLayout& layout = s.store->layout();
+    const std::string g = "/" + s.group;
+    RLHF_CHECK(r.exists(g), "{}: no {} group", path, g);
+    auto stored = model::ModelConfig::from_json(
+        nlohmann::json::parse(r.read_string_attr(g, "config")), path + ":" + g);
+    RLHF_CHECK(stored.to_json() == layout.config().to_json(),
+               "{}: {} was saved for a different model config", path, g);
+    std::vector<float> full, m, v;
+    for (int u = 0; u < layout.num_units(); ++u) {
+      const model::UnitLayout& unit = layout.unit(u);
+      full.assign(size_t(unit.numel_padded), 0.0f);
+      for (const model::TensorInfo& t : unit.tensors)
+        r.read_dataset<float>(g + "/" + t.name, full.data() + t.offset, t.shape);
+      s.store->load_unit(u, full.data());
+      if (!s.optimizer) continue;
+      m.assign(size_t(unit.numel_padded), 0.0f);
+      v.assign(size_t(unit.numel_padded), 0.0f);
+      for (const model::TensorInfo& t : unit.tensors) {
+        r.read_dataset<float>("/optimizer/" + s.group + "/m/" + t.name, m.data() + t.offset,
+                              t.shape);
+        r.read_dataset<float>("/optimizer/" + s.group + "/v/" + t.name, v.data() + t.offset,
+                              t.shape);
+      }
+      s.store->load_moments(u, m.data(), v.data());
+    }
+  }
+  return nlohmann::json::parse(r.read_string_attr("/trainer", "state"));
+}
+
+std::string latest_valid_checkpoint(const std::string& dir) {
+  auto all = list_checkpoints(dir);
+  for (auto it = all.rbegin(); it != all.rend(); ++it) {
+    try {
+      io::CheckpointReader r(*it);
+      io::check_checkpoint_format(r);
+      RLHF_CHECK(r.exists("/trainer") && r.has_attr("/trainer", "state"), "no /trainer state");
+      const auto state = nlohmann::json::parse(r.read_string_attr("/trainer", "state"));
+      RLHF_CHECK(state.is_object(), "the trainer state is not an object");
+      return *it;
+    } catch (const std::exception& e) {
+      LOG0_WARN("checkpoint {} is unusable ({}); trying the previous one", *it, e.what());
+    }
+  }
+  return "";
+}
+
+}  // namespace rlhf::app

@@ -1,0 +1,53 @@
+// Training checkpoints, full form: one HDF5 file per checkpoint holding the consolidated model(s),
+// their AdamW moments, and the trainer state (step, KL coefficient, data position, seeds), written
+// to `<name>.tmp` and renamed (the rename is the commit), with the last --max_ckpt_num kept.
+//
+// Layout (h5py-readable):
+//   /model/<HF name>                 the policy, exactly a model checkpoint (loadable by
+//   --pretrain)
+//   /<group>/<HF name>               other models (e.g. /critic), attrs config + head
+//   /optimizer/<group>/m/<HF name>   AdamW first moments, consolidated (any rank count resumes)
+//   /optimizer/<group>/v/<HF name>   AdamW second moments
+//   /trainer                         attrs: format, step, the trainer's JSON state ("state")
+// Moments are stored per tensor, unpadded, so a checkpoint made on N ranks loads on M ranks.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <string>
+#include <vector>
+
+#include "parallel/param_store.h"
+
+namespace rlhf::app {
+
+/// One model in a checkpoint: its group ("model" for the policy), its store, and whether its
+/// optimizer moments are saved/loaded.
+struct CheckpointSlot {
+  std::string group;
+  parallel::ParamStore* store = nullptr;
+  bool optimizer = true;
+};
+
+/// Collective over the stores' communicators (every training rank calls it in the same order);
+/// `writer` (true on exactly one rank, e.g. train rank 0) writes the file. Prunes older
+/// `step_*.h5` files in the directory beyond max_keep (<= 0 keeps all) after the commit.
+void save_train_checkpoint(const std::string& path, const std::vector<CheckpointSlot>& slots,
+                           const nlohmann::json& trainer_state, bool writer, int max_keep);
+
+/// Loads weights (and moments where slot.optimizer) into the stores and returns the trainer state.
+/// Every training rank reads the file. Throws rlhf::Error naming the file and what is missing.
+nlohmann::json load_train_checkpoint(const std::string& path,
+                                     const std::vector<CheckpointSlot>& slots);
+
+/// `<dir>/step_<k>.h5` for step k.
+std::string checkpoint_path(const std::string& dir, int64_t step);
+
+/// The committed checkpoints in `dir`, oldest first (by step).
+std::vector<std::string> list_checkpoints(const std::string& dir);
+
+/// The newest checkpoint in `dir` that opens and carries a trainer state; a newer file that is
+/// damaged (a truncated write, a bad byte) is skipped with a warning naming it. "" if none.
+std::string latest_valid_checkpoint(const std::string& dir);
+
+}  // namespace rlhf::app

@@ -1,0 +1,52 @@
+// `rlhf bench generate`: decode throughput of the rollout engine on the stories15M shape, next to
+// the same run's memory bandwidth (a STREAM-like triad) and sgemm GFLOP/s on the decode GEMM
+// shapes (issue 4's targets).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "bench/bench_train.h"
+#include "model/config.h"
+
+namespace rlhf::bench {
+
+struct BenchGenerateOptions {
+  /// The model (random weights). max_position_embeddings is raised to prompt_len + the longest
+  /// generation when it is smaller (RoPE tables only; no learned positions).
+  model::ModelConfig config = stories15m_config();
+  int64_t prompt_len = 64;
+  int64_t new_tokens = 128;                   ///< per sample, for the fixed-length runs
+  std::vector<int64_t> batches = {1, 8, 64};  ///< one fixed-length run per batch size
+  /// Ragged run: long_requests requests, at most long_batch decoded at once, each with its own
+  /// max length drawn uniformly from [long_min_new_tokens, long_new_tokens]; 0 requests = skip.
+  int64_t long_requests = 256;
+  int64_t long_batch = 64;
+  int64_t long_min_new_tokens = 64;
+  int64_t long_new_tokens = 1024;
+  int64_t triad_mb = 256;  ///< bytes of each of the triad's three arrays
+  uint64_t seed = 42;
+};
+
+/// STREAM-like triad a[i] = b[i] + s·c[i] over three arrays of `bytes_per_array` bytes (fp32), on
+/// the current OpenMP threads; best of `reps` after one untimed pass. GB/s with 3 arrays counted
+/// (GB = 1e9), as STREAM reports it. Emits {"bench":"triad", ...}.
+double bench_triad(int64_t bytes_per_array, int reps, const Emit& emit);
+
+/// sgemm (OpenBLAS, y = x·Wᵀ) and the decode kernel (model::linear_decode_cpu) on every linear of
+/// one decode step of `cfg` with `rows` tokens (q, k, v, o, gate, up, down per layer, the LM head),
+/// flop-weighted: Σ flops / Σ time. Emits one row per shape; returns the sgemm figure and puts the
+/// decode kernel's into *decode_kernel_gflops when given.
+double bench_sgemm_decode_shapes(const model::ModelConfig& cfg, int64_t rows, const Emit& emit,
+                                 double* decode_kernel_gflops = nullptr);
+
+/// Runs the fixed-length decode runs (each batch size: that many requests of prompt_len random
+/// tokens, new_tokens each, EOS ignored, temperature 1) and the ragged run, each once untimed to
+/// warm up and once timed, and emits per run {"bench":"generate", batch, new_tokens,
+/// tokens_per_s, decode_tokens_per_s, step_ms, weight_bytes_per_step, kv_bytes_per_step,
+/// read_GBps, triad_GBps, ratio_to_triad, decode_gflops_per_s, sgemm_gflops_per_s,
+/// ratio_to_sgemm, mean_batch, ...}; the ragged run adds ratio_to_fixed (its tokens/s over the
+/// fixed run's at the same batch). One rank only.
+void run_bench_generate(const BenchGenerateOptions& opt, const Emit& emit);
+
+}  // namespace rlhf::bench

@@ -1,0 +1,275 @@
+#include "model/ops/attention_decode.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <type_traits>
+#include <vector>
+
+#include "core/error.h"
+#include "model/ops/cpu/avx512_util.h"
+#include "model/ops/cpu/vec_math.h"
+
+namespace rlhf::model {
+
+namespace {
+
+// Where one (b, g) task reads and writes: its G query heads, output rows, block list, length.
+template <typename T>
+struct Group {
+  T* out;      // (G, D), row stride D
+  const T* q;  // (G, D)
+  const T* k;  // k_cache + g·bs·D: position s at k + (table[s / bs]·Hkv·bs + s % bs)·D
+  const T* v;  // likewise
+  const int32_t* table;
+  int64_t n, G, D, block_stride, bs;  // block_stride = Hkv·bs·D
+  T sc;
+};
+
+// e = exp(S − max S) in place for each of the G score rows (length n, stride n); inv[j] = 1/Σ e.
+template <typename T>
+void softmax_rows(T* S, T* inv, int64_t G, int64_t n) {
+  for (int64_t j = 0; j < G; ++j) {
+    T* row = S + j * n;
+    T mx = -std::numeric_limits<T>::infinity();
+#pragma omp simd reduction(max : mx)
+    for (int64_t s = 0; s < n; ++s) mx = row[s] > mx ? row[s] : mx;
+    T z = 0;
+#pragma omp simd reduction(+ : z)
+    for (int64_t s = 0; s < n; ++s) {
+      const T e = exp_vec(row[s] - mx);
+      row[s] = e;
+      z += e;
+    }
+    inv[j] = T(1) / z;
+  }
+}
+
+// Walks positions 0, 1, ... of a block list without a division per position.
+struct RowCursor {
+  const int32_t* table;
+  int64_t bs, block_stride, D, blk = 0, r = 0;
+  int64_t offset() const { return int64_t(table[blk]) * block_stride + r * D; }
+  void next() {
+    if (++r == bs) r = 0, ++blk;
+  }
+};
+
+// Portable (and double) path: scores by position, softmax, weighted sum of values.
+template <typename T>
+void group_generic(const Group<T>& a, T* S, T* inv) {
+  const int64_t n = a.n, G = a.G, D = a.D;
+  RowCursor cur{a.table, a.bs, a.block_stride, a.D};
+  for (int64_t s = 0; s < n; ++s, cur.next()) {
+    const T* kr = a.k + cur.offset();
+    for (int64_t j = 0; j < G; ++j) {
+      const T* qr = a.q + j * D;
+      T dot = 0;
+#pragma omp simd reduction(+ : dot)
+      for (int64_t d = 0; d < D; ++d) dot += qr[d] * kr[d];
+      S[j * n + s] = dot * a.sc;
+    }
+  }
+  softmax_rows(S, inv, G, n);
+  std::fill(a.out, a.out + G * D, T(0));
+  cur = RowCursor{a.table, a.bs, a.block_stride, a.D};
+  for (int64_t s = 0; s < n; ++s, cur.next()) {
+    const T* vr = a.v + cur.offset();
+    for (int64_t j = 0; j < G; ++j) {
+      const T p = S[j * n + s];
+      T* o = a.out + j * D;
+#pragma omp simd
+      for (int64_t d = 0; d < D; ++d) o[d] += p * vr[d];
+    }
+  }
+  for (int64_t j = 0; j < G; ++j) {
+    T* o = a.out + j * D;
+#pragma omp simd
+    for (int64_t d = 0; d < D; ++d) o[d] *= inv[j];
+  }
+}
+
+#if defined(__AVX512F__)
+RLHF_AVX512_DIAGNOSTICS_PUSH
+
+// fp32 AVX-512 path for D ≤ 16·NV: a head's D values are NV 16-lane chunks (the last one masked)
+// held in registers. Scores go 16 positions at a time — 16 dot-product accumulators, reduced
+// together by hsum16_f32 into one vector of 16 scores — and the weighted sum of values keeps its
+// NV accumulators in registers. Same formula and order of positions as group_generic.
+template <int NV>
+void group_f32(const Group<float>& a, float* S, float* inv) {
+  const int64_t n = a.n, G = a.G, D = a.D;
+  const __mmask16 tail = first_lanes(D - 16 * (NV - 1));
+  auto load = [tail](const float* p, int c) {
+    return c == NV - 1 ? _mm512_maskz_loadu_ps(tail, p + 16 * c) : _mm512_loadu_ps(p + 16 * c);
+  };
+  const __m512 scale = _mm512_set1_ps(a.sc);
+  // One head's rows of a block are contiguous (bs·D floats), but blocks are scattered: prefetch
+  // block i + 1 when block i starts, so the hardware prefetcher's ramp-up is not paid per block.
+  const int64_t nblk = (n + a.bs - 1) / a.bs, span = a.bs * D;
+  auto prefetch_block = [&](const float* base, int64_t i) {
+    if (i >= nblk) return;
+    const char* p = reinterpret_cast<const char*>(base + int64_t(a.table[i]) * a.block_stride);
+    for (int64_t off = 0; off < span * int64_t(sizeof(float)); off += 64)
+      _mm_prefetch(p + off, _MM_HINT_T0);
+  };
+  prefetch_block(a.k, 0);
+  RowCursor cur{a.table, a.bs, a.block_stride, a.D};
+  for (int64_t s0 = 0; s0 < n; s0 += 16) {
+    const int64_t rows = std::min<int64_t>(16, n - s0);
+    const float* kr[16];
+    for (int64_t i = 0; i < rows; ++i, cur.next()) {
+      if (cur.r == 0) prefetch_block(a.k, cur.blk + 1);
+      kr[i] = a.k + cur.offset();
+    }
+    for (int64_t j = 0; j < G; ++j) {
+      __m512 qv[NV];
+      for (int c = 0; c < NV; ++c) qv[c] = load(a.q + j * D, c);
+      __m512 acc[16];
+      for (int64_t i = 0; i < 16; ++i) {
+        if (i >= rows) {
+          acc[i] = _mm512_setzero_ps();
+          continue;
+        }
+        __m512 x = _mm512_mul_ps(qv[0], load(kr[i], 0));
+        for (int c = 1; c < NV; ++c) x = _mm512_fmadd_ps(qv[c], load(kr[i], c), x);
+        acc[i] = x;
+      }
+      _mm512_mask_storeu_ps(S + j * n + s0, first_lanes(rows),
+                            _mm512_mul_ps(hsum16_f32(acc), scale));
+    }
+  }
+  prefetch_block(a.v, 0);
+  softmax_rows(S, inv, G, n);
+  for (int64_t j = 0; j < G; ++j) {
+    const float* p = S + j * n;
+    __m512 acc[NV];
+    for (int c = 0; c < NV; ++c) acc[c] = _mm512_setzero_ps();
+    cur = RowCursor{a.table, a.bs, a.block_stride, a.D};
+    for (int64_t s = 0; s < n; ++s, cur.next()) {
+      if (cur.r == 0 && j == 0) prefetch_block(a.v, cur.blk + 1);
+      const float* vr = a.v + cur.offset();
+      const __m512 ps = _mm512_set1_ps(p[s]);
+      for (int c = 0; c < NV; ++c) acc[c] = _mm512_fmadd_ps(ps, load(vr, c), acc[c]);
+    }
+    const __m512 iz = _mm512_set1_ps(inv[j]);
+    float* o = a.out + j * D;
+    for (int c = 0; c < NV; ++c) {
+      const __m512 r = _mm512_mul_ps(acc[c], iz);
+      if (c == NV - 1)
+        _mm512_mask_storeu_ps(o + 16 * c, tail, r);
+      else
+        _mm512_storeu_ps(o + 16 * c, r);
+    }
+  }
+}
+
+// Head dimensions up to 8 16-lane chunks (D ≤ 128) take the AVX-512 path, larger ones the
+// portable one.
+void group_dispatch(const Group<float>& a, float* S, float* inv) {
+  switch ((a.D + 15) / 16) {
+    case 1:
+      return group_f32<1>(a, S, inv);
+    case 2:
+      return group_f32<2>(a, S, inv);
+    case 3:
+      return group_f32<3>(a, S, inv);
+    case 4:
+      return group_f32<4>(a, S, inv);
+    case 5:
+      return group_f32<5>(a, S, inv);
+    case 6:
+      return group_f32<6>(a, S, inv);
+    case 7:
+      return group_f32<7>(a, S, inv);
+    case 8:
+      return group_f32<8>(a, S, inv);
+    default:
+      return group_generic(a, S, inv);
+  }
+}
+
+RLHF_AVX512_DIAGNOSTICS_POP
+#endif
+
+}  // namespace
+
+// Per (b, KV head g), for its G query heads j at once (each cached K/V row is read once per group
+// of 16 positions):
+//   S[j, s] = q_j · K[s] / sqrt(D)                      (positions in order)
+//   e[j, s] = exp(S[j, s] − max_s S[j, ·]),  Z_j = Σ_s e[j, s]
+//   out_j   = (Σ_s e[j, s] · V[s]) / Z_j
+template <typename T>
+void attention_decode_cpu(T* out, const T* q, const T* k_cache, const T* v_cache,
+                          const int32_t* block_table, const int32_t* seq_lens, int64_t B, int64_t H,
+                          int64_t Hkv, int64_t D, int64_t num_blocks, int64_t block_size,
+                          int64_t max_blocks) {
+  RLHF_CHECK(
+      B > 0 && H > 0 && Hkv > 0 && D > 0 && num_blocks > 0 && block_size > 0 && max_blocks > 0,
+      "attention_decode_cpu: all dimensions must be > 0, got B={} H={} Hkv={} D={} "
+      "num_blocks={} block_size={} max_blocks={}",
+      B, H, Hkv, D, num_blocks, block_size, max_blocks);
+  RLHF_CHECK(H % Hkv == 0,
+             "attention_decode_cpu: num_attention_heads H={} is not a multiple of "
+             "num_key_value_heads Hkv={}",
+             H, Hkv);
+  // Everything is checked before the parallel region (an exception must not leave it).
+  int64_t max_n = 0;
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t n = seq_lens[b];
+    RLHF_CHECK(n >= 1 && n <= max_blocks * block_size,
+               "attention_decode_cpu: sequence {} has length {}, outside [1, {}] (max_blocks {} x "
+               "block_size {})",
+               b, n, max_blocks * block_size, max_blocks, block_size);
+    for (int64_t i = 0; i < (n + block_size - 1) / block_size; ++i) {
+      const int32_t blk = block_table[b * max_blocks + i];
+      RLHF_CHECK(blk >= 0 && blk < num_blocks,
+                 "attention_decode_cpu: block table entry {} of sequence {} is {}, outside [0, {})",
+                 i, b, blk, num_blocks);
+    }
+    max_n = std::max(max_n, n);
+  }
+  const int64_t G = H / Hkv;
+  const int64_t block_stride = Hkv * block_size * D;  // elements of one block
+  const T sc = T(1) / std::sqrt(static_cast<T>(D));
+  const int64_t scratch = G * max_n + G;  // per thread: scores (G, n) and 1/Z (G)
+  std::vector<T> scores(static_cast<size_t>(omp_get_max_threads() * scratch));
+#pragma omp parallel
+  {
+    T* S = scores.data() + omp_get_thread_num() * scratch;
+    T* inv = S + G * max_n;  // (G) 1 / Z_j
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t bg = 0; bg < B * Hkv; ++bg) {
+      const int64_t b = bg / Hkv, g = bg % Hkv;
+      const Group<T> a{out + (b * H + g * G) * D,
+                       q + (b * H + g * G) * D,
+                       k_cache + g * block_size * D,
+                       v_cache + g * block_size * D,
+                       block_table + b * max_blocks,
+                       int64_t(seq_lens[b]),
+                       G,
+                       D,
+                       block_stride,
+                       block_size,
+                       sc};
+#if defined(__AVX512F__)
+      if constexpr (std::is_same_v<T, float>) {
+        group_dispatch(a, S, inv);
+        continue;
+      }
+#endif
+      group_generic(a, S, inv);
+    }
+  }
+}
+
+template void attention_decode_cpu<float>(float*, const float*, const float*, const float*,
+                                          const int32_t*, const int32_t*, int64_t, int64_t, int64_t,
+                                          int64_t, int64_t, int64_t, int64_t);
+template void attention_decode_cpu<double>(double*, const double*, const double*, const double*,
+                                           const int32_t*, const int32_t*, int64_t, int64_t,
+                                           int64_t, int64_t, int64_t, int64_t, int64_t);
+
+}  // namespace rlhf::model

@@ -1,0 +1,604 @@
+// Causal grouped-query attention on the GPU, flash-attention style (Dao et al. 2022; FA-2 loop
+// order, Dao 2023): the (T, T) score matrix never exists in memory. Forward keeps the online
+// softmax state (running max m, running sum l, un-normalised output) per query row in registers
+// and saves lse = m + log l; backward recomputes P = exp(S − lse) tile by tile.
+//
+// Thread mapping (all kernels): a warp handles one query row at a time. For the scores, lane j
+// takes key j of a 32-key tile and computes its whole dot product (q row broadcast from shared
+// memory, key row from a padded shared tile: stride D + 1 keeps the 32 lanes on distinct banks
+// for even D). For the D-long accumulators, lane j owns the dimensions d = j + 32·c, c < kDC
+// (so D <= 32·kDC), and gets the per-key weights by __shfl_sync. Math is fp32 throughout (bf16
+// only in memory); no tensor cores: this is the simple, checkable version.
+//
+// Masking: a (row t, key tile from s0) pair is only visited when s0 <= t, so the tile's first key
+// is always visible and every running max is finite; keys s > t get score −inf (p = 0). Keys past
+// T are loaded as zeros and are masked the same way (s > t for every t < T).
+#include "model/ops/attention.h"
+#include "model/ops/cuda/cuda_common.cuh"
+
+namespace rlhf::model {
+
+using cuda::kWarpSize;
+using cuda::to_bf16;
+using cuda::to_f32;
+using cuda::warp_max;
+using cuda::warp_sum;
+
+namespace {
+
+constexpr unsigned kFull = 0xffffffffu;
+constexpr int kWarps = 4;                      // warps per block (128 threads)
+constexpr int kBc = 32;                        // keys per shared-memory tile (one per lane)
+constexpr int kFwdRows = 4;                    // forward: query rows per warp
+constexpr int kFwdBr = kWarps * kFwdRows;      // forward: 16 query rows per block
+constexpr int kDqRows = 2;                     // backward dq: query rows per warp
+constexpr int kDqBr = kWarps * kDqRows;        // backward dq: 8 query rows per block
+constexpr int kKeysPerWarp = 8;                // backward dk/dv: keys owned per warp
+constexpr int kDkvBc = kWarps * kKeysPerWarp;  // backward dk/dv: 32 keys per block
+constexpr int kDkvBr = 32;                     // backward dk/dv: query rows per shared tile
+constexpr int kMaxD = 128;
+constexpr int kDecodeMaxHeadsPerWarp = 4;  // decode: G <= kWarps · 4 = 16
+
+// Loads rows [s0, s0 + kBc) of a (T, row_stride) bf16 matrix (columns [0, D)) into a (kBc, D + 1)
+// fp32 shared tile; rows at or beyond `limit` become zeros.
+__device__ __forceinline__ void load_tile(float* tile, const bf16* src, int64_t row_stride, int s0,
+                                          int limit, int D) {
+  const int ks = D + 1;
+  for (int i = threadIdx.x; i < kBc * D; i += blockDim.x) {
+    const int j = i / D, d = i % D, s = s0 + j;
+    tile[j * ks + d] = s < limit ? to_f32(src[static_cast<int64_t>(s) * row_stride + d]) : 0.0f;
+  }
+}
+
+// Dot product of a shared row a[0, D) with a shared row b[0, D).
+__device__ __forceinline__ float dot_shared(const float* a, const float* b, int D) {
+  float acc = 0.0f;
+  for (int d = 0; d < D; ++d) acc += a[d] * b[d];
+  return acc;
+}
+
+// --- forward ---------------------------------------------------------------------------------
+
+// Block: (b, h, query tile of kFwdBr rows); tiles ordered last-first so the longest ones start
+// early. Shared: q tile (kFwdBr, D), K and V tiles (kBc, D + 1).
+template <int kDC>
+__global__ void __launch_bounds__(kWarps* kWarpSize)
+    attn_fwd_kernel(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v, int T,
+                    int H, int Hkv, int D, float scale) {
+  extern __shared__ float smem[];
+  const int ks = D + 1;
+  float* sq = smem;
+  float* sk = sq + kFwdBr * D;
+  float* sv = sk + kBc * ks;
+  const int tiles = (T + kFwdBr - 1) / kFwdBr;
+  const int tile = tiles - 1 - static_cast<int>(blockIdx.x % tiles);
+  const int bh = static_cast<int>(blockIdx.x / tiles);
+  const int b = bh / H, h = bh % H, g = h / (H / Hkv);
+  const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
+  const int64_t qs = static_cast<int64_t>(H) * D, kvs = static_cast<int64_t>(Hkv) * D;
+  const bf16* qb = q + static_cast<int64_t>(b) * T * qs + static_cast<int64_t>(h) * D;
+  const bf16* kb = k + static_cast<int64_t>(b) * T * kvs + static_cast<int64_t>(g) * D;
+  const bf16* vb = v + static_cast<int64_t>(b) * T * kvs + static_cast<int64_t>(g) * D;
+  const int t0 = tile * kFwdBr;
+  for (int i = threadIdx.x; i < kFwdBr * D; i += blockDim.x) {
+    const int r = i / D, d = i % D, t = t0 + r;
+    sq[i] = t < T ? to_f32(qb[static_cast<int64_t>(t) * qs + d]) : 0.0f;
+  }
+  float m[kFwdRows], l[kFwdRows], acc[kFwdRows][kDC];
+#pragma unroll
+  for (int rr = 0; rr < kFwdRows; ++rr) {
+    m[rr] = -INFINITY;
+    l[rr] = 0.0f;
+#pragma unroll
+    for (int c = 0; c < kDC; ++c) acc[rr][c] = 0.0f;
+  }
+  const int t_last = min(T, t0 + kFwdBr) - 1;
+  for (int s0 = 0; s0 <= t_last; s0 += kBc) {
+    __syncthreads();  // the previous tiles are consumed (and sq is complete)
+    load_tile(sk, kb, kvs, s0, T, D);
+    load_tile(sv, vb, kvs, s0, T, D);
+    __syncthreads();
+#pragma unroll
+    for (int rr = 0; rr < kFwdRows; ++rr) {
+      const int r = warp * kFwdRows + rr, t = t0 + r;
+      if (t >= T || s0 > t) continue;  // warp-uniform
+      const int s = s0 + lane;
+      const float score = s <= t ? dot_shared(sq + r * D, sk + lane * ks, D) * scale : -INFINITY;
+      const float m_new = fmaxf(m[rr], warp_max(score));  // finite: key s0 <= t is visible
+      const float corr = expf(m[rr] - m_new);             // 0 on the first tile (m = −inf)
+      const float p = expf(score - m_new);                // 0 for masked keys
+      l[rr] = l[rr] * corr + warp_sum(p);
+#pragma unroll
+      for (int c = 0; c < kDC; ++c) acc[rr][c] *= corr;
+      for (int j = 0; j < kBc; ++j) {
+        const float pj = __shfl_sync(kFull, p, j);
+        const float* vr = sv + j * ks;
+#pragma unroll
+        for (int c = 0; c < kDC; ++c) {
+          const int d = lane + kWarpSize * c;
+          if (d < D) acc[rr][c] += pj * vr[d];
+        }
+      }
+      m[rr] = m_new;
+    }
+  }
+  bf16* ob = out + static_cast<int64_t>(b) * T * qs + static_cast<int64_t>(h) * D;
+#pragma unroll
+  for (int rr = 0; rr < kFwdRows; ++rr) {
+    const int t = t0 + warp * kFwdRows + rr;
+    if (t >= T) continue;
+    const float inv = 1.0f / l[rr];
+#pragma unroll
+    for (int c = 0; c < kDC; ++c) {
+      const int d = lane + kWarpSize * c;
+      if (d < D) ob[static_cast<int64_t>(t) * qs + d] = to_bf16(acc[rr][c] * inv);
+    }
+    if (lane == 0) lse[static_cast<int64_t>(bh) * T + t] = m[rr] + logf(l[rr]);
+  }
+}
+
+// --- backward: dq ----------------------------------------------------------------------------
+
+// Block: (b, h, query tile of kDqBr rows). Per row t: Δ_t = Σ_d dout·out, then per key s <= t:
+// p = exp(q·k·scale − lse_t), dp = dout_t·v_s, ds = p·(dp − Δ_t); dq_t = scale · Σ_s ds·k_s.
+// Shared: q and dout tiles (kDqBr, D), K and V tiles (kBc, D + 1).
+template <int kDC>
+__global__ void __launch_bounds__(kWarps* kWarpSize)
+    attn_bwd_dq_kernel(bf16* dq, const bf16* dout, const bf16* out, const float* lse, const bf16* q,
+                       const bf16* k, const bf16* v, int T, int H, int Hkv, int D, float scale) {
+  extern __shared__ float smem[];
+  const int ks = D + 1;
+  float* sq = smem;
+  float* sdo = sq + kDqBr * D;
+  float* sk = sdo + kDqBr * D;
+  float* sv = sk + kBc * ks;
+  const int tiles = (T + kDqBr - 1) / kDqBr;
+  const int tile = tiles - 1 - static_cast<int>(blockIdx.x % tiles);
+  const int bh = static_cast<int>(blockIdx.x / tiles);
+  const int b = bh / H, h = bh % H, g = h / (H / Hkv);
+  const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
+  const int64_t qs = static_cast<int64_t>(H) * D, kvs = static_cast<int64_t>(Hkv) * D;
+  const int64_t qoff = static_cast<int64_t>(b) * T * qs + static_cast<int64_t>(h) * D;
+  const bf16* kb = k + static_cast<int64_t>(b) * T * kvs + static_cast<int64_t>(g) * D;
+  const bf16* vb = v + static_cast<int64_t>(b) * T * kvs + static_cast<int64_t>(g) * D;
+  const int t0 = tile * kDqBr;
+  for (int i = threadIdx.x; i < kDqBr * D; i += blockDim.x) {
+    const int r = i / D, d = i % D, t = t0 + r;
+    const int64_t idx = qoff + static_cast<int64_t>(t) * qs + d;
+    sq[i] = t < T ? to_f32(q[idx]) : 0.0f;
+    sdo[i] = t < T ? to_f32(dout[idx]) : 0.0f;
+  }
+  float row_lse[kDqRows], delta[kDqRows], acc[kDqRows][kDC];
+#pragma unroll
+  for (int rr = 0; rr < kDqRows; ++rr) {
+    const int t = t0 + warp * kDqRows + rr;
+    float part = 0.0f;
+    if (t < T)
+      for (int d = lane; d < D; d += kWarpSize) {
+        const int64_t idx = qoff + static_cast<int64_t>(t) * qs + d;
+        part += to_f32(dout[idx]) * to_f32(out[idx]);
+      }
+    delta[rr] = warp_sum(part);
+    row_lse[rr] = t < T ? lse[static_cast<int64_t>(bh) * T + t] : 0.0f;
+#pragma unroll
+    for (int c = 0; c < kDC; ++c) acc[rr][c] = 0.0f;
+  }
+  const int t_last = min(T, t0 + kDqBr) - 1;
+  for (int s0 = 0; s0 <= t_last; s0 += kBc) {
+    __syncthreads();
+    load_tile(sk, kb, kvs, s0, T, D);
+    load_tile(sv, vb, kvs, s0, T, D);
+    __syncthreads();
+#pragma unroll
+    for (int rr = 0; rr < kDqRows; ++rr) {
+      const int r = warp * kDqRows + rr, t = t0 + r;
+      if (t >= T || s0 > t) continue;  // warp-uniform
+      const int s = s0 + lane;
+      float ds = 0.0f;
+      if (s <= t) {
+        const float p = expf(dot_shared(sq + r * D, sk + lane * ks, D) * scale - row_lse[rr]);
+        const float dp = dot_shared(sdo + r * D, sv + lane * ks, D);
+        ds = p * (dp - delta[rr]);
+      }
+      for (int j = 0; j < kBc; ++j) {
+        const float dsj = __shfl_sync(kFull, ds, j);
+        const float* kr = sk + j * ks;
+#pragma unroll
+        for (int c = 0; c < kDC; ++c) {
+          const int d = lane + kWarpSize * c;
+          if (d < D) acc[rr][c] += dsj * kr[d];
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int rr = 0; rr < kDqRows; ++rr) {
+    const int t = t0 + warp * kDqRows + rr;
+    if (t >= T) continue;
+#pragma unroll
+    for (int c = 0; c < kDC; ++c) {
+      const int d = lane + kWarpSize * c;
+      if (d < D) dq[qoff + static_cast<int64_t>(t) * qs + d] = to_bf16(acc[rr][c] * scale);
+    }
+  }
+}
+
+// --- backward: dk, dv ------------------------------------------------------------------------
+
+// Block: (b, KV head g, key block [s0, s0 + 32)); warp w owns keys s0 + 8w .. s0 + 8w + 7, whose
+// k, v rows and dk, dv accumulators live in registers (lane: dimensions d = lane + 32c). The block
+// walks the G query heads of the group and, for each, the query rows t >= s0 in tiles of 32
+// (q, dout, lse, Δ staged in shared memory), in a fixed order: dk, dv are deterministic.
+//   p = exp(q_t·k_s·scale − lse_t), dp = dout_t·v_s, ds = p·(dp − Δ_t)
+//   dv_s += p·dout_t,  dk_s += ds·q_t (·scale at the end)
+template <int kDC>
+__global__ void __launch_bounds__(kWarps* kWarpSize)
+    attn_bwd_dkdv_kernel(bf16* dk, bf16* dv, const bf16* dout, const bf16* out, const float* lse,
+                         const bf16* q, const bf16* k, const bf16* v, int T, int H, int Hkv, int D,
+                         float scale) {
+  extern __shared__ float smem[];
+  float* sq = smem;                // (kDkvBr, D)
+  float* sdo = sq + kDkvBr * D;    // (kDkvBr, D)
+  float* slse = sdo + kDkvBr * D;  // (kDkvBr)
+  float* sdelta = slse + kDkvBr;   // (kDkvBr)
+  const int tiles = (T + kDkvBc - 1) / kDkvBc;
+  const int tile = static_cast<int>(blockIdx.x % tiles);  // early key blocks have the most rows
+  const int bg = static_cast<int>(blockIdx.x / tiles);
+  const int b = bg / Hkv, g = bg % Hkv, G = H / Hkv;
+  const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
+  const int64_t qs = static_cast<int64_t>(H) * D, kvs = static_cast<int64_t>(Hkv) * D;
+  const int64_t kvoff = static_cast<int64_t>(b) * T * kvs + static_cast<int64_t>(g) * D;
+  const int s0 = tile * kDkvBc;
+  const int sw = s0 + warp * kKeysPerWarp;  // first key of this warp
+  float kr[kKeysPerWarp][kDC], vr[kKeysPerWarp][kDC], dka[kKeysPerWarp][kDC],
+      dva[kKeysPerWarp][kDC];
+#pragma unroll
+  for (int j = 0; j < kKeysPerWarp; ++j) {
+    const int s = sw + j;
+#pragma unroll
+    for (int c = 0; c < kDC; ++c) {
+      const int d = lane + kWarpSize * c;
+      const bool ok = s < T && d < D;
+      const int64_t idx = kvoff + static_cast<int64_t>(s) * kvs + d;
+      kr[j][c] = ok ? to_f32(k[idx]) : 0.0f;
+      vr[j][c] = ok ? to_f32(v[idx]) : 0.0f;
+      dka[j][c] = 0.0f;
+      dva[j][c] = 0.0f;
+    }
+  }
+  for (int hh = 0; hh < G; ++hh) {
+    const int h = g * G + hh;
+    const int64_t qoff = static_cast<int64_t>(b) * T * qs + static_cast<int64_t>(h) * D;
+    const float* lse_bh = lse + (static_cast<int64_t>(b) * H + h) * T;
+    for (int tq0 = s0; tq0 < T; tq0 += kDkvBr) {
+      __syncthreads();  // the previous query tile is consumed
+      for (int i = threadIdx.x; i < kDkvBr * D; i += blockDim.x) {
+        const int r = i / D, d = i % D, t = tq0 + r;
+        const int64_t idx = qoff + static_cast<int64_t>(t) * qs + d;
+        sq[i] = t < T ? to_f32(q[idx]) : 0.0f;
+        sdo[i] = t < T ? to_f32(dout[idx]) : 0.0f;
+      }
+      for (int r = warp; r < kDkvBr; r += kWarps) {  // Δ_t and lse_t, one warp per row
+        const int t = tq0 + r;
+        float part = 0.0f;
+        if (t < T)
+          for (int d = lane; d < D; d += kWarpSize) {
+            const int64_t idx = qoff + static_cast<int64_t>(t) * qs + d;
+            part += to_f32(dout[idx]) * to_f32(out[idx]);
+          }
+        part = warp_sum(part);
+        if (lane == 0) {
+          sdelta[r] = part;
+          slse[r] = t < T ? lse_bh[t] : 0.0f;
+        }
+      }
+      __syncthreads();
+      const int rows = min(kDkvBr, T - tq0);
+      for (int r = 0; r < rows; ++r) {
+        const int t = tq0 + r;
+        if (t < sw) continue;  // every key of this warp is after t (warp-uniform)
+        const float* qrow = sq + r * D;
+        const float* dorow = sdo + r * D;
+        float sc[kKeysPerWarp], dp[kKeysPerWarp];
+#pragma unroll
+        for (int j = 0; j < kKeysPerWarp; ++j) {
+          sc[j] = 0.0f;
+          dp[j] = 0.0f;
+#pragma unroll
+          for (int c = 0; c < kDC; ++c) {
+            const int d = lane + kWarpSize * c;
+            if (d < D) {
+              sc[j] += qrow[d] * kr[j][c];
+              dp[j] += dorow[d] * vr[j][c];
+            }
+          }
+        }
+#pragma unroll
+        for (int j = 0; j < kKeysPerWarp; ++j) {
+          sc[j] = warp_sum(sc[j]);
+          dp[j] = warp_sum(dp[j]);
+        }
+        const float row_lse = slse[r], row_delta = sdelta[r];
+#pragma unroll
+        for (int j = 0; j < kKeysPerWarp; ++j) {
+          const int s = sw + j;
+          const float p = s <= t ? expf(sc[j] * scale - row_lse) : 0.0f;  // s <= t < T
+          const float ds = p * (dp[j] - row_delta);
+#pragma unroll
+          for (int c = 0; c < kDC; ++c) {
+            const int d = lane + kWarpSize * c;
+            if (d < D) {
+              dva[j][c] += p * dorow[d];
+              dka[j][c] += ds * qrow[d];
+            }
+          }
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < kKeysPerWarp; ++j) {
+    const int s = sw + j;
+    if (s >= T) continue;
+#pragma unroll
+    for (int c = 0; c < kDC; ++c) {
+      const int d = lane + kWarpSize * c;
+      if (d < D) {
+        const int64_t idx = kvoff + static_cast<int64_t>(s) * kvs + d;
+        dk[idx] = to_bf16(dka[j][c] * scale);
+        dv[idx] = to_bf16(dva[j][c]);
+      }
+    }
+  }
+}
+
+// --- decode ----------------------------------------------------------------------------------
+
+// Block: (b, KV head g, split); keys [split·kSplit, min(len, (split+1)·kSplit)) in tiles of 32.
+// Warp w handles the query heads hh = w, w + 4, ... (< G) of the group, so K/V are read once per
+// group. Writes the split's partial state (m, l, un-normalised acc) for every head, an empty one
+// (m = −inf, l = 0, acc = 0) when the split holds no key. Shared: q rows (G, D), K, V tiles.
+template <int kDC>
+__global__ void __launch_bounds__(kWarps* kWarpSize)
+    attn_decode_kernel(float* part_acc, float* part_ml, const bf16* q, const bf16* k_cache,
+                       const bf16* v_cache, const int32_t* lens, int T_max, int H, int Hkv, int D,
+                       int nsplit, float scale) {
+  extern __shared__ float smem[];
+  const int ks = D + 1;
+  const int G = H / Hkv;
+  float* sq = smem;        // (G, D)
+  float* sk = sq + G * D;  // (kBc, ks)
+  float* sv = sk + kBc * ks;
+  const int split = static_cast<int>(blockIdx.x % nsplit);
+  const int bg = static_cast<int>(blockIdx.x / nsplit);
+  const int b = bg / Hkv, g = bg % Hkv;
+  const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
+  const int len = max(0, min(T_max, lens[b]));
+  const int c0 = split * static_cast<int>(kAttentionDecodeSplit);
+  const int c1 = min(len, c0 + static_cast<int>(kAttentionDecodeSplit));
+  const int64_t kvs = static_cast<int64_t>(Hkv) * D;
+  const int64_t kvoff = static_cast<int64_t>(b) * T_max * kvs + static_cast<int64_t>(g) * D;
+  for (int i = threadIdx.x; i < G * D; i += blockDim.x)
+    sq[i] = to_f32(q[(static_cast<int64_t>(b) * H + g * G) * D + i]);  // heads g·G .. g·G+G−1
+  float m[kDecodeMaxHeadsPerWarp], l[kDecodeMaxHeadsPerWarp], acc[kDecodeMaxHeadsPerWarp][kDC];
+#pragma unroll
+  for (int i = 0; i < kDecodeMaxHeadsPerWarp; ++i) {
+    m[i] = -INFINITY;
+    l[i] = 0.0f;
+#pragma unroll
+    for (int c = 0; c < kDC; ++c) acc[i][c] = 0.0f;
+  }
+  for (int s0 = c0; s0 < c1; s0 += kBc) {  // block-uniform
+    __syncthreads();
+    load_tile(sk, k_cache + kvoff, kvs, s0, c1, D);
+    load_tile(sv, v_cache + kvoff, kvs, s0, c1, D);
+    __syncthreads();
+#pragma unroll
+    for (int i = 0; i < kDecodeMaxHeadsPerWarp; ++i) {
+      const int hh = warp + kWarps * i;
+      if (hh >= G) continue;  // warp-uniform
+      const int s = s0 + lane;
+      const float score = s < c1 ? dot_shared(sq + hh * D, sk + lane * ks, D) * scale : -INFINITY;
+      const float m_new = fmaxf(m[i], warp_max(score));  // finite: key s0 < c1
+      const float corr = expf(m[i] - m_new);
+      const float p = expf(score - m_new);
+      l[i] = l[i] * corr + warp_sum(p);
+#pragma unroll
+      for (int c = 0; c < kDC; ++c) acc[i][c] *= corr;
+      for (int j = 0; j < kBc; ++j) {
+        const float pj = __shfl_sync(kFull, p, j);
+        const float* vrow = sv + j * ks;
+#pragma unroll
+        for (int c = 0; c < kDC; ++c) {
+          const int d = lane + kWarpSize * c;
+          if (d < D) acc[i][c] += pj * vrow[d];
+        }
+      }
+      m[i] = m_new;
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < kDecodeMaxHeadsPerWarp; ++i) {
+    const int hh = warp + kWarps * i;
+    if (hh >= G) continue;
+    const int64_t slot = (static_cast<int64_t>(b) * H + g * G + hh) * nsplit + split;
+#pragma unroll
+    for (int c = 0; c < kDC; ++c) {
+      const int d = lane + kWarpSize * c;
+      if (d < D) part_acc[slot * D + d] = acc[i][c];
+    }
+    if (lane == 0) {
+      part_ml[2 * slot] = m[i];
+      part_ml[2 * slot + 1] = l[i];
+    }
+  }
+}
+
+// Block per (b, h), threads over d: M = max over non-empty splits of m, L = Σ l·exp(m − M),
+// out = Σ acc·exp(m − M) / L (0 when every split is empty). Splits combined in index order.
+__global__ void attn_decode_combine_kernel(bf16* out, const float* part_acc, const float* part_ml,
+                                           int D, int nsplit) {
+  const int64_t bh = blockIdx.x;
+  const float* ml = part_ml + bh * nsplit * 2;
+  const float* pa = part_acc + bh * nsplit * D;
+  float M = -INFINITY;
+  for (int i = 0; i < nsplit; ++i)
+    if (ml[2 * i + 1] > 0.0f) M = fmaxf(M, ml[2 * i]);
+  float L = 0.0f;
+  for (int i = 0; i < nsplit; ++i)
+    if (ml[2 * i + 1] > 0.0f) L += ml[2 * i + 1] * expf(ml[2 * i] - M);
+  for (int d = threadIdx.x; d < D; d += blockDim.x) {
+    float o = 0.0f;
+    for (int i = 0; i < nsplit; ++i)
+      if (ml[2 * i + 1] > 0.0f) o += pa[static_cast<int64_t>(i) * D + d] * expf(ml[2 * i] - M);
+    out[bh * D + d] = to_bf16(L > 0.0f ? o / L : 0.0f);
+  }
+}
+
+// --- launch helpers --------------------------------------------------------------------------
+
+void check_dims(const char* op, int64_t B, int64_t T_, int64_t H, int64_t Hkv, int64_t D) {
+  RLHF_CHECK(B > 0 && T_ > 0 && H > 0 && Hkv > 0 && D > 0,
+             "{}: all dimensions must be > 0, got B={} T={} H={} Hkv={} D={}", op, B, T_, H, Hkv,
+             D);
+  RLHF_CHECK(H % Hkv == 0,
+             "{}: num_attention_heads H={} is not a multiple of num_key_value_heads Hkv={}", op, H,
+             Hkv);
+  RLHF_CHECK(D <= kMaxD, "{}: head_dim D={} is above the {} this kernel supports", op, D, kMaxD);
+  RLHF_CHECK(T_ <= INT32_MAX / 2 && B * H * T_ <= INT32_MAX && B * T_ * H * D < (int64_t{1} << 62),
+             "{}: sizes too large (B={} T={} H={} D={})", op, B, T_, H, D);
+}
+
+// Number of 32-wide dimension chunks per lane: 1, 2 or 4 (D <= 128).
+int d_chunks(int64_t D) {
+  return D <= 32 ? 1 : D <= 64 ? 2 : 4;
+}
+
+// Grid sizes are 1-D (gridDim.x allows 2^31 − 1 blocks).
+unsigned grid_1d(int64_t blocks, const char* op) {
+  RLHF_CHECK(blocks > 0 && blocks <= INT32_MAX, "{}: {} blocks do not fit one grid", op, blocks);
+  return static_cast<unsigned>(blocks);
+}
+
+template <int kDC>
+void launch_forward(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v, int64_t B,
+                    int64_t T, int64_t H, int64_t Hkv, int64_t D, cudaStream_t stream) {
+  const size_t smem = sizeof(float) * static_cast<size_t>(kFwdBr * D + 2 * kBc * (D + 1));
+  const unsigned grid = grid_1d(B * H * cuda::ceil_div(T, kFwdBr), "attention_forward_cuda");
+  attn_fwd_kernel<kDC><<<grid, kWarps * kWarpSize, smem, stream>>>(
+      out, lse, q, k, v, static_cast<int>(T), static_cast<int>(H), static_cast<int>(Hkv),
+      static_cast<int>(D), 1.0f / sqrtf(static_cast<float>(D)));
+  CUDA_CHECK(cudaGetLastError());
+}
+
+template <int kDC>
+void launch_backward(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf16* out,
+                     const float* lse, const bf16* q, const bf16* k, const bf16* v, int64_t B,
+                     int64_t T, int64_t H, int64_t Hkv, int64_t D, cudaStream_t stream) {
+  const float scale = 1.0f / sqrtf(static_cast<float>(D));
+  const int Ti = static_cast<int>(T), Hi = static_cast<int>(H), Hkvi = static_cast<int>(Hkv),
+            Di = static_cast<int>(D);
+  const size_t smem_dq = sizeof(float) * static_cast<size_t>(2 * kDqBr * D + 2 * kBc * (D + 1));
+  const unsigned grid_dq = grid_1d(B * H * cuda::ceil_div(T, kDqBr), "attention_backward_cuda");
+  attn_bwd_dq_kernel<kDC><<<grid_dq, kWarps * kWarpSize, smem_dq, stream>>>(
+      dq, dout, out, lse, q, k, v, Ti, Hi, Hkvi, Di, scale);
+  CUDA_CHECK(cudaGetLastError());
+  const size_t smem_kv = sizeof(float) * static_cast<size_t>(2 * kDkvBr * D + 2 * kDkvBr);
+  const unsigned grid_kv = grid_1d(B * Hkv * cuda::ceil_div(T, kDkvBc), "attention_backward_cuda");
+  attn_bwd_dkdv_kernel<kDC><<<grid_kv, kWarps * kWarpSize, smem_kv, stream>>>(
+      dk, dv, dout, out, lse, q, k, v, Ti, Hi, Hkvi, Di, scale);
+  CUDA_CHECK(cudaGetLastError());
+}
+
+template <int kDC>
+void launch_decode(float* part_acc, float* part_ml, const bf16* q, const bf16* k_cache,
+                   const bf16* v_cache, const int32_t* lens, int64_t B, int64_t T_max, int64_t H,
+                   int64_t Hkv, int64_t D, int64_t nsplit, cudaStream_t stream) {
+  const int64_t G = H / Hkv;
+  const size_t smem = sizeof(float) * static_cast<size_t>(G * D + 2 * kBc * (D + 1));
+  const unsigned grid = grid_1d(B * Hkv * nsplit, "attention_decode_cuda");
+  attn_decode_kernel<kDC><<<grid, kWarps * kWarpSize, smem, stream>>>(
+      part_acc, part_ml, q, k_cache, v_cache, lens, static_cast<int>(T_max), static_cast<int>(H),
+      static_cast<int>(Hkv), static_cast<int>(D), static_cast<int>(nsplit),
+      1.0f / sqrtf(static_cast<float>(D)));
+  CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace
+
+// --- launchers -------------------------------------------------------------------------------
+
+void attention_forward_cuda(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v,
+                            int64_t B, int64_t T_, int64_t H, int64_t Hkv, int64_t D,
+                            cudaStream_t stream) {
+  NVTX_RANGE_FN();
+  check_dims("attention_forward_cuda", B, T_, H, Hkv, D);
+  switch (d_chunks(D)) {
+    case 1:
+      return launch_forward<1>(out, lse, q, k, v, B, T_, H, Hkv, D, stream);
+    case 2:
+      return launch_forward<2>(out, lse, q, k, v, B, T_, H, Hkv, D, stream);
+    default:
+      return launch_forward<4>(out, lse, q, k, v, B, T_, H, Hkv, D, stream);
+  }
+}
+
+void attention_backward_cuda(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf16* out,
+                             const float* lse, const bf16* q, const bf16* k, const bf16* v,
+                             int64_t B, int64_t T_, int64_t H, int64_t Hkv, int64_t D,
+                             cudaStream_t stream) {
+  NVTX_RANGE_FN();
+  check_dims("attention_backward_cuda", B, T_, H, Hkv, D);
+  switch (d_chunks(D)) {
+    case 1:
+      return launch_backward<1>(dq, dk, dv, dout, out, lse, q, k, v, B, T_, H, Hkv, D, stream);
+    case 2:
+      return launch_backward<2>(dq, dk, dv, dout, out, lse, q, k, v, B, T_, H, Hkv, D, stream);
+    default:
+      return launch_backward<4>(dq, dk, dv, dout, out, lse, q, k, v, B, T_, H, Hkv, D, stream);
+  }
+}
+
+size_t attention_decode_cuda_workspace_bytes(int64_t B, int64_t H, int64_t D, int64_t T_max) {
+  RLHF_CHECK(B > 0 && H > 0 && D > 0 && T_max > 0,
+             "attention_decode_cuda_workspace_bytes: dimensions must be > 0, got B={} H={} D={} "
+             "T_max={}",
+             B, H, D, T_max);
+  const int64_t nsplit = cuda::ceil_div(T_max, kAttentionDecodeSplit);
+  return static_cast<size_t>(B * H * nsplit * (D + 2)) * sizeof(float);
+}
+
+void attention_decode_cuda(bf16* out, float* workspace, const bf16* q, const bf16* k_cache,
+                           const bf16* v_cache, const int32_t* lens, int64_t B, int64_t T_max,
+                           int64_t H, int64_t Hkv, int64_t D, cudaStream_t stream) {
+  NVTX_RANGE_FN();
+  check_dims("attention_decode_cuda", B, T_max, H, Hkv, D);
+  RLHF_CHECK(H / Hkv <= kWarps * kDecodeMaxHeadsPerWarp,
+             "attention_decode_cuda: {} query heads per KV head (H={} Hkv={}) is above the {} this "
+             "kernel supports",
+             H / Hkv, H, Hkv, kWarps * kDecodeMaxHeadsPerWarp);
+  RLHF_CHECK(workspace != nullptr, "attention_decode_cuda: workspace is null");
+  const int64_t nsplit = cuda::ceil_div(T_max, kAttentionDecodeSplit);
+  float* part_acc = workspace;                      // (B, H, nsplit, D)
+  float* part_ml = workspace + B * H * nsplit * D;  // (B, H, nsplit, 2)
+  switch (d_chunks(D)) {
+    case 1:
+      launch_decode<1>(part_acc, part_ml, q, k_cache, v_cache, lens, B, T_max, H, Hkv, D, nsplit,
+                       stream);
+      break;
+    case 2:
+      launch_decode<2>(part_acc, part_ml, q, k_cache, v_cache, lens, B, T_max, H, Hkv, D, nsplit,
+                       stream);
+      break;
+    default:
+      launch_decode<4>(part_acc, part_ml, q, k_cache, v_cache, lens, B, T_max, H, Hkv, D, nsplit,
+                       stream);
+      break;
+  }
+  const int block = D <= 32 ? 32 : D <= 64 ? 64 : 128;
+  attn_decode_combine_kernel<<<grid_1d(B * H, "attention_decode_cuda"), block, 0, stream>>>(
+      out, part_acc, part_ml, static_cast<int>(D), static_cast<int>(nsplit));
+  CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace rlhf::model

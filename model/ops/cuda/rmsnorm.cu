@@ -1,0 +1,147 @@
+// RMSNorm on the GPU: one warp per row for the row-wise passes, fixed-order column sums for dw.
+#include "model/ops/cuda/cuda_common.cuh"
+#include "model/ops/rmsnorm.h"
+
+namespace rlhf::model {
+
+using cuda::kWarpSize;
+using cuda::to_bf16;
+using cuda::to_f32;
+using cuda::warp_sum;
+
+namespace {
+
+constexpr int kRowsPerBlock = 8;  // one warp per row, 8 warps per block
+constexpr int kColTile = 32;      // dw: columns per block (one per lane)
+constexpr int kColRows = 16;      // dw: row groups per block (blockDim.y)
+
+// --- kernels ---------------------------------------------------------------------------------
+
+// Row n = blockIdx.x·8 + warp. With residual_in != nullptr the row is first formed as
+// residual_out = bf16(residual_in + x) (stored), and normalised as rounded; else residual_out is
+// x itself (read only).
+__global__ void rmsnorm_forward_kernel(bf16* y, float* rstd, bf16* residual_out,
+                                       const bf16* residual_in, const bf16* x, const bf16* w,
+                                       int64_t N, int64_t C, float eps) {
+  const int lane = threadIdx.x % kWarpSize;
+  const int64_t n = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / kWarpSize;
+  if (n >= N) return;  // whole warp leaves together (n is warp-uniform)
+  const bf16* xr = x + n * C;
+  bf16* yr = y + n * C;
+  const bf16* src = xr;  // the row that is normalised
+  float ss = 0.0f;
+  if (residual_in != nullptr) {
+    const bf16* rr = residual_in + n * C;
+    bf16* ro = residual_out + n * C;
+    for (int64_t c = lane; c < C; c += kWarpSize) {
+      const bf16 s = to_bf16(to_f32(rr[c]) + to_f32(xr[c]));
+      ro[c] = s;  // same thread reads rr[c] then writes ro[c]: ro may alias rr
+      const float sf = to_f32(s);
+      ss += sf * sf;
+    }
+    src = ro;
+  } else {
+    for (int64_t c = lane; c < C; c += kWarpSize) {
+      const float v = to_f32(xr[c]);
+      ss += v * v;
+    }
+  }
+  ss = warp_sum(ss);
+  const float r = rsqrtf(ss / static_cast<float>(C) + eps);
+  if (lane == 0) rstd[n] = r;
+  // src[c] for this lane's c was written (fused case) by this same lane above: visible to it.
+  for (int64_t c = lane; c < C; c += kWarpSize) yr[c] = to_bf16(to_f32(src[c]) * r * to_f32(w[c]));
+}
+
+// dx_c += r·w_c·dy_c − (r³/C)·x_c·Σ_k w_k·dy_k·x_k, one warp per row.
+__global__ void rmsnorm_backward_dx_kernel(bf16* dx, const bf16* dy, const bf16* x, const bf16* w,
+                                           const float* rstd, int64_t N, int64_t C) {
+  const int lane = threadIdx.x % kWarpSize;
+  const int64_t n = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / kWarpSize;
+  if (n >= N) return;
+  const bf16* xr = x + n * C;
+  const bf16* dyr = dy + n * C;
+  bf16* dxr = dx + n * C;
+  const float r = rstd[n];
+  float dot = 0.0f;
+  for (int64_t c = lane; c < C; c += kWarpSize)
+    dot += to_f32(w[c]) * to_f32(dyr[c]) * to_f32(xr[c]);
+  dot = warp_sum(dot);
+  const float k = r * r * r * dot / static_cast<float>(C);
+  for (int64_t c = lane; c < C; c += kWarpSize) {
+    const float g = r * to_f32(w[c]) * to_f32(dyr[c]) - k * to_f32(xr[c]);
+    dxr[c] = to_bf16(to_f32(dxr[c]) + g);
+  }
+}
+
+// dw_c += Σ_n dy[n,c]·x[n,c]·rstd[n]. Block (32, 16): column c = blockIdx.x·32 + threadIdx.x;
+// thread row ty sums rows ty, ty+16, ... in order; then thread ty = 0 adds the 16 partials in
+// order. Fixed order everywhere: deterministic.
+__global__ void rmsnorm_backward_dw_kernel(float* dw, const bf16* dy, const bf16* x,
+                                           const float* rstd, int64_t N, int64_t C) {
+  __shared__ float part[kColRows][kColTile];
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * kColTile + threadIdx.x;
+  float acc = 0.0f;
+  if (c < C) {
+    for (int64_t n = threadIdx.y; n < N; n += kColRows)
+      acc += to_f32(dy[n * C + c]) * to_f32(x[n * C + c]) * rstd[n];
+  }
+  part[threadIdx.y][threadIdx.x] = acc;
+  __syncthreads();
+  if (threadIdx.y == 0 && c < C) {
+    float s = 0.0f;
+    for (int i = 0; i < kColRows; ++i) s += part[i][threadIdx.x];
+    dw[c] += s;
+  }
+}
+
+void check_dims(const char* op, int64_t N, int64_t C) {
+  RLHF_CHECK(N >= 0 && C > 0, "{}: need N >= 0 and C > 0, got N={} C={}", op, N, C);
+}
+
+unsigned row_grid(int64_t N) {
+  return static_cast<unsigned>(cuda::ceil_div(N, kRowsPerBlock));
+}
+
+}  // namespace
+
+// --- launchers -------------------------------------------------------------------------------
+
+void rmsnorm_forward_cuda(bf16* y, float* rstd, const bf16* x, const bf16* w, int64_t N, int64_t C,
+                          double eps, cudaStream_t stream) {
+  NVTX_RANGE_FN();
+  check_dims("rmsnorm_forward_cuda", N, C);
+  if (N == 0) return;
+  rmsnorm_forward_kernel<<<row_grid(N), kRowsPerBlock * kWarpSize, 0, stream>>>(
+      y, rstd, nullptr, nullptr, x, w, N, C, static_cast<float>(eps));
+  CUDA_CHECK(cudaGetLastError());
+}
+
+void rmsnorm_residual_forward_cuda(bf16* residual_out, bf16* y, float* rstd,
+                                   const bf16* residual_in, const bf16* x, const bf16* w, int64_t N,
+                                   int64_t C, double eps, cudaStream_t stream) {
+  NVTX_RANGE_FN();
+  check_dims("rmsnorm_residual_forward_cuda", N, C);
+  RLHF_CHECK(residual_in != nullptr && residual_out != nullptr,
+             "rmsnorm_residual_forward_cuda: residual_in and residual_out must not be null");
+  if (N == 0) return;
+  rmsnorm_forward_kernel<<<row_grid(N), kRowsPerBlock * kWarpSize, 0, stream>>>(
+      y, rstd, residual_out, residual_in, x, w, N, C, static_cast<float>(eps));
+  CUDA_CHECK(cudaGetLastError());
+}
+
+void rmsnorm_backward_cuda(bf16* dx, float* dw, const bf16* dy, const bf16* x, const bf16* w,
+                           const float* rstd, int64_t N, int64_t C, cudaStream_t stream) {
+  NVTX_RANGE_FN();
+  check_dims("rmsnorm_backward_cuda", N, C);
+  if (N == 0) return;
+  rmsnorm_backward_dx_kernel<<<row_grid(N), kRowsPerBlock * kWarpSize, 0, stream>>>(dx, dy, x, w,
+                                                                                    rstd, N, C);
+  CUDA_CHECK(cudaGetLastError());
+  const dim3 block(kColTile, kColRows);
+  rmsnorm_backward_dw_kernel<<<static_cast<unsigned>(cuda::ceil_div(C, kColTile)), block, 0,
+                               stream>>>(dw, dy, x, rstd, N, C);
+  CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace rlhf::model

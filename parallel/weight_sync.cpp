@@ -1,0 +1,188 @@
+#include "parallel/weight_sync.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <limits>
+
+#include "core/error.h"
+#include "parallel/mpi_check.h"
+
+namespace rlhf::parallel {
+
+namespace {
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+double max_over_world(MPI_Comm world, double x) {
+  double y = 0;
+  MPI_CHECK(MPI_Allreduce(&x, &y, 1, MPI_DOUBLE, MPI_MAX, world));
+  return y;
+}
+}  // namespace
+
+std::vector<SyncBucket> plan_sync_buckets(const std::vector<int64_t>& part_numel, int n_train,
+                                          int64_t bucket_bytes) {
+  RLHF_CHECK(bucket_bytes >= 4 * n_train, "--sync_bucket_mb is too small ({} bytes)", bucket_bytes);
+  const int64_t per_rank = std::max<int64_t>(1, bucket_bytes / (4 * int64_t(n_train)));
+  std::vector<SyncBucket> b;
+  for (int u = 0; u < int(part_numel.size()); ++u)
+    for (int64_t a = 0; a < part_numel[size_t(u)]; a += per_rank)
+      b.push_back({u, a, std::min(per_rank, part_numel[size_t(u)] - a)});
+  return b;
+}
+
+WeightSync::WeightSync(const Topology& topo, Comm* train_comm, const model::ParamLayout& layout,
+                       int64_t bucket_bytes)
+    : topo_(topo), train_comm_(train_comm), layout_(layout) {
+  const Placement& pl = topo.placement();
+  RLHF_CHECK(pl.options.tensor_parallel == 1,
+             "weight sync into tensor-parallel engines (--vllm_tensor_parallel_size {}) is not "
+             "supported yet\nhint: use --vllm_tensor_parallel_size 1",
+             pl.options.tensor_parallel);
+  colocated_ = pl.colocated();
+  trains_ = topo.trains();
+  generates_ = topo.generates();
+  n_train_ = static_cast<int>(pl.train_ranks.size());
+  RLHF_CHECK(layout.n_shards() == n_train_,
+             "weight sync: the layout is padded for {} shards but there are {} train ranks",
+             layout.n_shards(), n_train_);
+  RLHF_CHECK(!trains_ || (train_comm && train_comm->size() == n_train_),
+             "weight sync: a training rank needs train_comm");
+  for (int u = 0; u < layout.num_units(); ++u)
+    part_.push_back(layout.unit(u).shard_numel(n_train_));
+  buckets_ = plan_sync_buckets(part_, n_train_, bucket_bytes);
+  if (!colocated_) {
+    // Leaders: the first train rank and the first generation rank (world ranks).
+    RLHF_CHECK(!pl.gen_ranks.empty(), "weight sync: no generation rank");
+    MPI_Comm local = trains_ ? topo.train_comm() : topo.gen_comm();
+    const int remote_leader = trains_ ? pl.gen_ranks.front() : pl.train_ranks.front();
+    MPI_CHECK(MPI_Intercomm_create(local, 0, topo.world(), remote_leader, 7031, &inter_));
+  }
+}
+
+WeightSync::~WeightSync() {
+  free_comm_quietly(&inter_);
+}
+
+SyncStats WeightSync::sync(const ParamStore* source, const std::vector<float*>& engine_units) {
+  RLHF_CHECK(!trains_ || source != nullptr, "weight sync: a training rank must pass its store");
+  RLHF_CHECK(!generates_ || int(engine_units.size()) == layout_.num_units(),
+             "weight sync: an engine rank must pass {} unit buffers", layout_.num_units());
+  SyncStats st;
+  st.mode = colocated_ ? "colocated" : "disaggregated";
+  st.buckets = int64_t(buckets_.size());
+  for (int u = 0; u < layout_.num_units(); ++u)
+    st.bytes += layout_.unit(u).numel_padded * int64_t(sizeof(float));
+  const double t0 = now_s();
+  if (colocated_) {
+    // Every rank trains and generates. ZeRO-3: gather each bucket straight into place.
+    if (source->replicated()) {
+      for (int u = 0; u < layout_.num_units(); ++u) {
+        const UnitShard s = source->unit_shard(u);
+        std::memcpy(engine_units[size_t(u)], s.data, sizeof(float) * size_t(s.count));
+      }
+    } else {
+      for (const SyncBucket& b : buckets_) {
+        const UnitShard s = source->unit_shard(b.unit);
+        RLHF_ASSERT(s.count == part_[size_t(b.unit)]);
+        train_comm_->all_gather_strided(s.data + b.begin, engine_units[size_t(b.unit)] + b.begin,
+                                        b.count, s.count, DType::kFloat32);
+      }
+    }
+  } else {
+    // Disaggregated: Iallgatherv on the intercommunicator, two buckets in flight. A replicated
+    // trainer sends whole units from its first rank only.
+    const bool repl = trains_ && source->replicated();
+    int repl_all = repl ? 1 : 0;
+    if (trains_)
+      MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &repl_all, 1, MPI_INT, MPI_MAX, topo_.train_comm()));
+    // Let the generation side know whether the trainer is replicated.
+    int repl_remote = 0;
+    MPI_CHECK(MPI_Allreduce(&repl_all, &repl_remote, 1, MPI_INT, MPI_MAX, inter_));
+    const bool replicated = trains_ ? repl_all != 0 : repl_remote != 0;
+    const int my_train_rank = trains_ ? train_comm_->rank() : -1;
+    int remote_size = 0;
+    MPI_CHECK(MPI_Comm_remote_size(inter_, &remote_size));
+    struct Inflight {
+      MPI_Request req = MPI_REQUEST_NULL;
+      std::vector<int> counts, displs;
+    };
+    Inflight fl[2];
+    auto post = [&](size_t k, Inflight& f) {
+      const SyncBucket& b = buckets_[k];
+      const int64_t part = part_[size_t(b.unit)];
+      // Replicated trainers: rank 0 sends the whole unit as if it held every part.
+      const int64_t count =
+          replicated ? (b.begin == 0 ? layout_.unit(b.unit).numel_padded : 0) : b.count;
+      RLHF_CHECK(count <= std::numeric_limits<int>::max(), "weight sync: bucket too large");
+      if (trains_) {
+        const bool sends = !replicated || my_train_rank == 0;
+        const float* src = source->unit_shard(b.unit).data + (replicated ? 0 : b.begin);
+        f.counts.assign(size_t(remote_size), 0);
+        f.displs.assign(size_t(remote_size), 0);
+        MPI_CHECK(MPI_Iallgatherv(src, sends ? int(count) : 0, MPI_FLOAT, nullptr, f.counts.data(),
+                                  f.displs.data(), MPI_FLOAT, inter_, &f.req));
+      } else {
+        f.counts.assign(size_t(remote_size), 0);
+        f.displs.assign(size_t(remote_size), 0);
+        for (int j = 0; j < remote_size; ++j) {
+          if (replicated) {
+            f.counts[size_t(j)] = j == 0 ? int(count) : 0;
+          } else {
+            f.counts[size_t(j)] = int(b.count);
+            const int64_t d = int64_t(j) * part + b.begin;
+            RLHF_CHECK(d <= std::numeric_limits<int>::max(), "weight sync: unit too large");
+            f.displs[size_t(j)] = int(d);
+          }
+        }
+        MPI_CHECK(MPI_Iallgatherv(nullptr, 0, MPI_FLOAT, engine_units[size_t(b.unit)],
+                                  f.counts.data(), f.displs.data(), MPI_FLOAT, inter_, &f.req));
+      }
+    };
+    const size_t nb = buckets_.size();
+    if (nb > 0) post(0, fl[0]);
+    for (size_t k = 0; k < nb; ++k) {
+      if (k + 1 < nb) post(k + 1, fl[(k + 1) % 2]);
+      MPI_CHECK(MPI_Wait(&fl[k % 2].req, MPI_STATUS_IGNORE));
+    }
+  }
+  st.seconds = max_over_world(topo_.world(), now_s() - t0);
+  st.algbw_GBps = st.seconds > 0 ? double(st.bytes) / st.seconds / 1e9 : 0;
+  st.busbw_GBps =
+      colocated_ ? st.algbw_GBps * double(n_train_ - 1) / double(n_train_) : st.algbw_GBps;
+  return st;
+}
+
+double WeightSync::reference_all_gather_seconds(int iters) {
+  int64_t total = 0;
+  for (int u = 0; u < layout_.num_units(); ++u) total += layout_.unit(u).numel_padded;
+  const int64_t per_rank = total / n_train_;
+  std::vector<float> send(static_cast<size_t>(per_rank), 1.0f);
+  double best = std::numeric_limits<double>::infinity();
+  if (colocated_) {
+    std::vector<float> recv(static_cast<size_t>(total));
+    for (int i = 0; i < iters; ++i) {
+      MPI_CHECK(MPI_Barrier(topo_.world()));
+      const double t0 = now_s();
+      train_comm_->all_gather(send.data(), recv.data(), per_rank);
+      best = std::min(best, max_over_world(topo_.world(), now_s() - t0));
+    }
+  } else {
+    std::vector<float> recv(trains_ ? 0 : size_t(total));
+    for (int i = 0; i < iters; ++i) {
+      MPI_CHECK(MPI_Barrier(topo_.world()));
+      const double t0 = now_s();
+      if (trains_)
+        MPI_CHECK(
+            MPI_Allgather(send.data(), int(per_rank), MPI_FLOAT, nullptr, 0, MPI_FLOAT, inter_));
+      else
+        MPI_CHECK(
+            MPI_Allgather(nullptr, 0, MPI_FLOAT, recv.data(), int(per_rank), MPI_FLOAT, inter_));
+      best = std::min(best, max_over_world(topo_.world(), now_s() - t0));
+    }
+  }
+  return best;
+}
+
+}  // namespace rlhf::parallel

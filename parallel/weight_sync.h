@@ -1,0 +1,82 @@
+// Weight sync: the trainer's (sharded) weights into every generation engine's own unit buffers,
+// in buckets of --sync_bucket_mb (whole units or unit slices), without per-parameter calls.
+#pragma once
+
+#include <mpi.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "model/layout.h"
+#include "parallel/comm.h"
+#include "parallel/param_store.h"
+#include "parallel/topology.h"
+
+namespace rlhf::parallel {
+
+/// One sync's accounting (the same numbers on every rank).
+struct SyncStats {
+  int64_t buckets = 0;
+  int64_t bytes = 0;   ///< bytes of weights each engine rank received (padded units, fp32)
+  double seconds = 0;  ///< wall time of the slowest rank
+  /// Achieved bandwidth per engine rank: bytes / seconds (GB = 1e9); busbw applies nccl-tests'
+  /// all-gather factor (n−1)/n with n = train ranks (colocated) or 1 (disaggregated: every byte
+  /// crosses from a trainer to an engine).
+  double algbw_GBps = 0, busbw_GBps = 0;
+  std::string mode;  ///< "colocated" | "disaggregated"
+};
+
+/// A bucket: elements [begin, begin + count) of every train rank's part of unit `unit`.
+struct SyncBucket {
+  int unit = 0;
+  int64_t begin = 0, count = 0;
+};
+
+/// Plans the buckets for parts of `part_numel[u]` elements per train rank: whole units when a
+/// unit's gathered size (n_train · part) fits in bucket_bytes, else slices of it.
+std::vector<SyncBucket> plan_sync_buckets(const std::vector<int64_t>& part_numel, int n_train,
+                                          int64_t bucket_bytes);
+
+/// Built collectively by every rank of the topology's world.
+///  - colocated (--gen_ranks_per_node 0): every rank trains and owns an engine; a bucket is one
+///    all-gather (strided: each train rank's slice lands at its place in the unit) over train_comm
+///    straight into the engine's buffers — no second copy.
+///  - disaggregated: training ranks and generation ranks are joined by an MPI intercommunicator;
+///    a bucket is one MPI_Iallgatherv on it — every generation rank receives every train rank's
+///    slice directly at its place in its engine buffer; two buckets in flight (k+1 is posted
+///    before k is waited on).
+/// Engine unit buffers must have the layout's numel_padded elements (the layout padded for the
+/// train_comm size). Tensor-parallel engines (TP > 1) are not supported yet (refused).
+class WeightSync {
+ public:
+  WeightSync(const Topology& topo, Comm* train_comm, const model::ParamLayout& layout,
+             int64_t bucket_bytes);
+  ~WeightSync();
+  WeightSync(const WeightSync&) = delete;
+  WeightSync& operator=(const WeightSync&) = delete;
+
+  /// Collective over the world. Training ranks pass their store (nullptr elsewhere); ranks with an
+  /// engine pass its unit buffers (empty elsewhere). Returns the stats of this sync.
+  SyncStats sync(const ParamStore* source, const std::vector<float*>& engine_units);
+
+  /// The plain-collective reference for the benchmark: one all-gather of the same total bytes on
+  /// the same communicator (train_comm, or the intercommunicator), timed; seconds of the slowest
+  /// rank. Collective.
+  double reference_all_gather_seconds(int iters = 3);
+  bool colocated() const { return colocated_; }
+  const std::vector<SyncBucket>& buckets() const { return buckets_; }
+
+ private:
+  const Topology& topo_;
+  Comm* train_comm_;
+  model::ParamLayout layout_;
+  bool colocated_;
+  bool trains_, generates_;
+  int n_train_;
+  MPI_Comm inter_ = MPI_COMM_NULL;  // disaggregated: train group <-> generation group
+  std::vector<int64_t> part_;       // per unit: elements of one train rank's part
+  std::vector<SyncBucket> buckets_;
+};
+
+}  // namespace rlhf::parallel

@@ -1,0 +1,526 @@
+#include "rollout/engine.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <deque>
+#include <exception>
+
+#include "core/error.h"
+#include "model/ops/attention.h"
+#include "model/ops/attention_decode.h"
+#include "model/ops/embedding.h"
+#include "model/ops/linear.h"
+#include "model/ops/linear_decode.h"
+#include "model/ops/residual.h"
+#include "model/ops/rmsnorm.h"
+#include "model/ops/rope.h"
+#include "model/ops/swiglu.h"
+
+namespace rlhf::rollout {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+template <typename T>
+void grow(std::vector<T>& v, int64_t n) {
+  if (static_cast<int64_t>(v.size()) < n) v.resize(static_cast<size_t>(n));
+}
+
+// Prefill attention through attention_forward_cpu needs an (H, P, P) probability scratch; above
+// this many floats it goes through attention_decode_cpu over the cache instead (one query row per
+// "sequence", lengths 1..P), which needs no P×P memory.
+constexpr int64_t kMaxPrefillAttFloats = int64_t(1) << 24;  // 64 MiB
+
+// Pointers to the tensors of one decoder layer inside its unit buffer.
+struct LayerW {
+  const float *wq, *bq, *wk, *bk, *wv, *bv, *wo, *bo, *wg, *wu, *wd, *w_in, *w_post;
+  LayerW(const model::UnitLayout& u, const float* base) {
+    auto at = [&](const char* s) { return base + u.at(s).offset; };
+    auto opt = [&](const char* s) -> const float* {
+      const model::TensorInfo* t = u.find(s);
+      return t ? base + t->offset : nullptr;
+    };
+    wq = at("self_attn.q_proj.weight");
+    bq = opt("self_attn.q_proj.bias");
+    wk = at("self_attn.k_proj.weight");
+    bk = opt("self_attn.k_proj.bias");
+    wv = at("self_attn.v_proj.weight");
+    bv = opt("self_attn.v_proj.bias");
+    wo = at("self_attn.o_proj.weight");
+    bo = opt("self_attn.o_proj.bias");
+    wg = at("mlp.gate_proj.weight");
+    wu = at("mlp.up_proj.weight");
+    wd = at("mlp.down_proj.weight");
+    w_in = at("input_layernorm.weight");
+    w_post = at("post_attention_layernorm.weight");
+  }
+};
+
+}  // namespace
+
+const char* to_string(FinishReason r) {
+  return r == FinishReason::kStop ? "stop" : "length";
+}
+
+// ---------------------------------------------------------------------------------------------
+// Weights
+
+EngineWeights::EngineWeights(const model::ParamLayout& layout) {
+  for (const model::UnitLayout& u : layout.units())
+    units_.emplace_back(static_cast<size_t>(u.numel_padded), 0.0f);
+}
+
+float* EngineWeights::acquire_grads(int u) {
+  RLHF_FAIL("the rollout engine holds weights only: no gradient buffer for unit {}", u);
+}
+
+// ---------------------------------------------------------------------------------------------
+// State
+
+/// One sample being generated.
+struct Engine::Seq {
+  int64_t request_index = 0;
+  uint64_t request_id = 0;
+  int64_t sample_index = 0;
+  const SamplingParams* sampling = nullptr;
+  std::vector<int32_t> blocks;  // its KV blocks (worst case, allocated at admission)
+  int64_t len = 0;              // positions in the cache
+  int32_t next_token = -1;      // last sampled token: fed at position len by the next step
+  int64_t max_new = 0;
+  GenerationResult result;
+};
+
+/// Activation buffers, grown on demand and reused across steps (first touch of fresh memory is
+/// expensive here).
+struct Engine::Work {
+  // Decode step, (B, ·) rows.
+  std::vector<float> x, ln, rstd, q, k, v, atty, xmid, gate, up, h, logits;
+  std::vector<int32_t> tokens, pos, lens, table;
+  int64_t max_blocks = 0;
+  // Prefill, (P, ·) rows.
+  std::vector<float> px, pln, prstd, pq, pk, pv, patty, pxmid, pgate, pup, ph, patt, plogits;
+  std::vector<int32_t> ppos, plens, ptable;
+  // One sampler per OpenMP thread.
+  std::vector<Sampler> samplers;
+};
+
+Engine::Engine(const model::ParamLayout& layout, const EngineOptions& options)
+    : layout_(layout), opt_(options), weights_(layout), work_(std::make_unique<Work>()) {
+  RLHF_CHECK(layout.head() == model::HeadKind::kLM,
+             "the generation engine needs a model with an LM head, not '{}'",
+             model::to_string(layout.head()));
+  RLHF_CHECK(opt_.max_batch >= 1, "engine: max_batch must be >= 1, got {}", opt_.max_batch);
+  const model::ModelConfig& c = layout.config();
+  cache_ = std::make_unique<KvCache>(c, opt_.kv_cache_bytes, opt_.block_size);
+  const int64_t P = c.max_position_embeddings, D = c.D();
+  rope_cos_.resize(static_cast<size_t>(P * D / 2));
+  rope_sin_.resize(static_cast<size_t>(P * D / 2));
+  model::rope_tables_cpu(rope_cos_.data(), rope_sin_.data(), P, D, c.rope_theta);
+}
+
+Engine::~Engine() = default;
+
+std::vector<float*> Engine::unit_buffers() {
+  std::vector<float*> out;
+  for (int u = 0; u < num_units(); ++u) out.push_back(unit_buffer(u));
+  return out;
+}
+
+const float* Engine::lm_head_weight() const {
+  const int eu = layout_.embedding_unit(), hu = layout_.head_unit();
+  if (layout_.config().tie_word_embeddings)
+    return weights_.unit_buffer(eu) + layout_.unit(eu).at("embed_tokens.weight").offset;
+  return weights_.unit_buffer(hu) + layout_.unit(hu).at("lm_head.weight").offset;
+}
+
+int64_t Engine::weight_bytes_per_decode_step() const {
+  int64_t n = 0;
+  for (int l = 0; l < layout_.config().num_hidden_layers; ++l)
+    for (const model::TensorInfo& t : layout_.unit(layout_.layer_unit(l)).tensors) n += t.numel;
+  for (const model::TensorInfo& t : layout_.unit(layout_.head_unit()).tensors) n += t.numel;
+  if (layout_.config().tie_word_embeddings)
+    n += layout_.unit(layout_.embedding_unit()).at("embed_tokens.weight").numel;
+  return n * int64_t(sizeof(float));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Forward passes
+
+const float* Engine::prefill(const std::vector<int32_t>& prompt, const int32_t* blocks) {
+  const model::ModelConfig& c = layout_.config();
+  const int64_t P = static_cast<int64_t>(prompt.size());
+  const int64_t C = c.hidden_size, F = c.intermediate_size, H = c.num_attention_heads;
+  const int64_t Hkv = c.num_key_value_heads, D = c.D(), V = c.vocab_size;
+  const int64_t Q = H * D, KV = Hkv * D;
+  const double eps = c.rms_norm_eps;
+  Work& w = *work_;
+  grow(w.px, P * C);
+  grow(w.pln, P * C);
+  grow(w.prstd, P);
+  grow(w.pq, P * Q);
+  grow(w.pk, P * KV);
+  grow(w.pv, P * KV);
+  grow(w.patty, P * Q);
+  grow(w.pxmid, P * C);
+  grow(w.pgate, P * F);
+  grow(w.pup, P * F);
+  grow(w.ph, P * F);
+  grow(w.plogits, V);
+  const bool att_direct = H * P * P <= kMaxPrefillAttFloats;
+  if (att_direct) grow(w.patt, H * P * P);
+  w.ppos.resize(static_cast<size_t>(P));
+  for (int64_t t = 0; t < P; ++t) w.ppos[size_t(t)] = int32_t(t);
+  const int64_t nb = cache_->blocks_for(P);
+  if (!att_direct) {  // every query row t reads positions [0, t] through the same block list
+    w.plens.resize(static_cast<size_t>(P));
+    w.ptable.resize(static_cast<size_t>(P * nb));
+    for (int64_t t = 0; t < P; ++t) {
+      w.plens[size_t(t)] = int32_t(t + 1);
+      std::copy(blocks, blocks + nb, w.ptable.begin() + t * nb);
+    }
+  }
+
+  const int eu = layout_.embedding_unit();
+  model::embedding_forward_cpu(
+      w.px.data(), prompt.data(),
+      weights_.unit_buffer(eu) + layout_.unit(eu).at("embed_tokens.weight").offset, P, C, V);
+  for (int l = 0; l < c.num_hidden_layers; ++l) {
+    const int u = layout_.layer_unit(l);
+    const LayerW lw(layout_.unit(u), weights_.unit_buffer(u));
+    model::rmsnorm_forward_cpu(w.pln.data(), w.prstd.data(), w.px.data(), lw.w_in, P, C, eps);
+    model::linear_rows_cpu(w.pq.data(), w.pln.data(), lw.wq, lw.bq, P, C, Q);
+    model::linear_rows_cpu(w.pk.data(), w.pln.data(), lw.wk, lw.bk, P, C, KV);
+    model::linear_rows_cpu(w.pv.data(), w.pln.data(), lw.wv, lw.bv, P, C, KV);
+    model::rope_forward_cpu(w.pq.data(), w.pq.data(), w.ppos.data(), rope_cos_.data(),
+                            rope_sin_.data(), P, H, D, c.rope_style);
+    model::rope_forward_cpu(w.pk.data(), w.pk.data(), w.ppos.data(), rope_cos_.data(),
+                            rope_sin_.data(), P, Hkv, D, c.rope_style);
+    cache_->write(l, blocks, 0, P, w.pk.data(), w.pv.data());
+    if (att_direct) {
+      model::attention_forward_cpu(w.patty.data(), w.patt.data(), w.pq.data(), w.pk.data(),
+                                   w.pv.data(), int64_t(1), P, H, Hkv, D);
+    } else {
+      model::attention_decode_cpu(w.patty.data(), w.pq.data(), cache_->k(l), cache_->v(l),
+                                  w.ptable.data(), w.plens.data(), P, H, Hkv, D,
+                                  cache_->num_blocks(), cache_->block_size(), nb);
+    }
+    model::linear_rows_cpu(w.pxmid.data(), w.patty.data(), lw.wo, lw.bo, P, Q, C);
+    model::residual_forward_cpu(w.pxmid.data(), w.pxmid.data(), w.px.data(), P * C);
+    model::rmsnorm_forward_cpu(w.pln.data(), w.prstd.data(), w.pxmid.data(), lw.w_post, P, C, eps);
+    model::linear_rows_cpu(w.pgate.data(), w.pln.data(), lw.wg, static_cast<const float*>(nullptr),
+                           P, C, F);
+    model::linear_rows_cpu(w.pup.data(), w.pln.data(), lw.wu, static_cast<const float*>(nullptr), P,
+                           C, F);
+    model::swiglu_forward_cpu(w.ph.data(), w.pgate.data(), w.pup.data(), P, F);
+    model::linear_rows_cpu(w.px.data(), w.ph.data(), lw.wd, static_cast<const float*>(nullptr), P,
+                           F, C);
+    model::residual_forward_cpu(w.px.data(), w.px.data(), w.pxmid.data(), P * C);
+  }
+  // Only the last position's logits are needed (the first generated token).
+  const int hu = layout_.head_unit();
+  model::rmsnorm_forward_cpu(
+      w.pln.data(), w.prstd.data(), w.px.data() + (P - 1) * C,
+      weights_.unit_buffer(hu) + layout_.unit(hu).at("model.norm.weight").offset, int64_t(1), C,
+      eps);
+  model::linear_decode_cpu(w.plogits.data(), w.pln.data(), lm_head_weight(),
+                           static_cast<const float*>(nullptr), int64_t(1), C, V);
+  return w.plogits.data();
+}
+
+void Engine::layer_decode(int l, int64_t B) {
+  const model::ModelConfig& c = layout_.config();
+  const int64_t C = c.hidden_size, F = c.intermediate_size, H = c.num_attention_heads;
+  const int64_t Hkv = c.num_key_value_heads, D = c.D(), Q = H * D, KV = Hkv * D;
+  const double eps = c.rms_norm_eps;
+  Work& w = *work_;
+  const int u = layout_.layer_unit(l);
+  const LayerW lw(layout_.unit(u), weights_.unit_buffer(u));
+  model::rmsnorm_forward_cpu(w.ln.data(), w.rstd.data(), w.x.data(), lw.w_in, B, C, eps);
+  model::linear_decode_cpu(w.q.data(), w.ln.data(), lw.wq, lw.bq, B, C, Q);
+  model::linear_decode_cpu(w.k.data(), w.ln.data(), lw.wk, lw.bk, B, C, KV);
+  model::linear_decode_cpu(w.v.data(), w.ln.data(), lw.wv, lw.bv, B, C, KV);
+  // Each row at its own position.
+  model::rope_forward_cpu(w.q.data(), w.q.data(), w.pos.data(), rope_cos_.data(), rope_sin_.data(),
+                          B, H, D, c.rope_style);
+  model::rope_forward_cpu(w.k.data(), w.k.data(), w.pos.data(), rope_cos_.data(), rope_sin_.data(),
+                          B, Hkv, D, c.rope_style);
+  for (int64_t b = 0; b < B; ++b)
+    cache_->write(l, w.table.data() + b * w.max_blocks, w.pos[size_t(b)], 1, w.k.data() + b * KV,
+                  w.v.data() + b * KV);
+  model::attention_decode_cpu(w.atty.data(), w.q.data(), cache_->k(l), cache_->v(l), w.table.data(),
+                              w.lens.data(), B, H, Hkv, D, cache_->num_blocks(),
+                              cache_->block_size(), w.max_blocks);
+  model::linear_decode_cpu(w.xmid.data(), w.atty.data(), lw.wo, lw.bo, B, Q, C);
+  model::residual_forward_cpu(w.xmid.data(), w.xmid.data(), w.x.data(), B * C);
+  model::rmsnorm_forward_cpu(w.ln.data(), w.rstd.data(), w.xmid.data(), lw.w_post, B, C, eps);
+  model::linear_decode_cpu(w.gate.data(), w.ln.data(), lw.wg, static_cast<const float*>(nullptr), B,
+                           C, F);
+  model::linear_decode_cpu(w.up.data(), w.ln.data(), lw.wu, static_cast<const float*>(nullptr), B,
+                           C, F);
+  model::swiglu_forward_cpu(w.h.data(), w.gate.data(), w.up.data(), B, F);
+  model::linear_decode_cpu(w.x.data(), w.h.data(), lw.wd, static_cast<const float*>(nullptr), B, F,
+                           C);
+  model::residual_forward_cpu(w.x.data(), w.x.data(), w.xmid.data(), B * C);
+}
+
+const float* Engine::decode_step(const std::vector<Seq*>& active) {
+  const model::ModelConfig& c = layout_.config();
+  const int64_t B = static_cast<int64_t>(active.size());
+  const int64_t C = c.hidden_size, F = c.intermediate_size, V = c.vocab_size;
+  const int64_t Q = c.num_attention_heads * c.D(), KV = c.num_key_value_heads * c.D();
+  Work& w = *work_;
+  grow(w.x, B * C);
+  grow(w.ln, B * C);
+  grow(w.rstd, B);
+  grow(w.q, B * Q);
+  grow(w.k, B * KV);
+  grow(w.v, B * KV);
+  grow(w.atty, B * Q);
+  grow(w.xmid, B * C);
+  grow(w.gate, B * F);
+  grow(w.up, B * F);
+  grow(w.h, B * F);
+  grow(w.logits, B * V);
+  w.tokens.resize(static_cast<size_t>(B));
+  w.pos.resize(static_cast<size_t>(B));
+  w.lens.resize(static_cast<size_t>(B));
+  w.max_blocks = 0;
+  for (const Seq* s : active)
+    w.max_blocks = std::max(w.max_blocks, static_cast<int64_t>(s->blocks.size()));
+  w.table.assign(static_cast<size_t>(B * w.max_blocks), 0);
+  for (int64_t b = 0; b < B; ++b) {
+    const Seq& s = *active[size_t(b)];
+    w.tokens[size_t(b)] = s.next_token;
+    w.pos[size_t(b)] = int32_t(s.len);
+    w.lens[size_t(b)] = int32_t(s.len + 1);
+    std::copy(s.blocks.begin(), s.blocks.end(), w.table.begin() + b * w.max_blocks);
+  }
+  const int eu = layout_.embedding_unit(), hu = layout_.head_unit();
+  model::embedding_forward_cpu(
+      w.x.data(), w.tokens.data(),
+      weights_.unit_buffer(eu) + layout_.unit(eu).at("embed_tokens.weight").offset, B, C, V);
+  for (int l = 0; l < c.num_hidden_layers; ++l) layer_decode(l, B);
+  model::rmsnorm_forward_cpu(
+      w.ln.data(), w.rstd.data(), w.x.data(),
+      weights_.unit_buffer(hu) + layout_.unit(hu).at("model.norm.weight").offset, B, C,
+      c.rms_norm_eps);
+  model::linear_decode_cpu(w.logits.data(), w.ln.data(), lm_head_weight(),
+                           static_cast<const float*>(nullptr), B, C, V);
+  return w.logits.data();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Scheduling
+
+std::vector<GenerationResult> Engine::generate(const std::vector<GenerationRequest>& requests,
+                                               const ProgressFn& progress) {
+  const auto t_start = Clock::now();
+  stats_ = EngineStats{};
+  cache_->reset_peak();
+  const model::ModelConfig& c = layout_.config();
+  const int64_t V = c.vocab_size, max_pos = c.max_position_embeddings;
+  const int32_t eos = opt_.eos_token_id >= 0 ? opt_.eos_token_id : int32_t(c.eos_token_id);
+  const int64_t R = static_cast<int64_t>(requests.size());
+
+  // --- validation, and each request's per-sample cost
+  std::vector<int64_t> max_new(static_cast<size_t>(R)), blocks_per(static_cast<size_t>(R));
+  int64_t samples_total = 0;
+  for (int64_t i = 0; i < R; ++i) {
+    const GenerationRequest& r = requests[size_t(i)];
+    const int64_t P = static_cast<int64_t>(r.prompt.size());
+    RLHF_CHECK(P >= 1, "request {} (id {}): empty prompt", i, r.id);
+    for (int64_t t = 0; t < P; ++t)
+      RLHF_CHECK(r.prompt[size_t(t)] >= 0 && r.prompt[size_t(t)] < V,
+                 "request {} (id {}): prompt token {} at position {} is outside the vocabulary "
+                 "[0, {})",
+                 i, r.id, r.prompt[size_t(t)], t, V);
+    RLHF_CHECK(r.n_samples >= 1, "request {} (id {}): n_samples must be >= 1, got {}", i, r.id,
+               r.n_samples);
+    RLHF_CHECK(r.max_new_tokens >= 1, "request {} (id {}): max_new_tokens must be >= 1, got {}", i,
+               r.id, r.max_new_tokens);
+    try {
+      r.sampling.validate();
+    } catch (const Error& e) {
+      RLHF_FAIL("request {} (id {}): {}", i, r.id, e.what());
+    }
+    RLHF_CHECK(P < max_pos,
+               "request {} (id {}): a prompt of {} tokens leaves no room to generate under "
+               "max_position_embeddings = {}",
+               i, r.id, P, max_pos);
+    max_new[size_t(i)] = std::min(r.max_new_tokens, max_pos - P);
+    // Positions a sample can ever hold: the prompt and every generated token but the last (which
+    // is sampled and never fed back).
+    const int64_t positions = P + max_new[size_t(i)] - 1;
+    blocks_per[size_t(i)] = cache_->blocks_for(positions);
+    RLHF_CHECK(blocks_per[size_t(i)] <= cache_->num_blocks(),
+               "request {} (id {}): one sample needs up to {} positions ({} bytes of KV cache) but "
+               "the cache holds {} bytes\nhint: raise --gen_kv_cache_mb or lower "
+               "--generate_max_len",
+               i, r.id, positions, blocks_per[size_t(i)] * cache_->bytes_per_block(),
+               cache_->capacity_bytes());
+    samples_total += r.n_samples;
+  }
+  stats_.requests = R;
+  stats_.samples = samples_total;
+
+  Work& w = *work_;
+  const int threads = omp_get_max_threads();
+  if (static_cast<int>(w.samplers.size()) != threads ||
+      (threads > 0 && w.samplers[0].vocab_size() != V)) {
+    w.samplers.clear();
+    for (int t = 0; t < threads; ++t) w.samplers.emplace_back(V);
+  }
+
+  struct Pending {
+    int64_t index, next_sample, remaining;
+  };
+  std::deque<Pending> pending;
+  for (int64_t i = 0; i < R; ++i) pending.push_back({i, 0, requests[size_t(i)].n_samples});
+  std::vector<std::vector<GenerationResult>> results(static_cast<size_t>(R));
+  for (int64_t i = 0; i < R; ++i)
+    results[size_t(i)].resize(static_cast<size_t>(requests[size_t(i)].n_samples));
+  std::vector<std::unique_ptr<Seq>> active;
+  int64_t samples_done = 0;
+  // If anything throws mid-way, the running sequences' blocks go back to the pool, so the engine
+  // stays usable for the next call.
+  struct ReleaseOnExit {
+    KvCache& cache;
+    std::vector<std::unique_ptr<Seq>>& seqs;
+    ~ReleaseOnExit() {
+      for (auto& s : seqs)
+        if (s && !s->blocks.empty()) cache.release(s->blocks);
+    }
+  } release_on_exit{*cache_, active};
+
+  // Appends a sampled token; true when the sample is finished (its blocks are then released and
+  // its result stored).
+  auto append = [&](Seq& s, const SampledToken& t) {
+    s.result.tokens.push_back(t.token);
+    s.result.logprobs.push_back(t.logprob);
+    ++stats_.generated_tokens;
+    const bool stop = !opt_.ignore_eos && t.token == eos;
+    const bool length = static_cast<int64_t>(s.result.tokens.size()) >= s.max_new;
+    if (!stop && !length) {
+      s.next_token = t.token;
+      return false;
+    }
+    s.result.finish = stop ? FinishReason::kStop : FinishReason::kLength;
+    cache_->release(s.blocks);
+    s.blocks.clear();
+    results[size_t(s.request_index)][size_t(s.sample_index)] = std::move(s.result);
+    ++samples_done;
+    return true;
+  };
+
+  bool waiting = false;
+  std::vector<Seq*> batch;
+  std::vector<SampledToken> sampled;
+  while (!pending.empty() || !active.empty()) {
+    // --- admission: first come, first served, as long as slots and KV blocks allow
+    while (!pending.empty()) {
+      Pending& pr = pending.front();
+      const GenerationRequest& r = requests[size_t(pr.index)];
+      const int64_t per = blocks_per[size_t(pr.index)];
+      const int64_t group_max = std::min(opt_.max_batch, cache_->num_blocks() / per);
+      const int64_t want = std::min(pr.remaining, group_max);
+      const int64_t slots = opt_.max_batch - static_cast<int64_t>(active.size());
+      if (want > slots || want * per > cache_->free_blocks()) {
+        if (!waiting) ++stats_.admission_waits;
+        waiting = true;
+        break;
+      }
+      waiting = false;
+      const auto t_prefill = Clock::now();
+      std::vector<std::unique_ptr<Seq>> group;
+      const ReleaseOnExit group_guard{*cache_, group};  // until each is active or finished
+      for (int64_t j = 0; j < want; ++j) {
+        auto s = std::make_unique<Seq>();
+        const bool allocated = cache_->allocate(per, s->blocks);
+        RLHF_ASSERT(allocated);
+        s->request_index = pr.index;
+        s->request_id = r.id;
+        s->sample_index = pr.next_sample + j;
+        s->sampling = &r.sampling;
+        s->len = static_cast<int64_t>(r.prompt.size());
+        s->max_new = max_new[size_t(pr.index)];
+        s->result.request_index = pr.index;
+        s->result.request_id = r.id;
+        s->result.sample_index = s->sample_index;
+        group.push_back(std::move(s));
+      }
+      const float* logits = prefill(r.prompt, group[0]->blocks.data());
+      for (int64_t j = 1; j < want; ++j)
+        cache_->copy_prefix(group[0]->blocks.data(), group[size_t(j)]->blocks.data(),
+                            static_cast<int64_t>(r.prompt.size()));
+      ++stats_.prefills;
+      stats_.prefill_tokens += static_cast<int64_t>(r.prompt.size());
+      for (auto& s : group) {
+        const double u = counter_uniform(r.sampling.seed, r.id, uint64_t(s->sample_index), 0);
+        if (!append(*s, w.samplers[0].sample(logits, r.sampling, u)))
+          active.push_back(std::move(s));
+      }
+      stats_.prefill_s += since(t_prefill);
+      pr.next_sample += want;
+      pr.remaining -= want;
+      if (pr.remaining == 0) pending.pop_front();
+    }
+    if (active.empty()) continue;  // everything admitted so far finished at its first token
+
+    // --- one decode step over every active sequence
+    const auto t_step = Clock::now();
+    batch.clear();
+    for (auto& s : active) batch.push_back(s.get());
+    const int64_t B = static_cast<int64_t>(batch.size());
+    const float* logits = decode_step(batch);
+    sampled.resize(static_cast<size_t>(B));
+    std::exception_ptr error;
+#pragma omp parallel for schedule(dynamic, 1)
+    for (int64_t b = 0; b < B; ++b) {
+      try {
+        const Seq& s = *batch[size_t(b)];
+        const double u = counter_uniform(s.sampling->seed, s.request_id, uint64_t(s.sample_index),
+                                         uint64_t(s.result.tokens.size()));
+        sampled[size_t(b)] =
+            w.samplers[size_t(omp_get_thread_num())].sample(logits + b * V, *s.sampling, u);
+      } catch (...) {
+#pragma omp critical(rlhf_engine_error)
+        if (!error) error = std::current_exception();
+      }
+    }
+    if (error) std::rethrow_exception(error);
+    ++stats_.decode_steps;
+    stats_.decode_tokens += B;
+    stats_.max_active = std::max(stats_.max_active, B);
+    for (const Seq* s : batch)
+      stats_.kv_bytes_read += double(s->len + 1) * double(cache_->bytes_per_token());
+    size_t kept = 0;
+    for (int64_t b = 0; b < B; ++b) {
+      Seq& s = *active[size_t(b)];
+      ++s.len;  // the token fed this step is now cached
+      if (append(s, sampled[size_t(b)])) continue;
+      if (kept != size_t(b)) active[kept] = std::move(active[size_t(b)]);
+      ++kept;
+    }
+    active.resize(kept);
+    stats_.decode_s += since(t_step);
+    if (progress) progress(stats_, samples_done, samples_total);
+  }
+  stats_.peak_kv_blocks = cache_->peak_used_blocks();
+  stats_.total_s = since(t_start);
+  if (progress) progress(stats_, samples_done, samples_total);
+
+  std::vector<GenerationResult> out;
+  out.reserve(static_cast<size_t>(samples_total));
+  for (auto& per_request : results)
+    for (auto& r : per_request) out.push_back(std::move(r));
+  return out;
+}
+
+}  // namespace rlhf::rollout

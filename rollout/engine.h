@@ -1,0 +1,156 @@
+// The generation engine (single process, tensor-parallel size 1): owns a full fp32 copy of the
+// policy's weights and a paged KV cache; prefills prompts, then decodes every active sequence
+// together, one token per sequence per step, with continuous batching (a finished sequence's slot
+// and KV blocks go to the next waiting request at once).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "model/layout.h"
+#include "model/provider.h"
+#include "rollout/kv_cache.h"
+#include "rollout/sampling.h"
+
+namespace rlhf::rollout {
+
+/// Engine settings.
+struct EngineOptions {
+  int64_t kv_cache_bytes = int64_t(1) << 30;  ///< KV cache budget (--gen_kv_cache_mb)
+  int64_t block_size = 16;                    ///< positions per KV block
+  int64_t max_batch = 256;    ///< most sequences decoded at once (vLLM max_num_seqs)
+  int32_t eos_token_id = -1;  ///< stop token; -1 = the model config's eos_token_id
+  bool ignore_eos = false;    ///< never stop on EOS (benchmarks)
+};
+
+/// One prompt to complete n_samples times.
+struct GenerationRequest {
+  uint64_t id = 0;  ///< the random stream's key (with sampling.seed): same id + seed → same tokens
+  std::vector<int32_t> prompt;  ///< token ids (BOS included by the caller); non-empty
+  int64_t n_samples = 1;        ///< completions of this prompt; they share one prefill
+  /// Most tokens to generate per sample (--generate_max_len); capped so that prompt + generated
+  /// tokens fit max_position_embeddings.
+  int64_t max_new_tokens = 1024;
+  SamplingParams sampling;
+};
+
+/// Why a sample stopped.
+enum class FinishReason { kStop, kLength };
+/// "stop" (EOS sampled) | "length" (max_new_tokens or the position limit reached).
+const char* to_string(FinishReason r);
+
+/// One completion.
+struct GenerationResult {
+  int64_t request_index = 0;    ///< position of the request in generate()'s argument
+  uint64_t request_id = 0;      ///< GenerationRequest::id
+  int64_t sample_index = 0;     ///< 0..n_samples−1
+  std::vector<int32_t> tokens;  ///< generated ids; ends with the EOS id when finish == kStop
+  std::vector<float> logprobs;  ///< per token: log softmax(logits / T)[token], full vocabulary
+  FinishReason finish = FinishReason::kLength;
+};
+
+/// Counters of one generate() call.
+struct EngineStats {
+  int64_t requests = 0, samples = 0;
+  int64_t prefills = 0;          ///< prompt forwards run (one per admitted group of samples)
+  int64_t prefill_tokens = 0;    ///< prompt tokens run through those forwards
+  int64_t generated_tokens = 0;  ///< sampled tokens (first tokens from prefill + decode tokens)
+  int64_t decode_tokens = 0;     ///< tokens produced by decode steps (Σ batch over steps)
+  int64_t decode_steps = 0;
+  int64_t max_active = 0;       ///< largest decode batch
+  int64_t admission_waits = 0;  ///< times the next request had to wait for KV blocks / a slot
+  int64_t peak_kv_blocks = 0;   ///< most KV blocks in use at once
+  double kv_bytes_read = 0;     ///< Σ over decode steps of the K/V bytes attention read
+  double prefill_s = 0, decode_s = 0, total_s = 0;  ///< wall time in prefill, decode steps, all
+  double mean_active_batch() const {
+    return decode_steps > 0 ? double(decode_tokens) / double(decode_steps) : 0.0;
+  }
+};
+
+/// Called after every decode step (and after the last admission) with the running stats and the
+/// number of samples finished so far out of the total.
+using ProgressFn =
+    std::function<void(const EngineStats& stats, int64_t samples_done, int64_t samples_total)>;
+
+/// The weights of an engine: one full fp32 buffer per ZeRO unit (ParamLayout order,
+/// numel_padded elements, padding zero), as a read-only UnitProvider for the model code.
+class EngineWeights : public model::UnitProvider<float> {
+ public:
+  explicit EngineWeights(const model::ParamLayout& layout);
+  float* unit_buffer(int u) { return units_.at(size_t(u)).data(); }
+  const float* unit_buffer(int u) const { return units_.at(size_t(u)).data(); }
+  const float* acquire_params(int u) override { return unit_buffer(u); }
+  void release_params(int) override {}
+  /// Throws rlhf::Error: the engine holds no gradients.
+  float* acquire_grads(int u) override;
+  void release_grads(int) override {}
+
+ private:
+  std::vector<std::vector<float>> units_;
+};
+
+/// Batched autoregressive generation over one model. Not thread-safe; OpenMP inside.
+class Engine {
+ public:
+  /// layout: an LM-head model (any n_shards: the padding of the buffers follows it, so weight
+  /// sync can write a trainer's gathered units as they are). Weights start at zero: fill
+  /// unit_buffer(u) (e.g. io::load_model_hdf5 into unit_buffers()). Allocates the KV cache
+  /// (throws if the budget holds no block).
+  Engine(const model::ParamLayout& layout, const EngineOptions& options);
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  const model::ParamLayout& layout() const { return layout_; }
+  const EngineOptions& options() const { return opt_; }
+  int num_units() const { return layout_.num_units(); }
+  /// Full fp32 buffer of unit u (layout().unit(u).numel_padded floats): what weight sync writes.
+  float* unit_buffer(int u) { return weights_.unit_buffer(u); }
+  /// unit_buffer(u) for every unit, in order.
+  std::vector<float*> unit_buffers();
+  /// The weights as a UnitProvider (e.g. for model::Transformer in tests).
+  model::UnitProvider<float>& provider() { return weights_; }
+  const KvCache& kv_cache() const { return *cache_; }
+  /// Weight bytes one decode step reads: every linear, the norms and the LM head (fp32).
+  int64_t weight_bytes_per_decode_step() const;
+
+  /// Generates every sample of every request; returns them ordered by (request_index,
+  /// sample_index). Requests are admitted in order (first come, first served): a request's
+  /// samples start when a decode slot and the KV blocks for their worst case — prompt +
+  /// max_new_tokens − 1 positions each — are free; until then it waits for running sequences to
+  /// finish. All samples of a request start together after one prefill when they can ever fit
+  /// together, else in the largest groups that fit (each group prefills again).
+  /// A sample's tokens depend only on its weights, prompt, sampling parameters, request id and
+  /// sample index — not on the other requests, the order or the batch (decode is batch-invariant).
+  /// Throws rlhf::Error on an empty prompt, a token outside the vocabulary, a prompt that leaves
+  /// no room under max_position_embeddings, bad sampling parameters (naming the request), or a
+  /// single sample whose worst case exceeds the whole KV cache.
+  std::vector<GenerationResult> generate(const std::vector<GenerationRequest>& requests,
+                                         const ProgressFn& progress = {});
+
+  /// Counters of the last generate() call.
+  const EngineStats& stats() const { return stats_; }
+
+ private:
+  struct Seq;
+  struct Work;
+  // Prompt forward for positions [0, P) of `blocks`: writes K/V, returns the last row's logits.
+  const float* prefill(const std::vector<int32_t>& prompt, const int32_t* blocks);
+  // One decode step over the active sequences (their last tokens at their positions): logits.
+  const float* decode_step(const std::vector<Seq*>& active);
+  void layer_decode(int l, int64_t B);
+  const float* lm_head_weight() const;
+
+  model::ParamLayout layout_;
+  EngineOptions opt_;
+  EngineWeights weights_;
+  std::unique_ptr<KvCache> cache_;
+  std::unique_ptr<Work> work_;
+  EngineStats stats_;
+  std::vector<float> rope_cos_, rope_sin_;
+};
+
+}  // namespace rlhf::rollout

@@ -1,0 +1,93 @@
+#include "rollout/kv_cache.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "core/error.h"
+
+namespace rlhf::rollout {
+
+KvCache::KvCache(const model::ModelConfig& config, int64_t budget_bytes, int64_t block_size)
+    : L_(config.num_hidden_layers),
+      Hkv_(config.num_key_value_heads),
+      D_(config.D()),
+      row_elems_(config.num_key_value_heads * config.D()),
+      block_size_(block_size) {
+  RLHF_CHECK(block_size >= 1, "KV cache: block_size must be >= 1, got {}", block_size);
+  bytes_per_token_ = 2 * L_ * row_elems_ * int64_t(sizeof(float));
+  num_blocks_ = budget_bytes / bytes_per_block();
+  RLHF_CHECK(num_blocks_ >= 1,
+             "KV cache: a budget of {} bytes holds no block of {} positions ({} bytes = 2 x {} "
+             "layers x {} KV heads x head_dim {} x 4 bytes per position)\nhint: raise "
+             "--gen_kv_cache_mb",
+             budget_bytes, block_size_, bytes_per_block(), L_, config.num_key_value_heads,
+             config.D());
+  RLHF_CHECK(num_blocks_ <= INT32_MAX, "KV cache: {} blocks exceed the int32 block ids",
+             num_blocks_);
+  layer_elems_ = num_blocks_ * block_size_ * row_elems_;
+  // new float[] leaves the memory uninitialised: pages are touched only when a block is written.
+  data_.reset(new float[static_cast<size_t>(2 * L_ * layer_elems_)]);
+  free_.resize(static_cast<size_t>(num_blocks_));
+  for (int64_t i = 0; i < num_blocks_; ++i) free_[size_t(i)] = int32_t(num_blocks_ - 1 - i);
+  in_use_.assign(static_cast<size_t>(num_blocks_), 0);
+}
+
+bool KvCache::allocate(int64_t n, std::vector<int32_t>& out) {
+  RLHF_ASSERT(n >= 0);
+  if (n > free_blocks()) return false;
+  for (int64_t i = 0; i < n; ++i) {
+    const int32_t id = free_.back();
+    free_.pop_back();
+    in_use_[size_t(id)] = 1;
+    out.push_back(id);
+  }
+  peak_used_ = std::max(peak_used_, used_blocks());
+  return true;
+}
+
+void KvCache::release(const std::vector<int32_t>& blocks) {
+  for (int32_t id : blocks) {
+    RLHF_CHECK(id >= 0 && id < num_blocks_ && in_use_[size_t(id)],
+               "KV cache: releasing block {} that is not in use", id);
+    in_use_[size_t(id)] = 0;
+    free_.push_back(id);
+  }
+}
+
+void KvCache::write(int64_t layer, const int32_t* blocks, int64_t pos0, int64_t n,
+                    const float* k_rows, const float* v_rows) {
+  float* kl = k(layer);
+  float* vl = v(layer);
+  const size_t head_bytes = sizeof(float) * size_t(D_);
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t s = pos0 + i;
+    // Head h of position s: block blocks[s / bs], head-major inside the block.
+    const int64_t base =
+        int64_t(blocks[s / block_size_]) * block_size_ * row_elems_ + (s % block_size_) * D_;
+    for (int64_t h = 0; h < Hkv_; ++h) {
+      const int64_t off = base + h * block_size_ * D_;
+      std::memcpy(kl + off, k_rows + i * row_elems_ + h * D_, head_bytes);
+      std::memcpy(vl + off, v_rows + i * row_elems_ + h * D_, head_bytes);
+    }
+  }
+}
+
+void KvCache::copy_prefix(const int32_t* src, const int32_t* dst, int64_t n) {
+  const int64_t block_elems = block_size_ * row_elems_, head_elems = block_size_ * D_;
+  for (int64_t l = 0; l < 2 * L_; ++l) {  // K and V of every layer
+    float* base = data_.get() + l * layer_elems_;
+    for (int64_t s0 = 0; s0 < n; s0 += block_size_) {
+      const int64_t rows = std::min(block_size_, n - s0);
+      float* d = base + int64_t(dst[s0 / block_size_]) * block_elems;
+      const float* s = base + int64_t(src[s0 / block_size_]) * block_elems;
+      if (rows == block_size_) {
+        std::memcpy(d, s, sizeof(float) * size_t(block_elems));
+      } else {  // a partial last block: the first `rows` rows of each head
+        for (int64_t h = 0; h < Hkv_; ++h)
+          std::memcpy(d + h * head_elems, s + h * head_elems, sizeof(float) * size_t(rows * D_));
+      }
+    }
+  }
+}
+
+}  // namespace rlhf::rollout

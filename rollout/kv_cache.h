@@ -1,0 +1,76 @@
+// The KV cache of one generation engine: per layer, the keys and values of the Hkv KV heads of
+// every cached position, in fixed-size blocks handed to sequences on demand (vLLM's paged layout,
+// read by model::attention_decode_cpu). Sized by a byte budget.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "model/config.h"
+
+namespace rlhf::rollout {
+
+/// A pool of KV blocks. Block `i` of layer `l` holds positions [0, block_size) of whichever
+/// sequence owns it: K at k(l) + i·Hkv·block_size·D, shape (Hkv, block_size, D) — head-major, so
+/// one head's rows of a block are contiguous for attention — fp32; V alike.
+/// A sequence owns a list of blocks (its block table row); position s lives in its block s /
+/// block_size, row s % block_size — the same block ids in every layer.
+///
+/// Memory: ⌊budget_bytes / bytes_per_block()⌋ blocks, allocated once and left untouched until
+/// used (pages are first touched by the sequences that write them; blocks are handed out lowest
+/// id first and reused last-freed first, so the touched footprint follows peak use).
+class KvCache {
+ public:
+  /// Throws rlhf::Error if the budget does not hold one block (the message gives the block size
+  /// in bytes) or block_size < 1.
+  KvCache(const model::ModelConfig& config, int64_t budget_bytes, int64_t block_size = 16);
+
+  int64_t block_size() const { return block_size_; }
+  int64_t num_blocks() const { return num_blocks_; }
+  int64_t free_blocks() const { return static_cast<int64_t>(free_.size()); }
+  int64_t used_blocks() const { return num_blocks_ - free_blocks(); }
+  /// Most blocks in use at once since construction (or reset_peak()).
+  int64_t peak_used_blocks() const { return peak_used_; }
+  void reset_peak() { peak_used_ = used_blocks(); }
+  /// Bytes of one position in every layer: 2 (K, V) · L · Hkv · D · 4.
+  int64_t bytes_per_token() const { return bytes_per_token_; }
+  /// bytes_per_token() · block_size().
+  int64_t bytes_per_block() const { return bytes_per_token_ * block_size_; }
+  /// num_blocks() · bytes_per_block(): the memory the pool holds.
+  int64_t capacity_bytes() const { return num_blocks_ * bytes_per_block(); }
+  /// Blocks that `positions` positions need: ⌈positions / block_size⌉.
+  int64_t blocks_for(int64_t positions) const {
+    return (positions + block_size_ - 1) / block_size_;
+  }
+
+  /// Appends `n` free block ids to `out` and marks them used; returns false, allocating nothing,
+  /// when fewer than n are free.
+  bool allocate(int64_t n, std::vector<int32_t>& out);
+  /// Returns blocks to the pool. Throws rlhf::Error on an id that is not in use (double free).
+  void release(const std::vector<int32_t>& blocks);
+
+  /// K (or V) of layer l: (num_blocks, Hkv, block_size, D) (model::attention_decode_cpu's layout).
+  float* k(int64_t layer) { return data_.get() + (2 * layer) * layer_elems_; }
+  float* v(int64_t layer) { return data_.get() + (2 * layer + 1) * layer_elems_; }
+  const float* k(int64_t layer) const { return data_.get() + (2 * layer) * layer_elems_; }
+  const float* v(int64_t layer) const { return data_.get() + (2 * layer + 1) * layer_elems_; }
+
+  /// Writes positions [pos0, pos0 + n) of the sequence with block list `blocks`, layer l, from
+  /// k_rows, v_rows: (n, Hkv, D) each.
+  void write(int64_t layer, const int32_t* blocks, int64_t pos0, int64_t n, const float* k_rows,
+             const float* v_rows);
+  /// Copies positions [0, n) of every layer from the sequence with blocks `src` to the one with
+  /// blocks `dst` (n samples of one prompt: prefill once, copy its rows).
+  void copy_prefix(const int32_t* src, const int32_t* dst, int64_t n);
+
+ private:
+  int64_t L_, Hkv_, D_, row_elems_;  // layers, KV heads, head_dim, Hkv·D
+  int64_t block_size_, num_blocks_, layer_elems_, bytes_per_token_;
+  std::unique_ptr<float[]> data_;  // (L, 2, num_blocks, Hkv, block_size, D), uninitialised
+  std::vector<int32_t> free_;      // stack of free ids; back() is handed out next
+  std::vector<uint8_t> in_use_;
+  int64_t peak_used_ = 0;
+};
+
+}  // namespace rlhf::rollout

@@ -1,0 +1,321 @@
+#include "rollout/ppo_trainer.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <random>
+
+#include "core/error.h"
+
+namespace rlhf::rollout {
+
+void RunningMoments::update(const std::vector<double>& xs) {
+  if (xs.empty()) return;
+  double n = double(xs.size()), mean_b = 0, m2_b = 0;
+  for (double x : xs) mean_b += x;
+  mean_b /= n;
+  for (double x : xs) m2_b += (x - mean_b) * (x - mean_b);
+  const double delta = mean_b - mean, total = count + n;
+  mean += delta * n / total;
+  m2 += m2_b + delta * delta * count * n / total;
+  count = total;
+}
+
+double RunningMoments::std() const {
+  return count > 1 ? std::sqrt(m2 / (count - 1)) : 1.0;
+}
+
+PpoTrainer::PpoTrainer(const PpoModels& models, const PpoOptions& options,
+                       parallel::Comm& train_comm)
+    : m_(models),
+      opt_(options),
+      comm_(train_comm),
+      kl_(options.init_kl_coef, options.kl_target, options.kl_horizon) {
+  RLHF_CHECK(m_.actor && m_.actor_net, "PPO needs an actor");
+  RLHF_CHECK(!uses_critic(opt_.estimator) || (m_.critic && m_.critic_net),
+             "--advantage_estimator gae needs a critic");
+  RLHF_CHECK(opt_.init_kl_coef <= 0 || (m_.ref && m_.ref_net),
+             "a KL term (--init_kl_coef > 0) needs the reference model");
+}
+
+PpoTrainer::Batch PpoTrainer::make_batch(const std::vector<const Sample*>& s) const {
+  Batch b;
+  b.B = int64_t(s.size());
+  for (const Sample* x : s)
+    b.T = std::max<int64_t>(b.T, int64_t(x->prompt.size() + x->response.size()));
+  b.tokens.assign(size_t(b.B * b.T), opt_.pad_id);
+  b.targets.assign(size_t(b.B * b.T), -1);
+  for (int64_t r = 0; r < b.B; ++r) {
+    const Sample& x = *s[size_t(r)];
+    const int64_t P = int64_t(x.prompt.size()), R = int64_t(x.response.size());
+    RLHF_ASSERT(P >= 1);
+    std::copy(x.prompt.begin(), x.prompt.end(), b.tokens.begin() + r * b.T);
+    std::copy(x.response.begin(), x.response.end(), b.tokens.begin() + r * b.T + P);
+    // Response token k is predicted at position P − 1 + k.
+    for (int64_t k = 0; k < R; ++k) b.targets[size_t(r * b.T + P - 1 + k)] = x.response[size_t(k)];
+    b.resp_pos.push_back(r * b.T + P - 1);
+  }
+  return b;
+}
+
+std::vector<float> PpoTrainer::allgather_rows(const std::vector<float>& local, int64_t row_floats) {
+  std::vector<float> all(size_t(comm_.size()) * local.size());
+  comm_.all_gather(local.data(), all.data(), int64_t(local.size()));
+  (void)row_floats;
+  return all;
+}
+
+std::vector<double> PpoTrainer::reward_model_scores(const std::vector<Sample>& samples) {
+  RLHF_CHECK(m_.reward && m_.reward_net, "reward model scores need --reward_pretrain");
+  const int64_t B = int64_t(samples.size()), N = comm_.size();
+  RLHF_CHECK(B % N == 0, "{} samples do not split over {} training ranks", B, N);
+  const int64_t per = B / N, first = comm_.rank() * per;
+  std::vector<float> local(static_cast<size_t>(per));
+  std::vector<float> values;
+  for (int64_t a = 0; a < per; a += opt_.micro_rollout_batch_size) {
+    std::vector<const Sample*> mb;
+    for (int64_t i = a; i < std::min(per, a + opt_.micro_rollout_batch_size); ++i)
+      mb.push_back(&samples[size_t(first + i)]);
+    Batch b = make_batch(mb);
+    values.resize(size_t(b.B * b.T));
+    m_.reward_net->forward_scalar(m_.reward->provider(), b.tokens.data(), b.B, b.T, values.data(),
+                                  false);
+    for (int64_t r = 0; r < b.B; ++r) {
+      const int64_t last =
+          r * b.T + int64_t(mb[size_t(r)]->prompt.size() + mb[size_t(r)]->response.size()) - 1;
+      local[size_t(a + r)] = values[size_t(last)];
+    }
+  }
+  const auto all = allgather_rows(local, 1);
+  return std::vector<double>(all.begin(), all.end());
+}
+
+Experience PpoTrainer::make_experience(const std::vector<Sample>& samples,
+                                       std::vector<double> scores) {
+  Experience e;
+  e.B = int64_t(samples.size());
+  RLHF_CHECK(int64_t(scores.size()) == e.B, "{} scores for {} samples", scores.size(), e.B);
+  const int64_t N = comm_.size();
+  RLHF_CHECK(e.B % N == 0,
+             "{} samples do not split over {} training ranks\nhint: make "
+             "--rollout_batch_size x --n_samples_per_prompt a multiple of the training ranks",
+             e.B, N);
+  for (const Sample& s : samples) {
+    e.samples.push_back(&s);
+    e.resp_len.push_back(int32_t(s.response.size()));
+    e.Tr = std::max<int64_t>(e.Tr, int64_t(s.response.size()));
+  }
+  RLHF_CHECK(e.Tr >= 1, "every response of the step is empty");
+  // Old / reference log-probs and values of this rank's slice.
+  const int64_t per = e.B / N, first = comm_.rank() * per, Tr = e.Tr;
+  std::vector<float> lp_old(size_t(per * Tr), 0.0f), lp_ref(size_t(per * Tr), 0.0f),
+      values(size_t(per * Tr), 0.0f);
+  std::vector<float> buf, vbuf;
+  const float inv_temp = float(1.0 / std::max(opt_.temperature, 1e-6));
+  for (int64_t a = 0; a < per; a += opt_.micro_rollout_batch_size) {
+    std::vector<const Sample*> mb;
+    for (int64_t i = a; i < std::min(per, a + opt_.micro_rollout_batch_size); ++i)
+      mb.push_back(&samples[size_t(first + i)]);
+    Batch b = make_batch(mb);
+    buf.resize(size_t(b.B * b.T));
+    auto scatter = [&](std::vector<float>& dst, const std::vector<float>& src) {
+      for (int64_t r = 0; r < b.B; ++r)
+        for (size_t k = 0; k < mb[size_t(r)]->response.size(); ++k)
+          dst[size_t((a + r) * Tr + int64_t(k))] = src[size_t(b.resp_pos[size_t(r)] + int64_t(k))];
+    };
+    m_.actor_net->forward_lm(m_.actor->provider(), b.tokens.data(), b.targets.data(), b.B, b.T,
+                             buf.data(), nullptr, false, inv_temp);
+    scatter(lp_old, buf);
+    if (m_.ref) {
+      m_.ref_net->forward_lm(m_.ref->provider(), b.tokens.data(), b.targets.data(), b.B, b.T,
+                             buf.data(), nullptr, false, inv_temp);
+      scatter(lp_ref, buf);
+    }
+    if (m_.critic && uses_critic(opt_.estimator)) {
+      m_.critic_net->forward_scalar(m_.critic->provider(), b.tokens.data(), b.B, b.T, buf.data(),
+                                    false);
+      scatter(values, buf);
+    }
+  }
+  e.lp_old = allgather_rows(lp_old, Tr);
+  e.lp_ref = m_.ref ? allgather_rows(lp_ref, Tr) : e.lp_old;
+  e.values = uses_critic(opt_.estimator) ? allgather_rows(values, Tr)
+                                         : std::vector<float>(size_t(e.B * Tr), 0.0f);
+  // Per-token KL estimate of π_old against π_ref.
+  e.kl.assign(size_t(e.B * Tr), 0.0f);
+  model::kl_forward_cpu(e.kl.data(), e.lp_old.data(), e.lp_ref.data(), e.B * Tr, opt_.kl_estimator);
+  for (int64_t i = 0; i < e.B; ++i)
+    for (int64_t t = e.resp_len[size_t(i)]; t < Tr; ++t) e.kl[size_t(i * Tr + t)] = 0.0f;
+  // Scores: optional running normalisation.
+  if (opt_.normalize_reward) {
+    reward_moments_.update(scores);
+    const double sd = std::max(reward_moments_.std(), 1e-8);
+    for (double& s : scores) s = (s - reward_moments_.mean) / sd;
+  }
+  e.score = scores;
+  // Advantages on the whole batch (identical on every rank).
+  std::vector<double> kl_d(e.kl.begin(), e.kl.end()), v_d(e.values.begin(), e.values.end());
+  AdvantageInput in;
+  in.B = e.B;
+  in.Tr = Tr;
+  in.group_size = opt_.n_samples_per_prompt;
+  in.resp_len = e.resp_len.data();
+  in.score = e.score.data();
+  const bool kl_in_reward = !opt_.use_kl_loss && kl_.value() > 0;
+  in.kl = kl_in_reward ? kl_d.data() : nullptr;
+  in.kl_coef = kl_.value();
+  in.values = uses_critic(opt_.estimator) ? v_d.data() : nullptr;
+  in.gamma = opt_.gamma;
+  in.lambd = opt_.lambd;
+  const AdvantageOutput out = compute_advantages(in, opt_.estimator);
+  e.advantages.assign(out.advantages.begin(), out.advantages.end());
+  e.returns.assign(out.returns.begin(), out.returns.end());
+  return e;
+}
+
+PpoStats PpoTrainer::train(const Experience& e, int64_t rl_step,
+                           const optim::AdamWConfig& actor_adam, double actor_lr,
+                           const optim::AdamWConfig& critic_adam, double critic_lr) {
+  PpoStats st;
+  const int64_t TB = opt_.train_batch_size, MB = opt_.micro_train_batch_size, N = comm_.size();
+  RLHF_CHECK(e.B % TB == 0,
+             "--rollout_batch_size x --n_samples_per_prompt = {} samples is not a multiple of "
+             "--train_batch_size {}",
+             e.B, TB);
+  RLHF_CHECK(TB % (MB * N) == 0,
+             "--train_batch_size {} must be a multiple of --micro_train_batch_size {} x {} "
+             "training rank(s)",
+             TB, MB, N);
+  const bool train_actor = rl_step >= opt_.freezing_actor_steps;
+  const bool train_critic = m_.critic && uses_critic(opt_.estimator);
+  const float inv_temp = float(1.0 / std::max(opt_.temperature, 1e-6));
+  const int64_t Tr = e.Tr;
+  const parallel::CommStats c0 = comm_.stats();
+  // Sums over this rank's tokens (each weighted by 1 / N_tokens of its optimizer step).
+  double s_pol = 0, s_val = 0, s_kll = 0, s_ent = 0, s_clip = 0, s_akl = 0, s_an = 0, s_cn = 0;
+  int64_t n_opt = 0;
+  std::vector<float> lp, ent, dlp, dent, v, dv, w_tok;
+  std::vector<uint8_t> clipped;
+  for (int64_t epoch = 0; epoch < opt_.max_epochs; ++epoch) {
+    std::vector<int64_t> order(static_cast<size_t>(e.B));
+    std::iota(order.begin(), order.end(), 0);
+    std::mt19937_64 rng(opt_.seed * 6364136223846793005ull + uint64_t(rl_step) * 1000003ull +
+                        uint64_t(epoch));
+    std::shuffle(order.begin(), order.end(), rng);
+    for (int64_t s0 = 0; s0 < e.B; s0 += TB) {
+      double n_tok = 0;  // response tokens of this optimizer step, all ranks
+      for (int64_t i = s0; i < s0 + TB; ++i) n_tok += e.resp_len[size_t(order[size_t(i)])];
+      const double w = 1.0 / std::max(n_tok, 1.0);
+      if (train_actor) m_.actor->zero_grads();
+      if (train_critic) m_.critic->zero_grads();
+      const int64_t mine = s0 + comm_.rank() * (TB / N);
+      for (int64_t a = 0; a < TB / N; a += MB) {
+        std::vector<const Sample*> mb;
+        std::vector<int64_t> ids;
+        for (int64_t i = 0; i < MB; ++i) {
+          ids.push_back(order[size_t(mine + a + i)]);
+          mb.push_back(e.samples[size_t(ids.back())]);
+        }
+        Batch b = make_batch(mb);
+        const int64_t NT = b.B * b.T;
+        // Gather the per-token experience of these samples in batch positions.
+        std::vector<float> old_lp(size_t(NT), 0.0f), ref_lp(size_t(NT), 0.0f),
+            adv(size_t(NT), 0.0f), ret(size_t(NT), 0.0f), vold(size_t(NT), 0.0f),
+            wt(size_t(NT), 0.0f);
+        std::vector<int64_t> tok_pos;
+        for (int64_t r = 0; r < b.B; ++r)
+          for (int64_t k = 0; k < e.resp_len[size_t(ids[size_t(r)])]; ++k) {
+            const int64_t p = b.resp_pos[size_t(r)] + k, q = ids[size_t(r)] * Tr + k;
+            old_lp[size_t(p)] = e.lp_old[size_t(q)];
+            ref_lp[size_t(p)] = e.lp_ref[size_t(q)];
+            adv[size_t(p)] = e.advantages[size_t(q)];
+            ret[size_t(p)] = e.returns[size_t(q)];
+            vold[size_t(p)] = e.values[size_t(q)];
+            wt[size_t(p)] = float(w);
+            tok_pos.push_back(p);
+          }
+        if (train_actor) {
+          lp.assign(size_t(NT), 0.0f);
+          const bool with_ent = opt_.entropy_loss_coef != 0;
+          ent.assign(size_t(NT), 0.0f);
+          m_.actor_net->forward_lm(m_.actor->provider(), b.tokens.data(), b.targets.data(), b.B,
+                                   b.T, lp.data(), ent.data(), true, inv_temp);
+          dlp.assign(size_t(NT), 0.0f);
+          std::vector<float> tok_loss(size_t(NT), 0.0f);
+          clipped.assign(size_t(NT), 0);
+          model::ppo_clip_loss_forward_cpu(tok_loss.data(), clipped.data(), (float*)nullptr,
+                                           lp.data(), old_lp.data(), adv.data(), NT,
+                                           opt_.eps_clip_low, opt_.eps_clip_high, opt_.dual_clip);
+          model::ppo_clip_loss_backward_cpu(dlp.data(), wt.data(), lp.data(), old_lp.data(),
+                                            adv.data(), NT, opt_.eps_clip_low, opt_.eps_clip_high,
+                                            opt_.dual_clip);
+          std::vector<float> kl_tok(size_t(NT), 0.0f), dkl(size_t(NT), 0.0f);
+          if (opt_.use_kl_loss && m_.ref) {
+            model::kl_forward_cpu(kl_tok.data(), lp.data(), ref_lp.data(), NT, opt_.kl_estimator);
+            std::vector<float> wk(wt);
+            for (float& x : wk) x *= float(kl_.value());
+            model::kl_backward_cpu(dkl.data(), wk.data(), lp.data(), ref_lp.data(), NT,
+                                   opt_.kl_estimator);
+          }
+          dent.assign(size_t(NT), 0.0f);
+          for (int64_t p : tok_pos) {
+            dlp[size_t(p)] += dkl[size_t(p)];
+            if (with_ent) dent[size_t(p)] = float(-opt_.entropy_loss_coef * w);
+            s_pol += w * tok_loss[size_t(p)];
+            s_kll += w * kl_tok[size_t(p)];
+            s_ent += w * ent[size_t(p)];
+            s_clip += w * clipped[size_t(p)];
+            const double d = double(lp[size_t(p)]) - double(old_lp[size_t(p)]);
+            s_akl += w * (std::exp(-d) - 1.0 + d);
+          }
+          m_.actor_net->backward_lm(m_.actor->provider(), dlp.data(),
+                                    with_ent ? dent.data() : nullptr);
+        }
+        if (train_critic) {
+          v.assign(size_t(NT), 0.0f);
+          m_.critic_net->forward_scalar(m_.critic->provider(), b.tokens.data(), b.B, b.T, v.data(),
+                                        true);
+          std::vector<float> vl(size_t(NT), 0.0f);
+          model::value_loss_forward_cpu(vl.data(), (uint8_t*)nullptr, v.data(), vold.data(),
+                                        ret.data(), NT, opt_.value_clip);
+          dv.assign(size_t(NT), 0.0f);
+          model::value_loss_backward_cpu(dv.data(), wt.data(), v.data(), vold.data(), ret.data(),
+                                         NT, opt_.value_clip);
+          for (int64_t p : tok_pos) s_val += w * vl[size_t(p)];
+          m_.critic_net->backward_scalar(m_.critic->provider(), dv.data());
+        }
+      }
+      if (train_actor)
+        s_an +=
+            parallel::clip_and_step(*m_.actor, actor_adam, actor_lr, ++actor_steps_, opt_.max_norm);
+      if (train_critic)
+        s_cn += parallel::clip_and_step(*m_.critic, critic_adam, critic_lr, ++critic_steps_,
+                                        opt_.max_norm);
+      ++n_opt;
+    }
+  }
+  double sums[8] = {s_pol, s_val, s_kll, s_ent, s_clip, s_akl, 0, 0}, tot[8];
+  comm_.all_reduce(sums, tot, 8);
+  const double steps = double(std::max<int64_t>(n_opt, 1));
+  st.policy_loss = tot[0] / steps;
+  st.value_loss = tot[1] / steps;
+  st.kl_loss = tot[2] / steps;
+  st.entropy = tot[3] / steps;
+  st.clip_frac = tot[4] / steps;
+  st.approx_kl = tot[5] / steps;
+  st.actor_grad_norm = s_an / steps;
+  st.critic_grad_norm = s_cn / steps;
+  st.optimizer_steps = n_opt;
+  double kl_sum = 0;
+  for (int64_t i = 0; i < e.B; ++i)
+    for (int64_t t = 0; t < e.resp_len[size_t(i)]; ++t) kl_sum += e.kl[size_t(i * Tr + t)];
+  st.kl = kl_sum / double(std::max<int64_t>(e.response_tokens(), 1));
+  st.kl_coef = kl_.value();
+  st.comm_seconds = comm_.stats().seconds - c0.seconds;
+  st.comm_bytes = comm_.stats().bytes - c0.bytes;
+  // Adaptive KL (Ziegler et al.): after the step, with the rollout's mean KL.
+  kl_.update(st.kl, double(e.B));
+  return st;
+}
+
+}  // namespace rlhf::rollout

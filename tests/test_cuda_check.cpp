@@ -1,0 +1,96 @@
+// The CUDA-side check macros and helpers, which work without a GPU: cuda_device_count() is 0
+// without a device (or without CUDA), and CUDA_CHECK / CUBLAS_CHECK / NCCL_CHECK / CUDNN_CHECK
+// throw rlhf::Error naming the library, the status, the call and the source location.
+#include "core/cuda_check.h"
+
+#include <string>
+
+#include "core/error.h"
+#include "tests/test_util.h"
+
+#ifdef RLHF_NCCL
+#include <nccl.h>
+#endif
+#ifdef RLHF_CUDNN
+#include <cudnn.h>
+#endif
+
+using namespace rlhf;
+
+#ifdef RLHF_CUDA
+namespace {
+
+// The message of the rlhf::Error thrown by f (empty if none).
+template <typename F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const rlhf::Error& e) {
+    return e.what();
+  }
+  return {};
+}
+
+bool contains(const std::string& s, const std::string& part) {
+  return s.find(part) != std::string::npos;
+}
+
+}  // namespace
+#endif
+
+TEST_CASE("cuda_device_count and the device summary never throw") {
+  const int n = cuda_device_count();
+  CHECK(n >= 0);
+  CHECK(cuda_device_count() == n);  // stable, and a failed query leaves no error behind
+  const std::string summary = cuda_device_summary();
+  MESSAGE("CUDA devices: " << n << " (" << summary << ")");
+  if (n == 0) CHECK(summary == "no CUDA device");
+#ifndef RLHF_CUDA
+  CHECK(n == 0);
+#endif
+  NVTX_RANGE_FN();  // a no-op without NVTX or a profiler
+}
+
+#ifdef RLHF_CUDA
+TEST_CASE("CUDA_CHECK and CUBLAS_CHECK throw with the status, the call and the location") {
+  CHECK_NOTHROW(CUDA_CHECK(cudaSuccess));
+  const std::string e =
+      error_of([] { CUDA_CHECK(static_cast<cudaError_t>(cudaErrorInvalidValue)); });
+  INFO(e);
+  CHECK(contains(e, "CUDA error"));
+  CHECK(contains(e, "cudaErrorInvalidValue"));
+  CHECK(contains(e, "static_cast<cudaError_t>(cudaErrorInvalidValue)"));
+  CHECK(contains(e, "test_cuda_check.cpp:"));
+  // The value is returned when it is a success.
+  CHECK(CUDA_CHECK(cudaSuccess) == cudaSuccess);
+
+  const std::string b =
+      error_of([] { CUBLAS_CHECK(static_cast<cublasStatus_t>(CUBLAS_STATUS_NOT_SUPPORTED)); });
+  INFO(b);
+  CHECK(contains(b, "cuBLAS error"));
+  CHECK(contains(b, "CUBLAS_STATUS_NOT_SUPPORTED"));
+  CHECK(contains(b, "test_cuda_check.cpp:"));
+}
+#endif
+
+#ifdef RLHF_NCCL
+TEST_CASE("NCCL_CHECK throws with NCCL's error string") {
+  CHECK_NOTHROW(NCCL_CHECK(ncclSuccess));
+  const std::string e = error_of([] { NCCL_CHECK(static_cast<ncclResult_t>(ncclInvalidUsage)); });
+  INFO(e);
+  CHECK(contains(e, "NCCL error"));
+  CHECK(contains(e, "(5)"));  // ncclInvalidUsage
+  CHECK(contains(e, "ncclInvalidUsage"));
+}
+#endif
+
+#ifdef RLHF_CUDNN
+TEST_CASE("CUDNN_CHECK throws with cuDNN's error string") {
+  CHECK_NOTHROW(CUDNN_CHECK(CUDNN_STATUS_SUCCESS));
+  const std::string e =
+      error_of([] { CUDNN_CHECK(static_cast<cudnnStatus_t>(CUDNN_STATUS_BAD_PARAM)); });
+  INFO(e);
+  CHECK(contains(e, "cuDNN error"));
+  CHECK(contains(e, "CUDNN_STATUS_BAD_PARAM"));
+}
+#endif
