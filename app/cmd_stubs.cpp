@@ -4,14 +4,6 @@
 
 namespace rlhf::app {
 
-int run_grpo(const GrpoArgs&) {
-  RLHF_FAIL("`rlhf grpo` is not implemented yet");
-}
-
-int run_ppo(const PpoArgs&) {
-  RLHF_FAIL("`rlhf ppo` is not implemented yet");
-}
-
 int run_export(const ExportArgs&) {
   RLHF_FAIL("`rlhf export` is not implemented yet");
 }
