@@ -95,16 +95,26 @@ void initialize_weights(parallel::ParamStore& store, const ModelSource& src, uin
   }
 }
 
-void save_model(parallel::ParamStore& store, const std::string& path, int rank) {
+uint64_t save_model(parallel::ParamStore& store, const std::string& path, int rank) {
   const model::ParamLayout& layout = store.layout();
   std::vector<std::vector<float>> units(static_cast<size_t>(layout.num_units()));
   std::vector<const float*> ptrs;
+  uint64_t h = 1469598103934665603ull;  // FNV-1a over the real elements' bytes, in unit order
   for (int u = 0; u < layout.num_units(); ++u) {
     units[size_t(u)].resize(static_cast<size_t>(layout.unit(u).numel_padded));
     store.gather_unit(u, units[size_t(u)].data());
     ptrs.push_back(units[size_t(u)].data());
+    for (const model::TensorInfo& t : layout.unit(u).tensors) {
+      const auto* b = reinterpret_cast<const unsigned char*>(units[size_t(u)].data() + t.offset);
+      for (size_t i = 0; i < size_t(t.numel) * sizeof(float); ++i)
+        h = (h ^ b[i]) * 1099511628211ull;
+    }
   }
-  if (rank == 0) io::save_model_hdf5(path, layout, ptrs, nlohmann::json::object());
+  if (rank == 0) {
+    io::save_model_hdf5(path, layout, ptrs, nlohmann::json::object());
+    LOG0_INFO("saved {} | weights fingerprint {:016x}", path, h);
+  }
+  return h;
 }
 
 TrainRuntime setup_train_runtime(const ParallelArgs& args, int tensor_parallel,

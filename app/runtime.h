@@ -37,7 +37,9 @@ ModelSource resolve_model_source(const ModelArgs& args, model::HeadKind want_hea
 void initialize_weights(parallel::ParamStore& store, const ModelSource& src, uint64_t seed);
 
 /// Writes the store's consolidated model to `path` (HDF5, .tmp + rename) from rank 0; collective.
-void save_model(parallel::ParamStore& store, const std::string& path, int rank);
+/// Returns (and rank 0 logs) a fingerprint of the weights: FNV-1a 64 over the fp32 bytes of every
+/// tensor in layout order — equal fingerprints mean bit-identical weights.
+uint64_t save_model(parallel::ParamStore& store, const std::string& path, int rank);
 
 /// What a training command runs on: the placement of every rank and the training communicator.
 struct TrainRuntime {

@@ -450,8 +450,13 @@ TEST_CASE("cli: help, version, subcommands") {
   for (size_t i = 0; i < app::kCommandNames.size(); ++i) {
     TempToml f("seed = 3\nlog_level = \"warn\"\n");
     std::vector<std::string> args = {app::kCommandNames[i], "--config", f.str()};
-    if (i == 0) args.insert(args.end(), {"--dataset", "d", "--pretrain", "p"});
-    if (std::string(app::kCommandNames[i]) == "generate")
+    const std::string name = app::kCommandNames[i];
+    if (name == "sft" || name == "rm")
+      args.insert(args.end(), {"--dataset", "d", "--pretrain", "p"});
+    if (name == "ppo" || name == "grpo")
+      args.insert(args.end(), {"--prompt_data", "d", "--pretrain", "p", "--reward", "length",
+                               "--n_samples_per_prompt", "4"});
+    if (name == "generate")
       args.insert(args.end(), {"--dataset", "d", "--pretrain", "p", "--output_path", "o"});
     const ParsedCommand p = parse(args);
     CHECK(p.command == app::kCommandNames[i]);
