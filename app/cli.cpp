@@ -560,18 +560,7 @@ void RmArgs::validate() {
 // -------------------------------------------------------------------------------------------------
 // rlhf generate
 
-void GenerateArgs::bind(OptionSet& o) {
-  common.bind(o);
-  o.add("pretrain", pretrain,
-        "Model to sample from: rlhf HDF5 checkpoint, Hugging Face folder, llama2.c .bin or GGUF "
-        "file")
-      .required();
-  o.add("tokenizer", tokenizer,
-        "Tokenizer file or folder when the model has none (\"\" = the model's own, else bytes)");
-  o.add("dataset", dataset, "Prompts: JSONL, one object per line").required();
-  o.add("input_key", input_key, "JSON key of the prompt text");
-  o.add("output_path", output_path, "Completions out: JSONL, one object per sample").required();
-  o.add("max_samples", max_samples, "Use at most this many prompts").check(ge(1));
+void GenerationArgs::bind(OptionSet& o) {
   o.add("generate_max_len", generate_max_len, "Max new tokens per sample").check(ge(1));
   o.add("temperature", temperature, "Sampling temperature (0 = greedy)").check(ge(0));
   o.add("top_p", top_p, "Nucleus sampling: smallest set with probability >= top_p (1 = off)")
@@ -584,7 +573,125 @@ void GenerateArgs::bind(OptionSet& o) {
       .check(ge(1));
   o.add("gen_max_num_seqs", gen_max_num_seqs, "Most sequences a generation engine decodes at once")
       .check(ge(1));
+  o.add("vllm_tensor_parallel_size", vllm_tensor_parallel_size,
+        "Ranks per generation engine (tensor parallel, inside one node)")
+      .check(ge(1));
+}
+
+void GenerateArgs::bind(OptionSet& o) {
+  common.bind(o);
+  o.add("pretrain", pretrain,
+        "Model to sample from: rlhf HDF5 checkpoint, Hugging Face folder, llama2.c .bin or GGUF "
+        "file")
+      .required();
+  o.add("tokenizer", tokenizer,
+        "Tokenizer file or folder when the model has none (\"\" = the model's own, else bytes)");
+  o.add("dataset", dataset, "Prompts: JSONL, one object per line").required();
+  o.add("input_key", input_key, "JSON key of the prompt text");
+  o.add("output_path", output_path, "Completions out: JSONL, one object per sample").required();
+  o.add("max_samples", max_samples, "Use at most this many prompts").check(ge(1));
+  gen.bind(o);
   parallel.bind(o);
+}
+
+void PpoArgs::bind(OptionSet& o) {
+  common.bind(o);
+  model.bind(o);
+  o.add("reward_pretrain", reward_pretrain, "Reward model checkpoint (rlhf rm)");
+  o.add("critic_pretrain", critic_pretrain,
+        "Critic initialisation (\"\" = --reward_pretrain, else --pretrain)");
+  o.add("prompt_data", prompt_data, "Prompts: JSONL, or builtin:<task>").required();
+  o.add("input_key", input_key, "JSON key of the prompt text");
+  o.add("label_key", label_key, "JSON key of the reference answer (rule rewards)");
+  o.add("apply_chat_template", apply_chat_template, "Wrap prompts in the chat template");
+  o.add("prompt_max_len", prompt_max_len, "Longer prompts (tokens) are skipped").check(ge(1));
+  o.add("max_samples", max_samples, "Use at most this many prompts").check(ge(1));
+  o.add("reward", reward,
+        "Rule reward: math, countdown, format, length, keyword, command, or a weighted sum "
+        "\"math:1,format:0.2\"");
+  o.add("reward_command", reward_command,
+        "External scorer: reads JSON lines {prompt, completion, label}, writes one score per line");
+  o.add("reward_command_timeout", reward_command_timeout, "Seconds per scoring batch").check(gt(0));
+  o.add("reward_format_pattern", reward_format_pattern, "Regex of the format reward");
+  o.add("reward_keywords", reward_keywords, "Comma-separated keywords of the keyword reward");
+  o.add("reward_length_target", reward_length_target, "Target tokens of the length reward")
+      .check(ge(1));
+  o.add("normalize_reward", normalize_reward, "Normalise scores by their running mean and std");
+  o.add("rollout_batch_size", rollout_batch_size, "Prompts per RL step").check(ge(1));
+  o.add("micro_rollout_batch_size", micro_rollout_batch_size,
+        "Samples per rank per forward-only pass (log-probs, values)")
+      .check(ge(1));
+  o.add("train_batch_size", train_batch_size, "Samples per optimizer step (global)").check(ge(1));
+  o.add("micro_train_batch_size", micro_train_batch_size, "Samples per rank per forward/backward")
+      .check(ge(1));
+  o.add("max_epochs", max_epochs, "Training passes over each rollout").check(ge(1));
+  o.add("num_episodes", num_episodes, "Passes over the prompt data").check(ge(1));
+  o.add("max_steps", max_steps, "RL steps (-1 = from --num_episodes)").check(minus_one_or_ge(1));
+  o.add("advantage_estimator", advantage_estimator, "Advantage estimator")
+      .check(one_of({"gae", "reinforce", "reinforce_baseline", "rloo", "group_norm", "dr_grpo"}));
+  o.add("gamma", gamma, "Discount").check(ge(0)).check(le(1));
+  o.add("lambd", lambd, "GAE lambda").check(ge(0)).check(le(1));
+  o.add("init_kl_coef", init_kl_coef, "KL coefficient beta (0 = no KL, no reference model)")
+      .check(ge(0));
+  o.add("kl_estimator", kl_estimator, "KL estimator").check(one_of({"k1", "k2", "k3"}));
+  o.add("use_kl_loss", use_kl_loss, "KL as a loss term instead of in the reward (GRPO)");
+  o.add("kl_target", kl_target, "Adaptive KL target (0 = fixed coefficient)").check(ge(0));
+  o.add("kl_horizon", kl_horizon, "Adaptive KL horizon").check(gt(0));
+  o.add("eps_clip", eps_clip, "PPO clip range").check(gt(0));
+  o.add("eps_clip_low_high", eps_clip_low_high,
+        "Asymmetric clip: eps_low eps_high (0 0 = --eps_clip both)")
+      .check(ge(0));
+  o.add("dual_clip", dual_clip, "Dual-clip bound c > 1 for negative advantages (0 = off)")
+      .check(ge(0));
+  o.add("value_clip", value_clip, "Critic value clip (0 = off)").check(ge(0));
+  o.add("entropy_loss_coef", entropy_loss_coef, "Entropy bonus coefficient").check(ge(0));
+  o.add("freezing_actor_steps", freezing_actor_steps, "RL steps that train only the critic");
+  o.add("actor_learning_rate", actor_learning_rate, "Actor learning rate").check(gt(0));
+  o.add("critic_learning_rate", critic_learning_rate, "Critic learning rate").check(gt(0));
+  o.add("lr_scheduler", optim.lr_scheduler, "Learning-rate schedule")
+      .check(one_of({"cosine_with_min_lr", "constant", "constant_with_warmup", "linear"}));
+  o.add("lr_warmup_ratio", optim.lr_warmup_ratio, "Warm-up steps as a fraction of all steps")
+      .check(ge(0))
+      .check(le(1));
+  o.add("adam_betas", optim.adam_betas, "AdamW beta1 beta2").check(ge(0)).check(below(1));
+  o.add("l2", optim.l2, "AdamW weight decay").check(ge(0));
+  o.add("max_norm", optim.max_norm, "Clip the global gradient norm to this (0 = off)").check(ge(0));
+  gen.bind(o);
+  o.add("sync_bucket_mb", sync_bucket_mb, "Weight-sync bucket size (MiB)").check(ge(1));
+  zero.bind(o);
+  parallel.bind(o);
+  ckpt.bind(o);
+  o.add("ckpt_path", ckpt_path, "Directory of training checkpoints (resume)");
+  o.add("max_ckpt_num", max_ckpt_num, "Keep the last K training checkpoints (0 = all)")
+      .check(ge(0));
+  o.add("load_checkpoint", load_checkpoint, "Resume from the newest valid checkpoint in ckpt_path");
+}
+
+void PpoArgs::validate() {
+  model.validate();
+  if (common.log_dir.empty())
+    common.log_dir = (std::filesystem::path(ckpt.save_path) / "logs").string();
+  if (reward.empty() && reward_pretrain.empty())
+    usage_fail("no reward: give --reward (a rule: math, countdown, ...) or --reward_pretrain");
+  if ((reward == "math" || reward == "countdown") && label_key.empty())
+    usage_fail("--reward {} needs --label_key (the reference answer in the prompt data)", reward);
+  const bool group = advantage_estimator != "gae" && advantage_estimator != "reinforce";
+  if (group && gen.n_samples_per_prompt < 2)
+    usage_fail(
+        "--advantage_estimator {} needs --n_samples_per_prompt > 1 (got {})\nhint: e.g. "
+        "--n_samples_per_prompt 8",
+        advantage_estimator, gen.n_samples_per_prompt);
+  if ((rollout_batch_size * gen.n_samples_per_prompt) % train_batch_size != 0)
+    usage_fail(
+        "--rollout_batch_size {} x --n_samples_per_prompt {} = {} samples is not a multiple of "
+        "--train_batch_size {}",
+        rollout_batch_size, gen.n_samples_per_prompt, rollout_batch_size * gen.n_samples_per_prompt,
+        train_batch_size);
+  if (train_batch_size % micro_train_batch_size != 0)
+    usage_fail("--train_batch_size {} is not a multiple of --micro_train_batch_size {}",
+               train_batch_size, micro_train_batch_size);
+  if (dual_clip != 0 && dual_clip <= 1)
+    usage_fail("--dual_clip must be > 1 (or 0 = off), got {}", dual_clip);
 }
 
 void GenerateArgs::validate() {}
@@ -817,6 +924,22 @@ ParsedCommand parse_args(const std::vector<std::string>& argv) {
   merge_env(set);
   run_checks(set);
   std::visit([](auto& a) { a.validate(); }, args[index]);
+  // Critic options given to an estimator that trains no critic are a mistake worth naming.
+  std::visit(
+      [&](auto& a) {
+        if constexpr (std::is_base_of_v<PpoArgs, std::decay_t<decltype(a)>>) {
+          if (a.advantage_estimator == "gae") return;
+          for (const char* key : {"critic_pretrain", "critic_learning_rate", "value_clip"}) {
+            const OptionSpec* spec = set.find(key);
+            if (spec && spec->source != OptionSource::kDefault)
+              usage_fail(
+                  "{} is a critic option, but --advantage_estimator {} trains no critic\nhint: "
+                  "drop it, or use --advantage_estimator gae (PPO)",
+                  spec->origin, a.advantage_estimator);
+          }
+        }
+      },
+      args[index]);
 
   out.action = ParsedCommand::Action::kRun;
   out.command = set.command();

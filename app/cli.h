@@ -244,42 +244,110 @@ struct RmArgs {
   void bind(OptionSet& o);
   void validate();
 };
-/// `rlhf grpo` (not implemented yet).
-struct GrpoArgs {
-  CommonArgs common;
-  void bind(OptionSet& o) { common.bind(o); }
-  void validate() {}
+/// Generation engine and sampling options (OpenRLHF / vLLM names), shared by `generate`, `grpo`
+/// and `ppo`. Continuous batching replaces a micro-batch size: every prompt is queued at once and
+/// an engine decodes as many sequences together as --gen_kv_cache_mb and --gen_max_num_seqs allow.
+struct GenerationArgs {
+  int64_t generate_max_len = 1024;    ///< --generate_max_len: max new tokens per sample
+  double temperature = 1.0;           ///< --temperature: 0 = greedy
+  double top_p = 1.0;                 ///< --top_p: nucleus sampling, 1 = off
+  int64_t top_k = -1;                 ///< --top_k: -1 = off
+  bool greedy = false;                ///< --greedy: argmax decoding
+  int64_t n_samples_per_prompt = 1;   ///< --n_samples_per_prompt: completions per prompt
+  int64_t gen_kv_cache_mb = 1024;     ///< --gen_kv_cache_mb: KV cache budget per engine (MiB)
+  int64_t gen_max_num_seqs = 256;     ///< --gen_max_num_seqs: most sequences decoded at once
+  int vllm_tensor_parallel_size = 1;  ///< --vllm_tensor_parallel_size: ranks per engine
+
+  void bind(OptionSet& o);
 };
-/// `rlhf ppo` (not implemented yet).
+
+/// `rlhf ppo`: PPO with a critic (GAE), reference model, reward model or rule reward; the RL loop
+/// of DESIGN.md §3. Flag names and defaults follow OpenRLHF's train_ppo.
 struct PpoArgs {
   CommonArgs common;
-  void bind(OptionSet& o) { common.bind(o); }
-  void validate() {}
-};
-/// `rlhf generate`: sample completions of JSONL prompts from a checkpoint (OpenRLHF flag names).
-/// Continuous batching replaces a micro-batch size: every prompt is queued at once and the engine
-/// decodes as many sequences together as --gen_kv_cache_mb and --gen_max_num_seqs allow.
-struct GenerateArgs {
-  CommonArgs common;
-  std::string pretrain;              ///< --pretrain: any format ModelArgs::pretrain takes
-  std::string tokenizer;             ///< --tokenizer: as ModelArgs::tokenizer
-  std::string dataset;               ///< --dataset: prompts, JSONL (required)
-  std::string input_key = "input";   ///< --input_key: JSON key of the prompt text
-  std::string output_path;           ///< --output_path: completions, JSONL (required)
-  int64_t max_samples = 100000000;   ///< --max_samples: use at most this many prompts
-  int64_t generate_max_len = 1024;   ///< --generate_max_len: max new tokens per sample
-  double temperature = 1.0;          ///< --temperature: 0 = greedy
-  double top_p = 1.0;                ///< --top_p: nucleus sampling, 1 = off
-  int64_t top_k = -1;                ///< --top_k: -1 = off
-  bool greedy = false;               ///< --greedy: argmax decoding
-  int64_t n_samples_per_prompt = 1;  ///< --n_samples_per_prompt: completions per prompt
-  int64_t gen_kv_cache_mb = 1024;    ///< --gen_kv_cache_mb: KV cache budget per engine (MiB)
-  int64_t gen_max_num_seqs = 256;    ///< --gen_max_num_seqs: most sequences decoded at once
-  ParallelArgs parallel;             ///< --threads (placement flags for the topology to come)
+  ModelArgs model;              ///< --pretrain / --model_config: the initial policy
+  std::string reward_pretrain;  ///< --reward_pretrain: reward model checkpoint
+  std::string critic_pretrain;  ///< --critic_pretrain: "" = reward_pretrain, else pretrain
+  // prompts
+  std::string prompt_data;           ///< --prompt_data: JSONL (or builtin:<task>), required
+  std::string input_key = "input";   ///< --input_key
+  std::string label_key;             ///< --label_key: reference answer for rule rewards
+  bool apply_chat_template = false;  ///< --apply_chat_template
+  int64_t prompt_max_len = 1024;     ///< --prompt_max_len: longer prompts are skipped, counted
+  int64_t max_samples = 100000000;   ///< --max_samples: prompts used
+  // rewards
+  std::string reward;          ///< --reward: math|countdown|format|length|keyword|command|sum
+  std::string reward_command;  ///< --reward_command: external scorer (JSON lines in/out)
+  double reward_command_timeout = 60;  ///< --reward_command_timeout (s)
+  std::string reward_format_pattern = R"(<think>[\s\S]*</think>\s*<answer>[\s\S]*</answer>)";
+  std::string reward_keywords;        ///< --reward_keywords: comma-separated
+  int64_t reward_length_target = 64;  ///< --reward_length_target (tokens)
+  bool normalize_reward = false;      ///< --normalize_reward: running mean/std of the scores
+  // batches
+  int64_t rollout_batch_size = 1024;     ///< --rollout_batch_size: prompts per RL step
+  int64_t micro_rollout_batch_size = 8;  ///< --micro_rollout_batch_size: per rank, forward-only
+  int64_t train_batch_size = 128;        ///< --train_batch_size: samples per optimizer step
+  int64_t micro_train_batch_size = 4;    ///< --micro_train_batch_size: per rank per fwd/bwd
+  int64_t max_epochs = 1;                ///< --max_epochs: passes over each rollout
+  int64_t num_episodes = 1;              ///< --num_episodes: passes over the prompts
+  int64_t max_steps = -1;                ///< --max_steps: RL steps (-1 = from episodes)
+  // algorithm
+  std::string advantage_estimator = "gae";           ///< --advantage_estimator
+  double gamma = 1.0, lambd = 1.0;                   ///< --gamma, --lambd (GAE)
+  double init_kl_coef = 0.01;                        ///< --init_kl_coef: β
+  std::string kl_estimator = "k1";                   ///< --kl_estimator: k1|k2|k3
+  bool use_kl_loss = false;                          ///< --use_kl_loss: KL as a loss term (GRPO)
+  double kl_target = 0;                              ///< --kl_target: adaptive KL (0 = fixed β)
+  double kl_horizon = 10000;                         ///< --kl_horizon
+  double eps_clip = 0.2;                             ///< --eps_clip
+  std::array<double, 2> eps_clip_low_high = {0, 0};  ///< --eps_clip_low_high (0 0 = eps_clip)
+  double dual_clip = 0;                              ///< --dual_clip: c > 1 enables (0 = off)
+  double value_clip = 0.5;                           ///< --value_clip
+  double entropy_loss_coef = 0;                      ///< --entropy_loss_coef
+  int64_t freezing_actor_steps = -1;                 ///< --freezing_actor_steps
+  double actor_learning_rate = 1e-6;                 ///< --actor_learning_rate
+  double critic_learning_rate = 9e-6;                ///< --critic_learning_rate
+  OptimArgs optim;  ///< schedule, betas, l2, max_norm (not learning_rate)
+  GenerationArgs gen;
+  int64_t sync_bucket_mb = 64;  ///< --sync_bucket_mb: weight-sync bucket size
+  ZeroArgs zero;
+  ParallelArgs parallel;
+  CheckpointArgs ckpt;  ///< --save_path (final model), --save_steps, --logging_steps
+  std::string ckpt_path = "./ckpt/checkpoints_ppo";  ///< --ckpt_path: training checkpoints
+  int64_t max_ckpt_num = 3;                          ///< --max_ckpt_num: keep the last K
+  bool load_checkpoint = false;  ///< --load_checkpoint: resume from the newest in ckpt_path
 
   void bind(OptionSet& o);
   void validate();
 };
+
+/// `rlhf grpo`: `rlhf ppo` with GRPO's presets — --advantage_estimator group_norm, --use_kl_loss,
+/// --kl_estimator k3 — and checkpoints under ./ckpt/checkpoints_grpo.
+struct GrpoArgs : PpoArgs {
+  GrpoArgs() {
+    advantage_estimator = "group_norm";
+    use_kl_loss = true;
+    kl_estimator = "k3";
+    ckpt_path = "./ckpt/checkpoints_grpo";
+  }
+};
+
+/// `rlhf generate`: sample completions of JSONL prompts from a checkpoint (OpenRLHF flag names).
+struct GenerateArgs {
+  CommonArgs common;
+  std::string pretrain;             ///< --pretrain: any format ModelArgs::pretrain takes
+  std::string tokenizer;            ///< --tokenizer: as ModelArgs::tokenizer
+  std::string dataset;              ///< --dataset: prompts, JSONL (required)
+  std::string input_key = "input";  ///< --input_key: JSON key of the prompt text
+  std::string output_path;          ///< --output_path: completions, JSONL (required)
+  int64_t max_samples = 100000000;  ///< --max_samples: use at most this many prompts
+  GenerationArgs gen;
+  ParallelArgs parallel;  ///< --threads, --ranks_per_node, --gen_ranks_per_node
+
+  void bind(OptionSet& o);
+  void validate();
+};
+
 /// `rlhf export`: any supported model → a Hugging Face folder (safetensors), our HDF5 checkpoint,
 /// or a GGUF file.
 struct ExportArgs {

@@ -90,8 +90,8 @@ int run_generate(const GenerateArgs& args) {
   const auto tokenizer = model_tokenizer(src);  // the model's own, else bytes
   model::ParamLayout layout(cfg, model::HeadKind::kLM, 1);
   rollout::EngineOptions eopt;
-  eopt.kv_cache_bytes = args.gen_kv_cache_mb * (int64_t(1) << 20);
-  eopt.max_batch = args.gen_max_num_seqs;
+  eopt.kv_cache_bytes = args.gen.gen_kv_cache_mb * (int64_t(1) << 20);
+  eopt.max_batch = args.gen.gen_max_num_seqs;
   eopt.eos_token_id = tokenizer->eos_id();
   rollout::Engine engine(layout, eopt);
   load_model_weights(src, layout, engine.unit_buffers());  // any --pretrain format
@@ -108,10 +108,10 @@ int run_generate(const GenerateArgs& args) {
   // --- prompts → requests
   const std::vector<Prompt> prompts = read_prompts(args.dataset, args.input_key, args.max_samples);
   rollout::SamplingParams sp;
-  sp.temperature = args.temperature;
-  sp.top_p = args.top_p;
-  sp.top_k = args.top_k;
-  sp.greedy = args.greedy;
+  sp.temperature = args.gen.temperature;
+  sp.top_p = args.gen.top_p;
+  sp.top_k = args.gen.top_k;
+  sp.greedy = args.gen.greedy;
   sp.seed = static_cast<uint64_t>(args.common.seed);
   sp.validate();
   std::vector<rollout::GenerationRequest> requests;
@@ -125,15 +125,15 @@ int run_generate(const GenerateArgs& args) {
                "{}:{}: the prompt is {} tokens (with BOS), which leaves no room to generate under "
                "the model's max_position_embeddings = {}",
                args.dataset, prompts[i].line, P, cfg.max_position_embeddings);
-    if (P + args.generate_max_len > cfg.max_position_embeddings) ++capped;
-    r.n_samples = args.n_samples_per_prompt;
-    r.max_new_tokens = args.generate_max_len;
+    if (P + args.gen.generate_max_len > cfg.max_position_embeddings) ++capped;
+    r.n_samples = args.gen.n_samples_per_prompt;
+    r.max_new_tokens = args.gen.generate_max_len;
     r.sampling = sp;
     prompt_tokens += P;
     requests.push_back(std::move(r));
   }
   LOG0_INFO("data: {} | {} prompts, {} prompt tokens | {} samples per prompt | {}", args.dataset,
-            requests.size(), prompt_tokens, args.n_samples_per_prompt,
+            requests.size(), prompt_tokens, args.gen.n_samples_per_prompt,
             sp.is_greedy() ? std::string("greedy")
                            : fmt::format("temperature {} top_p {} top_k {}", sp.temperature,
                                          sp.top_p, sp.top_k));
@@ -141,7 +141,7 @@ int run_generate(const GenerateArgs& args) {
     LOG0_WARN(
         "{} prompt(s) leave fewer than --generate_max_len {} positions under "
         "max_position_embeddings {}: their samples stop there (finish_reason \"length\")",
-        capped, args.generate_max_len, cfg.max_position_embeddings);
+        capped, args.gen.generate_max_len, cfg.max_position_embeddings);
 
   // --- generate, with a progress line every few seconds
   auto last_progress = Clock::now();

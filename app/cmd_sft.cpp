@@ -5,6 +5,7 @@
 // The loss is the mean over every loss token of the whole optimizer step (ALGORITHMS.md "agg"),
 // so the gradient does not depend on how the batch is split across micro-batches or ranks.
 #include <mpi.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -19,6 +20,7 @@
 #include "app/runtime.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "io/builtin_tasks.h"
 #include "io/metrics.h"
 #include "io/sft_dataset.h"
 #include "io/tokenizer.h"
@@ -72,7 +74,22 @@ int run_sft(const SftArgs& args) {
   RLHF_CHECK(args.data.max_len <= cfg.max_position_embeddings,
              "--max_len {} exceeds the model's max_position_embeddings {}", args.data.max_len,
              cfg.max_position_embeddings);
-  const io::SftDataset data = io::build_sft_dataset(args.data.dataset, *tokenizer, dopt);
+  // A builtin task (builtin:addition) is written to <save_path> first, then read like a file.
+  std::string dataset_path = args.data.dataset;
+  if (io::is_builtin_dataset(dataset_path)) {
+    const std::string out = (std::filesystem::path(args.ckpt.save_path) / "data").string();
+    // Rank 0 keeps the file for the user; the others read a private copy (no shared file system
+    // is assumed) that is removed once loaded.
+    const std::string dir = rank == 0 ? out
+                                      : (std::filesystem::temp_directory_path() /
+                                         fmt::format("rlhf_builtin_{}_{}", ::getpid(), rank))
+                                            .string();
+    dataset_path = io::materialize_builtin_dataset(args.data.dataset, dir);
+    if (rank == 0) LOG0_INFO("data: {} written to {}", args.data.dataset, dataset_path);
+  }
+  const io::SftDataset data = io::build_sft_dataset(dataset_path, *tokenizer, dopt);
+  if (rank != 0 && dataset_path != args.data.dataset)
+    std::filesystem::remove_all(std::filesystem::path(dataset_path).parent_path());
   const int64_t n_samples = static_cast<int64_t>(data.samples.size());
 
   // --- batch arithmetic

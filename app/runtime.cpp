@@ -133,21 +133,29 @@ void load_model_weights(const ModelSource& src, const model::ParamLayout& layout
     io::load_pretrained_unit(m, layout, u, unit_buffers[static_cast<size_t>(u)]);
 }
 
-void save_model(parallel::ParamStore& store, const std::string& path, int rank,
-                const io::Tokenizer* tokenizer) {
+uint64_t save_model(parallel::ParamStore& store, const std::string& path, int rank,
+                    const io::Tokenizer* tokenizer) {
   const model::ParamLayout& layout = store.layout();
   std::vector<std::vector<float>> units(static_cast<size_t>(layout.num_units()));
   std::vector<const float*> ptrs;
+  uint64_t h = 1469598103934665603ull;  // FNV-1a over the real elements' bytes, in unit order
   for (int u = 0; u < layout.num_units(); ++u) {
     units[size_t(u)].resize(static_cast<size_t>(layout.unit(u).numel_padded));
     store.gather_unit(u, units[size_t(u)].data());
     ptrs.push_back(units[size_t(u)].data());
+    for (const model::TensorInfo& t : layout.unit(u).tensors) {
+      const auto* b = reinterpret_cast<const unsigned char*>(units[size_t(u)].data() + t.offset);
+      for (size_t i = 0; i < size_t(t.numel) * sizeof(float); ++i)
+        h = (h ^ b[i]) * 1099511628211ull;
+    }
   }
-  if (rank != 0) return;
+  if (rank != 0) return h;
   io::CheckpointWriter w(path);
   io::write_model_hdf5(w, layout, ptrs);
   if (tokenizer != nullptr) io::write_tokenizer_hdf5(w, *tokenizer);
   w.commit();
+  LOG0_INFO("saved {} | weights fingerprint {:016x}", path, h);
+  return h;
 }
 
 TrainRuntime setup_train_runtime(const ParallelArgs& args, int tensor_parallel,

@@ -63,8 +63,10 @@ void load_model_weights(const ModelSource& src, const model::ParamLayout& layout
 
 /// Writes the store's consolidated model to `path` (HDF5, .tmp + rename) from rank 0; collective.
 /// With a tokenizer, its files go under /tokenizer so the checkpoint restores it.
-void save_model(parallel::ParamStore& store, const std::string& path, int rank,
-                const io::Tokenizer* tokenizer = nullptr);
+/// Returns (and rank 0 logs) a fingerprint of the weights: FNV-1a 64 over the fp32 bytes of every
+/// tensor in layout order — equal fingerprints mean bit-identical weights.
+uint64_t save_model(parallel::ParamStore& store, const std::string& path, int rank,
+                    const io::Tokenizer* tokenizer = nullptr);
 
 /// What a training command runs on: the placement of every rank and the training communicator.
 struct TrainRuntime {

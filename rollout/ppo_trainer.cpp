@@ -174,8 +174,10 @@ Experience PpoTrainer::make_experience(const std::vector<Sample>& samples,
 }
 
 PpoStats PpoTrainer::train(const Experience& e, int64_t rl_step,
-                           const optim::AdamWConfig& actor_adam, double actor_lr,
-                           const optim::AdamWConfig& critic_adam, double critic_lr) {
+                           const optim::AdamWConfig& actor_adam,
+                           const optim::LrSchedule& actor_sched,
+                           const optim::AdamWConfig& critic_adam,
+                           const optim::LrSchedule* critic_sched) {
   PpoStats st;
   const int64_t TB = opt_.train_batch_size, MB = opt_.micro_train_batch_size, N = comm_.size();
   RLHF_CHECK(e.B % TB == 0,
@@ -285,12 +287,17 @@ PpoStats PpoTrainer::train(const Experience& e, int64_t rl_step,
           m_.critic_net->backward_scalar(m_.critic->provider(), dv.data());
         }
       }
-      if (train_actor)
-        s_an +=
-            parallel::clip_and_step(*m_.actor, actor_adam, actor_lr, ++actor_steps_, opt_.max_norm);
-      if (train_critic)
-        s_cn += parallel::clip_and_step(*m_.critic, critic_adam, critic_lr, ++critic_steps_,
+      if (train_actor) {
+        st.actor_lr = actor_sched.lr_at(actor_steps_);
+        s_an += parallel::clip_and_step(*m_.actor, actor_adam, st.actor_lr, ++actor_steps_,
                                         opt_.max_norm);
+      }
+      if (train_critic) {
+        RLHF_CHECK(critic_sched != nullptr, "internal error: a critic without a schedule");
+        st.critic_lr = critic_sched->lr_at(critic_steps_);
+        s_cn += parallel::clip_and_step(*m_.critic, critic_adam, st.critic_lr, ++critic_steps_,
+                                        opt_.max_norm);
+      }
       ++n_opt;
     }
   }

@@ -10,6 +10,7 @@
 #include "model/ops/rl_loss.h"
 #include "model/transformer.h"
 #include "optim/adamw.h"
+#include "optim/schedule.h"
 #include "parallel/comm.h"
 #include "parallel/param_store.h"
 #include "rollout/advantages.h"
@@ -62,6 +63,7 @@ struct PpoStats {
   double critic_grad_norm = 0;
   double kl = 0;       ///< mean KL(π_old ‖ π_ref) estimate over the rollout
   double kl_coef = 0;  ///< β used this step
+  double actor_lr = 0, critic_lr = 0;  ///< learning rates of the last optimizer step
   int64_t optimizer_steps = 0;
   double comm_seconds = 0;  ///< time inside train_comm collectives during training
   int64_t comm_bytes = 0;
@@ -88,9 +90,12 @@ class PpoTrainer {
   /// in canonical order); scores one per sample. Collective.
   Experience make_experience(const std::vector<Sample>& samples, std::vector<double> scores);
 
-  /// Trains on the experience; actor_lr/critic_lr are this step's learning rates.
+  /// Trains on the experience. The learning rate of each optimizer step is the schedule's value
+  /// at that optimizer step (the trainer counts them across RL steps). critic_sched may be null
+  /// when there is no critic.
   PpoStats train(const Experience& exp, int64_t rl_step, const optim::AdamWConfig& actor_adam,
-                 double actor_lr, const optim::AdamWConfig& critic_adam, double critic_lr);
+                 const optim::LrSchedule& actor_sched, const optim::AdamWConfig& critic_adam,
+                 const optim::LrSchedule* critic_sched);
 
   KlController& kl_controller() { return kl_; }
   RunningMoments& reward_moments() { return reward_moments_; }

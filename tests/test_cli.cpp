@@ -452,12 +452,16 @@ TEST_CASE("cli: help, version, subcommands") {
   for (size_t i = 0; i < app::kCommandNames.size(); ++i) {
     TempToml f("seed = 3\nlog_level = \"warn\"\n");
     std::vector<std::string> args = {app::kCommandNames[i], "--config", f.str()};
-    if (i == 0) args.insert(args.end(), {"--dataset", "d", "--pretrain", "p"});
-    if (std::string(app::kCommandNames[i]) == "export" ||
-        std::string(app::kCommandNames[i]) == "import")
-      args.insert(args.end(), {"--pretrain", "p", "--output_path", "o"});
-    if (std::string(app::kCommandNames[i]) == "generate")
+    const std::string name = app::kCommandNames[i];
+    if (name == "sft" || name == "rm")
+      args.insert(args.end(), {"--dataset", "d", "--pretrain", "p"});
+    if (name == "ppo" || name == "grpo")
+      args.insert(args.end(), {"--prompt_data", "d", "--pretrain", "p", "--reward", "length",
+                               "--n_samples_per_prompt", "4"});
+    if (name == "generate")
       args.insert(args.end(), {"--dataset", "d", "--pretrain", "p", "--output_path", "o"});
+    if (name == "export" || name == "import")
+      args.insert(args.end(), {"--pretrain", "p", "--output_path", "o"});
     const ParsedCommand p = parse(args);
     CHECK(p.command == app::kCommandNames[i]);
     CHECK(p.args.index() == i);
@@ -530,13 +534,13 @@ TEST_CASE("cli: generate options, defaults and checks") {
   const ParsedCommand p = parse(base);
   const auto& g = std::get<app::GenerateArgs>(p.args);
   CHECK(g.input_key == "input");
-  CHECK(g.generate_max_len == 1024);
-  CHECK(g.temperature == 1.0);
-  CHECK(g.top_p == 1.0);
-  CHECK(g.top_k == -1);
-  CHECK_FALSE(g.greedy);
-  CHECK(g.n_samples_per_prompt == 1);
-  CHECK(g.gen_kv_cache_mb == 1024);
+  CHECK(g.gen.generate_max_len == 1024);
+  CHECK(g.gen.temperature == 1.0);
+  CHECK(g.gen.top_p == 1.0);
+  CHECK(g.gen.top_k == -1);
+  CHECK_FALSE(g.gen.greedy);
+  CHECK(g.gen.n_samples_per_prompt == 1);
+  CHECK(g.gen.gen_kv_cache_mb == 1024);
   auto with = [&](std::initializer_list<std::string> extra) {
     std::vector<std::string> a = base;
     a.insert(a.end(), extra);
@@ -545,11 +549,11 @@ TEST_CASE("cli: generate options, defaults and checks") {
   const ParsedCommand q = parse(with({"--top_p", "0.9", "--top_k", "50", "--greedy",
                                       "--n_samples_per_prompt", "4", "--temperature", "0.7"}));
   const auto& h = std::get<app::GenerateArgs>(q.args);
-  CHECK(h.top_p == 0.9);
-  CHECK(h.top_k == 50);
-  CHECK(h.greedy);
-  CHECK(h.n_samples_per_prompt == 4);
-  CHECK(h.temperature == 0.7);
+  CHECK(h.gen.top_p == 0.9);
+  CHECK(h.gen.top_k == 50);
+  CHECK(h.gen.greedy);
+  CHECK(h.gen.n_samples_per_prompt == 4);
+  CHECK(h.gen.temperature == 0.7);
   CHECK(contains(usage_error(with({"--top_p", "1.5"})), "--top_p"));
   CHECK(contains(usage_error(with({"--top_p", "0"})), "--top_p"));
   CHECK(contains(usage_error(with({"--top_k", "-2"})), "--top_k"));
