@@ -240,8 +240,11 @@ void run_bench_generate(const BenchGenerateOptions& opt, const Emit& emit) {
     std::vector<rollout::GenerationRequest> reqs;
     for (int64_t i = 0; i < B; ++i) reqs.push_back(request(uint64_t(i), opt.new_tokens));
     engine.generate(reqs);  // warm-up: pages, caches, thread pool
-    engine.generate(reqs);
-    const rollout::EngineStats st = engine.stats();
+    rollout::EngineStats st;
+    for (int rep = 0; rep < opt.repeats; ++rep) {  // the fastest of the repeats: the machine is
+      engine.generate(reqs);                       // shared, interference only ever slows a run
+      if (rep == 0 || engine.stats().total_s < st.total_s) st = engine.stats();
+    }
     if (B == opt.long_batch) fixed_at_long_batch = double(st.generated_tokens) / st.total_s;
     report("fixed", B, B, opt.new_tokens, st, 0.0);
   }

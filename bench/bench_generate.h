@@ -24,6 +24,7 @@ struct BenchGenerateOptions {
   int64_t long_batch = 64;
   int64_t long_min_new_tokens = 64;
   int64_t long_new_tokens = 1024;
+  int repeats = 3;         ///< timed repeats of each fixed-length run (the fastest is reported)
   int64_t triad_mb = 256;  ///< bytes of each of the triad's three arrays
   uint64_t seed = 42;
 };
@@ -41,12 +42,12 @@ double bench_sgemm_decode_shapes(const model::ModelConfig& cfg, int64_t rows, co
                                  double* decode_kernel_gflops = nullptr);
 
 /// Runs the fixed-length decode runs (each batch size: that many requests of prompt_len random
-/// tokens, new_tokens each, EOS ignored, temperature 1) and the ragged run, each once untimed to
-/// warm up and once timed, and emits per run {"bench":"generate", batch, new_tokens,
-/// tokens_per_s, decode_tokens_per_s, step_ms, weight_bytes_per_step, kv_bytes_per_step,
-/// read_GBps, triad_GBps, ratio_to_triad, decode_gflops_per_s, sgemm_gflops_per_s,
-/// ratio_to_sgemm, mean_batch, ...}; the ragged run adds ratio_to_fixed (its tokens/s over the
-/// fixed run's at the same batch). One rank only.
+/// tokens, new_tokens each, EOS ignored, temperature 1; one untimed warm-up, then the fastest of
+/// `repeats` timed runs) and the ragged run (timed once), and emits per run {"bench":"generate",
+/// batch, new_tokens, tokens_per_s, decode_tokens_per_s, step_ms, weight_bytes_per_step,
+/// kv_bytes_per_step, read_GBps, triad_GBps, ratio_to_triad, decode_gflops_per_s,
+/// sgemm_gflops_per_s, ratio_to_sgemm, mean_batch, ...}; the ragged run adds ratio_to_fixed (its
+/// tokens/s over the fixed run's at the same batch). One rank only.
 void run_bench_generate(const BenchGenerateOptions& opt, const Emit& emit);
 
 }  // namespace rlhf::bench

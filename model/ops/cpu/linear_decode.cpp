@@ -93,6 +93,12 @@ inline void panel_f32(float* y, int64_t ldy, const float* x, const float* w, con
   for (int64_t m = 0; m < M; m += 4) {
     const int64_t mr = std::min<int64_t>(4, M - m);
     for (int64_t j = 0; j < n4; j += 4) {
+      if (m == 0) {  // first pass over the panel: fetch the weight block after the next one
+        const char* ahead = reinterpret_cast<const char*>(w + (j + 8) * IC);
+        const char* end = reinterpret_cast<const char*>(w + n * IC);
+        for (int64_t off = 0; off < 4 * IC * int64_t(sizeof(float)) && ahead + off < end; off += 64)
+          _mm_prefetch(ahead + off, _MM_HINT_T0);
+      }
       float* yb = y + m * ldy + j;
       const float* xb = x + m * IC;
       const float* wb = w + j * IC;
