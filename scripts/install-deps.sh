@@ -4,7 +4,7 @@
 set -euo pipefail
 PKGS=(cmake make g++ pkg-config libopenmpi-dev openmpi-bin libhdf5-dev libspdlog-dev libcli11-dev
       libtomlplusplus-dev doctest-dev libopenblas-openmp-dev nlohmann-json3-dev
-      libsentencepiece-dev)
+      libsentencepiece-dev libpcre2-dev)
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
