@@ -626,7 +626,7 @@ void PpoArgs::bind(OptionSet& o) {
       .check(ge(1));
   o.add("max_epochs", max_epochs, "Training passes over each rollout").check(ge(1));
   o.add("num_episodes", num_episodes, "Passes over the prompt data").check(ge(1));
-  o.add("max_steps", max_steps, "RL steps (-1 = from --num_episodes)").check(minus_one_or_ge(1));
+  o.add("max_steps", max_steps, "RL steps (-1 = --num_episodes passes over the prompts)").check(minus_one_or_ge(1));
   o.add("advantage_estimator", advantage_estimator, "Advantage estimator")
       .check(one_of({"gae", "reinforce", "reinforce_baseline", "rloo", "group_norm", "dr_grpo"}));
   o.add("gamma", gamma, "Discount").check(ge(0)).check(le(1));

@@ -276,8 +276,10 @@ int run_rl(const PpoArgs& args, const char* cmd) {
   RLHF_CHECK((RB * n) % n_train == 0,
              "the {} samples of a step do not split over {} training ranks", RB * n, n_train);
   const int64_t steps_per_episode = n_prompts / RB;
-  int64_t total_steps = steps_per_episode * args.num_episodes;
-  if (args.max_steps > 0) total_steps = std::min(total_steps, args.max_steps);
+  // --max_steps, when given, is the step count: more than the episodes hold cycles the prompts
+  // again (a new permutation per pass), fewer stops early.
+  const int64_t total_steps =
+      args.max_steps > 0 ? args.max_steps : steps_per_episode * args.num_episodes;
   const int64_t opt_steps_per_rl = args.max_epochs * (RB * n / args.train_batch_size);
   const optim::LrSchedule actor_sched =
       optim::LrSchedule::openrlhf(args.optim.lr_scheduler, args.actor_learning_rate,

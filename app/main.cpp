@@ -22,6 +22,7 @@
 #include "app/commands.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "parallel/comm_nccl.h"
 
 namespace {
 
@@ -37,6 +38,7 @@ int fail(const std::string& what, int status, int world_size) {
   LOG_CRITICAL("error: {}", message);
   rlhf::flush_logs();
   std::cout.flush();
+  rlhf::parallel::abort_nccl_comms();  // a rank stuck in an NCCL kernel would outlive MPI_Abort
   if (world_size > 1) MPI_Abort(MPI_COMM_WORLD, 1);
   MPI_Finalize();
   return status;

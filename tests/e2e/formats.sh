@@ -11,7 +11,7 @@ SRC=$2
 DATA=${RLHF_SHARED_DATA:-$SRC/../shared/data}
 if [ ! -d "$DATA/tinystories-656k" ]; then
   echo "skipped: ../shared/data not found (set RLHF_SHARED_DATA)"
-  exit 0
+  exit 77
 fi
 W=$(mktemp -d)
 trap 'rm -rf "$W"' EXIT
