@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <filesystem>
 #include <functional>
 #include <random>
 #include <string>
@@ -35,17 +36,19 @@ inline std::vector<int32_t> random_tokens(int64_t n, int64_t V, uint64_t seed) {
 
 /// Comparison of an analytic gradient with a numeric one.
 struct GradCompare {
-  double max_abs_err = 0;     ///< max |a − n|
-  double max_rel_err = 0;     ///< max |a − n| / max(|a|, |n|, 1e-3)
-  double mean_abs_asymm = 0;  ///< ggml: mean |a − n| / (|a| + |n|) over elements with |a| + |n| > 1e-8
-  int64_t worst = -1;         ///< index of the max relative error
+  double max_abs_err = 0;  ///< max |a − n|
+  double max_rel_err = 0;  ///< max |a − n| / max(|a|, |n|, 1e-3)
+  double mean_abs_asymm =
+      0;               ///< ggml: mean |a − n| / (|a| + |n|) over elements with |a| + |n| > 1e-8
+  int64_t worst = -1;  ///< index of the max relative error
   double worst_analytic = 0, worst_numeric = 0;
   int64_t checked = 0;
   std::string summary(const std::string& what) const {
-    return fmt::format("{}: checked {} | max abs err {:.3e} | max rel err {:.3e} | mean_abs_asymm "
-                       "{:.3e} | worst index {} calc={:.10g} ref={:.10g}",
-                       what, checked, max_abs_err, max_rel_err, mean_abs_asymm, worst,
-                       worst_analytic, worst_numeric);
+    return fmt::format(
+        "{}: checked {} | max abs err {:.3e} | max rel err {:.3e} | mean_abs_asymm "
+        "{:.3e} | worst index {} calc={:.10g} ref={:.10g}",
+        what, checked, max_abs_err, max_rel_err, mean_abs_asymm, worst, worst_analytic,
+        worst_numeric);
   }
 };
 
@@ -109,10 +112,11 @@ struct ArrayCompare {
   double worst_calc = 0, worst_ref = 0;
   bool finite = true;
   std::string summary(const std::string& what) const {
-    return fmt::format("{}: max diff {:.3e}, rel {:.3e}, nmse {:.3e}, calc={:.8g}, ref={:.8g}, "
-                       "index {}{}",
-                       what, max_abs_err, max_rel_err, nmse, worst_calc, worst_ref, worst,
-                       finite ? "" : " (NON-FINITE VALUES)");
+    return fmt::format(
+        "{}: max diff {:.3e}, rel {:.3e}, nmse {:.3e}, calc={:.8g}, ref={:.8g}, "
+        "index {}{}",
+        what, max_abs_err, max_rel_err, nmse, worst_calc, worst_ref, worst,
+        finite ? "" : " (NON-FINITE VALUES)");
   }
 };
 
@@ -151,15 +155,23 @@ double dot(const T* a, const T* b, int64_t n) {
 /// stricter because we compare in double (1e-6 instead of 1e-4), and a max relative error (floor
 /// 1e-3) of 1e-4, which leaves room for FD round-off on losses that sum thousands of terms. A wrong
 /// gradient term gives errors of order 1e-2 or more.
-#define RLHF_CHECK_GRAD(cmp, what)            \
-  do {                                        \
-    INFO((cmp).summary(what));                \
-    CHECK((cmp).checked > 0);                 \
-    CHECK((cmp).mean_abs_asymm <= 1e-6);      \
-    CHECK((cmp).max_rel_err <= 1e-4);         \
+#define RLHF_CHECK_GRAD(cmp, what)       \
+  do {                                   \
+    INFO((cmp).summary(what));           \
+    CHECK((cmp).checked > 0);            \
+    CHECK((cmp).mean_abs_asymm <= 1e-6); \
+    CHECK((cmp).max_rel_err <= 1e-4);    \
   } while (0)
 
 /// Path of the shared real-data folder (../shared/data next to the project), or "" if absent.
 std::string shared_data_dir();
+
+/// shared_data_dir() + "/" + rel when that file or folder exists, else "" (the test then reports
+/// itself skipped).
+inline std::string shared_data_path(const std::string& rel) {
+  const std::string root = shared_data_dir();
+  if (root.empty() || !std::filesystem::exists(root + "/" + rel)) return "";
+  return root + "/" + rel;
+}
 
 }  // namespace rlhf::test

@@ -22,9 +22,7 @@ using namespace rlhf;
 namespace {
 
 std::string data_path(const std::string& rel) {
-  const std::string root = test::shared_data_dir();
-  if (root.empty() || !std::filesystem::exists(root + "/" + rel)) return "";
-  return root + "/" + rel;
+  return test::shared_data_path(rel);
 }
 const char* const kGguf = "llama-2-tiny-random-gguf/llama-2-tiny-random.gguf";
 
