@@ -197,7 +197,7 @@ std::vector<rollout::Sample> gather_samples(const std::vector<rollout::Sample>& 
              "an engine generated more than 2 GiB of completions\nhint: split --dataset (or use "
              "--max_samples) and run generate on each part");
   int my = int(mine.size());
-  std::vector<int> sizes(size_t(n)), displs(size_t(n));
+  std::vector<int> sizes(static_cast<size_t>(n)), displs(static_cast<size_t>(n));
   MPI_Request req;
   MPI_CHECK(MPI_Igather(&my, 1, MPI_INT, sizes.data(), 1, MPI_INT, 0, world, &req));
   wait_sleeping(&req, poll);
