@@ -5,8 +5,9 @@
 // Per model shape and placement mode (colocated G = 0: every rank trains and owns an engine;
 // disaggregated: the upper half of the ranks are generation ranks, when there are at least 2):
 // random trainer shards (ZeRO-3 style, one part of every unit per train rank), engine unit buffers
-// on the generating ranks, one untimed sync, then `iters` rounds of (sync, plain all-gather); the
-// fastest of each is reported. After the timed syncs every engine buffer is compared with the
+// on the generating ranks, one untimed sync, then `iters` timed syncs, then the plain all-gather
+// (WeightSync::reference_all_gather_seconds: one untimed call, then `iters` timed); the fastest of
+// each is reported. After the timed syncs every engine buffer is compared with the
 // expected values ("wrong" = differing elements summed over ranks; 0 when the sync is right).
 //
 // Definitions (GB = 1e9 bytes): bytes = the padded fp32 units each engine rank receives; time = the
