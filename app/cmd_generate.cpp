@@ -9,6 +9,10 @@
 // them in prompt order. A sample's random stream is keyed by (--seed, prompt index, sample index)
 // only, so the file does not depend on the number of ranks or engines.
 //
+// With --vllm_tensor_parallel_size T > 1 an engine is T ranks of one node that split the attention
+// heads and MLP columns (rollout::Engine, Megatron style, all-reduce on engine_comm through a
+// shared-memory comm); its rank 0 reports and sends the completions.
+//
 // Every prompt of an engine is queued at once; the engine decodes as many sequences together as the
 // KV budget (--gen_kv_cache_mb) and --gen_max_num_seqs allow, so there is no micro-batch size to
 // choose. Rank 0 prints a progress line (samples, tokens, tok/s over all engines) every few
@@ -239,10 +243,6 @@ std::pair<int64_t, int64_t> engine_prompt_range(int64_t n_prompts, int e, int n_
 
 int run_generate(const GenerateArgs& args) {
   const int tp = args.gen.vllm_tensor_parallel_size;
-  RLHF_CHECK(tp == 1,
-             "--vllm_tensor_parallel_size {}: tensor-parallel engines are not supported by `rlhf "
-             "generate` yet\nhint: use --vllm_tensor_parallel_size 1 (one rank per engine)",
-             tp);
   int threads = 1;
   const std::unique_ptr<parallel::Topology> topo = setup_topology(args.parallel, tp, &threads);
   const parallel::Placement& pl = topo->placement();
@@ -307,10 +307,11 @@ int run_generate(const GenerateArgs& args) {
         "max_position_embeddings {}: their samples stop there (finish_reason \"length\")",
         capped, args.gen.generate_max_len, cfg.max_position_embeddings);
   LOG0_INFO(
-      "engines: {} ({} rank{} each) | KV cache {} MiB and up to {} sequences per engine | {} "
-      "threads per rank",
-      n_engines, tp, tp == 1 ? "" : "s", args.gen.gen_kv_cache_mb, args.gen.gen_max_num_seqs,
-      threads);
+      "engines: {} ({}) | KV cache {} MiB per rank and up to {} sequences per engine | {} threads "
+      "per rank",
+      n_engines,
+      tp == 1 ? std::string("1 rank each") : fmt::format("{} ranks each, tensor parallel", tp),
+      args.gen.gen_kv_cache_mb, args.gen.gen_max_num_seqs, threads);
 
   // Output checks before any generation, on rank 0 (its error ends the job).
   const std::filesystem::path out(args.output_path);
@@ -326,7 +327,11 @@ int run_generate(const GenerateArgs& args) {
   const auto t_gen = Clock::now();
   std::vector<rollout::Sample> local;
   if (topo->generates()) {
+    // The engine's tensor-parallel group (collective over engine_comm; TP 1: none).
+    const std::unique_ptr<parallel::Comm> tp_comm =
+        tp > 1 ? parallel::make_comm(topo->engine_comm(), "engine_comm") : nullptr;
     rollout::EngineOptions eopt;
+    eopt.tp_comm = tp_comm.get();
     eopt.kv_cache_bytes = args.gen.gen_kv_cache_mb * (int64_t(1) << 20);
     eopt.max_batch = args.gen.gen_max_num_seqs;
     eopt.eos_token_id = tokenizer->eos_id();

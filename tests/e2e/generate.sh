@@ -145,6 +145,7 @@ echo "ok: 4 ranks, 2 disaggregated engines: the same sampled file as 1 rank"
 cmp -s "$W/out/a.jsonl" "$W/out/m3.jsonl" || fail "3 colocated engines: not the 1-rank file"
 echo "ok: 3 ranks, 3 colocated engines: the same sampled file as 1 rank"
 # Greedy: 1 rank == 2 engines (2 ranks colocated), also with more engines than prompts.
+ids_all() { grep -o '"completion_token_ids":\[[0-9,]*\]' "$1"; }  # the tokens of every line
 GREEDY=(generate --pretrain "$W/ck" --dataset "$W/prompts.jsonl" --generate_max_len 30 --greedy
         --n_samples_per_prompt 2 --log_level warn --threads 1)
 "$RLHF" "${GREEDY[@]}" --output_path "$W/out/g1.jsonl" || fail "greedy 1 rank exited $?"
@@ -155,6 +156,14 @@ cmp -s "$W/out/g1.jsonl" "$W/out/g2.jsonl" || fail "greedy: 1 rank and 2 engines
   || fail "greedy 4 engines, 3 prompts exited $?"
 head -6 "$W/out/g1.jsonl" | cmp -s - "$W/out/g4.jsonl" || fail "greedy: 4 engines for 3 prompts differ"
 echo "ok: greedy: 1 rank == 2 engines; 4 engines for 3 prompts (one idle) == 1 rank"
+# Tensor parallel: one engine of 2 ranks (heads and MLP columns split); 4 ranks as 2 engines of 2.
+"${MPI[@]}" -np 2 "$RLHF" "${GREEDY[@]}" --vllm_tensor_parallel_size 2 --output_path "$W/out/t2.jsonl" \
+  || fail "greedy TP 2 exited $?"
+cmp -s <(ids_all "$W/out/g1.jsonl") <(ids_all "$W/out/t2.jsonl") || fail "greedy: TP 2 tokens differ from 1 rank"
+"${MPI[@]}" -np 4 "$RLHF" "${GREEDY[@]}" --vllm_tensor_parallel_size 2 --output_path "$W/out/t4.jsonl" \
+  || fail "greedy 2 engines of TP 2 exited $?"
+cmp -s <(ids_all "$W/out/g1.jsonl") <(ids_all "$W/out/t4.jsonl") || fail "greedy: 2 engines of TP 2 differ from 1 rank"
+echo "ok: greedy: TP 2 (1 engine of 2 ranks, and 2 engines of 2) gives 1 rank's tokens"
 
 # Errors on several ranks: non-zero exit on every rank, no hang (timeout 300 → 124 fails).
 expect_mpi_error() {  # expect_mpi_error <what> <message fragment> <np> <args...>
@@ -172,8 +181,8 @@ expect_mpi_error "4 ranks, missing checkpoint" "--pretrain $W/none.h5: no such f
   --gen_ranks_per_node 1 --ranks_per_node 2 --pretrain "$W/none.h5"
 expect_mpi_error "2 ranks, no training rank" "--gen_ranks_per_node" 2 "${BASE[@]}" \
   --gen_ranks_per_node 2 --ranks_per_node 2
-expect_mpi_error "2 ranks, tensor parallel" "--vllm_tensor_parallel_size 2" 2 "${BASE[@]}" \
-  --vllm_tensor_parallel_size 2
+expect_mpi_error "3 ranks, tensor parallel 3 (4 heads)" "tensor parallel size 3 must divide" 3 \
+  "${BASE[@]}" --vllm_tensor_parallel_size 3
 expect_mpi_error "2 ranks, bad --top_p" "--top_p" 2 "${BASE[@]}" --top_p 1.5
 [ -f "$W/out/bad.jsonl" ] && fail "a failed multi-rank run left an output file"
 echo PASS
