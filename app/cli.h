@@ -373,7 +373,7 @@ struct ImportArgs {
 /// `rlhf bench [suite...]`: benchmarks, JSON lines on stdout (rank 0) and a table in the log.
 struct BenchArgs {
   CommonArgs common;
-  std::vector<std::string> suites;     ///< positional: train | comm | all (default all)
+  std::vector<std::string> suites;     ///< positional: train | generate | comm | sync | all
   std::string model_config;            ///< --model_config: "" = the stories15M shape
   int64_t tokens_per_step = 4096;      ///< --tokens_per_step: tokens per optimizer step (global)
   int64_t seq_len = 256;               ///< --seq_len: sequence length of the training benchmark

@@ -1,5 +1,5 @@
-// `rlhf bench [train|generate|comm|all]`: benchmarks as JSON lines on stdout (rank 0), each row
-// also in the log as a human-readable line.
+// `rlhf bench [train|generate|comm|sync|all]`: benchmarks as JSON lines on stdout (rank 0), each
+// row also in the log as a human-readable line.
 #include <mpi.h>
 
 #include <fstream>
@@ -9,6 +9,7 @@
 #include "app/runtime.h"
 #include "bench/bench_comm.h"
 #include "bench/bench_generate.h"
+#include "bench/bench_sync.h"
 #include "bench/bench_train.h"
 #include "core/error.h"
 #include "core/log.h"
@@ -86,6 +87,17 @@ int run_bench(const BenchArgs& args) {
     o.seed = static_cast<uint64_t>(args.common.seed);
     LOG0_INFO("bench generate: {} threads per rank", threads);
     bench::run_bench_generate(o, emit);
+  }
+  if (wants("sync")) {
+    bench::BenchSyncOptions o;
+    o.seed = static_cast<uint64_t>(args.common.seed);
+    o.comm_kind = args.parallel.comm_backend == "mpi"   ? parallel::CommKind::kMpi
+                  : args.parallel.comm_backend == "shm" ? parallel::CommKind::kShm
+                                                        : parallel::CommKind::kAuto;
+    bench::run_bench_sync(o, [&](const nlohmann::json& row) {
+      emit(row);
+      LOG0_INFO("bench sync: {}", bench::bench_sync_row_text(row));
+    });
   }
   return 0;
 }

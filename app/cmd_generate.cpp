@@ -1,10 +1,22 @@
 // `rlhf generate`: sample completions of the prompts of a JSONL file from a checkpoint, with the
 // rollout engine (KV cache, continuous batching), and write them as JSONL.
 //
-// One process for now: placing engines on the generation ranks and spreading prompts across them
-// needs the topology (issues 3/4). Every prompt is queued at once; the engine decodes as many
-// sequences together as the KV budget (--gen_kv_cache_mb) and --gen_max_num_seqs allow, so there
-// is no micro-batch size to choose.
+// Ranks: the topology (--ranks_per_node, --gen_ranks_per_node) says which ranks host engines —
+// with --gen_ranks_per_node G > 0 the G generation ranks of each node, with G = 0 (colocated)
+// every rank. Each engine loads the weights itself from --pretrain and completes a contiguous block
+// of the prompts (engine e of E: prompts [N·e/E, N·(e+1)/E)); the other ranks idle (sleeping, not
+// spinning in MPI) and exit with the job. Completions are gathered to world rank 0, which writes
+// them in prompt order. A sample's random stream is keyed by (--seed, prompt index, sample index)
+// only, so the file does not depend on the number of ranks or engines.
+//
+// With --vllm_tensor_parallel_size T > 1 an engine is T ranks of one node that split the attention
+// heads and MLP columns (rollout::Engine, Megatron style, all-reduce on engine_comm through a
+// shared-memory comm); its rank 0 reports and sends the completions.
+//
+// Every prompt of an engine is queued at once; the engine decodes as many sequences together as the
+// KV budget (--gen_kv_cache_mb) and --gen_max_num_seqs allow, so there is no micro-batch size to
+// choose. Rank 0 prints a progress line (samples, tokens, tok/s over all engines) every few
+// seconds from the engines' small progress messages.
 //
 // Output, one object per sample, ordered by (prompt_index, sample_index):
 //   {"prompt_index", "sample_index", "prompt", "completion", "completion_token_ids", "logprobs",
@@ -14,11 +26,16 @@
 // whole vocabulary (T = --temperature, 1 when greedy), what the trainer recomputes.
 #include <mpi.h>
 
+#include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <string>
+#include <thread>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -30,7 +47,10 @@
 #include "io/hdf5_ckpt.h"
 #include "io/jsonl.h"
 #include "io/tokenizer.h"
+#include "parallel/mpi_check.h"
+#include "parallel/topology.h"
 #include "rollout/engine.h"
+#include "rollout/experience.h"
 
 namespace rlhf::app {
 
@@ -69,44 +89,187 @@ std::vector<Prompt> read_prompts(const std::string& path, const std::string& key
   return prompts;
 }
 
+// --- progress and stats of the engines, reported to world rank 0 by point-to-point messages
+
+constexpr int kReportTag = 7411;  // tag of the engine → rank 0 report messages on the world comm
+
+// One engine's report: running counters, or (final = 1) its last stats after generate().
+struct Report {
+  double engine = 0, final = 0, done = 0, total = 0, tokens = 0;
+  double prefill_tokens = 0, prefill_s = 0, decode_steps = 0, decode_tokens = 0, decode_s = 0;
+  double peak_kv_bytes = 0, total_s = 0;
+  static constexpr int kCount = 12;
+  double* data() { return &engine; }
+};
+static_assert(sizeof(Report) == Report::kCount * sizeof(double));
+
+Report make_report(int engine, bool final, int64_t done, int64_t total,
+                   const rollout::EngineStats& st, double bytes_per_block) {
+  Report r;
+  r.engine = engine;
+  r.final = final ? 1 : 0;
+  r.done = double(done);
+  r.total = double(total);
+  r.tokens = double(st.generated_tokens);
+  r.prefill_tokens = double(st.prefill_tokens);
+  r.prefill_s = st.prefill_s;
+  r.decode_steps = double(st.decode_steps);
+  r.decode_tokens = double(st.decode_tokens);
+  r.decode_s = st.decode_s;
+  r.peak_kv_bytes = double(st.peak_kv_blocks) * bytes_per_block;
+  r.total_s = st.total_s;
+  return r;
+}
+
+// Rank 0's view of every engine: the latest report of each, and how many have finished.
+class ProgressBoard {
+ public:
+  ProgressBoard(int num_engines, int64_t total_samples, bool quiet, MPI_Comm world)
+      : last_(size_t(num_engines)), total_(total_samples), quiet_(quiet), world_(world) {}
+
+  void update(const Report& r) {
+    last_.at(size_t(r.engine)) = r;
+    finals_ += r.final != 0;
+  }
+  // Receives the reports that have arrived (MPI_Iprobe; never blocks).
+  void drain() {
+    for (;;) {
+      int flag = 0;
+      MPI_Status st;
+      MPI_CHECK(MPI_Iprobe(MPI_ANY_SOURCE, kReportTag, world_, &flag, &st));
+      if (!flag) return;
+      receive(st.MPI_SOURCE);
+    }
+  }
+  // Blocks until every engine's final report is in (after the engines have finished).
+  void wait_finals() {
+    while (finals_ < int(last_.size())) receive(MPI_ANY_SOURCE);
+  }
+  // The progress line, at most every 5 s.
+  void maybe_print() {
+    if (quiet_ || seconds_since(last_print_) < 5.0) return;
+    last_print_ = Clock::now();
+    double done = 0, tokens = 0;
+    for (const Report& r : last_) done += r.done, tokens += r.tokens;
+    const double elapsed = seconds_since(t0_);
+    LOG0_INFO(
+        "generate: {}/{} samples ({:.1f}%) | {} tokens | {:.0f} tok/s | {}/{} engines done | "
+        "elapsed {:.1f}s",
+        int64_t(done), total_, 100.0 * done / double(std::max<int64_t>(total_, 1)), int64_t(tokens),
+        tokens / std::max(elapsed, 1e-9), finals_, last_.size(), elapsed);
+  }
+  const std::vector<Report>& reports() const { return last_; }
+
+ private:
+  void receive(int source) {
+    Report r;
+    MPI_CHECK(MPI_Recv(r.data(), Report::kCount, MPI_DOUBLE, source, kReportTag, world_,
+                       MPI_STATUS_IGNORE));
+    update(r);
+  }
+  std::vector<Report> last_;
+  int64_t total_ = 0;
+  int finals_ = 0;
+  bool quiet_ = false;
+  MPI_Comm world_;
+  Clock::time_point t0_ = Clock::now(), last_print_ = Clock::now();
+};
+
+// Waits for a non-blocking request, sleeping between tests (idle ranks must not spin on the cores
+// the engines use); `poll` runs between tests.
+template <class Poll>
+void wait_sleeping(MPI_Request* req, Poll&& poll) {
+  for (;;) {
+    int flag = 0;
+    MPI_CHECK(MPI_Test(req, &flag, MPI_STATUS_IGNORE));
+    if (flag) return;
+    poll();
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+}
+
+// Gathers the serialized samples of every rank to rank 0 of `world` (sleeping while waiting);
+// returns them on rank 0 sorted by (prompt index, sample index), empty elsewhere.
+template <class Poll>
+std::vector<rollout::Sample> gather_samples(const std::vector<rollout::Sample>& local,
+                                            MPI_Comm world, Poll&& poll) {
+  const int rank = parallel::comm_rank(world);
+  int n = 0;
+  MPI_Comm_size(world, &n);
+  const std::vector<uint8_t> mine = rollout::serialize_samples(local);
+  RLHF_CHECK(mine.size() < size_t(std::numeric_limits<int>::max()),
+             "an engine generated more than 2 GiB of completions\nhint: split --dataset (or use "
+             "--max_samples) and run generate on each part");
+  int my = int(mine.size());
+  std::vector<int> sizes(static_cast<size_t>(n)), displs(static_cast<size_t>(n));
+  MPI_Request req;
+  MPI_CHECK(MPI_Igather(&my, 1, MPI_INT, sizes.data(), 1, MPI_INT, 0, world, &req));
+  wait_sleeping(&req, poll);
+  int64_t total = 0;
+  if (rank == 0) {
+    for (int j = 0; j < n; ++j) {
+      displs[size_t(j)] = int(total);
+      total += sizes[size_t(j)];
+    }
+    RLHF_CHECK(total < std::numeric_limits<int>::max(),
+               "the completions exceed 2 GiB\nhint: split --dataset (or use --max_samples) and run "
+               "generate on each part");
+  }
+  std::vector<uint8_t> all(size_t(rank == 0 ? total : 0));
+  MPI_CHECK(MPI_Igatherv(mine.data(), my, MPI_BYTE, all.data(), sizes.data(), displs.data(),
+                         MPI_BYTE, 0, world, &req));
+  wait_sleeping(&req, poll);
+  std::vector<rollout::Sample> out;
+  if (rank != 0) return out;
+  for (int j = 0; j < n; ++j) {
+    auto part =
+        rollout::deserialize_samples(all.data() + displs[size_t(j)], size_t(sizes[size_t(j)]));
+    for (rollout::Sample& s : part) out.push_back(std::move(s));
+  }
+  std::sort(out.begin(), out.end(), [](const rollout::Sample& a, const rollout::Sample& b) {
+    return a.prompt_pos != b.prompt_pos ? a.prompt_pos < b.prompt_pos
+                                        : a.sample_index < b.sample_index;
+  });
+  return out;
+}
+
+// The prompts [lo, hi) of engine `e` of `n_engines` for `n_prompts` prompts: contiguous blocks
+// by prompt index, sizes differing by at most one.
+std::pair<int64_t, int64_t> engine_prompt_range(int64_t n_prompts, int e, int n_engines) {
+  return {n_prompts * e / n_engines, n_prompts * (e + 1) / n_engines};
+}
+
 }  // namespace
 
 int run_generate(const GenerateArgs& args) {
-  int world = 1;
-  MPI_Comm_size(MPI_COMM_WORLD, &world);
-  RLHF_CHECK(world == 1,
-             "multi-rank generate needs the topology (issue 3/4): got {} ranks\nhint: run `rlhf "
-             "generate` on one rank for now",
-             world);
-  const int threads = configure_threads(args.parallel.threads);
+  const int tp = args.gen.vllm_tensor_parallel_size;
+  int threads = 1;
+  const std::unique_ptr<parallel::Topology> topo = setup_topology(args.parallel, tp, &threads);
+  const parallel::Placement& pl = topo->placement();
+  const MPI_Comm world = topo->world();
+  const int rank = topo->rank(), n_engines = pl.num_engines();
+  const int engine_id = topo->me().engine;
+  const bool leader = topo->generates() && topo->me().engine_rank == 0;  // reports the engine
   const auto t_start = Clock::now();
 
-  // --- model, tokenizer, engine
+  // --- model and tokenizer (every rank: cheap, and errors then stop every rank alike)
   ModelArgs margs;
   margs.pretrain = args.pretrain;
   margs.tokenizer = args.tokenizer;
   const ModelSource src = resolve_model_source(margs, model::HeadKind::kLM);
   const model::ModelConfig& cfg = src.config;
   const auto tokenizer = model_tokenizer(src);  // the model's own, else bytes
+  RLHF_CHECK(!src.checkpoint.empty(),
+             "rlhf generate needs a model to sample from\nhint: pass --pretrain CHECKPOINT");
   model::ParamLayout layout(cfg, model::HeadKind::kLM, 1);
-  rollout::EngineOptions eopt;
-  eopt.kv_cache_bytes = args.gen.gen_kv_cache_mb * (int64_t(1) << 20);
-  eopt.max_batch = args.gen.gen_max_num_seqs;
-  eopt.eos_token_id = tokenizer->eos_id();
-  rollout::Engine engine(layout, eopt);
-  load_model_weights(src, layout, engine.unit_buffers());  // any --pretrain format
-  const rollout::KvCache& kv = engine.kv_cache();
   LOG0_INFO("model: {} | {} parameters | {} layers, hidden {}, heads {}/{} | {}", cfg.model_type,
             layout.num_parameters(), cfg.num_hidden_layers, cfg.hidden_size,
             cfg.num_attention_heads, cfg.num_key_value_heads, src.describe());
-  LOG0_INFO(
-      "engine: KV cache {} = {} blocks of {} positions ({} per position) | up to {} sequences "
-      "at once | {} threads",
-      format_bytes(double(kv.capacity_bytes())), kv.num_blocks(), kv.block_size(),
-      format_bytes(double(kv.bytes_per_token())), eopt.max_batch, threads);
 
-  // --- prompts → requests
+  // --- prompts → requests (every rank tokenizes all prompts: each engine takes its block, rank 0
+  // writes the texts). request id = prompt index: the random stream does not depend on the rank.
   const std::vector<Prompt> prompts = read_prompts(args.dataset, args.input_key, args.max_samples);
+  const int64_t n_prompts = int64_t(prompts.size());
   rollout::SamplingParams sp;
   sp.temperature = args.gen.temperature;
   sp.top_p = args.gen.top_p;
@@ -116,15 +279,15 @@ int run_generate(const GenerateArgs& args) {
   sp.validate();
   std::vector<rollout::GenerationRequest> requests;
   int64_t prompt_tokens = 0, capped = 0;
-  for (size_t i = 0; i < prompts.size(); ++i) {
+  for (int64_t i = 0; i < n_prompts; ++i) {
     rollout::GenerationRequest r;
-    r.id = i;
-    r.prompt = tokenizer->encode(prompts[i].text, /*add_bos=*/true, /*add_eos=*/false);
+    r.id = uint64_t(i);
+    r.prompt = tokenizer->encode(prompts[size_t(i)].text, /*add_bos=*/true, /*add_eos=*/false);
     const int64_t P = static_cast<int64_t>(r.prompt.size());
     RLHF_CHECK(P < cfg.max_position_embeddings,
                "{}:{}: the prompt is {} tokens (with BOS), which leaves no room to generate under "
                "the model's max_position_embeddings = {}",
-               args.dataset, prompts[i].line, P, cfg.max_position_embeddings);
+               args.dataset, prompts[size_t(i)].line, P, cfg.max_position_embeddings);
     if (P + args.gen.generate_max_len > cfg.max_position_embeddings) ++capped;
     r.n_samples = args.gen.n_samples_per_prompt;
     r.max_new_tokens = args.gen.generate_max_len;
@@ -132,8 +295,9 @@ int run_generate(const GenerateArgs& args) {
     prompt_tokens += P;
     requests.push_back(std::move(r));
   }
+  const int64_t total_samples = n_prompts * args.gen.n_samples_per_prompt;
   LOG0_INFO("data: {} | {} prompts, {} prompt tokens | {} samples per prompt | {}", args.dataset,
-            requests.size(), prompt_tokens, args.gen.n_samples_per_prompt,
+            n_prompts, prompt_tokens, args.gen.n_samples_per_prompt,
             sp.is_greedy() ? std::string("greedy")
                            : fmt::format("temperature {} top_p {} top_k {}", sp.temperature,
                                          sp.top_p, sp.top_k));
@@ -142,67 +306,150 @@ int run_generate(const GenerateArgs& args) {
         "{} prompt(s) leave fewer than --generate_max_len {} positions under "
         "max_position_embeddings {}: their samples stop there (finish_reason \"length\")",
         capped, args.gen.generate_max_len, cfg.max_position_embeddings);
+  LOG0_INFO(
+      "engines: {} ({}) | KV cache {} MiB per rank and up to {} sequences per engine | {} threads "
+      "per rank",
+      n_engines,
+      tp == 1 ? std::string("1 rank each") : fmt::format("{} ranks each, tensor parallel", tp),
+      args.gen.gen_kv_cache_mb, args.gen.gen_max_num_seqs, threads);
 
-  // --- generate, with a progress line every few seconds
-  auto last_progress = Clock::now();
-  const auto t_gen = Clock::now();
-  const rollout::ProgressFn progress = [&](const rollout::EngineStats& st, int64_t done,
-                                           int64_t total) {
-    if (args.common.disable_progress || seconds_since(last_progress) < 5.0) return;
-    last_progress = Clock::now();
-    const double elapsed = seconds_since(t_gen);
-    LOG0_INFO(
-        "generate: {}/{} samples ({:.1f}%) | {} tokens | {:.0f} tok/s | batch {:.1f} mean | "
-        "KV {}/{} blocks | elapsed {:.1f}s",
-        done, total, 100.0 * double(done) / double(total), st.generated_tokens,
-        double(st.generated_tokens) / elapsed, st.mean_active_batch(), kv.used_blocks(),
-        kv.num_blocks(), elapsed);
-  };
-  const std::vector<rollout::GenerationResult> results = engine.generate(requests, progress);
-  const rollout::EngineStats& st = engine.stats();
-
-  // --- write <output_path>.tmp, then rename: a crash never leaves a partial file as the result
+  // Output checks before any generation, on rank 0 (its error ends the job).
   const std::filesystem::path out(args.output_path);
-  if (out.has_parent_path()) std::filesystem::create_directories(out.parent_path());
   const std::string tmp = args.output_path + ".tmp";
+  if (rank == 0) {
+    if (out.has_parent_path()) std::filesystem::create_directories(out.parent_path());
+    std::ofstream f(tmp, std::ios::trunc);
+    RLHF_CHECK(f.good(), "--output_path {}: cannot open {} for writing", args.output_path, tmp);
+  }
+
+  // --- generate: every engine its block of prompts; rank 0 collects the progress reports
+  ProgressBoard board(n_engines, total_samples, args.common.disable_progress, world);
+  const auto t_gen = Clock::now();
+  std::vector<rollout::Sample> local;
+  if (topo->generates()) {
+    // The engine's tensor-parallel group (collective over engine_comm; TP 1: none).
+    const std::unique_ptr<parallel::Comm> tp_comm =
+        tp > 1 ? parallel::make_comm(topo->engine_comm(), "engine_comm") : nullptr;
+    rollout::EngineOptions eopt;
+    eopt.tp_comm = tp_comm.get();
+    eopt.kv_cache_bytes = args.gen.gen_kv_cache_mb * (int64_t(1) << 20);
+    eopt.max_batch = args.gen.gen_max_num_seqs;
+    eopt.eos_token_id = tokenizer->eos_id();
+    rollout::Engine engine(layout, eopt);
+    load_model_weights(src, layout, engine.unit_buffers());  // any --pretrain format
+    const rollout::KvCache& kv = engine.kv_cache();
+    if (rank == 0)
+      LOG0_INFO("engine {}: KV cache {} = {} blocks of {} positions ({} per position)", engine_id,
+                format_bytes(double(kv.capacity_bytes())), kv.num_blocks(), kv.block_size(),
+                format_bytes(double(kv.bytes_per_token())));
+    const auto [lo, hi] = engine_prompt_range(n_prompts, engine_id, n_engines);
+    const std::vector<rollout::GenerationRequest> mine(requests.begin() + lo,
+                                                       requests.begin() + hi);
+    const double bpb = double(kv.bytes_per_block());
+    const int64_t my_total = (hi - lo) * args.gen.n_samples_per_prompt;
+    auto last_report = Clock::now();
+    // Reports go to rank 0 every 2 s (rank 0's own engine updates the board directly).
+    const auto report = [&](const Report& r) {
+      if (!leader) return;
+      if (rank == 0) {
+        board.update(r);
+      } else {
+        Report copy = r;
+        MPI_CHECK(MPI_Send(copy.data(), Report::kCount, MPI_DOUBLE, 0, kReportTag, world));
+      }
+    };
+    const rollout::ProgressFn progress = [&](const rollout::EngineStats& st, int64_t done,
+                                             int64_t) {
+      if (rank == 0) {
+        board.drain();
+        board.update(make_report(engine_id, false, done, my_total, st, bpb));
+        board.maybe_print();
+      } else if (seconds_since(last_report) >= 2.0) {
+        last_report = Clock::now();
+        report(make_report(engine_id, false, done, my_total, st, bpb));
+      }
+    };
+    std::vector<rollout::GenerationResult> results;
+    if (!mine.empty()) results = engine.generate(mine, progress);
+    const rollout::EngineStats st = mine.empty() ? rollout::EngineStats{} : engine.stats();
+    report(make_report(engine_id, true, my_total, my_total, st, bpb));
+    if (leader) {
+      local.reserve(results.size());
+      for (rollout::GenerationResult& res : results) {
+        rollout::Sample s;
+        s.prompt_pos = lo + res.request_index;
+        s.sample_index = res.sample_index;
+        s.prompt = mine[size_t(res.request_index)].prompt;
+        s.response = std::move(res.tokens);
+        s.gen_logprobs = std::move(res.logprobs);
+        s.stopped = res.finish == rollout::FinishReason::kStop;
+        local.push_back(std::move(s));
+      }
+    }
+  }
+  // Idle ranks wait here asleep; rank 0 prints progress while it waits.
+  const auto poll = [&] {
+    if (rank != 0) return;
+    board.drain();
+    board.maybe_print();
+  };
+  const std::vector<rollout::Sample> samples = gather_samples(local, world, poll);
+  if (rank == 0) board.wait_finals();
+  const double gen_s = seconds_since(t_gen);
+  if (rank != 0) return 0;
+
+  // --- rank 0: write <output_path>.tmp, then rename (a crash never leaves a partial file)
+  RLHF_CHECK(int64_t(samples.size()) == total_samples,
+             "gathered {} completions, expected {} ({} prompts x {} samples)", samples.size(),
+             total_samples, n_prompts, args.gen.n_samples_per_prompt);
+  int64_t stops = 0, tokens = 0;
   {
     std::ofstream f(tmp, std::ios::trunc);
     RLHF_CHECK(f.good(), "--output_path {}: cannot open {} for writing", args.output_path, tmp);
-    int64_t stops = 0;
-    for (const rollout::GenerationResult& r : results) {
-      const size_t i = static_cast<size_t>(r.request_index);
-      stops += r.finish == rollout::FinishReason::kStop;
+    for (const rollout::Sample& s : samples) {
+      const size_t i = static_cast<size_t>(s.prompt_pos);
+      stops += s.stopped;
+      tokens += int64_t(s.response.size());
       const nlohmann::ordered_json j = {
-          {"prompt_index", r.request_index},
-          {"sample_index", r.sample_index},
+          {"prompt_index", s.prompt_pos},
+          {"sample_index", s.sample_index},
           {"prompt", prompts[i].text},
-          {"completion", tokenizer->decode(r.tokens, /*skip_special_tokens=*/true)},
-          {"completion_token_ids", r.tokens},
-          {"logprobs", r.logprobs},
-          {"finish_reason", rollout::to_string(r.finish)},
-          {"prompt_tokens", requests[i].prompt.size()},
-          {"completion_tokens", r.tokens.size()}};
+          {"completion", tokenizer->decode(s.response, /*skip_special_tokens=*/true)},
+          {"completion_token_ids", s.response},
+          {"logprobs", s.gen_logprobs},
+          {"finish_reason", s.stopped ? "stop" : "length"},
+          {"prompt_tokens", s.prompt.size()},
+          {"completion_tokens", s.response.size()}};
       // Byte-level completions need not be valid UTF-8: invalid bytes become U+FFFD in the text
       // (the token ids keep them exactly).
       f << j.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace) << '\n';
     }
     f.flush();
     RLHF_CHECK(f.good(), "--output_path {}: write to {} failed", args.output_path, tmp);
-    LOG0_INFO("finish reasons: {} stop, {} length", stops,
-              static_cast<int64_t>(results.size()) - stops);
+    LOG0_INFO("finish reasons: {} stop, {} length", stops, int64_t(samples.size()) - stops);
   }
   std::error_code ec;
   std::filesystem::rename(tmp, out, ec);
   RLHF_CHECK(!ec, "--output_path {}: cannot rename {}: {}", args.output_path, tmp, ec.message());
 
+  // Summary: wall-clock throughput over all engines, then the engines' own counters.
+  Report sum;
+  double peak_kv = 0, slowest = 0;
+  for (const Report& r : board.reports()) {
+    sum.prefill_tokens += r.prefill_tokens;
+    sum.decode_steps += r.decode_steps;
+    sum.decode_tokens += r.decode_tokens;
+    peak_kv = std::max(peak_kv, r.peak_kv_bytes);
+    slowest = std::max(slowest, r.total_s);
+  }
   LOG0_INFO(
-      "done: {} samples of {} prompts | {} tokens in {:.2f}s = {:.0f} tok/s | prefill {} tokens "
-      "{:.2f}s | decode {} steps {:.2f}s, mean batch {:.1f}, peak KV {} | total {:.1f}s | {}",
-      results.size(), requests.size(), st.generated_tokens, st.total_s,
-      double(st.generated_tokens) / std::max(st.total_s, 1e-9), st.prefill_tokens, st.prefill_s,
-      st.decode_steps, st.decode_s, st.mean_active_batch(),
-      format_bytes(double(st.peak_kv_blocks * kv.bytes_per_block())), seconds_since(t_start),
-      args.output_path);
+      "done: {} samples of {} prompts on {} engine{} | {} tokens in {:.2f}s = {:.0f} tok/s | "
+      "prefill {} tokens | decode {} steps, mean batch {:.1f} | slowest engine {:.2f}s, peak KV "
+      "{} per engine | total {:.1f}s | {}",
+      samples.size(), n_prompts, n_engines, n_engines == 1 ? "" : "s", tokens, gen_s,
+      double(tokens) / std::max(gen_s, 1e-9), int64_t(sum.prefill_tokens),
+      int64_t(sum.decode_steps), sum.decode_steps > 0 ? sum.decode_tokens / sum.decode_steps : 0.0,
+      slowest, format_bytes(peak_kv), seconds_since(t_start), args.output_path);
   return 0;
 }
 

@@ -158,22 +158,16 @@ uint64_t save_model(parallel::ParamStore& store, const std::string& path, int ra
   return h;
 }
 
-TrainRuntime setup_train_runtime(const ParallelArgs& args, int tensor_parallel,
-                                 bool needs_generation) {
-  TrainRuntime rt;
+std::unique_ptr<parallel::Topology> setup_topology(const ParallelArgs& args, int tensor_parallel,
+                                                   int* threads) {
   parallel::TopologyOptions topt;
   topt.ranks_per_node = parallel::resolve_ranks_per_node(args.ranks_per_node);
   topt.gen_ranks_per_node = args.gen_ranks_per_node;
   topt.tensor_parallel = tensor_parallel;
-  RLHF_CHECK(needs_generation || args.gen_ranks_per_node == 0,
-             "--gen_ranks_per_node {}: this command only trains, so generation ranks would idle\n"
-             "hint: use --gen_ranks_per_node 0",
-             args.gen_ranks_per_node);
-  rt.topology = std::make_unique<parallel::Topology>(MPI_COMM_WORLD, topt);
-  const std::string table = rt.topology->placement_table();
-  if (rt.topology->rank() == 0) {
-    LOG0_INFO("placement ({} ranks, {} nodes):", rt.topology->size(),
-              rt.topology->placement().num_nodes());
+  auto topo = std::make_unique<parallel::Topology>(MPI_COMM_WORLD, topt);
+  const std::string table = topo->placement_table();
+  if (topo->rank() == 0) {
+    LOG0_INFO("placement ({} ranks, {} nodes):", topo->size(), topo->placement().num_nodes());
     std::string line;
     for (char c : table) {
       if (c == '\n') {
@@ -185,7 +179,19 @@ TrainRuntime setup_train_runtime(const ParallelArgs& args, int tensor_parallel,
     }
     if (!line.empty()) LOG0_INFO("  {}", line);
   }
-  rt.threads = configure_threads(args.threads);
+  const int t = configure_threads(args.threads);
+  if (threads != nullptr) *threads = t;
+  return topo;
+}
+
+TrainRuntime setup_train_runtime(const ParallelArgs& args, int tensor_parallel,
+                                 bool needs_generation) {
+  TrainRuntime rt;
+  RLHF_CHECK(needs_generation || args.gen_ranks_per_node == 0,
+             "--gen_ranks_per_node {}: this command only trains, so generation ranks would idle\n"
+             "hint: use --gen_ranks_per_node 0",
+             args.gen_ranks_per_node);
+  rt.topology = setup_topology(args, tensor_parallel, &rt.threads);
   const parallel::CommKind kind = args.comm_backend == "mpi"   ? parallel::CommKind::kMpi
                                   : args.comm_backend == "shm" ? parallel::CommKind::kShm
                                                                : parallel::CommKind::kAuto;

@@ -77,6 +77,13 @@ struct TrainRuntime {
 };
 
 /// Builds the topology (collective over MPI_COMM_WORLD; refuses placements that cannot be made,
+/// with the reason, on every rank), prints the placement table on rank 0 and sets the thread count
+/// (configure_threads(args.threads); the count used goes to *threads when not null). For commands
+/// that need no training communicator (`rlhf generate`).
+std::unique_ptr<parallel::Topology> setup_topology(const ParallelArgs& args, int tensor_parallel,
+                                                   int* threads = nullptr);
+
+/// Builds the topology (collective over MPI_COMM_WORLD; refuses placements that cannot be made,
 /// with the reason), prints the placement table on rank 0, sets the thread count, and makes
 /// train_comm with --comm_backend. `needs_generation` = false refuses --gen_ranks_per_node > 0
 /// (a command that only trains would leave those ranks idle).

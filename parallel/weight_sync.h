@@ -61,8 +61,9 @@ class WeightSync {
   SyncStats sync(const ParamStore* source, const std::vector<float*>& engine_units);
 
   /// The plain-collective reference for the benchmark: one all-gather of the same total bytes on
-  /// the same communicator (train_comm, or the intercommunicator), timed; seconds of the slowest
-  /// rank. Collective.
+  /// the same communicator (train_comm, or the intercommunicator): one untimed call (it touches
+  /// the receive buffer, as the engine buffers are touched), then the fastest of `iters` timed
+  /// calls, each the slowest rank's seconds. Collective.
   double reference_all_gather_seconds(int iters = 3);
   bool colocated() const { return colocated_; }
   const std::vector<SyncBucket>& buckets() const { return buckets_; }

@@ -41,6 +41,7 @@ constexpr int64_t kMaxPrefillAttFloats = int64_t(1) << 24;  // 64 MiB
 // Pointers to the tensors of one decoder layer inside its unit buffer.
 struct LayerW {
   const float *wq, *bq, *wk, *bk, *wv, *bv, *wo, *bo, *wg, *wu, *wd, *w_in, *w_post;
+  LayerW() = default;
   LayerW(const model::UnitLayout& u, const float* base) {
     auto at = [&](const char* s) { return base + u.at(s).offset; };
     auto opt = [&](const char* s) -> const float* {
@@ -63,7 +64,32 @@ struct LayerW {
   }
 };
 
+// Rows [r0, r0 + n) of a row-major (rows, cols) matrix.
+std::vector<float> copy_rows(const float* m, int64_t cols, int64_t r0, int64_t n) {
+  return std::vector<float>(m + r0 * cols, m + (r0 + n) * cols);
+}
+
+// Columns [c0, c0 + n) of a row-major (rows, cols) matrix, as a (rows, n) matrix.
+std::vector<float> copy_cols(const float* m, int64_t rows, int64_t cols, int64_t c0, int64_t n) {
+  std::vector<float> out(static_cast<size_t>(rows * n));
+  for (int64_t r = 0; r < rows; ++r)
+    std::copy(m + r * cols + c0, m + r * cols + c0 + n, out.begin() + r * n);
+  return out;
+}
+
 }  // namespace
+
+/// Tensor parallel: this rank's share of the dims and its weight slices.
+struct Engine::Tp {
+  parallel::Comm* comm = nullptr;
+  int size = 1, rank = 0;
+  int64_t H = 0, Hkv = 0, F = 0;  // local heads, KV heads, MLP columns
+  struct Layer {
+    std::vector<float> wq, bq, wk, bk, wv, bv, wo, wg, wu, wd;
+    LayerW w;  // the slices, with the full buffers' norms (and o_proj bias on rank 0)
+  };
+  std::vector<Layer> layers;
+};
 
 const char* to_string(FinishReason r) {
   return r == FinishReason::kStop ? "stop" : "length";
@@ -118,7 +144,26 @@ Engine::Engine(const model::ParamLayout& layout, const EngineOptions& options)
              model::to_string(layout.head()));
   RLHF_CHECK(opt_.max_batch >= 1, "engine: max_batch must be >= 1, got {}", opt_.max_batch);
   const model::ModelConfig& c = layout.config();
-  cache_ = std::make_unique<KvCache>(c, opt_.kv_cache_bytes, opt_.block_size);
+  model::ModelConfig kv_cfg = c;  // the KV heads this rank caches
+  if (opt_.tp_comm != nullptr && opt_.tp_comm->size() > 1) {
+    tp_ = std::make_unique<Tp>();
+    tp_->comm = opt_.tp_comm;
+    tp_->size = opt_.tp_comm->size();
+    tp_->rank = opt_.tp_comm->rank();
+    const int T = tp_->size;
+    RLHF_CHECK(c.num_attention_heads % T == 0 && c.num_key_value_heads % T == 0 &&
+                   c.intermediate_size % T == 0,
+               "tensor parallel size {} must divide the attention heads ({}), the KV heads ({}) "
+               "and intermediate_size ({})\nhint: use a --vllm_tensor_parallel_size that divides "
+               "all three",
+               T, c.num_attention_heads, c.num_key_value_heads, c.intermediate_size);
+    tp_->H = c.num_attention_heads / T;
+    tp_->Hkv = c.num_key_value_heads / T;
+    tp_->F = c.intermediate_size / T;
+    kv_cfg.head_dim = c.D();
+    kv_cfg.num_key_value_heads = tp_->Hkv;
+  }
+  cache_ = std::make_unique<KvCache>(kv_cfg, opt_.kv_cache_bytes, opt_.block_size);
   const int64_t P = c.max_position_embeddings, D = c.D();
   rope_cos_.resize(static_cast<size_t>(P * D / 2));
   rope_sin_.resize(static_cast<size_t>(P * D / 2));
@@ -126,6 +171,49 @@ Engine::Engine(const model::ParamLayout& layout, const EngineOptions& options)
 }
 
 Engine::~Engine() = default;
+
+int Engine::tp_size() const {
+  return tp_ ? tp_->size : 1;
+}
+int Engine::tp_rank() const {
+  return tp_ ? tp_->rank : 0;
+}
+
+void Engine::slice_weights() {
+  const model::ModelConfig& c = layout_.config();
+  const int64_t C = c.hidden_size, D = c.D(), F = c.intermediate_size;
+  const int64_t Q = c.num_attention_heads * D;
+  const int64_t Ql = tp_->H * D, KVl = tp_->Hkv * D, Fl = tp_->F, r = tp_->rank;
+  tp_->layers.resize(static_cast<size_t>(c.num_hidden_layers));
+  for (int l = 0; l < c.num_hidden_layers; ++l) {
+    const int u = layout_.layer_unit(l);
+    const LayerW full(layout_.unit(u), weights_.unit_buffer(u));
+    Tp::Layer& t = tp_->layers[size_t(l)];
+    t.wq = copy_rows(full.wq, C, r * Ql, Ql);
+    t.wk = copy_rows(full.wk, C, r * KVl, KVl);
+    t.wv = copy_rows(full.wv, C, r * KVl, KVl);
+    if (full.bq) t.bq = copy_rows(full.bq, 1, r * Ql, Ql);
+    if (full.bk) t.bk = copy_rows(full.bk, 1, r * KVl, KVl);
+    if (full.bv) t.bv = copy_rows(full.bv, 1, r * KVl, KVl);
+    t.wo = copy_cols(full.wo, C, Q, r * Ql, Ql);
+    t.wg = copy_rows(full.wg, C, r * Fl, Fl);
+    t.wu = copy_rows(full.wu, C, r * Fl, Fl);
+    t.wd = copy_cols(full.wd, C, F, r * Fl, Fl);
+    LayerW& w = t.w;
+    w = full;
+    w.wq = t.wq.data();
+    w.wk = t.wk.data();
+    w.wv = t.wv.data();
+    w.bq = full.bq ? t.bq.data() : nullptr;
+    w.bk = full.bk ? t.bk.data() : nullptr;
+    w.bv = full.bv ? t.bv.data() : nullptr;
+    w.wo = t.wo.data();
+    w.bo = r == 0 ? full.bo : nullptr;  // added once to the sum
+    w.wg = t.wg.data();
+    w.wu = t.wu.data();
+    w.wd = t.wd.data();
+  }
+}
 
 std::vector<float*> Engine::unit_buffers() {
   std::vector<float*> out;
@@ -156,8 +244,10 @@ int64_t Engine::weight_bytes_per_decode_step() const {
 const float* Engine::prefill(const std::vector<int32_t>& prompt, const int32_t* blocks) {
   const model::ModelConfig& c = layout_.config();
   const int64_t P = static_cast<int64_t>(prompt.size());
-  const int64_t C = c.hidden_size, F = c.intermediate_size, H = c.num_attention_heads;
-  const int64_t Hkv = c.num_key_value_heads, D = c.D(), V = c.vocab_size;
+  // This rank's heads and MLP columns (all of them for TP 1).
+  const int64_t C = c.hidden_size, F = tp_ ? tp_->F : c.intermediate_size;
+  const int64_t H = tp_ ? tp_->H : c.num_attention_heads;
+  const int64_t Hkv = tp_ ? tp_->Hkv : c.num_key_value_heads, D = c.D(), V = c.vocab_size;
   const int64_t Q = H * D, KV = Hkv * D;
   const double eps = c.rms_norm_eps;
   Work& w = *work_;
@@ -193,7 +283,8 @@ const float* Engine::prefill(const std::vector<int32_t>& prompt, const int32_t* 
       weights_.unit_buffer(eu) + layout_.unit(eu).at("embed_tokens.weight").offset, P, C, V);
   for (int l = 0; l < c.num_hidden_layers; ++l) {
     const int u = layout_.layer_unit(l);
-    const LayerW lw(layout_.unit(u), weights_.unit_buffer(u));
+    const LayerW lw =
+        tp_ ? tp_->layers[size_t(l)].w : LayerW(layout_.unit(u), weights_.unit_buffer(u));
     model::rmsnorm_forward_cpu(w.pln.data(), w.prstd.data(), w.px.data(), lw.w_in, P, C, eps);
     model::linear_rows_cpu(w.pq.data(), w.pln.data(), lw.wq, lw.bq, P, C, Q);
     model::linear_rows_cpu(w.pk.data(), w.pln.data(), lw.wk, lw.bk, P, C, KV);
@@ -212,6 +303,7 @@ const float* Engine::prefill(const std::vector<int32_t>& prompt, const int32_t* 
                                   cache_->num_blocks(), cache_->block_size(), nb);
     }
     model::linear_rows_cpu(w.pxmid.data(), w.patty.data(), lw.wo, lw.bo, P, Q, C);
+    if (tp_) tp_->comm->all_reduce(w.pxmid.data(), w.pxmid.data(), P * C);
     model::residual_forward_cpu(w.pxmid.data(), w.pxmid.data(), w.px.data(), P * C);
     model::rmsnorm_forward_cpu(w.pln.data(), w.prstd.data(), w.pxmid.data(), lw.w_post, P, C, eps);
     model::linear_rows_cpu(w.pgate.data(), w.pln.data(), lw.wg, static_cast<const float*>(nullptr),
@@ -221,6 +313,7 @@ const float* Engine::prefill(const std::vector<int32_t>& prompt, const int32_t* 
     model::swiglu_forward_cpu(w.ph.data(), w.pgate.data(), w.pup.data(), P, F);
     model::linear_rows_cpu(w.px.data(), w.ph.data(), lw.wd, static_cast<const float*>(nullptr), P,
                            F, C);
+    if (tp_) tp_->comm->all_reduce(w.px.data(), w.px.data(), P * C);
     model::residual_forward_cpu(w.px.data(), w.px.data(), w.pxmid.data(), P * C);
   }
   // Only the last position's logits are needed (the first generated token).
@@ -236,12 +329,14 @@ const float* Engine::prefill(const std::vector<int32_t>& prompt, const int32_t* 
 
 void Engine::layer_decode(int l, int64_t B) {
   const model::ModelConfig& c = layout_.config();
-  const int64_t C = c.hidden_size, F = c.intermediate_size, H = c.num_attention_heads;
-  const int64_t Hkv = c.num_key_value_heads, D = c.D(), Q = H * D, KV = Hkv * D;
+  const int64_t C = c.hidden_size, F = tp_ ? tp_->F : c.intermediate_size;
+  const int64_t H = tp_ ? tp_->H : c.num_attention_heads;
+  const int64_t Hkv = tp_ ? tp_->Hkv : c.num_key_value_heads, D = c.D(), Q = H * D, KV = Hkv * D;
   const double eps = c.rms_norm_eps;
   Work& w = *work_;
   const int u = layout_.layer_unit(l);
-  const LayerW lw(layout_.unit(u), weights_.unit_buffer(u));
+  const LayerW lw =
+      tp_ ? tp_->layers[size_t(l)].w : LayerW(layout_.unit(u), weights_.unit_buffer(u));
   model::rmsnorm_forward_cpu(w.ln.data(), w.rstd.data(), w.x.data(), lw.w_in, B, C, eps);
   model::linear_decode_cpu(w.q.data(), w.ln.data(), lw.wq, lw.bq, B, C, Q);
   model::linear_decode_cpu(w.k.data(), w.ln.data(), lw.wk, lw.bk, B, C, KV);
@@ -258,6 +353,7 @@ void Engine::layer_decode(int l, int64_t B) {
                               w.lens.data(), B, H, Hkv, D, cache_->num_blocks(),
                               cache_->block_size(), w.max_blocks);
   model::linear_decode_cpu(w.xmid.data(), w.atty.data(), lw.wo, lw.bo, B, Q, C);
+  if (tp_) tp_->comm->all_reduce(w.xmid.data(), w.xmid.data(), B * C);
   model::residual_forward_cpu(w.xmid.data(), w.xmid.data(), w.x.data(), B * C);
   model::rmsnorm_forward_cpu(w.ln.data(), w.rstd.data(), w.xmid.data(), lw.w_post, B, C, eps);
   model::linear_decode_cpu(w.gate.data(), w.ln.data(), lw.wg, static_cast<const float*>(nullptr), B,
@@ -267,14 +363,16 @@ void Engine::layer_decode(int l, int64_t B) {
   model::swiglu_forward_cpu(w.h.data(), w.gate.data(), w.up.data(), B, F);
   model::linear_decode_cpu(w.x.data(), w.h.data(), lw.wd, static_cast<const float*>(nullptr), B, F,
                            C);
+  if (tp_) tp_->comm->all_reduce(w.x.data(), w.x.data(), B * C);
   model::residual_forward_cpu(w.x.data(), w.x.data(), w.xmid.data(), B * C);
 }
 
 const float* Engine::decode_step(const std::vector<Seq*>& active) {
   const model::ModelConfig& c = layout_.config();
   const int64_t B = static_cast<int64_t>(active.size());
-  const int64_t C = c.hidden_size, F = c.intermediate_size, V = c.vocab_size;
-  const int64_t Q = c.num_attention_heads * c.D(), KV = c.num_key_value_heads * c.D();
+  const int64_t C = c.hidden_size, F = tp_ ? tp_->F : c.intermediate_size, V = c.vocab_size;
+  const int64_t Q = (tp_ ? tp_->H : c.num_attention_heads) * c.D();
+  const int64_t KV = (tp_ ? tp_->Hkv : c.num_key_value_heads) * c.D();
   Work& w = *work_;
   grow(w.x, B * C);
   grow(w.ln, B * C);
@@ -323,6 +421,7 @@ std::vector<GenerationResult> Engine::generate(const std::vector<GenerationReque
                                                const ProgressFn& progress) {
   const auto t_start = Clock::now();
   stats_ = EngineStats{};
+  if (tp_) slice_weights();  // the unit buffers may have changed (weight sync) since last time
   cache_->reset_peak();
   const model::ModelConfig& c = layout_.config();
   const int64_t V = c.vocab_size, max_pos = c.max_position_embeddings;

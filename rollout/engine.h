@@ -1,7 +1,7 @@
-// The generation engine (single process, tensor-parallel size 1): owns a full fp32 copy of the
-// policy's weights and a paged KV cache; prefills prompts, then decodes every active sequence
-// together, one token per sequence per step, with continuous batching (a finished sequence's slot
-// and KV blocks go to the next waiting request at once).
+// The generation engine: owns a full fp32 copy of the policy's weights and a paged KV cache;
+// prefills prompts, then decodes every active sequence together, one token per sequence per step,
+// with continuous batching (a finished sequence's slot and KV blocks go to the next waiting request
+// at once). Optionally tensor parallel (Megatron style) over the ranks of one engine.
 #pragma once
 
 #include <cstdint>
@@ -12,6 +12,7 @@
 
 #include "model/layout.h"
 #include "model/provider.h"
+#include "parallel/comm.h"
 #include "rollout/kv_cache.h"
 #include "rollout/sampling.h"
 
@@ -24,6 +25,11 @@ struct EngineOptions {
   int64_t max_batch = 256;    ///< most sequences decoded at once (vLLM max_num_seqs)
   int32_t eos_token_id = -1;  ///< stop token; -1 = the model config's eos_token_id
   bool ignore_eos = false;    ///< never stop on EOS (benchmarks)
+  /// Tensor-parallel group of this engine (Topology::engine_comm, e.g. through make_comm: a
+  /// shared-memory comm inside the node, whose all-reduce is bit-identical on every rank). nullptr
+  /// or size 1: TP 1, the fast path. Size T > 1: every rank of the group builds the engine with the
+  /// same options and calls generate() with the same requests (collective); see Engine.
+  parallel::Comm* tp_comm = nullptr;
 };
 
 /// One prompt to complete n_samples times.
@@ -93,6 +99,16 @@ class EngineWeights : public model::UnitProvider<float> {
 };
 
 /// Batched autoregressive generation over one model. Not thread-safe; OpenMP inside.
+///
+/// Tensor parallel (options.tp_comm of size T > 1, rank r): every rank still holds the full unit
+/// buffers (what loading and weight sync write); generate() first copies this rank's slices — the
+/// q/k/v rows of attention heads [r·H/T, (r+1)·H/T) and KV heads [r·Hkv/T, (r+1)·Hkv/T), the o_proj
+/// columns of those heads, the gate/up rows and down_proj columns of [r·F/T, (r+1)·F/T) — and
+/// computes only those; the o_proj and down_proj outputs are summed over the group
+/// (tp_comm->all_reduce) before each residual add (o_proj's bias added by rank 0 only). The KV
+/// cache holds this rank's KV heads only. Embedding, norms and the LM head are computed whole on
+/// every rank, so every rank samples the same tokens and returns the same results. Requires H,
+/// Hkv and F divisible by T (rlhf::Error otherwise).
 class Engine {
  public:
   /// layout: an LM-head model (any n_shards: the padding of the buffers follows it, so weight
@@ -114,6 +130,9 @@ class Engine {
   /// The weights as a UnitProvider (e.g. for model::Transformer in tests).
   model::UnitProvider<float>& provider() { return weights_; }
   const KvCache& kv_cache() const { return *cache_; }
+  /// Ranks of the tensor-parallel group (1 without one) and this rank's place in it.
+  int tp_size() const;
+  int tp_rank() const;
   /// Weight bytes one decode step reads: every linear, the norms and the LM head (fp32).
   int64_t weight_bytes_per_decode_step() const;
 
@@ -137,6 +156,9 @@ class Engine {
  private:
   struct Seq;
   struct Work;
+  struct Tp;  // tensor-parallel slices and dims (null for TP 1)
+  // TP > 1: copies this rank's slices out of the full unit buffers (every generate()).
+  void slice_weights();
   // Prompt forward for positions [0, P) of `blocks`: writes K/V, returns the last row's logits.
   const float* prefill(const std::vector<int32_t>& prompt, const int32_t* blocks);
   // One decode step over the active sequences (their last tokens at their positions): logits.
@@ -149,6 +171,7 @@ class Engine {
   EngineWeights weights_;
   std::unique_ptr<KvCache> cache_;
   std::unique_ptr<Work> work_;
+  std::unique_ptr<Tp> tp_;
   EngineStats stats_;
   std::vector<float> rope_cos_, rope_sin_;
 };

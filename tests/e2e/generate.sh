@@ -2,8 +2,10 @@
 # rlhf generate end to end: sft a tiny model a few steps, then sample from its checkpoint. The JSONL
 # out has one valid object per sample with the requested count, sample indices, finish reasons
 # and per-token log-probs; the same seed gives the same file whatever the KV budget and batch
-# limit (continuous batching); another seed changes it; greedy samples agree; bad inputs are
-# one-line errors with a non-zero exit.
+# limit (continuous batching) and whatever the number of ranks and engines (4 ranks with 2
+# disaggregated engines, 3 colocated engines); another seed changes it; greedy samples agree, and
+# 1 rank's greedy file equals 2 engines'; bad inputs are one-line errors with a non-zero exit, on
+# every rank of a multi-rank run, without hanging.
 # Usage: generate.sh <rlhf binary> <source dir>     (env MPIEXEC: mpiexec's path)
 set -u
 RLHF=$1
@@ -123,9 +125,64 @@ expect_error "negative --temperature" "--temperature" "${BASE[@]}" --temperature
 expect_error "missing dataset" "no-such.jsonl: no such file" "${BASE[@]}" --dataset "$W/no-such.jsonl"
 expect_error "no output path" "--output_path is required" --pretrain "$W/ck" --dataset "$W/prompts.jsonl"
 [ -f "$W/out/bad.jsonl" ] && fail "a failed run left an output file"
-out=$(timeout 120 "$MPIEXEC" -np 2 --oversubscribe --allow-run-as-root "$RLHF" generate "${BASE[@]}" 2>&1)
-code=$?
-[ $code -ne 0 ] && [ $code -ne 124 ] || fail "2 ranks: exit $code"
-echo "$out" | grep -qF "multi-rank generate needs the topology" || { echo "$out" | tail -3; fail "2 ranks: message"; }
-echo "ok: 2 ranks -> exit $code"
+
+# --- several ranks: engines on the ranks the topology gives, prompts split across them, the file
+# written by rank 0 in prompt order — the same file as one rank (per-sample random streams are keyed
+# by the prompt index, not the rank).
+MPI=(timeout 300 "$MPIEXEC" --oversubscribe --allow-run-as-root --bind-to none)
+# 4 ranks, 2 simulated nodes of 2, 1 generation rank per node: 2 engines (ranks 1 and 3).
+"${MPI[@]}" -np 4 "$RLHF" "${GEN[@]}" --threads 1 --gen_ranks_per_node 1 --ranks_per_node 2 \
+  --log_level info --output_path "$W/out/m4.jsonl" > "$W/m4.log" 2>&1 \
+  || { tail -5 "$W/m4.log"; fail "4 ranks, 2 engines: exit $?"; }
+grep -q "on 2 engines" "$W/m4.log" || { tail -5 "$W/m4.log"; fail "4 ranks: not 2 engines"; }
+grep -q "tok/s" "$W/m4.log" || fail "4 ranks: no tok/s in the log"
+cmp -s "$W/out/a.jsonl" "$W/out/m4.jsonl" || fail "4 ranks (2 engines): not the 1-rank file"
+ls "$W/out" | grep -q '\.tmp' && fail "4 ranks: a .tmp file was left behind"
+echo "ok: 4 ranks, 2 disaggregated engines: the same sampled file as 1 rank"
+# 3 ranks colocated (3 engines, 5 prompts: blocks of 1, 2, 2).
+"${MPI[@]}" -np 3 "$RLHF" "${GEN[@]}" --threads 1 --output_path "$W/out/m3.jsonl" \
+  || fail "3 ranks colocated: exit $?"
+cmp -s "$W/out/a.jsonl" "$W/out/m3.jsonl" || fail "3 colocated engines: not the 1-rank file"
+echo "ok: 3 ranks, 3 colocated engines: the same sampled file as 1 rank"
+# Greedy: 1 rank == 2 engines (2 ranks colocated), also with more engines than prompts.
+ids_all() { grep -o '"completion_token_ids":\[[0-9,]*\]' "$1"; }  # the tokens of every line
+GREEDY=(generate --pretrain "$W/ck" --dataset "$W/prompts.jsonl" --generate_max_len 30 --greedy
+        --n_samples_per_prompt 2 --log_level warn --threads 1)
+"$RLHF" "${GREEDY[@]}" --output_path "$W/out/g1.jsonl" || fail "greedy 1 rank exited $?"
+"${MPI[@]}" -np 2 "$RLHF" "${GREEDY[@]}" --output_path "$W/out/g2.jsonl" \
+  || fail "greedy 2 engines exited $?"
+cmp -s "$W/out/g1.jsonl" "$W/out/g2.jsonl" || fail "greedy: 1 rank and 2 engines differ"
+"${MPI[@]}" -np 4 "$RLHF" "${GREEDY[@]}" --max_samples 3 --output_path "$W/out/g4.jsonl" \
+  || fail "greedy 4 engines, 3 prompts exited $?"
+head -6 "$W/out/g1.jsonl" | cmp -s - "$W/out/g4.jsonl" || fail "greedy: 4 engines for 3 prompts differ"
+echo "ok: greedy: 1 rank == 2 engines; 4 engines for 3 prompts (one idle) == 1 rank"
+# Tensor parallel: one engine of 2 ranks (heads and MLP columns split); 4 ranks as 2 engines of 2.
+"${MPI[@]}" -np 2 "$RLHF" "${GREEDY[@]}" --vllm_tensor_parallel_size 2 --output_path "$W/out/t2.jsonl" \
+  || fail "greedy TP 2 exited $?"
+cmp -s <(ids_all "$W/out/g1.jsonl") <(ids_all "$W/out/t2.jsonl") || fail "greedy: TP 2 tokens differ from 1 rank"
+"${MPI[@]}" -np 4 "$RLHF" "${GREEDY[@]}" --vllm_tensor_parallel_size 2 --output_path "$W/out/t4.jsonl" \
+  || fail "greedy 2 engines of TP 2 exited $?"
+cmp -s <(ids_all "$W/out/g1.jsonl") <(ids_all "$W/out/t4.jsonl") || fail "greedy: 2 engines of TP 2 differ from 1 rank"
+echo "ok: greedy: TP 2 (1 engine of 2 ranks, and 2 engines of 2) gives 1 rank's tokens"
+
+# Errors on several ranks: non-zero exit on every rank, no hang (timeout 300 → 124 fails).
+expect_mpi_error() {  # expect_mpi_error <what> <message fragment> <np> <args...>
+  local what=$1 msg=$2 np=$3
+  shift 3
+  out=$("${MPI[@]}" -np "$np" "$RLHF" generate "$@" 2>&1)
+  code=$?
+  [ $code -ne 0 ] && [ $code -ne 124 ] || fail "$what: exit $code"
+  echo "$out" | grep -qF -- "$msg" || { echo "$out" | tail -3; fail "$what: message lacks '$msg'"; }
+  echo "ok: $what -> exit $code"
+}
+expect_mpi_error "4 ranks, missing dataset" "no-such.jsonl: no such file" 4 "${BASE[@]}" \
+  --gen_ranks_per_node 1 --ranks_per_node 2 --dataset "$W/no-such.jsonl"
+expect_mpi_error "4 ranks, missing checkpoint" "--pretrain $W/none.h5: no such file" 4 "${BASE[@]}" \
+  --gen_ranks_per_node 1 --ranks_per_node 2 --pretrain "$W/none.h5"
+expect_mpi_error "2 ranks, no training rank" "--gen_ranks_per_node" 2 "${BASE[@]}" \
+  --gen_ranks_per_node 2 --ranks_per_node 2
+expect_mpi_error "3 ranks, tensor parallel 3 (4 heads)" "tensor parallel size 3 must divide" 3 \
+  "${BASE[@]}" --vllm_tensor_parallel_size 3
+expect_mpi_error "2 ranks, bad --top_p" "--top_p" 2 "${BASE[@]}" --top_p 1.5
+[ -f "$W/out/bad.jsonl" ] && fail "a failed multi-rank run left an output file"
 echo PASS

@@ -411,3 +411,42 @@ TEST_CASE("an error mid-generation leaves the KV cache empty and the engine usab
   norm[0] = saved;
   CHECK(engine->generate({r})[0].tokens == good);
 }
+
+TEST_CASE(
+    "prompts split over engines, keyed by the global prompt index, give one engine's samples") {
+  // What `rlhf generate` does on several ranks: engine e of E completes the prompts
+  // [N·e/E, N·(e+1)/E) with request id = the prompt's global index. Every sample must equal the
+  // one-engine run's, whatever E; keying by the index inside an engine's block (what a rank-local
+  // numbering would do) changes the sampled tokens.
+  const auto cfg = tiny(false, model::RopeStyle::kRotateHalf, true);
+  auto reqs = mixed_requests();
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    reqs[i].id = uint64_t(i);  // the prompt index
+    reqs[i].sampling.greedy = false;
+    reqs[i].sampling.temperature = 1.0;
+    reqs[i].sampling.top_k = -1;
+    reqs[i].sampling.top_p = 1.0;
+    reqs[i].max_new_tokens = 12;
+  }
+  auto one = make_engine(cfg);
+  const auto all = by_key(one->generate(reqs));
+  const int64_t N = int64_t(reqs.size());
+  for (int E : {2, 3, 4}) {
+    std::map<std::pair<uint64_t, int64_t>, GenerationResult> split;
+    bool local_differs = false;
+    for (int e = 0; e < E; ++e) {
+      const int64_t lo = N * e / E, hi = N * (e + 1) / E;
+      std::vector<GenerationRequest> block(reqs.begin() + lo, reqs.begin() + hi);
+      auto engine = make_engine(cfg);  // another engine with the same weights
+      for (auto& [k, v] : by_key(engine->generate(block))) split[k] = std::move(v);
+      if (lo == 0) continue;
+      // The same block keyed by its local index: other random streams, other tokens.
+      for (size_t j = 0; j < block.size(); ++j) block[j].id = uint64_t(j);
+      const auto local = engine->generate(block);
+      for (const GenerationResult& r : local)
+        local_differs |= r.tokens != all.at({uint64_t(lo) + r.request_id, r.sample_index}).tokens;
+    }
+    check_same(all, split, fmt::format("{} engines", E));
+    CHECK_MESSAGE(local_differs, E << " engines: local keys gave the same tokens");
+  }
+}

@@ -1,0 +1,51 @@
+// bench sync on a tiny model: one row per (mode, model) on rank 0, every engine buffer right after
+// the syncs (wrong == 0), the bytes of the padded units, busbw = algbw · factor, a skipped row for
+// a placement with no training rank.
+#include <doctest/doctest.h>
+#include <mpi.h>
+
+#include <vector>
+
+#include "bench/bench_sync.h"
+#include "model/layout.h"
+#include "parallel/mpi_check.h"
+#include "tests/mpi/train_util.h"
+
+TEST_CASE("bench sync: tiny model, colocated and disaggregated, engines hold the weights") {
+  using namespace rlhf;
+  const int me = parallel::comm_rank(MPI_COMM_WORLD);
+  const int n = parallel::comm_size(MPI_COMM_WORLD);
+  bench::BenchSyncOptions o;
+  const model::ModelConfig cfg = test::small_config(true);
+  o.models = {{"small", cfg}};
+  o.bucket_bytes = 1024;  // many buckets, slices of units
+  o.iters = 1;
+  o.gen_ranks = {0, n / 2, n};  // n: no training rank → skipped
+  std::vector<nlohmann::json> rows;
+  bench::run_bench_sync(o, [&](const nlohmann::json& r) { rows.push_back(r); });
+  if (me != 0) {
+    CHECK(rows.empty());
+    return;
+  }
+  REQUIRE(rows.size() == 3);
+  CHECK(rows[2].contains("skipped"));
+  for (int k = 0; k < 2; ++k) {
+    const nlohmann::json& r = rows[size_t(k)];
+    INFO(r.dump());
+    const int G = k == 0 ? 0 : n / 2;
+    const int n_train = n - G;
+    CHECK(r["mode"] == (G == 0 ? "colocated" : "disaggregated"));
+    CHECK(r["wrong"] == 0);
+    CHECK(r["train_ranks"] == n_train);
+    CHECK(r["engines"] == (G == 0 ? n : G));
+    const model::ParamLayout layout(cfg, model::HeadKind::kLM, n_train);
+    CHECK(r["bytes"] == layout.total_padded() * 4);
+    CHECK(r["buckets"].get<int64_t>() > layout.num_units());
+    const double f = G == 0 ? (n_train - 1.0) / n_train : 1.0;
+    CHECK(r["sync_busbw_GBps"].get<double>() ==
+          doctest::Approx(r["sync_algbw_GBps"].get<double>() * f));
+    CHECK(r["ratio"].get<double>() ==
+          doctest::Approx(r["allgather_s"].get<double>() / r["sync_s"].get<double>()));
+    CHECK(!bench::bench_sync_row_text(r).empty());
+  }
+}

@@ -1,0 +1,146 @@
+// Tensor-parallel engine (TP 2, Megatron-style split of heads and MLP columns, all-reduce on the
+// engine's comm): greedy tokens equal the TP 1 engine's on the same weights, log-probs agree to
+// fp32 summation order, both ranks of the engine return bit-identical results, its KV cache holds
+// half the KV heads, and a TP size that does not divide the heads is refused.
+#include <doctest/doctest.h>
+#include <mpi.h>
+
+#include <algorithm>
+#include <cmath>
+#include <memory>
+#include <vector>
+
+#include "core/error.h"
+#include "model/init.h"
+#include "parallel/comm.h"
+#include "parallel/mpi_check.h"
+#include "rollout/engine.h"
+#include "tests/test_util.h"
+
+using namespace rlhf;
+
+namespace {
+
+model::ModelConfig tp_config(bool qwen2_bias, int64_t kv_heads) {
+  model::ModelConfig c;
+  c.model_type = qwen2_bias ? "qwen2" : "llama";
+  c.hidden_size = 48;
+  c.intermediate_size = 80;
+  c.num_hidden_layers = 2;
+  c.num_attention_heads = 4;
+  c.num_key_value_heads = kv_heads;
+  c.vocab_size = 61;
+  c.max_position_embeddings = 96;
+  c.tie_word_embeddings = !qwen2_bias;
+  c.bos_token_id = 59;
+  c.eos_token_id = 60;
+  c.pad_token_id = 58;
+  return c;
+}
+
+std::unique_ptr<rollout::Engine> make_engine(const model::ModelConfig& cfg, parallel::Comm* tp) {
+  model::ParamLayout layout(cfg, model::HeadKind::kLM, 1);
+  rollout::EngineOptions o;
+  o.tp_comm = tp;
+  o.kv_cache_bytes = 4 << 20;
+  auto e = std::make_unique<rollout::Engine>(layout, o);
+  for (int u = 0; u < layout.num_units(); ++u) {
+    model::init_unit_params(e->unit_buffer(u), layout.unit(u), 5, 0.1);
+    for (const model::TensorInfo& t : layout.unit(u).tensors)
+      if (t.name.ends_with(".bias")) {
+        auto b = test::random_vec<float>(t.numel, 9 + uint64_t(t.offset), -0.2, 0.2);
+        std::copy(b.begin(), b.end(), e->unit_buffer(u) + t.offset);
+      }
+  }
+  return e;
+}
+
+std::vector<rollout::GenerationRequest> requests(bool greedy) {
+  std::vector<rollout::GenerationRequest> reqs;
+  const int64_t lens[] = {1, 7, 19, 4, 30};
+  for (int i = 0; i < 5; ++i) {
+    rollout::GenerationRequest r;
+    r.id = uint64_t(i);
+    r.prompt = test::random_tokens(lens[i], 58, uint64_t(20 + i));
+    r.prompt[0] = 59;
+    r.n_samples = i % 2 + 1;
+    r.max_new_tokens = 16 + 3 * i;
+    r.sampling.greedy = greedy;
+    r.sampling.seed = 3;
+    reqs.push_back(r);
+  }
+  return reqs;
+}
+
+// FNV-1a over the tokens and the log-probs' bits of every result.
+uint64_t fingerprint(const std::vector<rollout::GenerationResult>& res) {
+  uint64_t h = 1469598103934665603ull;
+  auto mix = [&](const void* p, size_t n) {
+    for (size_t i = 0; i < n; ++i)
+      h = (h ^ static_cast<const unsigned char*>(p)[i]) * 1099511628211ull;
+  };
+  for (const auto& r : res) {
+    mix(r.tokens.data(), r.tokens.size() * sizeof(int32_t));
+    mix(r.logprobs.data(), r.logprobs.size() * sizeof(float));
+  }
+  return h;
+}
+
+}  // namespace
+
+TEST_CASE("tensor-parallel engine (TP 2): greedy tokens equal TP 1, ranks agree bit for bit") {
+  const int world = parallel::comm_size(MPI_COMM_WORLD);
+  const int rank = parallel::comm_rank(MPI_COMM_WORLD);
+  if (world % 2 != 0) return;
+  MPI_Comm pair_mpi = MPI_COMM_NULL;
+  MPI_Comm_split(MPI_COMM_WORLD, rank / 2, rank, &pair_mpi);
+  auto pair = parallel::make_comm(pair_mpi, "engine_comm");
+  REQUIRE(pair->size() == 2);
+  for (const bool qwen2 : {false, true}) {
+    const auto cfg = tp_config(qwen2, 2);
+    auto one = make_engine(cfg, nullptr);
+    auto two = make_engine(cfg, pair.get());
+    CHECK(two->tp_size() == 2);
+    CHECK(two->tp_rank() == rank % 2);
+    CHECK(two->kv_cache().bytes_per_token() * 2 == one->kv_cache().bytes_per_token());
+    for (const bool greedy : {true, false}) {
+      INFO(cfg.model_type, greedy ? " greedy" : " sampled");
+      const auto reqs = requests(greedy);
+      const auto a = one->generate(reqs);
+      const auto b = two->generate(reqs);
+      REQUIRE(a.size() == b.size());
+      double max_diff = 0;
+      for (size_t i = 0; i < a.size(); ++i) {
+        if (greedy) CHECK(a[i].tokens == b[i].tokens);
+        if (a[i].tokens != b[i].tokens) continue;
+        for (size_t t = 0; t < a[i].logprobs.size(); ++t)
+          max_diff = std::max(max_diff, double(std::fabs(a[i].logprobs[t] - b[i].logprobs[t])));
+      }
+      CHECK(max_diff < 1e-4);
+      // Both ranks of the engine return the same results, bit for bit.
+      const uint64_t fp = fingerprint(b);
+      uint64_t lo = 0, hi = 0;
+      MPI_Allreduce(&fp, &lo, 1, MPI_UINT64_T, MPI_MIN, pair_mpi);
+      MPI_Allreduce(&fp, &hi, 1, MPI_UINT64_T, MPI_MAX, pair_mpi);
+      CHECK(lo == hi);
+    }
+  }
+  // Weights changed after construction (as weight sync does) are sliced again by generate().
+  {
+    const auto cfg = tp_config(false, 2);
+    auto one = make_engine(cfg, nullptr);
+    auto two = make_engine(cfg, pair.get());
+    const auto reqs = requests(true);
+    (void)two->generate(reqs);
+    for (auto* e : {one.get(), two.get()})
+      for (int u = 0; u < e->num_units(); ++u)
+        model::init_unit_params(e->unit_buffer(u), e->layout().unit(u), 77, 0.1);
+    const auto a = one->generate(reqs);
+    const auto b = two->generate(reqs);
+    for (size_t i = 0; i < a.size(); ++i) CHECK(a[i].tokens == b[i].tokens);
+  }
+  // 1 KV head cannot be split over 2 ranks.
+  CHECK_THROWS_AS(make_engine(tp_config(false, 1), pair.get()), Error);
+  pair.reset();
+  MPI_Comm_free(&pair_mpi);
+}
