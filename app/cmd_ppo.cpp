@@ -433,6 +433,7 @@ int run_rl(const PpoArgs& args, const char* cmd) {
     if (trains) {
       // 2. Rewards.
       t = Clock::now();
+      const parallel::CommStats r0 = comm->stats();
       const int64_t B = int64_t(samples.size());
       std::vector<double> scores(static_cast<size_t>(B), 0.0), rule(size_t(B), 0.0);
       if (reward_fn) {
@@ -462,6 +463,8 @@ int run_rl(const PpoArgs& args, const char* cmd) {
         for (int64_t i = 0; i < B; ++i) scores[size_t(i)] += r[size_t(i)];
       }
       const double reward_s = since(t);
+      const double reward_comm_s = comm->stats().seconds - r0.seconds;
+      const int64_t reward_comm_bytes = comm->stats().bytes - r0.bytes;
       double mean = 0, var = 0;
       for (double s : scores) mean += s / double(B);
       for (double s : scores) var += (s - mean) * (s - mean) / double(std::max<int64_t>(B - 1, 1));
@@ -477,11 +480,14 @@ int run_rl(const PpoArgs& args, const char* cmd) {
       const rollout::PpoStats st = trainer->train(exp, step, actor_adam, actor_sched, critic_adam,
                                                   critic ? &critic_sched : nullptr);
       const double train_s = since(t);
-      int64_t len_max = 0, stops = 0;
+      int64_t len_max = 0, stops = 0, seq_tokens = 0;
       for (const auto& s : samples) {
         len_max = std::max<int64_t>(len_max, int64_t(s.response.size()));
         stops += s.stopped;
+        seq_tokens += int64_t(s.prompt.size() + s.response.size());
       }
+      // Tokens through forward+backward in the training phase (every epoch passes them all).
+      const int64_t train_tokens = seq_tokens * args.max_epochs;
       rec = {{"step", step + 1},
              {"episode", episode},
              {"reward_mean", mean},
@@ -503,12 +509,16 @@ int run_rl(const PpoArgs& args, const char* cmd) {
              {"critic_lr", st.critic_lr},
              {"optimizer_steps", st.optimizer_steps},
              {"reward_s", reward_s},
+             {"reward_comm_s", reward_comm_s},
+             {"reward_comm_bytes", reward_comm_bytes},
              {"logprob_s", logprob_s},
              {"logprob_comm_s", logprob_comm_s},
              {"logprob_comm_bytes", logprob_comm_bytes},
              {"train_s", train_s},
              {"train_comm_s", st.comm_seconds},
-             {"train_comm_bytes", st.comm_bytes}};
+             {"train_comm_bytes", st.comm_bytes},
+             {"train_tokens", train_tokens},
+             {"train_tokens_per_s", double(train_tokens) / std::max(train_s, 1e-9)}};
     }
     // 5. Weight sync into every engine.
     t = Clock::now();
@@ -523,6 +533,7 @@ int run_rl(const PpoArgs& args, const char* cmd) {
     rec["gen_tokens"] = gen_tokens;
     rec["gen_tokens_per_s"] = double(gen_tokens) / std::max(gen_s, 1e-9);
     rec["sync_s"] = sync_s;
+    rec["sync_comm_s"] = ss.seconds;  // the sync is communication only
     rec["sync_bytes"] = ss.bytes;
     rec["sync_busbw_GBps"] = ss.busbw_GBps;
     const double step_s = since(t_step);
@@ -531,14 +542,15 @@ int run_rl(const PpoArgs& args, const char* cmd) {
     if (world_rank == 0) {
       LOG0_INFO(
           "step {}/{} | reward {:.3f} | kl {:.4f} | loss {:.4f} | len {:.1f} | gen {:.2f}s (comm "
-          "{:.2f}s) | reward {:.2f}s | logprob {:.2f}s | train {:.2f}s (comm {:.2f}s) | sync "
-          "{:.2f}s "
-          "busbw {:.2f} GB/s | {:.0f} gen tok/s",
+          "{:.2f}s) | reward {:.2f}s | logprob {:.2f}s (comm {:.2f}s) | train {:.2f}s (comm "
+          "{:.2f}s) | sync "
+          "{:.2f}s busbw {:.2f} GB/s | {:.0f} gen tok/s | {:.0f} train tok/s",
           step + 1, total_steps, rec["reward_mean"].get<double>(), rec["kl_mean"].get<double>(),
           rec["policy_loss"].get<double>(), rec["response_length_mean"].get<double>(), gen_s,
           gen_comm_s, rec["reward_s"].get<double>(), rec["logprob_s"].get<double>(),
-          rec["train_s"].get<double>(), rec["train_comm_s"].get<double>(), sync_s, ss.busbw_GBps,
-          rec["gen_tokens_per_s"].get<double>());
+          rec["logprob_comm_s"].get<double>(), rec["train_s"].get<double>(),
+          rec["train_comm_s"].get<double>(), sync_s, ss.busbw_GBps,
+          rec["gen_tokens_per_s"].get<double>(), rec["train_tokens_per_s"].get<double>());
       metrics->write(rec);
     }
     // 7. Checkpoint.
