@@ -39,16 +39,18 @@ EOF
 }
 
 # (a) Learning: the reward rises.
-timeout 300 "${MPI[@]}" -np 2 "$RLHF" "${GRPO[@]}" --actor_learning_rate 3e-4 --max_steps 150 \
+timeout 300 "${MPI[@]}" -np 2 "$RLHF" "${GRPO[@]}" --rollout_batch_size 16 --actor_learning_rate 3e-4 \
+  --max_steps 100 \
   --save_path "$W/learn" --ckpt_path "$W/learn/ckpt" > "$W/learn.log" 2>&1 \
   || { tail "$W/learn.log"; fail "grpo (learning run) exited"; }
 grep -q "placement (2 ranks" "$W/learn.log" || fail "no placement recap at start"
-[ "$(wc -l < "$W/learn/metrics.jsonl")" -eq 150 ] || fail "metrics.jsonl does not have 150 records"
-first=$(mean_of "$W/learn/metrics.jsonl" reward_mean 0 25)
-last=$(mean_of "$W/learn/metrics.jsonl" reward_mean 125 150)
-python3 -c "import sys; sys.exit(0 if $last > $first + 0.12 else 1)" \
-  || fail "reward did not rise enough: first 25 steps $first, last 25 steps $last"
-echo "ok: GRPO on 2 ranks raises the math reward: first 25 steps $first -> last 25 steps $last"
+[ "$(wc -l < "$W/learn/metrics.jsonl")" -eq 100 ] || fail "metrics.jsonl does not have 100 records"
+# Seen: ~0.35 -> ~0.65. Without learning the two means differ by sampling noise (~0.03).
+first=$(mean_of "$W/learn/metrics.jsonl" reward_mean 0 20)
+last=$(mean_of "$W/learn/metrics.jsonl" reward_mean 80 100)
+python3 -c "import sys; sys.exit(0 if $last > $first + 0.15 else 1)" \
+  || fail "reward did not rise enough: first 20 steps $first, last 20 steps $last"
+echo "ok: GRPO on 2 ranks raises the math reward: first 20 steps $first -> last 20 steps $last"
 # Every record carries the ALGORITHMS.md metrics and the phase timings with their communication.
 python3 - "$W/learn/metrics.jsonl" <<'EOF' || fail "metrics.jsonl misses keys"
 import json, sys
