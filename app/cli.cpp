@@ -386,7 +386,9 @@ void CommonArgs::bind(OptionSet& o) {
 void BenchArgs::bind(OptionSet& o) {
   common.bind(o);
   o.app()
-      ->add_option("suite", suites, "Benchmarks to run: train, comm, all (default all)")
+      ->add_option(
+          "suite", suites,
+          "Benchmarks to run: train, generate, comm, all (default all); rl (minutes: not in all)")
       ->type_name("SUITE");
   o.add("model_config", model_config, "Model config for train (\"\" = stories15M shape)");
   o.add("tokens_per_step", tokens_per_step, "Tokens per optimizer step (global)").check(ge(1));
@@ -408,8 +410,8 @@ void BenchArgs::bind(OptionSet& o) {
 void BenchArgs::validate() {
   if (suites.empty()) suites = {"all"};
   for (const std::string& s : suites)
-    if (s != "train" && s != "generate" && s != "comm" && s != "all")
-      usage_fail("unknown benchmark suite '{}'\nhint: train, generate, comm or all", s);
+    if (s != "train" && s != "generate" && s != "comm" && s != "rl" && s != "all")
+      usage_fail("unknown benchmark suite '{}'\nhint: train, generate, comm, rl or all", s);
 }
 
 void ModelArgs::bind(OptionSet& o) {
