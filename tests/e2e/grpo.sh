@@ -6,7 +6,8 @@
 #      per-step metrics and the same final weights fingerprint;
 #  (c) a checkpoint written by 2 ranks resumes on 1 rank and continues;
 #  (d) a truncated newest checkpoint is detected and the previous one is used;
-#  (e) bad configurations on 2 ranks exit non-zero with a clear message, without hanging.
+#  (e) bad configurations on 2 ranks exit non-zero with a clear message, without hanging;
+#  (f) rlhf ppo with a reward model (critic from it) resumes exactly too.
 # Usage: grpo.sh <rlhf binary> <source dir>     (env MPIEXEC: mpiexec's path)
 set -u
 RLHF=$1
@@ -171,4 +172,24 @@ bad critic_flag "critic_learning_rate is a critic option" --critic_learning_rate
 bad critic_pretrain "critic_pretrain is a critic option" --critic_pretrain "$W/sft/model.h5"
 bad missing_label "no label key 'answer'" --label_key answer
 bad no_label_key "--reward math needs --label_key" --label_key ""
+# (f) rlhf ppo with a reward model from rlhf rm (the critic starts from it): 2 + 2 steps after a
+# resume == 4 steps straight, critic and its moments included.
+printf '{"prompt": "1+1=", "chosen": "2", "rejected": "7"}\n%.0s' $(seq 16) > "$W/pairs.jsonl"
+"$RLHF" rm --model_config "$SRC/examples/models/tiny.toml" --dataset "$W/pairs.jsonl" \
+  --prompt_key prompt --max_len 16 --train_batch_size 8 --micro_train_batch_size 8 --max_steps 2 \
+  --learning_rate 1e-3 --save_path "$W/rm" --log_level warn || fail "rm exited $?"
+PPO=(ppo --pretrain "$W/sft/model.h5" --reward_pretrain "$W/rm/model.h5" --prompt_data "$TASK"
+     --input_key input --rollout_batch_size 8 --n_samples_per_prompt 2 --train_batch_size 16
+     --micro_train_batch_size 4 --generate_max_len 8 --lr_scheduler constant
+     --actor_learning_rate 1e-4 --critic_learning_rate 1e-4 --seed 3)
+"${MPI[@]}" -np 2 "$RLHF" "${PPO[@]}" --max_steps 4 --save_path "$W/ppo_a" --ckpt_path "$W/ppo_a/ckpt" \
+  > "$W/ppo_a.log" 2>&1 || { tail "$W/ppo_a.log"; fail "ppo exited"; }
+grep -q "critic yes" "$W/ppo_a.log" || fail "ppo without a critic"
+"${MPI[@]}" -np 2 "$RLHF" "${PPO[@]}" --max_steps 2 --save_path "$W/ppo_b" --ckpt_path "$W/ppo_b/ckpt" \
+  --save_steps 2 > "$W/ppo_b1.log" 2>&1 || { tail "$W/ppo_b1.log"; fail "ppo first half exited"; }
+"${MPI[@]}" -np 2 "$RLHF" "${PPO[@]}" --max_steps 4 --save_path "$W/ppo_b" --ckpt_path "$W/ppo_b/ckpt" \
+  --load_checkpoint > "$W/ppo_b2.log" 2>&1 || { tail "$W/ppo_b2.log"; fail "ppo resume exited"; }
+same_metrics "$W/ppo_a/metrics.jsonl" "$W/ppo_b/metrics.jsonl" || fail "ppo resume differs"
+[ "$(fp "$W/ppo_a.log")" = "$(fp "$W/ppo_b2.log")" ] || fail "ppo resume: final weights differ"
+echo "ok: ppo (critic from the reward model): 2 steps + resume + 2 steps == 4 steps straight"
 echo PASS
