@@ -23,7 +23,7 @@ TASK="builtin:addition?n=2000&digits=1&seed=1"
 # Warm start: 150 SFT steps reach ~30% exact answers (enough for GRPO to have a signal).
 "$RLHF" sft --model_config "$SRC/examples/models/tiny.toml" --dataset "$TASK" --max_len 16 \
   --train_batch_size 32 --micro_train_batch_size 32 --learning_rate 3e-3 --max_steps 150 \
-  --max_epochs 100 --seed 1 --save_path "$W/sft" --log_level warn || fail "sft warm start exited $?"
+  --max_epochs 100 --seed 1 --threads 1 --save_path "$W/sft" --log_level warn || fail "sft warm start exited $?"
 [ -f "$W/sft/model.h5" ] || fail "no SFT model"
 
 GRPO=(grpo --pretrain "$W/sft/model.h5" --prompt_data "$TASK" --input_key input --label_key label
@@ -117,7 +117,8 @@ echo "ok: $K steps + resume + $K steps == $((2 * K)) steps straight (metrics and
 # (c) N -> M: the 2-rank checkpoint resumes on 1 rank and continues to step 2k.
 mkdir -p "$W/onerank/ckpt"
 cp "$W/resumed/ckpt/step_$K.h5" "$W/onerank/ckpt/"
-"${MPI[@]}" -np 1 "$RLHF" "${RES[@]}" --max_steps $((2 * K)) --save_path "$W/onerank" \
+# --threads 1: one rank would take both cores, and OpenMP threads crawl on a busy machine.
+"${MPI[@]}" -np 1 "$RLHF" "${RES[@]}" --threads 1 --max_steps $((2 * K)) --save_path "$W/onerank" \
   --ckpt_path "$W/onerank/ckpt" --load_checkpoint > "$W/onerank.log" 2>&1 \
   || { tail "$W/onerank.log"; fail "1-rank resume of a 2-rank checkpoint exited"; }
 grep -q "resumed from .*step_$K.h5 at step $K" "$W/onerank.log" || fail "1 rank did not resume"
@@ -177,7 +178,7 @@ bad no_label_key "--reward math needs --label_key" --label_key ""
 printf '{"prompt": "1+1=", "chosen": "2", "rejected": "7"}\n%.0s' $(seq 16) > "$W/pairs.jsonl"
 "$RLHF" rm --model_config "$SRC/examples/models/tiny.toml" --dataset "$W/pairs.jsonl" \
   --prompt_key prompt --max_len 16 --train_batch_size 8 --micro_train_batch_size 8 --max_steps 2 \
-  --learning_rate 1e-3 --save_path "$W/rm" --log_level warn || fail "rm exited $?"
+  --learning_rate 1e-3 --threads 1 --save_path "$W/rm" --log_level warn || fail "rm exited $?"
 PPO=(ppo --pretrain "$W/sft/model.h5" --reward_pretrain "$W/rm/model.h5" --prompt_data "$TASK"
      --input_key input --rollout_batch_size 8 --n_samples_per_prompt 2 --train_batch_size 16
      --micro_train_batch_size 4 --generate_max_len 8 --lr_scheduler constant
