@@ -19,6 +19,7 @@
 #include <chrono>
 #include <cmath>
 #include <filesystem>
+#include <fstream>
 #include <numeric>
 
 #include "app/checkpoint.h"
@@ -179,6 +180,37 @@ nlohmann::json bcast_json(const nlohmann::json& j, int root, MPI_Comm world) {
   s.resize(size_t(n));
   MPI_CHECK(MPI_Bcast(s.data(), int(n), MPI_CHAR, root, world));
   return nlohmann::json::parse(s);
+}
+
+// A resumed run continues metrics.jsonl from the checkpoint's step: records after it (steps the
+// interrupted run did after its last checkpoint, and a half-written last line) are dropped, so the
+// file holds each step once. Rewritten through a temporary file and a rename.
+void trim_metrics(const std::string& dir, int64_t last_step) {
+  const std::filesystem::path path = std::filesystem::path(dir) / "metrics.jsonl";
+  if (!std::filesystem::exists(path)) return;
+  std::ifstream in(path);
+  std::string line, kept;
+  int64_t dropped = 0;
+  while (std::getline(in, line)) {
+    const nlohmann::json r = nlohmann::json::parse(line, nullptr, false);
+    if (!r.is_discarded() && r.is_object() && r.value("step", int64_t(0)) <= last_step &&
+        r.value("step", int64_t(0)) >= 1) {
+      kept += line + "\n";
+    } else {
+      ++dropped;
+    }
+  }
+  in.close();
+  if (dropped == 0) return;
+  const std::string tmp = path.string() + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << kept;
+    RLHF_CHECK(out.good(), "cannot write {}", tmp);
+  }
+  std::filesystem::rename(tmp, path);
+  LOG0_INFO("{}: dropped {} records after step {} (the resumed run writes them again)",
+            path.string(), dropped, last_step);
 }
 
 }  // namespace
@@ -373,8 +405,10 @@ int run_rl(const PpoArgs& args, const char* cmd) {
   if (trains) log_memory(*actor, 0, *comm);
 
   std::unique_ptr<io::MetricsWriter> metrics;
-  if (world_rank == 0)
+  if (world_rank == 0) {
+    if (start_step > 0) trim_metrics(args.ckpt.save_path, start_step);
     metrics = std::make_unique<io::MetricsWriter>(args.ckpt.save_path, start_step == 0);
+  }
   std::vector<float*> engine_units = engine ? engine->unit_buffers() : std::vector<float*>();
   sync.sync(actor.get(), engine_units);  // the initial (or resumed) policy into every engine
 

@@ -80,6 +80,9 @@ RES=("${GRPO[@]}" --actor_learning_rate 3e-4 --lr_scheduler constant)
   --ckpt_path "$W/resumed/ckpt" --save_steps $K > "$W/first.log" 2>&1 \
   || { tail "$W/first.log"; fail "first half exited"; }
 [ -f "$W/resumed/ckpt/step_$K.h5" ] || fail "no checkpoint step_$K.h5"
+# As if the job had died after step K+1 (no checkpoint) in the middle of writing step K+2's record:
+# the resumed run drops both and writes those steps again.
+printf '{"step": %d, "reward_mean": 9}\n{"step": %d, "rew' $((K + 1)) $((K + 2)) >> "$W/resumed/metrics.jsonl"
 "${MPI[@]}" -np 2 "$RLHF" "${RES[@]}" --max_steps $((2 * K)) --save_path "$W/resumed" \
   --ckpt_path "$W/resumed/ckpt" --save_steps $K --load_checkpoint > "$W/second.log" 2>&1 \
   || { tail "$W/second.log"; fail "resumed run exited"; }
