@@ -387,7 +387,8 @@ void BenchArgs::bind(OptionSet& o) {
   common.bind(o);
   o.app()
       ->add_option("suite", suites,
-                   "Benchmarks to run: train, generate, comm, sync, all (default all)")
+                   "Benchmarks to run: train, generate, comm, sync, all (default all); rl "
+                   "(minutes: not in all)")
       ->type_name("SUITE");
   o.add("model_config", model_config, "Model config for train (\"\" = stories15M shape)");
   o.add("tokens_per_step", tokens_per_step, "Tokens per optimizer step (global)").check(ge(1));
@@ -409,8 +410,8 @@ void BenchArgs::bind(OptionSet& o) {
 void BenchArgs::validate() {
   if (suites.empty()) suites = {"all"};
   for (const std::string& s : suites)
-    if (s != "train" && s != "generate" && s != "comm" && s != "sync" && s != "all")
-      usage_fail("unknown benchmark suite '{}'\nhint: train, generate, comm, sync or all", s);
+    if (s != "train" && s != "generate" && s != "comm" && s != "sync" && s != "rl" && s != "all")
+      usage_fail("unknown benchmark suite '{}'\nhint: train, generate, comm, sync, rl or all", s);
 }
 
 void ModelArgs::bind(OptionSet& o) {
@@ -627,7 +628,8 @@ void PpoArgs::bind(OptionSet& o) {
       .check(ge(1));
   o.add("max_epochs", max_epochs, "Training passes over each rollout").check(ge(1));
   o.add("num_episodes", num_episodes, "Passes over the prompt data").check(ge(1));
-  o.add("max_steps", max_steps, "RL steps (-1 = --num_episodes passes over the prompts)").check(minus_one_or_ge(1));
+  o.add("max_steps", max_steps, "RL steps (-1 = --num_episodes passes over the prompts)")
+      .check(minus_one_or_ge(1));
   o.add("advantage_estimator", advantage_estimator, "Advantage estimator")
       .check(one_of({"gae", "reinforce", "reinforce_baseline", "rloo", "group_norm", "dr_grpo"}));
   o.add("gamma", gamma, "Discount").check(ge(0)).check(le(1));

@@ -1,7 +1,8 @@
-// `rlhf bench [train|generate|comm|sync|all]`: benchmarks as JSON lines on stdout (rank 0), each
-// row also in the log as a human-readable line.
+// `rlhf bench [train|generate|comm|sync|rl|all]`: benchmarks as JSON lines on stdout (rank 0),
+// each row also in the log as a human-readable line.
 #include <mpi.h>
 
+#include <algorithm>
 #include <fstream>
 #include <iostream>
 
@@ -9,6 +10,7 @@
 #include "app/runtime.h"
 #include "bench/bench_comm.h"
 #include "bench/bench_generate.h"
+#include "bench/bench_rl.h"
 #include "bench/bench_sync.h"
 #include "bench/bench_train.h"
 #include "core/error.h"
@@ -97,6 +99,28 @@ int run_bench(const BenchArgs& args) {
     bench::run_bench_sync(o, [&](const nlohmann::json& row) {
       emit(row);
       LOG0_INFO("bench sync: {}", bench::bench_sync_row_text(row));
+    });
+  }
+  // rl runs minutes of GRPO steps: only when named.
+  if (std::find(args.suites.begin(), args.suites.end(), "rl") != args.suites.end()) {
+    bench::BenchRlOptions o;
+    if (!args.model_config.empty()) o.config = io::load_model_config_file(args.model_config);
+    o.seed = static_cast<uint64_t>(args.common.seed);
+    bench::run_bench_rl(o, [&](const nlohmann::json& row) {
+      emit(row);
+      if (row["bench"] == "rl_phase")
+        LOG0_INFO("bench rl: {:8s} {:7.3f}s {:5.1f}% (comm {:.3f}s) | {:.2f} GFLOP/s per rank",
+                  row["phase"].get<std::string>(), row["seconds"].get<double>(),
+                  100 * row["share"].get<double>(), row["comm_s"].get<double>(),
+                  row["gflops_per_s_per_rank"].get<double>());
+      else
+        LOG0_INFO(
+            "bench rl: step {:.2f}s | {:.2f} GFLOP/s per rank = {:.2f} x sgemm ({:.1f}) | gen "
+            "{:.0f} tok/s at step 1, {:.0f} at step {} ({:.2f}x)",
+            row["step_s"].get<double>(), row["gflops_per_s_per_rank"].get<double>(),
+            row["ratio_to_sgemm"].get<double>(), row["sgemm_gflops_per_s"].get<double>(),
+            row["gen_tokens_per_s_first"].get<double>(), row["gen_tokens_per_s_last"].get<double>(),
+            row["steps"].get<int64_t>(), row["gen_tokens_per_s_ratio"].get<double>());
     });
   }
   return 0;

@@ -19,6 +19,7 @@
 #include <chrono>
 #include <cmath>
 #include <filesystem>
+#include <fstream>
 #include <numeric>
 
 #include "app/checkpoint.h"
@@ -179,6 +180,37 @@ nlohmann::json bcast_json(const nlohmann::json& j, int root, MPI_Comm world) {
   s.resize(size_t(n));
   MPI_CHECK(MPI_Bcast(s.data(), int(n), MPI_CHAR, root, world));
   return nlohmann::json::parse(s);
+}
+
+// A resumed run continues metrics.jsonl from the checkpoint's step: records after it (steps the
+// interrupted run did after its last checkpoint, and a half-written last line) are dropped, so the
+// file holds each step once. Rewritten through a temporary file and a rename.
+void trim_metrics(const std::string& dir, int64_t last_step) {
+  const std::filesystem::path path = std::filesystem::path(dir) / "metrics.jsonl";
+  if (!std::filesystem::exists(path)) return;
+  std::ifstream in(path);
+  std::string line, kept;
+  int64_t dropped = 0;
+  while (std::getline(in, line)) {
+    const nlohmann::json r = nlohmann::json::parse(line, nullptr, false);
+    if (!r.is_discarded() && r.is_object() && r.value("step", int64_t(0)) <= last_step &&
+        r.value("step", int64_t(0)) >= 1) {
+      kept += line + "\n";
+    } else {
+      ++dropped;
+    }
+  }
+  in.close();
+  if (dropped == 0) return;
+  const std::string tmp = path.string() + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << kept;
+    RLHF_CHECK(out.good(), "cannot write {}", tmp);
+  }
+  std::filesystem::rename(tmp, path);
+  LOG0_INFO("{}: dropped {} records after step {} (the resumed run writes them again)",
+            path.string(), dropped, last_step);
 }
 
 }  // namespace
@@ -375,8 +407,10 @@ int run_rl(const PpoArgs& args, const char* cmd) {
   if (trains) log_memory(*actor, 0, *comm);
 
   std::unique_ptr<io::MetricsWriter> metrics;
-  if (world_rank == 0)
+  if (world_rank == 0) {
+    if (start_step > 0) trim_metrics(args.ckpt.save_path, start_step);
     metrics = std::make_unique<io::MetricsWriter>(args.ckpt.save_path, start_step == 0);
+  }
   std::vector<float*> engine_units = engine ? engine->unit_buffers() : std::vector<float*>();
   sync.sync(actor.get(), engine_units);  // the initial (or resumed) policy into every engine
 
@@ -435,6 +469,7 @@ int run_rl(const PpoArgs& args, const char* cmd) {
     if (trains) {
       // 2. Rewards.
       t = Clock::now();
+      const parallel::CommStats r0 = comm->stats();
       const int64_t B = int64_t(samples.size());
       std::vector<double> scores(static_cast<size_t>(B), 0.0), rule(size_t(B), 0.0);
       if (reward_fn) {
@@ -464,6 +499,8 @@ int run_rl(const PpoArgs& args, const char* cmd) {
         for (int64_t i = 0; i < B; ++i) scores[size_t(i)] += r[size_t(i)];
       }
       const double reward_s = since(t);
+      const double reward_comm_s = comm->stats().seconds - r0.seconds;
+      const int64_t reward_comm_bytes = comm->stats().bytes - r0.bytes;
       double mean = 0, var = 0;
       for (double s : scores) mean += s / double(B);
       for (double s : scores) var += (s - mean) * (s - mean) / double(std::max<int64_t>(B - 1, 1));
@@ -479,11 +516,14 @@ int run_rl(const PpoArgs& args, const char* cmd) {
       const rollout::PpoStats st = trainer->train(exp, step, actor_adam, actor_sched, critic_adam,
                                                   critic ? &critic_sched : nullptr);
       const double train_s = since(t);
-      int64_t len_max = 0, stops = 0;
+      int64_t len_max = 0, stops = 0, seq_tokens = 0;
       for (const auto& s : samples) {
         len_max = std::max<int64_t>(len_max, int64_t(s.response.size()));
         stops += s.stopped;
+        seq_tokens += int64_t(s.prompt.size() + s.response.size());
       }
+      // Tokens through forward+backward in the training phase (every epoch passes them all).
+      const int64_t train_tokens = seq_tokens * args.max_epochs;
       rec = {{"step", step + 1},
              {"episode", episode},
              {"reward_mean", mean},
@@ -505,12 +545,16 @@ int run_rl(const PpoArgs& args, const char* cmd) {
              {"critic_lr", st.critic_lr},
              {"optimizer_steps", st.optimizer_steps},
              {"reward_s", reward_s},
+             {"reward_comm_s", reward_comm_s},
+             {"reward_comm_bytes", reward_comm_bytes},
              {"logprob_s", logprob_s},
              {"logprob_comm_s", logprob_comm_s},
              {"logprob_comm_bytes", logprob_comm_bytes},
              {"train_s", train_s},
              {"train_comm_s", st.comm_seconds},
-             {"train_comm_bytes", st.comm_bytes}};
+             {"train_comm_bytes", st.comm_bytes},
+             {"train_tokens", train_tokens},
+             {"train_tokens_per_s", double(train_tokens) / std::max(train_s, 1e-9)}};
     }
     // 5. Weight sync into every engine.
     t = Clock::now();
@@ -525,6 +569,7 @@ int run_rl(const PpoArgs& args, const char* cmd) {
     rec["gen_tokens"] = gen_tokens;
     rec["gen_tokens_per_s"] = double(gen_tokens) / std::max(gen_s, 1e-9);
     rec["sync_s"] = sync_s;
+    rec["sync_comm_s"] = ss.seconds;  // the sync is communication only
     rec["sync_bytes"] = ss.bytes;
     rec["sync_busbw_GBps"] = ss.busbw_GBps;
     const double step_s = since(t_step);
@@ -533,14 +578,15 @@ int run_rl(const PpoArgs& args, const char* cmd) {
     if (world_rank == 0) {
       LOG0_INFO(
           "step {}/{} | reward {:.3f} | kl {:.4f} | loss {:.4f} | len {:.1f} | gen {:.2f}s (comm "
-          "{:.2f}s) | reward {:.2f}s | logprob {:.2f}s | train {:.2f}s (comm {:.2f}s) | sync "
-          "{:.2f}s "
-          "busbw {:.2f} GB/s | {:.0f} gen tok/s",
+          "{:.2f}s) | reward {:.2f}s | logprob {:.2f}s (comm {:.2f}s) | train {:.2f}s (comm "
+          "{:.2f}s) | sync "
+          "{:.2f}s busbw {:.2f} GB/s | {:.0f} gen tok/s | {:.0f} train tok/s",
           step + 1, total_steps, rec["reward_mean"].get<double>(), rec["kl_mean"].get<double>(),
           rec["policy_loss"].get<double>(), rec["response_length_mean"].get<double>(), gen_s,
           gen_comm_s, rec["reward_s"].get<double>(), rec["logprob_s"].get<double>(),
-          rec["train_s"].get<double>(), rec["train_comm_s"].get<double>(), sync_s, ss.busbw_GBps,
-          rec["gen_tokens_per_s"].get<double>());
+          rec["logprob_comm_s"].get<double>(), rec["train_s"].get<double>(),
+          rec["train_comm_s"].get<double>(), sync_s, ss.busbw_GBps,
+          rec["gen_tokens_per_s"].get<double>(), rec["train_tokens_per_s"].get<double>());
       metrics->write(rec);
     }
     // 7. Checkpoint.

@@ -65,8 +65,11 @@ ModelSource resolve_model_source(const ModelArgs& args, model::HeadKind want_hea
   RLHF_CHECK(fs::exists(path), "--pretrain {}: no such file{}", args.pretrain,
              path != args.pretrain ? " (looked for " + path + ")" : "");
   auto m = std::make_shared<io::PretrainedModel>(open_pretrained_arg(path, args.tokenizer));
+  // An LM supplies the trunk of a value/reward model; a reward model initialises a critic whole
+  // (OpenRLHF's default: the critic starts from --reward_pretrain; both heads are score.weight).
   RLHF_CHECK(m->head == want_head ||
-                 (want_head != model::HeadKind::kLM && m->head == model::HeadKind::kLM),
+                 (want_head != model::HeadKind::kLM && m->head == model::HeadKind::kLM) ||
+                 (want_head == model::HeadKind::kValue && m->head == model::HeadKind::kReward),
              "--pretrain {}: the checkpoint has a '{}' head, this command needs '{}'", path,
              model::to_string(m->head), model::to_string(want_head));
   src.config = m->config;
@@ -105,7 +108,11 @@ void initialize_weights(parallel::ParamStore& store, const ModelSource& src, uin
     const model::UnitLayout& unit = layout.unit(u);
     full.assign(static_cast<size_t>(unit.numel_padded), 0.0f);
     // A pretrained LM supplies the trunk of a value/reward model; its new head is random.
-    const bool from_ckpt = m && (unit.kind != model::UnitKind::kHead || m->head == layout.head());
+    // A reward model's score head starts a critic's value head (same shape and name).
+    const bool same_head =
+        m && (m->head == layout.head() ||
+              (layout.head() == model::HeadKind::kValue && m->head == model::HeadKind::kReward));
+    const bool from_ckpt = m && (unit.kind != model::UnitKind::kHead || same_head);
     if (from_ckpt) {
       io::load_pretrained_unit(*m, layout, u, full.data());
     } else {

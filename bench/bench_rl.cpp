@@ -1,0 +1,170 @@
+#include "bench/bench_rl.h"
+
+#include <mpi.h>
+
+#include <filesystem>
+#include <fstream>
+#include <vector>
+
+#include "app/cli.h"
+#include "app/commands.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "io/hdf5_ckpt.h"
+#include "io/jsonl.h"
+#include "model/flops.h"
+#include "model/init.h"
+#include "model/layout.h"
+
+namespace rlhf::bench {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+// A folder made on rank 0 and known to every rank.
+std::string shared_temp_dir(const std::string& parent, int rank) {
+  std::string path;
+  if (rank == 0) {
+    std::string tmpl = (fs::path(parent) / "rlhf_bench_rl_XXXXXX").string();
+    RLHF_CHECK(mkdtemp(tmpl.data()) != nullptr, "bench rl: cannot create a folder in {}", parent);
+    path = tmpl;
+  }
+  int64_t n = int64_t(path.size());
+  MPI_Bcast(&n, 1, MPI_INT64_T, 0, MPI_COMM_WORLD);
+  path.resize(size_t(n));
+  MPI_Bcast(path.data(), int(n), MPI_CHAR, 0, MPI_COMM_WORLD);
+  return path;
+}
+
+// A randomly initialised model of `cfg` with a scalar reward head, as an rlhf checkpoint.
+void write_random_reward_model(const model::ModelConfig& cfg, const std::string& path,
+                               uint64_t seed) {
+  const model::ParamLayout layout(cfg, model::HeadKind::kReward, 1);
+  std::vector<std::vector<float>> units(size_t(layout.num_units()));
+  std::vector<const float*> ptrs;
+  for (int u = 0; u < layout.num_units(); ++u) {
+    units[size_t(u)].assign(size_t(layout.unit(u).numel_padded), 0.0f);
+    model::init_unit_params(units[size_t(u)].data(), layout.unit(u), seed);
+    ptrs.push_back(units[size_t(u)].data());
+  }
+  io::CheckpointWriter w(path);
+  io::write_model_hdf5(w, layout, ptrs);
+  w.commit();
+}
+
+}  // namespace
+
+void run_bench_rl(const BenchRlOptions& opt, const Emit& emit) {
+  int rank = 0, world = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  const model::ModelConfig& cfg = opt.config;
+  const std::string dir = shared_temp_dir(opt.work_dir, rank);
+  const std::string config_path = (fs::path(dir) / "config.json").string();
+  const std::string rm_path = (fs::path(dir) / "reward_model.h5").string();
+  if (rank == 0) {
+    std::ofstream(config_path) << cfg.to_json().dump(2) << "\n";
+    write_random_reward_model(cfg, rm_path, opt.seed + 1);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+
+  // The same run's sgemm reference on the training GEMM shapes of one micro-batch, every rank at
+  // once (as in the step), mean over ranks.
+  const int64_t T_est = 8 + opt.new_tokens;  // prompt ("12+34=" with BOS) + response
+  const double sgemm_local =
+      bench_sgemm_model_shapes(cfg, opt.micro_batch * T_est, Emit([](const nlohmann::json&) {}));
+  double sgemm = 0;
+  MPI_Allreduce(&sgemm_local, &sgemm, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+  sgemm /= world;
+
+  app::GrpoArgs a;
+  a.common.seed = int64_t(opt.seed);
+  a.common.log_level = "info";
+  a.model.model_config = config_path;
+  a.reward_pretrain = rm_path;
+  a.prompt_data = fmt::format("builtin:addition?n={}&digits=2&seed=1",
+                              std::max<int64_t>(100, opt.prompts_per_step * opt.steps));
+  a.input_key = "input";
+  a.rollout_batch_size = opt.prompts_per_step;
+  a.gen.n_samples_per_prompt = opt.samples_per_prompt;
+  a.gen.generate_max_len = opt.new_tokens;
+  a.train_batch_size = opt.prompts_per_step * opt.samples_per_prompt;
+  a.micro_train_batch_size = opt.micro_batch;
+  a.micro_rollout_batch_size = opt.micro_batch;
+  a.max_steps = opt.steps;
+  a.actor_learning_rate = 1e-5;
+  a.ckpt.save_path = (fs::path(dir) / "run").string();
+  a.ckpt_path = (fs::path(dir) / "run" / "checkpoints").string();
+  LOG0_INFO("bench rl: {} GRPO steps | {} ranks | {} prompts x {} samples x {} new tokens",
+            opt.steps, world, opt.prompts_per_step, opt.samples_per_prompt, opt.new_tokens);
+  app::run_grpo(a);
+
+  if (rank == 0) {
+    const auto recs = io::read_jsonl((fs::path(a.ckpt.save_path) / "metrics.jsonl").string());
+    RLHF_CHECK(!recs.empty(), "bench rl: the run wrote no metrics");
+    // Mean over steps 2..N (all of them with a single step).
+    const size_t first = recs.size() > 1 ? 1 : 0;
+    auto mean = [&](const char* key) {
+      double s = 0;
+      for (size_t i = first; i < recs.size(); ++i) s += recs[i].value(key, 0.0);
+      return s / double(recs.size() - first);
+    };
+    const double B = double(opt.prompts_per_step * opt.samples_per_prompt);
+    const double S = mean("train_tokens") / double(a.max_epochs);  // tokens of all sequences
+    const int64_t T = std::max<int64_t>(1, int64_t(S / B + 0.5));
+    const double f_fwd = model::forward_flops_per_token(cfg, T);
+    const double f_rm = model::forward_flops_per_token(cfg, T, model::HeadKind::kReward);
+    const double f_train = model::training_flops_per_token(cfg, T);
+    const double ref = a.init_kl_coef > 0 ? 1.0 : 0.0;
+    struct Phase {
+      const char* name;
+      double seconds, comm_s, flop;
+    };
+    const std::vector<Phase> phases = {
+        {"gen", mean("gen_s"), mean("gen_comm_s"), S * f_fwd},
+        {"reward", mean("reward_s"), mean("reward_comm_s"), S * f_rm},
+        {"logprob", mean("logprob_s"), mean("logprob_comm_s"), S * f_fwd * (1 + ref)},
+        {"train", mean("train_s"), mean("train_comm_s"), S * f_train * double(a.max_epochs)},
+        {"sync", mean("sync_s"), mean("sync_comm_s"), 0.0}};
+    const double step_s = mean("step_s");
+    double flop = 0;
+    for (const Phase& p : phases) flop += p.flop;
+    for (const Phase& p : phases)
+      emit({{"bench", "rl_phase"},
+            {"phase", p.name},
+            {"seconds", p.seconds},
+            {"share", p.seconds / step_s},
+            {"comm_s", p.comm_s},
+            {"gflops_per_s_per_rank", p.flop / std::max(p.seconds, 1e-12) / 1e9 / world}});
+    emit({{"bench", "rl_phase"},
+          {"phase", "step"},
+          {"seconds", step_s},
+          {"share", 1.0},
+          {"comm_s", mean("gen_comm_s") + mean("reward_comm_s") + mean("logprob_comm_s") +
+                         mean("train_comm_s") + mean("sync_comm_s")},
+          {"gflops_per_s_per_rank", flop / step_s / 1e9 / world}});
+    const double tps_first = recs.front().value("gen_tokens_per_s", 0.0);
+    const double tps_last = recs.back().value("gen_tokens_per_s", 0.0);
+    emit({{"bench", "rl"},
+          {"ranks", world},
+          {"model_params", model::ParamLayout(cfg, model::HeadKind::kLM, 1).num_parameters()},
+          {"samples", int64_t(B)},
+          {"new_tokens", opt.new_tokens},
+          {"mean_seq_len", T},
+          {"steps", int64_t(recs.size())},
+          {"step_s", step_s},
+          {"gflop_per_step", flop / 1e9},
+          {"gflops_per_s_per_rank", flop / step_s / 1e9 / world},
+          {"sgemm_gflops_per_s", sgemm},
+          {"ratio_to_sgemm", flop / step_s / 1e9 / world / sgemm},
+          {"gen_tokens_per_s_first", tps_first},
+          {"gen_tokens_per_s_last", tps_last},
+          {"gen_tokens_per_s_ratio", tps_last / std::max(tps_first, 1e-12)}});
+    std::error_code ec;
+    fs::remove_all(dir, ec);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
+}  // namespace rlhf::bench
