@@ -36,10 +36,10 @@ WeightSync::WeightSync(const Topology& topo, Comm* train_comm, const model::Para
                        int64_t bucket_bytes)
     : topo_(topo), train_comm_(train_comm), layout_(layout) {
   const Placement& pl = topo.placement();
-  RLHF_CHECK(pl.options.tensor_parallel == 1,
-             "weight sync into tensor-parallel engines (--vllm_tensor_parallel_size {}) is not "
-             "supported yet\nhint: use --vllm_tensor_parallel_size 1",
-             pl.options.tensor_parallel);
+  // Tensor-parallel engines need nothing special: every engine rank is a generation rank and
+  // receives whole units (colocated: from the all-gather over train_comm; disaggregated: from the
+  // intercommunicator's all-gather, which reaches every generation rank); the engine cuts its own
+  // slices at generate().
   colocated_ = pl.colocated();
   trains_ = topo.trains();
   generates_ = topo.generates();

@@ -47,7 +47,8 @@ std::vector<SyncBucket> plan_sync_buckets(const std::vector<int64_t>& part_numel
 ///    slice directly at its place in its engine buffer; two buckets in flight (k+1 is posted
 ///    before k is waited on).
 /// Engine unit buffers must have the layout's numel_padded elements (the layout padded for the
-/// train_comm size). Tensor-parallel engines (TP > 1) are not supported yet (refused).
+/// train_comm size). Tensor-parallel engines (TP > 1): every rank of an engine receives the whole
+/// units (bytes per engine rank as for TP 1) and the engine slices them itself (rollout::Engine).
 class WeightSync {
  public:
   WeightSync(const Topology& topo, Comm* train_comm, const model::ParamLayout& layout,

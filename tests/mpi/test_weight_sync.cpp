@@ -1,6 +1,8 @@
 // Weight sync: after training steps on the train ranks, every engine's weights equal the
 // consolidated trainer weights bit for bit — colocated (G = 0) and disaggregated (G = 1 per
-// node), ZeRO-3 and replicated trainers, for buckets smaller than, equal to and larger than a unit.
+// node), ZeRO-3 and replicated trainers, for buckets smaller than, equal to and larger than a unit;
+// and into tensor-parallel engines (TP 2, real rollout::Engine): every rank of every engine holds
+// the consolidated weights and the engine's greedy tokens equal a TP 1 engine's on them.
 #include "parallel/weight_sync.h"
 
 #include <mpi.h>
@@ -9,6 +11,7 @@
 #include <limits>
 
 #include "parallel/zero3.h"
+#include "rollout/engine.h"
 #include "tests/mpi/train_util.h"
 
 using namespace rlhf;
@@ -22,14 +25,19 @@ std::vector<int64_t> bucket_sizes(const model::ParamLayout& layout) {
   return {1024, largest * 4, int64_t(64) << 20};  // smaller than, equal to, larger than a unit
 }
 
-void check_sync(bool disaggregated, bool zero3) {
+// gen_per_node = G (0: colocated), tp = ranks per engine; ranks_per_node 0 = the test's
+// RLHF_RANKS_PER_NODE (else the world).
+void check_sync(int gen_per_node, bool zero3, int tp = 1, int ranks_per_node = 0) {
+  const bool disaggregated = gen_per_node > 0;
   int world_size = 0;
   MPI_Comm_size(MPI_COMM_WORLD, &world_size);
   parallel::TopologyOptions topt;
-  topt.ranks_per_node = parallel::resolve_ranks_per_node(0);
+  topt.ranks_per_node = ranks_per_node > 0 ? ranks_per_node : parallel::resolve_ranks_per_node(0);
   if (topt.ranks_per_node == 0) topt.ranks_per_node = world_size;
-  topt.gen_ranks_per_node = disaggregated ? 1 : 0;
+  topt.gen_ranks_per_node = gen_per_node;
+  topt.tensor_parallel = tp;
   parallel::Topology topo(MPI_COMM_WORLD, topt);
+  const auto tp_comm = tp > 1 ? parallel::make_comm(topo.engine_comm(), "engine_comm") : nullptr;
   auto train_comm = parallel::make_comm(topo.train_comm(), "train_comm");
   const int n_train = int(topo.placement().train_ranks.size());
   const auto cfg = small_config(true);
@@ -61,33 +69,82 @@ void check_sync(bool disaggregated, bool zero3) {
     parallel::WeightSync sync(topo, train_comm.get(), layout, bucket);
     std::vector<std::vector<float>> engine;
     std::vector<float*> ptrs;
-    if (topo.generates())
-      for (int u = 0; u < layout.num_units(); ++u) {
-        engine.emplace_back(size_t(layout.unit(u).numel_padded),
-                            std::numeric_limits<float>::quiet_NaN());
-        ptrs.push_back(engine.back().data());
+    std::unique_ptr<rollout::Engine> tp_engine;  // tp > 1: a real tensor-parallel engine
+    if (topo.generates()) {
+      if (tp > 1) {
+        rollout::EngineOptions eo;
+        eo.kv_cache_bytes = 1 << 20;
+        eo.tp_comm = tp_comm.get();
+        tp_engine = std::make_unique<rollout::Engine>(layout, eo);
+        REQUIRE(tp_engine->tp_size() == tp);
+        ptrs = tp_engine->unit_buffers();
+        for (float* p : ptrs) p[0] = std::numeric_limits<float>::quiet_NaN();
+      } else {
+        for (int u = 0; u < layout.num_units(); ++u) {
+          engine.emplace_back(size_t(layout.unit(u).numel_padded),
+                              std::numeric_limits<float>::quiet_NaN());
+          ptrs.push_back(engine.back().data());
+        }
       }
+    }
     const auto st = sync.sync(store.get(), ptrs);
-    const std::string name = fmt::format("{} {} bucket {} B ({} buckets)", st.mode,
+    const std::string name = fmt::format("{} tp {} {} bucket {} B ({} buckets)", st.mode, tp,
                                          zero3 ? "zero3" : "replicated", bucket, st.buckets);
     CHECK_MESSAGE(st.mode == (disaggregated ? "disaggregated" : "colocated"), name);
     CHECK_MESSAGE(st.bytes > 0, name);
     if (topo.generates())
+      for (int u = 0; u < layout.num_units(); ++u) {
+        const std::vector<float> got(ptrs[size_t(u)],
+                                     ptrs[size_t(u)] + layout.unit(u).numel_padded);
+        CHECK_MESSAGE(got == truth[size_t(u)], name << " unit " << u);
+      }
+    if (tp_engine) {
+      // The engine slices what sync wrote: its greedy tokens equal a TP 1 engine's on the truth.
+      rollout::EngineOptions eo;
+      eo.kv_cache_bytes = 1 << 20;
+      rollout::Engine one(layout, eo);
       for (int u = 0; u < layout.num_units(); ++u)
-        CHECK_MESSAGE(engine[size_t(u)] == truth[size_t(u)], name << " unit " << u);
+        std::copy(truth[size_t(u)].begin(), truth[size_t(u)].end(), one.unit_buffer(u));
+      std::vector<rollout::GenerationRequest> reqs(3);
+      for (size_t i = 0; i < reqs.size(); ++i) {
+        reqs[i].id = i;
+        reqs[i].prompt = test::random_tokens(int64_t(2 + 3 * i), cfg.vocab_size, 40 + i);
+        reqs[i].max_new_tokens = 10;
+        reqs[i].sampling.greedy = true;
+        reqs[i].sampling.seed = 1;
+      }
+      const auto a = one.generate(reqs);
+      const auto b = tp_engine->generate(reqs);
+      REQUIRE(a.size() == b.size());
+      for (size_t i = 0; i < a.size(); ++i) CHECK_MESSAGE(a[i].tokens == b[i].tokens, name);
+    }
   }
 }
 
 }  // namespace
 
 TEST_CASE("weight sync: colocated, ZeRO-3 and replicated") {
-  check_sync(false, true);
-  check_sync(false, false);
+  check_sync(0, true);
+  check_sync(0, false);
 }
 
 TEST_CASE("weight sync: disaggregated (one generation rank per node)") {
-  check_sync(true, true);
-  check_sync(true, false);
+  check_sync(1, true);
+  check_sync(1, false);
+}
+
+TEST_CASE("weight sync: tensor-parallel engines (TP 2)") {
+  int world_size = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &world_size);
+  if (world_size % 2 != 0) return;
+  // Colocated: engines of 2 ranks cut from every simulated node of 2 ranks.
+  check_sync(0, true, 2, 2);
+  check_sync(0, false, 2, 2);
+  // Disaggregated: a node of 4 ranks, 2 train and 2 form one engine.
+  if (world_size == 4) {
+    check_sync(2, true, 2, 4);
+    check_sync(2, false, 2, 4);
+  }
 }
 
 TEST_CASE("weight sync: bucket plan") {
