@@ -216,10 +216,6 @@ void trim_metrics(const std::string& dir, int64_t last_step) {
 }  // namespace
 
 int run_rl(const PpoArgs& args, const char* cmd) {
-  RLHF_CHECK(args.gen.vllm_tensor_parallel_size == 1,
-             "--vllm_tensor_parallel_size {}: tensor-parallel engines are not supported by `rlhf "
-             "{}` yet\nhint: use --vllm_tensor_parallel_size 1",
-             args.gen.vllm_tensor_parallel_size, cmd);
   TrainRuntime rt = setup_train_runtime(args.parallel, args.gen.vllm_tensor_parallel_size, true);
   const parallel::Topology& topo = *rt.topology;
   const parallel::Placement& pl = topo.placement();
@@ -284,9 +280,15 @@ int run_rl(const PpoArgs& args, const char* cmd) {
                                                                args.zero.gradient_checkpointing);
     }
   }
+  // Tensor-parallel engines: the engine's group (collective over engine_comm; TP 1: none).
+  const std::unique_ptr<parallel::Comm> tp_comm =
+      args.gen.vllm_tensor_parallel_size > 1
+          ? parallel::make_comm(topo.engine_comm(), "engine_comm")
+          : nullptr;
   std::unique_ptr<rollout::Engine> engine;
   if (generates) {
     rollout::EngineOptions eopt;
+    eopt.tp_comm = tp_comm.get();
     eopt.kv_cache_bytes = args.gen.gen_kv_cache_mb * (int64_t(1) << 20);
     eopt.max_batch = args.gen.gen_max_num_seqs;
     eopt.eos_token_id = tokenizer->eos_id();
@@ -419,7 +421,8 @@ int run_rl(const PpoArgs& args, const char* cmd) {
     const auto t_step = Clock::now();
     parallel::maybe_inject_failure("rl_step", world_rank);
     const int64_t episode = step / steps_per_episode;
-    // 1. Generation: engine e samples prompts [e·RB/E, (e+1)·RB/E) of this step.
+    // 1. Generation: engine e samples prompts [e·RB/E, (e+1)·RB/E) of this step (all ranks of a
+    //    tensor-parallel engine together; its rank 0 alone contributes the samples).
     auto t = Clock::now();
     std::vector<rollout::Sample> local;
     if (engine) {
@@ -443,7 +446,9 @@ int run_rl(const PpoArgs& args, const char* cmd) {
         reqs.push_back(std::move(r));
       }
       const auto results = engine->generate(reqs);
+      const bool contributes = engine->tp_rank() == 0;  // TP: the other ranks hold the same
       for (const auto& res : results) {
+        if (!contributes) break;
         rollout::Sample s;
         s.prompt_pos = lo + res.request_index;
         s.sample_index = res.sample_index;
