@@ -65,10 +65,7 @@ int run_bench(const BenchArgs& args) {
     o.zero_stage = args.zero.zero_stage;
     o.adam_offload = args.zero.adam_offload;
     o.seed = static_cast<uint64_t>(args.common.seed);
-    const parallel::CommKind kind = args.parallel.comm_backend == "mpi" ? parallel::CommKind::kMpi
-                                    : args.parallel.comm_backend == "shm"
-                                        ? parallel::CommKind::kShm
-                                        : parallel::CommKind::kAuto;
+    const parallel::CommKind kind = parallel::comm_kind_from_name(args.parallel.comm_backend);
     auto comm = parallel::make_comm(MPI_COMM_WORLD, "train_comm", kind);
     LOG0_INFO("bench train: {} rank(s) x {} threads", comm->size(), threads);
     bench::run_bench_train(o, *comm, [&](const nlohmann::json& row) {
@@ -93,9 +90,7 @@ int run_bench(const BenchArgs& args) {
   if (wants("sync")) {
     bench::BenchSyncOptions o;
     o.seed = static_cast<uint64_t>(args.common.seed);
-    o.comm_kind = args.parallel.comm_backend == "mpi"   ? parallel::CommKind::kMpi
-                  : args.parallel.comm_backend == "shm" ? parallel::CommKind::kShm
-                                                        : parallel::CommKind::kAuto;
+    o.comm_kind = parallel::comm_kind_from_name(args.parallel.comm_backend);
     bench::run_bench_sync(o, [&](const nlohmann::json& row) {
       emit(row);
       LOG0_INFO("bench sync: {}", bench::bench_sync_row_text(row));

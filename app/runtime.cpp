@@ -199,9 +199,7 @@ TrainRuntime setup_train_runtime(const ParallelArgs& args, int tensor_parallel,
              "hint: use --gen_ranks_per_node 0",
              args.gen_ranks_per_node);
   rt.topology = setup_topology(args, tensor_parallel, &rt.threads);
-  const parallel::CommKind kind = args.comm_backend == "mpi"   ? parallel::CommKind::kMpi
-                                  : args.comm_backend == "shm" ? parallel::CommKind::kShm
-                                                               : parallel::CommKind::kAuto;
+  const parallel::CommKind kind = parallel::comm_kind_from_name(args.comm_backend);
   // make_comm is collective over train_comm's members only; ranks outside get nullptr.
   rt.train_comm = parallel::make_comm(rt.topology->train_comm(), "train_comm", kind);
   return rt;

@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "model/layer_params.h"
 #include "model/ops/attention.h"
 #include "model/ops/embedding.h"
 #include "model/ops/linear.h"
@@ -21,32 +22,6 @@ template <typename T>
 void grow(std::vector<T>& v, int64_t n) {
   if (static_cast<int64_t>(v.size()) < n) v.resize(static_cast<size_t>(n));
 }
-
-// Pointers to the tensors of one decoder layer inside its unit buffer (params or grads).
-template <typename P>
-struct LayerParams {
-  P *wq, *bq, *wk, *bk, *wv, *bv, *wo, *bo, *wg, *wu, *wd, *w_in, *w_post;
-  LayerParams(const UnitLayout& u, P* base) {
-    auto at = [&](const char* s) { return base + u.at(s).offset; };
-    auto opt = [&](const char* s) -> P* {
-      const TensorInfo* t = u.find(s);
-      return t ? base + t->offset : nullptr;
-    };
-    wq = at("self_attn.q_proj.weight");
-    bq = opt("self_attn.q_proj.bias");
-    wk = at("self_attn.k_proj.weight");
-    bk = opt("self_attn.k_proj.bias");
-    wv = at("self_attn.v_proj.weight");
-    bv = opt("self_attn.v_proj.bias");
-    wo = at("self_attn.o_proj.weight");
-    bo = opt("self_attn.o_proj.bias");
-    wg = at("mlp.gate_proj.weight");
-    wu = at("mlp.up_proj.weight");
-    wd = at("mlp.down_proj.weight");
-    w_in = at("input_layernorm.weight");
-    w_post = at("post_attention_layernorm.weight");
-  }
-};
 
 }  // namespace
 

@@ -459,6 +459,13 @@ bool is_node_local(MPI_Comm comm) {
   return shm_size == size;
 }
 
+CommKind comm_kind_from_name(const std::string& name) {
+  if (name == "auto") return CommKind::kAuto;
+  if (name == "mpi") return CommKind::kMpi;
+  if (name == "shm") return CommKind::kShm;
+  RLHF_FAIL("unknown communicator kind '{}' (auto, mpi or shm)", name);
+}
+
 std::unique_ptr<Comm> make_comm(MPI_Comm comm, const std::string& name, CommKind kind,
                                 const ShmCommOptions& opts, double nccl_timeout_s) {
   if (comm == MPI_COMM_NULL) return nullptr;
@@ -478,10 +485,10 @@ std::unique_ptr<Comm> make_comm(MPI_Comm comm, const std::string& name, CommKind
   }
   if (kind == CommKind::kAuto) {
     if (const char* env = std::getenv("RLHF_COMM_KIND"); env != nullptr && *env != '\0') {
-      std::string v = env;
+      const std::string v = env;
       RLHF_CHECK(v == "mpi" || v == "shm" || v == "auto",
                  "environment variable RLHF_COMM_KIND='{}' must be mpi, shm or auto", v);
-      kind = v == "mpi" ? CommKind::kMpi : v == "shm" ? CommKind::kShm : CommKind::kAuto;
+      kind = comm_kind_from_name(v);
     }
   }
   if (kind == CommKind::kAuto) kind = is_node_local(comm) ? CommKind::kShm : CommKind::kMpi;

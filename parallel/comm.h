@@ -78,6 +78,9 @@ const char* coll_op_name(CollOp op);
 enum class CommKind { kAuto, kMpi, kShm, kNccl };
 /// "auto", "mpi", "shm", "nccl".
 const char* comm_kind_name(CommKind kind);
+/// The kind named "auto", "mpi" or "shm" (the --comm_backend / RLHF_COMM_KIND values; NCCL is
+/// never chosen by name here). Throws rlhf::Error for any other name.
+CommKind comm_kind_from_name(const std::string& name);
 
 /// Accounting of one communicator (or one of its collectives).
 ///  - calls: collectives posted (blocking or not; barriers count, with 0 bytes);

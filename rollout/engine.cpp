@@ -8,6 +8,7 @@
 #include <exception>
 
 #include "core/error.h"
+#include "model/layer_params.h"
 #include "model/ops/attention.h"
 #include "model/ops/attention_decode.h"
 #include "model/ops/embedding.h"
@@ -39,30 +40,7 @@ void grow(std::vector<T>& v, int64_t n) {
 constexpr int64_t kMaxPrefillAttFloats = int64_t(1) << 24;  // 64 MiB
 
 // Pointers to the tensors of one decoder layer inside its unit buffer.
-struct LayerW {
-  const float *wq, *bq, *wk, *bk, *wv, *bv, *wo, *bo, *wg, *wu, *wd, *w_in, *w_post;
-  LayerW() = default;
-  LayerW(const model::UnitLayout& u, const float* base) {
-    auto at = [&](const char* s) { return base + u.at(s).offset; };
-    auto opt = [&](const char* s) -> const float* {
-      const model::TensorInfo* t = u.find(s);
-      return t ? base + t->offset : nullptr;
-    };
-    wq = at("self_attn.q_proj.weight");
-    bq = opt("self_attn.q_proj.bias");
-    wk = at("self_attn.k_proj.weight");
-    bk = opt("self_attn.k_proj.bias");
-    wv = at("self_attn.v_proj.weight");
-    bv = opt("self_attn.v_proj.bias");
-    wo = at("self_attn.o_proj.weight");
-    bo = opt("self_attn.o_proj.bias");
-    wg = at("mlp.gate_proj.weight");
-    wu = at("mlp.up_proj.weight");
-    wd = at("mlp.down_proj.weight");
-    w_in = at("input_layernorm.weight");
-    w_post = at("post_attention_layernorm.weight");
-  }
-};
+using LayerW = model::LayerParams<const float>;
 
 // Rows [r0, r0 + n) of a row-major (rows, cols) matrix.
 std::vector<float> copy_rows(const float* m, int64_t cols, int64_t r0, int64_t n) {

@@ -61,8 +61,8 @@ struct PpoStats {
   double approx_kl = 0;        ///< k3(lp, lp_old): how far the updates moved the policy
   double actor_grad_norm = 0;  ///< mean over the optimizer steps (before clipping)
   double critic_grad_norm = 0;
-  double kl = 0;       ///< mean KL(π_old ‖ π_ref) estimate over the rollout
-  double kl_coef = 0;  ///< β used this step
+  double kl = 0;                       ///< mean KL(π_old ‖ π_ref) estimate over the rollout
+  double kl_coef = 0;                  ///< β used this step
   double actor_lr = 0, critic_lr = 0;  ///< learning rates of the last optimizer step
   int64_t optimizer_steps = 0;
   double comm_seconds = 0;  ///< time inside train_comm collectives during training

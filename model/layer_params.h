@@ -1,0 +1,39 @@
+// Pointers to the tensors of one decoder layer inside its flat unit buffer, by Hugging Face name.
+// Shared by the trainer (model/transformer.cpp: params and grads) and the generation engine.
+#pragma once
+
+#include "model/layout.h"
+
+namespace rlhf::model {
+
+/// The 13 tensors of a decoder layer inside a unit buffer `base` laid out as `u` (params or
+/// grads; P = float, const float, double, ...). The q/k/v/o biases are nullptr when the model has
+/// none (attention_bias = false; o_proj never has one in Llama/Qwen2). Throws rlhf::Error (from
+/// UnitLayout::at) when a required tensor is missing from `u`.
+template <typename P>
+struct LayerParams {
+  P *wq, *bq, *wk, *bk, *wv, *bv, *wo, *bo, *wg, *wu, *wd, *w_in, *w_post;
+  LayerParams() = default;
+  LayerParams(const UnitLayout& u, P* base) {
+    auto at = [&](const char* s) { return base + u.at(s).offset; };
+    auto opt = [&](const char* s) -> P* {
+      const TensorInfo* t = u.find(s);
+      return t ? base + t->offset : nullptr;
+    };
+    wq = at("self_attn.q_proj.weight");
+    bq = opt("self_attn.q_proj.bias");
+    wk = at("self_attn.k_proj.weight");
+    bk = opt("self_attn.k_proj.bias");
+    wv = at("self_attn.v_proj.weight");
+    bv = opt("self_attn.v_proj.bias");
+    wo = at("self_attn.o_proj.weight");
+    bo = opt("self_attn.o_proj.bias");
+    wg = at("mlp.gate_proj.weight");
+    wu = at("mlp.up_proj.weight");
+    wd = at("mlp.down_proj.weight");
+    w_in = at("input_layernorm.weight");
+    w_post = at("post_attention_layernorm.weight");
+  }
+};
+
+}  // namespace rlhf::model
