@@ -1,0 +1,442 @@
+// The emulator's execution engine: the threads of a block as fibers, barriers, warp exchanges,
+// and the grid loop (see emu.h for the model).
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "tests/cuda_emu/emu.h"
+#include "tests/cuda_emu/runtime.h"
+
+#if !defined(__x86_64__)
+#include <ucontext.h>
+#endif
+
+namespace rlhf::emu {
+namespace {
+
+struct Fiber;
+struct BlockRun;
+
+}  // namespace
+}  // namespace rlhf::emu
+
+// --- context switch --------------------------------------------------------------------------
+#if defined(__x86_64__)
+// rlhf_emu_switch(void** save_sp, void* load_sp): pushes the callee-saved registers and the
+// MXCSR / x87 control words on the current stack, stores the stack pointer to *save_sp, switches
+// to load_sp and pops the same frame from there. A new fiber's stack is prepared with such a frame
+// whose return address is rlhf_emu_trampoline, which calls rlhf_emu_fiber_main(r12).
+extern "C" void rlhf_emu_switch(void** save_sp, void* load_sp);
+extern "C" void rlhf_emu_trampoline();
+asm(R"(
+  .text
+  .globl rlhf_emu_switch
+  .type rlhf_emu_switch, @function
+rlhf_emu_switch:
+  pushq %rbp
+  pushq %rbx
+  pushq %r12
+  pushq %r13
+  pushq %r14
+  pushq %r15
+  subq $8, %rsp
+  stmxcsr (%rsp)
+  fnstcw 4(%rsp)
+  movq %rsp, (%rdi)
+  movq %rsi, %rsp
+  ldmxcsr (%rsp)
+  fldcw 4(%rsp)
+  addq $8, %rsp
+  popq %r15
+  popq %r14
+  popq %r13
+  popq %r12
+  popq %rbx
+  popq %rbp
+  ret
+  .size rlhf_emu_switch, .-rlhf_emu_switch
+
+  .globl rlhf_emu_trampoline
+  .type rlhf_emu_trampoline, @function
+rlhf_emu_trampoline:
+  movq %r12, %rdi
+  call rlhf_emu_fiber_main@PLT
+  ud2
+  .size rlhf_emu_trampoline, .-rlhf_emu_trampoline
+  .section .note.GNU-stack,"",@progbits
+  .text
+)");
+#endif
+
+namespace rlhf::emu {
+namespace {
+
+constexpr size_t kStackBytes = size_t{128} << 10;  // per emulated thread (locals of one kernel)
+constexpr int kWarpLanes = 32;
+
+enum class Wait { kNone, kBlock, kWarp };
+enum class WarpOp { kNone, kShuffle, kBallot, kSync };
+
+struct Fiber {
+  void* sp = nullptr;  // saved stack pointer while suspended
+#if !defined(__x86_64__)
+  ucontext_t uc;
+#endif
+  ThreadIndex index;
+  int linear = 0, warp = 0, lane = 0;
+  Wait wait = Wait::kNone;
+  uint64_t wait_gen = 0;
+  unsigned warp_ops = 0;  // warp exchanges done (selects the double-buffered slot)
+  bool done = false;
+  char* stack = nullptr;
+};
+
+struct WarpState {
+  int lanes = 0;  // threads of the block in this warp
+  int live = 0;   // not yet exited
+  int arrived = 0;
+  uint64_t gen = 0;
+  WarpOp op = WarpOp::kNone;  // the operation the arrived lanes are doing
+  uint64_t slots[2][kWarpLanes] = {};
+};
+
+struct BlockRun {
+  const LaunchConfig* cfg = nullptr;
+  void (*body)(void*) = nullptr;
+  void* arg = nullptr;
+  std::vector<Fiber> fibers;
+  std::vector<WarpState> warps;
+  int live = 0, arrived = 0;
+  uint64_t gen = 0;
+  Fiber* current = nullptr;
+  void* scheduler_sp = nullptr;
+#if !defined(__x86_64__)
+  ucontext_t scheduler_uc;
+#endif
+  std::string error;  // set by a fiber; the scheduler throws it
+};
+
+// Per OS thread: the block being run, a pool of fiber stacks, the dynamic shared memory.
+thread_local BlockRun* tl_block = nullptr;
+thread_local std::vector<char*> tl_stacks;
+thread_local std::vector<unsigned char> tl_smem;
+
+char* stack_for(size_t i) {
+  while (tl_stacks.size() <= i) {
+    // A guard page below each stack turns an overflow into a fault instead of corruption.
+    const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+    void* p = mmap(nullptr, kStackBytes + page, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED) throw std::runtime_error("CUDA emulator: cannot map a fiber stack");
+    mprotect(p, page, PROT_NONE);
+    tl_stacks.push_back(static_cast<char*>(p) + page);
+  }
+  return tl_stacks[i];
+}
+
+[[noreturn]] void fiber_exit(Fiber& f);
+
+void switch_to_scheduler(Fiber& f) {
+  BlockRun& b = *tl_block;
+#if defined(__x86_64__)
+  rlhf_emu_switch(&f.sp, b.scheduler_sp);
+#else
+  swapcontext(&f.uc, &b.scheduler_uc);
+#endif
+}
+
+// Records a misuse found inside a fiber and parks the fiber for good: the scheduler sees the error
+// after the switch and abandons the block.
+[[noreturn]] void fiber_fail(const std::string& what) {
+  BlockRun& b = *tl_block;
+  Fiber& f = *b.current;
+  if (b.error.empty())
+    b.error = "thread (" + std::to_string(f.index.thread_idx.x) + "," +
+              std::to_string(f.index.thread_idx.y) + "," + std::to_string(f.index.thread_idx.z) +
+              "): " + what;
+  f.done = true;
+  switch_to_scheduler(f);
+  std::abort();  // never resumed
+}
+
+}  // namespace
+}  // namespace rlhf::emu
+
+// The first frame of every fiber: runs the kernel body for this thread, then retires it.
+extern "C" [[noreturn]] void rlhf_emu_fiber_main(rlhf::emu::Fiber* f) {
+  using namespace rlhf::emu;
+  BlockRun& b = *tl_block;
+  try {
+    b.body(b.arg);
+  } catch (const std::exception& e) {
+    fiber_fail(std::string("exception in device code: ") + e.what());
+  } catch (...) {
+    fiber_fail("exception in device code");
+  }
+  fiber_exit(*f);
+}
+
+namespace rlhf::emu {
+namespace {
+
+#if !defined(__x86_64__)
+void ucontext_entry(unsigned lo, unsigned hi) {
+  const uintptr_t p = (static_cast<uintptr_t>(hi) << 32) | lo;
+  rlhf_emu_fiber_main(reinterpret_cast<Fiber*>(p));
+}
+#endif
+
+[[noreturn]] void fiber_exit(Fiber& f) {
+  BlockRun& b = *tl_block;
+  WarpState& w = b.warps[static_cast<size_t>(f.warp)];
+  // __syncthreads must be reached by every thread of the block (CUDA C++ Programming Guide); a
+  // GPU may let exited threads out of the count, or hang. Either way it is a bug here.
+  if (b.arrived > 0)
+    fiber_fail(
+        "exited while other threads of the block wait at __syncthreads (a barrier in "
+        "divergent code)");
+  f.done = true;
+  --b.live;
+  --w.live;
+  // A warp exchange that is waiting for this lane can never complete: the scheduler reports it.
+  switch_to_scheduler(f);
+  std::abort();  // never resumed
+}
+
+// The mask of every lane of f's warp (warps at the end of a block may be partial).
+unsigned warp_mask(const BlockRun& b, const Fiber& f) {
+  const int lanes = b.warps[static_cast<size_t>(f.warp)].lanes;
+  return lanes == kWarpLanes ? 0xffffffffu : ((1u << lanes) - 1u);
+}
+
+// Arrives at f's warp barrier for operation op and waits until every lane has arrived.
+void warp_barrier(Fiber& f, WarpOp op, unsigned mask) {
+  BlockRun& b = *tl_block;
+  WarpState& w = b.warps[static_cast<size_t>(f.warp)];
+  if (mask != warp_mask(b, f))
+    fiber_fail("warp operation with mask " + std::to_string(mask) +
+               ": the emulator supports only full-warp masks");
+  if (w.live != w.lanes) fiber_fail("warp operation after a lane of the warp has exited");
+  if (w.arrived > 0 && w.op != op)
+    fiber_fail("lanes of one warp are in different warp operations (divergent shuffle/vote)");
+  w.op = op;
+  if (++w.arrived == w.live) {  // the last lane opens the barrier
+    w.arrived = 0;
+    w.op = WarpOp::kNone;
+    ++w.gen;
+    return;
+  }
+  f.wait = Wait::kWarp;
+  f.wait_gen = w.gen;
+  switch_to_scheduler(f);
+}
+
+Fiber& current_fiber(const char* what) {
+  if (tl_block == nullptr || tl_block->current == nullptr)
+    throw std::runtime_error(std::string("CUDA emulator: ") + what + " called outside a kernel");
+  return *tl_block->current;
+}
+
+std::string block_name(const LaunchConfig& cfg, const uint3& bi) {
+  return std::string("kernel ") + cfg.name + " block (" + std::to_string(bi.x) + "," +
+         std::to_string(bi.y) + "," + std::to_string(bi.z) + ")";
+}
+
+// Runs one block to completion (or failure).
+void run_block(BlockRun& b, const uint3& block_idx) {
+  const dim3 bd = b.cfg->block;
+  const int n = static_cast<int>(bd.x * bd.y * bd.z);
+  const int nwarps = (n + kWarpLanes - 1) / kWarpLanes;
+  b.fibers.assign(static_cast<size_t>(n), Fiber{});
+  b.warps.assign(static_cast<size_t>(nwarps), WarpState{});
+  b.live = n;
+  b.arrived = 0;
+  b.gen = 0;
+  b.error.clear();
+  if (!tl_smem.empty()) std::memset(tl_smem.data(), 0xFF, tl_smem.size());
+  for (int i = 0; i < n; ++i) {
+    Fiber& f = b.fibers[static_cast<size_t>(i)];
+    f.linear = i;
+    f.warp = i / kWarpLanes;
+    f.lane = i % kWarpLanes;
+    f.index.thread_idx =
+        make_uint3(static_cast<unsigned>(i) % bd.x, (static_cast<unsigned>(i) / bd.x) % bd.y,
+                   static_cast<unsigned>(i) / (bd.x * bd.y));
+    f.index.block_idx = block_idx;
+    f.index.block_dim = bd;
+    f.index.grid_dim = b.cfg->grid;
+    f.stack = stack_for(static_cast<size_t>(i));
+    ++b.warps[static_cast<size_t>(f.warp)].lanes;
+#if defined(__x86_64__)
+    // Initial frame (see rlhf_emu_switch): control words, r15..r12, rbx, rbp, return address.
+    auto* top = reinterpret_cast<uint64_t*>(f.stack + kStackBytes);
+    uint64_t* sp = top - 8;
+    uint32_t csr[2];
+    asm volatile("stmxcsr %0" : "=m"(csr[0]));
+    asm volatile("fnstcw %0" : "=m"(csr[1]));
+    std::memcpy(&sp[0], csr, 8);
+    sp[1] = 0;                                                 // r15
+    sp[2] = 0;                                                 // r14
+    sp[3] = 0;                                                 // r13
+    sp[4] = reinterpret_cast<uint64_t>(&f);                    // r12: the fiber
+    sp[5] = 0;                                                 // rbx
+    sp[6] = 0;                                                 // rbp
+    sp[7] = reinterpret_cast<uint64_t>(&rlhf_emu_trampoline);  // return address
+    f.sp = sp;
+#else
+    getcontext(&f.uc);
+    f.uc.uc_stack.ss_sp = f.stack;
+    f.uc.uc_stack.ss_size = kStackBytes;
+    f.uc.uc_link = nullptr;
+    const auto p = reinterpret_cast<uintptr_t>(&f);
+    makecontext(&f.uc, reinterpret_cast<void (*)()>(&ucontext_entry), 2,
+                static_cast<unsigned>(p & 0xffffffffu), static_cast<unsigned>(p >> 32));
+#endif
+  }
+  for (WarpState& w : b.warps) w.live = w.lanes;
+
+  const bool reverse = schedule_reversed();
+  for (;;) {
+    bool progressed = false, left = false;
+    for (int k = 0; k < n; ++k) {
+      Fiber& f = b.fibers[static_cast<size_t>(reverse ? n - 1 - k : k)];
+      if (f.done) continue;
+      left = true;
+      if (f.wait == Wait::kBlock && f.wait_gen == b.gen) continue;
+      if (f.wait == Wait::kWarp && f.wait_gen == b.warps[static_cast<size_t>(f.warp)].gen) continue;
+      f.wait = Wait::kNone;
+      b.current = &f;
+      tl_index = &f.index;
+#if defined(__x86_64__)
+      rlhf_emu_switch(&b.scheduler_sp, f.sp);
+#else
+      swapcontext(&b.scheduler_uc, &f.uc);
+#endif
+      b.current = nullptr;
+      tl_index = nullptr;
+      progressed = true;
+      if (!b.error.empty())
+        throw std::runtime_error("CUDA emulator: " + block_name(*b.cfg, block_idx) + ", " +
+                                 b.error);
+    }
+    if (!left) return;
+    if (!progressed) {
+      int at_block = 0, at_warp = 0;
+      for (const Fiber& f : b.fibers) {
+        if (f.done) continue;
+        (f.wait == Wait::kBlock ? at_block : at_warp)++;
+      }
+      throw std::runtime_error(
+          "CUDA emulator: " + block_name(*b.cfg, block_idx) +
+          ": deadlock: " + std::to_string(at_block) + " threads wait at __syncthreads and " +
+          std::to_string(at_warp) +
+          " at a warp operation that can never complete (a barrier inside divergent code, or a "
+          "warp operation after a lane exited)");
+    }
+  }
+}
+
+}  // namespace
+
+// --- device-side entry points ----------------------------------------------------------------
+
+void syncthreads() {
+  Fiber& f = current_fiber("__syncthreads");
+  BlockRun& b = *tl_block;
+  if (b.live != static_cast<int>(b.fibers.size()))
+    fiber_fail(
+        "__syncthreads after other threads of the block have exited (a barrier in "
+        "divergent code)");
+  if (++b.arrived == b.live) {  // the last thread opens the barrier
+    b.arrived = 0;
+    ++b.gen;
+    return;
+  }
+  f.wait = Wait::kBlock;
+  f.wait_gen = b.gen;
+  switch_to_scheduler(f);
+}
+
+void syncwarp(unsigned mask) {
+  Fiber& f = current_fiber("__syncwarp");
+  warp_barrier(f, WarpOp::kSync, mask);
+}
+
+uint64_t shuffle_raw(unsigned mask, uint64_t value, ShuffleKind kind, int arg, int width) {
+  Fiber& f = current_fiber("__shfl_sync");
+  BlockRun& b = *tl_block;
+  if (width <= 0 || width > kWarpLanes || (width & (width - 1)) != 0)
+    fiber_fail("shuffle width " + std::to_string(width) + " is not a power of two <= 32");
+  WarpState& w = b.warps[static_cast<size_t>(f.warp)];
+  const int slot = static_cast<int>(f.warp_ops++ & 1u);
+  w.slots[slot][f.lane] = value;
+  warp_barrier(f, WarpOp::kShuffle, mask);
+  // PTX shfl.sync semantics within segments of `width` lanes: an out-of-segment source returns
+  // the lane's own value (down/up), an index wraps modulo width.
+  const int seg = f.lane & ~(width - 1), pos = f.lane - seg;
+  int src = f.lane;
+  switch (kind) {
+    case ShuffleKind::kIndex:
+      src = seg + (arg & (width - 1));
+      break;
+    case ShuffleKind::kXor:
+      src = seg + ((pos ^ arg) & (width - 1));
+      break;
+    case ShuffleKind::kDown:
+      src = pos + arg < width ? f.lane + arg : f.lane;
+      break;
+    case ShuffleKind::kUp:
+      src = pos - arg >= 0 ? f.lane - arg : f.lane;
+      break;
+  }
+  if (src >= w.lanes) src = f.lane;  // a lane that does not exist in a partial warp
+  return w.slots[slot][src];
+}
+
+unsigned ballot(unsigned mask, bool pred) {
+  Fiber& f = current_fiber("__ballot_sync");
+  BlockRun& b = *tl_block;
+  WarpState& w = b.warps[static_cast<size_t>(f.warp)];
+  const int slot = static_cast<int>(f.warp_ops++ & 1u);
+  w.slots[slot][f.lane] = pred ? 1 : 0;
+  warp_barrier(f, WarpOp::kBallot, mask);
+  unsigned bits = 0;
+  for (int i = 0; i < w.lanes; ++i)
+    if (w.slots[slot][i] != 0) bits |= 1u << i;
+  return bits;
+}
+
+void* dynamic_shared() {
+  current_fiber("dynamic shared memory");
+  return tl_smem.data();
+}
+
+void run_grid(const LaunchConfig& cfg, void (*body)(void*), void* arg) {
+  if (tl_block != nullptr)
+    throw std::runtime_error(std::string("CUDA emulator: kernel ") + cfg.name +
+                             " launched from device code");
+  // Poisoned per block (run_block); 16-byte aligned (malloc), never empty.
+  tl_smem.assign(cfg.smem + 256, 0xFF);
+  BlockRun b;
+  b.cfg = &cfg;
+  b.body = body;
+  b.arg = arg;
+  tl_block = &b;
+  struct Reset {
+    ~Reset() {
+      tl_block = nullptr;
+      tl_index = nullptr;
+    }
+  } reset;
+  for (unsigned z = 0; z < cfg.grid.z; ++z)
+    for (unsigned y = 0; y < cfg.grid.y; ++y)
+      for (unsigned x = 0; x < cfg.grid.x; ++x) run_block(b, make_uint3(x, y, z));
+  count_launch();
+}
+
+}  // namespace rlhf::emu
