@@ -269,18 +269,36 @@ using rlhf::emu::state;
 
 // --- device management -----------------------------------------------------------------------
 
+namespace rlhf::emu {
+namespace {
+// RLHF_CUDA_EMU_DEVICES devices (default 1) that share one memory: enough for tests that give
+// every rank of a node its own device.
+int device_count() {
+  static const int n = [] {
+    const char* v = std::getenv("RLHF_CUDA_EMU_DEVICES");
+    const int k = v != nullptr ? std::atoi(v) : 1;
+    return k >= 1 ? k : 1;
+  }();
+  return n;
+}
+thread_local int tl_device = 0;
+}  // namespace
+}  // namespace rlhf::emu
+
 cudaError_t cudaGetDeviceCount(int* count) {
   if (count == nullptr) return err(cudaErrorInvalidValue);
-  *count = 1;
+  *count = rlhf::emu::device_count();
   return cudaSuccess;
 }
 cudaError_t cudaGetDevice(int* device) {
   if (device == nullptr) return err(cudaErrorInvalidValue);
-  *device = 0;
+  *device = rlhf::emu::tl_device;
   return cudaSuccess;
 }
 cudaError_t cudaSetDevice(int device) {
-  return device == 0 ? cudaSuccess : err(cudaErrorInvalidDevice);
+  if (device < 0 || device >= rlhf::emu::device_count()) return err(cudaErrorInvalidDevice);
+  rlhf::emu::tl_device = device;
+  return cudaSuccess;
 }
 cudaError_t cudaSetDeviceFlags(unsigned int) {
   return cudaSuccess;
@@ -300,7 +318,7 @@ cudaError_t cudaRuntimeGetVersion(int* v) {
 }
 cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp* prop, int device) {
   if (prop == nullptr) return err(cudaErrorInvalidValue);
-  if (device != 0) return err(cudaErrorInvalidDevice);
+  if (device < 0 || device >= rlhf::emu::device_count()) return err(cudaErrorInvalidDevice);
   std::memset(prop, 0, sizeof(*prop));
   std::strncpy(prop->name, "CUDA emulator (CPU)", sizeof(prop->name) - 1);
   prop->totalGlobalMem = state().device_capacity;
@@ -326,7 +344,7 @@ cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp* prop, int device) {
 }
 cudaError_t cudaDeviceGetAttribute(int* value, enum cudaDeviceAttr attr, int device) {
   if (value == nullptr) return err(cudaErrorInvalidValue);
-  if (device != 0) return err(cudaErrorInvalidDevice);
+  if (device < 0 || device >= rlhf::emu::device_count()) return err(cudaErrorInvalidDevice);
   switch (attr) {
     case cudaDevAttrMultiProcessorCount:
       *value = 132;

@@ -27,10 +27,11 @@ struct BlockRun;
 
 // --- context switch --------------------------------------------------------------------------
 #if defined(__x86_64__)
-// rlhf_emu_switch(void** save_sp, void* load_sp): pushes the callee-saved registers and the
-// MXCSR / x87 control words on the current stack, stores the stack pointer to *save_sp, switches
-// to load_sp and pops the same frame from there. A new fiber's stack is prepared with such a frame
-// whose return address is rlhf_emu_trampoline, which calls rlhf_emu_fiber_main(r12).
+// rlhf_emu_switch(void** save_sp, void* load_sp): pushes the callee-saved registers on the
+// current stack, stores the stack pointer to *save_sp, switches to load_sp and pops the same frame
+// from there. (The MXCSR and x87 control words are not switched: kernels do not change them.) A new
+// fiber's stack is prepared with such a frame whose return address is rlhf_emu_trampoline, which
+// calls rlhf_emu_fiber_main(r12).
 extern "C" void rlhf_emu_switch(void** save_sp, void* load_sp);
 extern "C" void rlhf_emu_trampoline();
 asm(R"(
@@ -44,14 +45,8 @@ rlhf_emu_switch:
   pushq %r13
   pushq %r14
   pushq %r15
-  subq $8, %rsp
-  stmxcsr (%rsp)
-  fnstcw 4(%rsp)
   movq %rsp, (%rdi)
   movq %rsi, %rsp
-  ldmxcsr (%rsp)
-  fldcw 4(%rsp)
-  addq $8, %rsp
   popq %r15
   popq %r14
   popq %r13
@@ -113,6 +108,7 @@ struct BlockRun {
   std::vector<WarpState> warps;
   int live = 0, arrived = 0;
   uint64_t gen = 0;
+  int step = 1;  // schedule order: +1 first-to-last, -1 last-to-first
   Fiber* current = nullptr;
   void* scheduler_sp = nullptr;
 #if !defined(__x86_64__)
@@ -141,8 +137,50 @@ char* stack_for(size_t i) {
 
 [[noreturn]] void fiber_exit(Fiber& f);
 
-void switch_to_scheduler(Fiber& f) {
+// True when f can be resumed now: not finished, and the barrier it waits at (if any) is open.
+bool runnable(const BlockRun& b, const Fiber& f) {
+  if (f.done) return false;
+  if (f.wait == Wait::kBlock) return f.wait_gen != b.gen;
+  if (f.wait == Wait::kWarp) return f.wait_gen != b.warps[static_cast<size_t>(f.warp)].gen;
+  return true;
+}
+
+// Switches from the running fiber `from` (nullptr: the scheduler) to `to`.
+void switch_fiber(Fiber* from, Fiber& to) {
   BlockRun& b = *tl_block;
+  to.wait = Wait::kNone;
+  b.current = &to;
+  tl_index = &to.index;
+#if defined(__x86_64__)
+  rlhf_emu_switch(from != nullptr ? &from->sp : &b.scheduler_sp, to.sp);
+#else
+  swapcontext(from != nullptr ? &from->uc : &b.scheduler_uc, &to.uc);
+#endif
+}
+
+// The running fiber f cannot go on (it waits at a barrier, has finished or failed): runs the next
+// runnable fiber of the block after f in schedule order (round-robin, wrapping), switching to it
+// directly; when none can run (the block is done, deadlocked or failed), returns to the scheduler.
+void yield_from(Fiber& f) {
+  BlockRun& b = *tl_block;
+  if (b.error.empty()) {
+    const int n = static_cast<int>(b.fibers.size());
+    int i = f.linear;
+    for (int k = 1; k < n; ++k) {
+      i += b.step;
+      if (i == n)
+        i = 0;
+      else if (i < 0)
+        i = n - 1;
+      Fiber& g = b.fibers[static_cast<size_t>(i)];
+      if (runnable(b, g)) {
+        switch_fiber(&f, g);
+        return;  // resumed
+      }
+    }
+  }
+  b.current = nullptr;
+  tl_index = nullptr;
 #if defined(__x86_64__)
   rlhf_emu_switch(&f.sp, b.scheduler_sp);
 #else
@@ -160,7 +198,7 @@ void switch_to_scheduler(Fiber& f) {
               std::to_string(f.index.thread_idx.y) + "," + std::to_string(f.index.thread_idx.z) +
               "): " + what;
   f.done = true;
-  switch_to_scheduler(f);
+  yield_from(f);
   std::abort();  // never resumed
 }
 
@@ -204,7 +242,7 @@ void ucontext_entry(unsigned lo, unsigned hi) {
   --b.live;
   --w.live;
   // A warp exchange that is waiting for this lane can never complete: the scheduler reports it.
-  switch_to_scheduler(f);
+  yield_from(f);
   std::abort();  // never resumed
 }
 
@@ -233,7 +271,7 @@ void warp_barrier(Fiber& f, WarpOp op, unsigned mask) {
   }
   f.wait = Wait::kWarp;
   f.wait_gen = w.gen;
-  switch_to_scheduler(f);
+  yield_from(f);
 }
 
 Fiber& current_fiber(const char* what) {
@@ -273,20 +311,17 @@ void run_block(BlockRun& b, const uint3& block_idx) {
     f.stack = stack_for(static_cast<size_t>(i));
     ++b.warps[static_cast<size_t>(f.warp)].lanes;
 #if defined(__x86_64__)
-    // Initial frame (see rlhf_emu_switch): control words, r15..r12, rbx, rbp, return address.
+    // Initial frame (see rlhf_emu_switch): r15..r12, rbx, rbp, return address. After the `ret`
+    // the stack pointer is the 16-byte aligned top, as the trampoline's call expects.
     auto* top = reinterpret_cast<uint64_t*>(f.stack + kStackBytes);
-    uint64_t* sp = top - 8;
-    uint32_t csr[2];
-    asm volatile("stmxcsr %0" : "=m"(csr[0]));
-    asm volatile("fnstcw %0" : "=m"(csr[1]));
-    std::memcpy(&sp[0], csr, 8);
-    sp[1] = 0;                                                 // r15
-    sp[2] = 0;                                                 // r14
-    sp[3] = 0;                                                 // r13
-    sp[4] = reinterpret_cast<uint64_t>(&f);                    // r12: the fiber
-    sp[5] = 0;                                                 // rbx
-    sp[6] = 0;                                                 // rbp
-    sp[7] = reinterpret_cast<uint64_t>(&rlhf_emu_trampoline);  // return address
+    uint64_t* sp = top - 7;
+    sp[0] = 0;                                                 // r15
+    sp[1] = 0;                                                 // r14
+    sp[2] = 0;                                                 // r13
+    sp[3] = reinterpret_cast<uint64_t>(&f);                    // r12: the fiber
+    sp[4] = 0;                                                 // rbx
+    sp[5] = 0;                                                 // rbp
+    sp[6] = reinterpret_cast<uint64_t>(&rlhf_emu_trampoline);  // return address
     f.sp = sp;
 #else
     getcontext(&f.uc);
@@ -300,45 +335,23 @@ void run_block(BlockRun& b, const uint3& block_idx) {
   }
   for (WarpState& w : b.warps) w.live = w.lanes;
 
-  const bool reverse = schedule_reversed();
-  for (;;) {
-    bool progressed = false, left = false;
-    for (int k = 0; k < n; ++k) {
-      Fiber& f = b.fibers[static_cast<size_t>(reverse ? n - 1 - k : k)];
-      if (f.done) continue;
-      left = true;
-      if (f.wait == Wait::kBlock && f.wait_gen == b.gen) continue;
-      if (f.wait == Wait::kWarp && f.wait_gen == b.warps[static_cast<size_t>(f.warp)].gen) continue;
-      f.wait = Wait::kNone;
-      b.current = &f;
-      tl_index = &f.index;
-#if defined(__x86_64__)
-      rlhf_emu_switch(&b.scheduler_sp, f.sp);
-#else
-      swapcontext(&b.scheduler_uc, &f.uc);
-#endif
-      b.current = nullptr;
-      tl_index = nullptr;
-      progressed = true;
-      if (!b.error.empty())
-        throw std::runtime_error("CUDA emulator: " + block_name(*b.cfg, block_idx) + ", " +
-                                 b.error);
-    }
-    if (!left) return;
-    if (!progressed) {
-      int at_block = 0, at_warp = 0;
-      for (const Fiber& f : b.fibers) {
-        if (f.done) continue;
-        (f.wait == Wait::kBlock ? at_block : at_warp)++;
-      }
-      throw std::runtime_error(
-          "CUDA emulator: " + block_name(*b.cfg, block_idx) +
-          ": deadlock: " + std::to_string(at_block) + " threads wait at __syncthreads and " +
-          std::to_string(at_warp) +
-          " at a warp operation that can never complete (a barrier inside divergent code, or a "
-          "warp operation after a lane exited)");
-    }
+  // The fibers hand control to each other (yield_from); control comes back here when none can
+  // run: the block is done, has failed, or is deadlocked.
+  b.step = schedule_reversed() ? -1 : 1;
+  switch_fiber(nullptr, b.fibers[b.step < 0 ? static_cast<size_t>(n - 1) : 0]);
+  if (!b.error.empty())
+    throw std::runtime_error("CUDA emulator: " + block_name(*b.cfg, block_idx) + ", " + b.error);
+  int at_block = 0, at_warp = 0;
+  for (const Fiber& f : b.fibers) {
+    if (f.done) continue;
+    (f.wait == Wait::kBlock ? at_block : at_warp)++;
   }
+  if (at_block + at_warp == 0) return;
+  throw std::runtime_error(
+      "CUDA emulator: " + block_name(*b.cfg, block_idx) + ": deadlock: " +
+      std::to_string(at_block) + " threads wait at __syncthreads and " + std::to_string(at_warp) +
+      " at a warp operation that can never complete (a barrier inside divergent code, or a "
+      "warp operation after a lane exited)");
 }
 
 }  // namespace
@@ -359,7 +372,7 @@ void syncthreads() {
   }
   f.wait = Wait::kBlock;
   f.wait_gen = b.gen;
-  switch_to_scheduler(f);
+  yield_from(f);
 }
 
 void syncwarp(unsigned mask) {
