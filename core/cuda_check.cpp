@@ -1,5 +1,7 @@
 #include "core/cuda_check.h"
 
+#include "core/device_memory.h"
+
 #include <fmt/format.h>
 
 #ifdef RLHF_CUDNN
@@ -51,6 +53,18 @@ std::string cuda_device_summary() noexcept {
 }
 
 #ifdef RLHF_CUDA
+
+int select_cuda_device(int local_rank) {
+  const int n = cuda_device_count();
+  RLHF_CHECK(n > 0,
+             "no CUDA device is visible to this rank (local rank {})\nhint: check "
+             "CUDA_VISIBLE_DEVICES and the job's GPU allocation (srun --gpus-per-task / "
+             "--gres=gpu), or run with --device cpu",
+             local_rank);
+  const int dev = (local_rank < 0 ? 0 : local_rank) % n;
+  CUDA_CHECK(cudaSetDevice(dev));
+  return dev;
+}
 
 std::string cuda_error_string(cudaError_t e) {
   return fmt::format("{}: {}", cudaGetErrorName(e), cudaGetErrorString(e));

@@ -76,6 +76,8 @@ size_t dtype_size(DType dt) {
       return 8;
     case DType::kUint8:
       return 1;
+    case DType::kBfloat16:
+      return 2;
   }
   RLHF_FAIL("unknown DType {}", static_cast<int>(dt));
 }
@@ -92,6 +94,8 @@ const char* dtype_name(DType dt) {
       return "int64";
     case DType::kUint8:
       return "uint8";
+    case DType::kBfloat16:
+      return "bfloat16";
   }
   return "?";
 }
@@ -108,6 +112,8 @@ MPI_Datatype mpi_dtype(DType dt) {
       return MPI_INT64_T;
     case DType::kUint8:
       return MPI_UINT8_T;
+    case DType::kBfloat16:
+      return MPI_UINT16_T;
   }
   RLHF_FAIL("unknown DType {}", static_cast<int>(dt));
 }
@@ -253,6 +259,12 @@ void Comm::check_args(const char* what, const void* a, const void* b, int64_t co
              what);
 }
 
+void Comm::check_reduction(const char* what, DType dt) const {
+  RLHF_CHECK(dt != DType::kBfloat16 || kind() == CommKind::kNccl,
+             "{}: {} of bfloat16 needs an NCCL communicator (this one is {})", name_, what,
+             comm_kind_name(kind()));
+}
+
 void Comm::all_gather(const void* send, void* recv, int64_t count, DType dt) {
   check_args("all_gather", send, recv, count);
   double t0 = now_s();
@@ -262,6 +274,7 @@ void Comm::all_gather(const void* send, void* recv, int64_t count, DType dt) {
 
 void Comm::reduce_scatter(const void* send, void* recv, int64_t count, DType dt, ReduceOp op) {
   check_args("reduce_scatter", send, recv, count);
+  check_reduction("reduce_scatter", dt);
   double t0 = now_s();
   do_reduce_scatter(send, recv, count, dt, op);
   account(CollOp::kReduceScatter, count * size_ * static_cast<int64_t>(dtype_size(dt)),
@@ -270,6 +283,7 @@ void Comm::reduce_scatter(const void* send, void* recv, int64_t count, DType dt,
 
 void Comm::all_reduce(const void* send, void* recv, int64_t count, DType dt, ReduceOp op) {
   check_args("all_reduce", send, recv, count);
+  check_reduction("all_reduce", dt);
   double t0 = now_s();
   do_all_reduce(send, recv, count, dt, op);
   account(CollOp::kAllReduce, count * static_cast<int64_t>(dtype_size(dt)), now_s() - t0);
@@ -322,6 +336,7 @@ CommRequest Comm::iall_gather(const void* send, void* recv, int64_t count, DType
 CommRequest Comm::ireduce_scatter(const void* send, void* recv, int64_t count, DType dt,
                                   ReduceOp op) {
   check_args("ireduce_scatter", send, recv, count);
+  check_reduction("ireduce_scatter", dt);
   double t0 = now_s();
   auto impl = do_ireduce_scatter(send, recv, count, dt, op);
   account(CollOp::kReduceScatter, count * size_ * static_cast<int64_t>(dtype_size(dt)),
@@ -331,6 +346,7 @@ CommRequest Comm::ireduce_scatter(const void* send, void* recv, int64_t count, D
 
 CommRequest Comm::iall_reduce(const void* send, void* recv, int64_t count, DType dt, ReduceOp op) {
   check_args("iall_reduce", send, recv, count);
+  check_reduction("iall_reduce", dt);
   double t0 = now_s();
   auto impl = do_iall_reduce(send, recv, count, dt, op);
   account(CollOp::kAllReduce, count * static_cast<int64_t>(dtype_size(dt)), now_s() - t0);

@@ -28,14 +28,16 @@ namespace rlhf::parallel {
 // ---------------------------------------------------------------------------------------------
 // Types
 
-/// Element types of the collectives.
-enum class DType { kFloat32, kFloat64, kInt32, kInt64, kUint8 };
+/// Element types of the collectives. kBfloat16 (the GPU's weight copies) moves as 2-byte words:
+/// gathers and broadcasts on every communicator, reductions only on NCCL (ncclBfloat16).
+enum class DType { kFloat32, kFloat64, kInt32, kInt64, kUint8, kBfloat16 };
 
-/// Bytes per element: 4, 8, 4, 8, 1.
+/// Bytes per element: 4, 8, 4, 8, 1, 2.
 size_t dtype_size(DType dt);
-/// "float32", "float64", "int32", "int64", "uint8".
+/// "float32", "float64", "int32", "int64", "uint8", "bfloat16".
 const char* dtype_name(DType dt);
-/// The MPI datatype: MPI_FLOAT, MPI_DOUBLE, MPI_INT32_T, MPI_INT64_T, MPI_UINT8_T.
+/// The MPI datatype: MPI_FLOAT, MPI_DOUBLE, MPI_INT32_T, MPI_INT64_T, MPI_UINT8_T, and
+/// MPI_UINT16_T for bfloat16 (data movement only).
 MPI_Datatype mpi_dtype(DType dt);
 
 /// DType of a C++ element type (float, double, int32_t, int64_t, uint8_t).
@@ -281,6 +283,8 @@ class Comm {
   std::array<CommStats, kNumCollOps> by_op_{};
   void account(CollOp op, int64_t bytes, double seconds);
   void check_args(const char* what, const void* a, const void* b, int64_t count) const;
+  /// Throws rlhf::Error for a bfloat16 reduction on a communicator other than NCCL.
+  void check_reduction(const char* what, DType dt) const;
 };
 
 // ---------------------------------------------------------------------------------------------

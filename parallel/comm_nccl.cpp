@@ -33,6 +33,8 @@ ncclDataType_t nccl_dtype(DType dt) {
       return ncclInt64;
     case DType::kUint8:
       return ncclUint8;
+    case DType::kBfloat16:
+      return ncclBfloat16;
   }
   RLHF_FAIL("unknown DType {}", static_cast<int>(dt));
 }

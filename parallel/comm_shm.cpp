@@ -114,6 +114,8 @@ void reduce_rank_order(void* out, const char* const* src, int n, int64_t len, DT
       return reduce_typed<int64_t>(out, src, n, len, op, stream);
     case DType::kUint8:
       return reduce_typed<uint8_t>(out, src, n, len, op, stream);
+    case DType::kBfloat16:
+      RLHF_FAIL("bfloat16 reductions need NCCL (a reduction on a shared-memory communicator)");
   }
 }
 

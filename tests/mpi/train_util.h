@@ -2,11 +2,13 @@
 // ParamStore, consolidated weights, deterministic init.
 #pragma once
 
+#include <functional>
 #include <vector>
 
 #include "model/init.h"
 #include "model/transformer.h"
 #include "parallel/param_store.h"
+#include "parallel/train_model.h"
 #include "tests/test_util.h"
 
 namespace rlhf::test {
@@ -31,11 +33,15 @@ inline std::vector<int32_t> batch_tokens(int step, int64_t V) {
   return test::random_tokens(kSeqs * kT, V, 100 + uint64_t(step));
 }
 
+// One micro-batch: forward (lp out) and backward with dlp, accumulating into the store's grads.
+using MicroStep = std::function<void(const int32_t* tokens, const int32_t* targets, int64_t micro,
+                                     float* lp, const float* dlp)>;
+
 // k optimizer steps of next-token training of the global batch, this rank taking sequences
 // [first, first + count) in micro-batches of `micro` sequences. dlp = −1 / (global loss tokens).
-inline std::vector<double> train(parallel::ParamStore& store, const model::ModelConfig& cfg,
-                                 int steps, int64_t first, int64_t count, int64_t micro) {
-  model::Transformer<float> net(store.layout(), false);
+inline std::vector<double> train_loop(parallel::ParamStore& store, const MicroStep& micro_step,
+                                      const model::ModelConfig& cfg, int steps, int64_t first,
+                                      int64_t count, int64_t micro) {
   optim::AdamWConfig adam;
   adam.lr = 3e-3;
   adam.weight_decay = 0.01;
@@ -50,12 +56,36 @@ inline std::vector<double> train(parallel::ParamStore& store, const model::Model
       for (int64_t n = 0; n < micro * kT; ++n) tgt[n] = (n % kT == kT - 1) ? -1 : tok[n + 1];
       std::vector<float> lp(tok.size()), dlp(tok.size());
       for (size_t n = 0; n < tok.size(); ++n) dlp[n] = tgt[n] >= 0 ? scale : 0.0f;
-      net.forward_lm(store.provider(), tok.data(), tgt.data(), micro, kT, lp.data(), nullptr, true);
-      net.backward_lm(store.provider(), dlp.data(), nullptr);
+      micro_step(tok.data(), tgt.data(), micro, lp.data(), dlp.data());
     }
     norms.push_back(parallel::clip_and_step(store, adam, adam.lr, s + 1, 1.0));
   }
   return norms;
+}
+
+// train_loop with the CPU model over the store's provider.
+inline std::vector<double> train(parallel::ParamStore& store, const model::ModelConfig& cfg,
+                                 int steps, int64_t first, int64_t count, int64_t micro) {
+  model::Transformer<float> net(store.layout(), false);
+  return train_loop(
+      store,
+      [&](const int32_t* tok, const int32_t* tgt, int64_t mb, float* lp, const float* dlp) {
+        net.forward_lm(store.provider(), tok, tgt, mb, kT, lp, nullptr, true);
+        net.backward_lm(store.provider(), dlp, nullptr);
+      },
+      cfg, steps, first, count, micro);
+}
+
+// train_loop with a TrainModel (CPU or GPU).
+inline std::vector<double> train(parallel::TrainModel& m, const model::ModelConfig& cfg, int steps,
+                                 int64_t first, int64_t count, int64_t micro) {
+  return train_loop(
+      m.store(),
+      [&](const int32_t* tok, const int32_t* tgt, int64_t mb, float* lp, const float* dlp) {
+        m.forward_lm(tok, tgt, mb, kT, lp, nullptr, true);
+        m.backward_lm(dlp, nullptr);
+      },
+      cfg, steps, first, count, micro);
 }
 
 inline std::vector<std::vector<float>> full_weights(parallel::ParamStore& store) {

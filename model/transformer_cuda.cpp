@@ -1,0 +1,479 @@
+#ifdef RLHF_CUDA
+#include "model/transformer_cuda.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+#include "model/layer_params.h"
+#include "model/ops/attention.h"
+#include "model/ops/embedding.h"
+#include "model/ops/linear.h"
+#include "model/ops/logprob.h"
+#include "model/ops/residual.h"
+#include "model/ops/rmsnorm.h"
+#include "model/ops/rope.h"
+#include "model/ops/swiglu.h"
+
+namespace rlhf::model {
+
+namespace {
+
+void check_ids(const int32_t* ids, int64_t N, int64_t V, bool allow_minus_one, const char* what) {
+  for (int64_t n = 0; n < N; ++n) {
+    const int32_t t = ids[n];
+    RLHF_CHECK((allow_minus_one && t == -1) || (t >= 0 && t < V),
+               "TransformerCuda: {} {} at position {} is outside the vocabulary [0, {}){}\nhint: "
+               "the tokenizer and the model config disagree on vocab_size, or the data holds ids "
+               "from another tokenizer",
+               what, t, n, V, allow_minus_one ? " and is not -1 (no target)" : "");
+  }
+}
+
+void download(float* host, const float* dev, int64_t n, cudaStream_t s) {
+  CUDA_CHECK(cudaMemcpyAsync(host, dev, static_cast<size_t>(n) * sizeof(float),
+                             cudaMemcpyDeviceToHost, s));
+}
+
+}  // namespace
+
+TransformerCuda::TransformerCuda(const ParamLayout& layout, bool gradient_checkpointing,
+                                 int64_t logit_chunk_bytes)
+    : layout_(layout),
+      checkpointing_(gradient_checkpointing),
+      logit_chunk_bytes_(logit_chunk_bytes) {
+  RLHF_CHECK(logit_chunk_bytes > 0, "TransformerCuda: logit_chunk_bytes must be > 0, got {}",
+             logit_chunk_bytes);
+  const ModelConfig& c = layout.config();
+  C_ = c.hidden_size;
+  F_ = c.intermediate_size;
+  H_ = c.num_attention_heads;
+  Hkv_ = c.num_key_value_heads;
+  D_ = c.D();
+  V_ = c.vocab_size;
+  L_ = c.num_hidden_layers;
+  const int64_t P = c.max_position_embeddings;
+  std::vector<float> cos(static_cast<size_t>(P * D_ / 2)), sin(cos.size());
+  rope_tables_cpu(cos.data(), sin.data(), P, D_, c.rope_theta);
+  rope_cos_.resize(P * D_ / 2, "RoPE cos table");
+  rope_sin_.resize(P * D_ / 2, "RoPE sin table");
+  CUDA_CHECK(
+      cudaMemcpy(rope_cos_.get(), cos.data(), cos.size() * sizeof(float), cudaMemcpyHostToDevice));
+  CUDA_CHECK(
+      cudaMemcpy(rope_sin_.get(), sin.data(), sin.size() * sizeof(float), cudaMemcpyHostToDevice));
+}
+
+int64_t TransformerCuda::layer_bf16() const {
+  const int64_t N = N_, Q = H_ * D_, KV = Hkv_ * D_;
+  return N * C_ + N * Q + 2 * N * KV + N * Q + N * C_ + N * C_ + 3 * N * F_;
+}
+
+int64_t TransformerCuda::layer_f32() const {
+  return 2 * N_ + N_ * H_;
+}
+
+void TransformerCuda::point_layer(LayerActs& a, int set) {
+  const int64_t N = N_, Q = H_ * D_, KV = Hkv_ * D_;
+  bf16* p = layers_.get() + set * layer_bf16();
+  auto take = [&](int64_t n) {
+    bf16* r = p;
+    p += n;
+    return r;
+  };
+  a.ln1 = take(N * C_);
+  a.q = take(N * Q);
+  a.k = take(N * KV);
+  a.v = take(N * KV);
+  a.atty = take(N * Q);
+  a.x_mid = take(N * C_);
+  a.ln2 = take(N * C_);
+  a.gate = take(N * F_);
+  a.up = take(N * F_);
+  a.h = take(N * F_);
+  float* f = layer_f32_.get() + set * layer_f32();
+  a.rstd1 = f;
+  a.rstd2 = f + N;
+  a.att_lse = f + 2 * N;
+}
+
+void TransformerCuda::reserve(int64_t B, int64_t T_len, bool for_backward) {
+  RLHF_CHECK(B >= 1 && T_len >= 1, "batch must be non-empty, got B={} T={}", B, T_len);
+  RLHF_CHECK(T_len <= layout_.config().max_position_embeddings,
+             "sequence length {} exceeds max_position_embeddings {}", T_len,
+             layout_.config().max_position_embeddings);
+  B_ = B;
+  T_ = T_len;
+  N_ = B * T_len;
+  const int64_t N = N_, Q = H_ * D_, KV = Hkv_ * D_;
+  const int64_t sets = (for_backward && !checkpointing_) ? L_ : 1;
+  res_.resize((for_backward ? L_ + 1 : 2) * N * C_, "activations (residual stream)");
+  layers_.resize(sets * layer_bf16(), "activations (layers)");
+  layer_f32_.resize(sets * layer_f32(), "activations (layer statistics)");
+  proj_.resize(N * C_, "activations (projection)");
+  lnf_.resize(N * C_, "activations (final norm)");
+  rstdf_.resize(N);
+  lse_.resize(N);
+  entropy_.resize(N);
+  lp_.resize(N);
+  tokens_.resize(N);
+  targets_.resize(N);
+  pos_.resize(N);
+  pos_host_.resize(static_cast<size_t>(N));
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < T_len; ++t)
+      pos_host_[static_cast<size_t>(b * T_len + t)] = static_cast<int32_t>(t);
+  CUDA_CHECK(cudaMemcpy(pos_.get(), pos_host_.data(), static_cast<size_t>(N) * sizeof(int32_t),
+                        cudaMemcpyHostToDevice));
+  if (for_backward) {
+    dres_.resize(N * C_, "activation gradients");
+    dln_.resize(N * C_, "activation gradients");
+    datty_.resize(N * Q, "activation gradients");
+    dq_.resize(N * Q, "activation gradients");
+    dk_.resize(N * KV, "activation gradients");
+    dv_.resize(N * KV, "activation gradients");
+    dh_.resize(N * F_, "activation gradients");
+    dgate_.resize(N * F_, "activation gradients");
+    dup_.resize(N * F_, "activation gradients");
+    dlnf_.resize(N * C_, "activation gradients");
+    dlp_.resize(N);
+    dentropy_.resize(N);
+  }
+}
+
+int64_t TransformerCuda::activation_bytes() const {
+  int64_t n = 0;
+  for (const DeviceArray<bf16>* a :
+       {&res_, &layers_, &proj_, &lnf_, &logits_, &values_, &dres_, &dln_, &datty_, &dq_, &dk_,
+        &dv_, &dh_, &dgate_, &dup_, &dlnf_})
+    n += a->bytes();
+  for (const DeviceArray<float>* a :
+       {&layer_f32_, &rstdf_, &lse_, &entropy_, &lp_, &dlp_, &dentropy_})
+    n += a->bytes();
+  return n;
+}
+
+void TransformerCuda::upload_ids(const int32_t* tokens, const int32_t* targets) {
+  check_ids(tokens, N_, V_, false, "token id");
+  CUDA_CHECK(cudaMemcpy(tokens_.get(), tokens, static_cast<size_t>(N_) * sizeof(int32_t),
+                        cudaMemcpyHostToDevice));
+  if (targets != nullptr) {
+    check_ids(targets, N_, V_, true, "target");
+    CUDA_CHECK(cudaMemcpy(targets_.get(), targets, static_cast<size_t>(N_) * sizeof(int32_t),
+                          cudaMemcpyHostToDevice));
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Forward
+
+void TransformerCuda::layer_forward(const bf16* params, int l, const bf16* x_in, bf16* x_out,
+                                    LayerActs& a, cudaStream_t s) {
+  const UnitLayout& u = layout_.unit(layout_.layer_unit(l));
+  LayerParams<const bf16> w(u, params);
+  const int64_t N = N_, Q = H_ * D_, KV = Hkv_ * D_;
+  const double eps = layout_.config().rms_norm_eps;
+  const RopeStyle style = layout_.config().rope_style;
+  rmsnorm_forward_cuda(a.ln1, a.rstd1, x_in, w.w_in, N, C_, eps, s);
+  linear_forward_cuda(a.q, a.ln1, w.wq, w.bq, N, C_, Q, s);
+  linear_forward_cuda(a.k, a.ln1, w.wk, w.bk, N, C_, KV, s);
+  linear_forward_cuda(a.v, a.ln1, w.wv, w.bv, N, C_, KV, s);
+  rope_forward_cuda(a.q, a.q, pos_.get(), rope_cos_.get(), rope_sin_.get(), N, H_, D_, style, s);
+  rope_forward_cuda(a.k, a.k, pos_.get(), rope_cos_.get(), rope_sin_.get(), N, Hkv_, D_, style, s);
+  attention_forward_cuda(a.atty, a.att_lse, a.q, a.k, a.v, B_, T_, H_, Hkv_, D_, s);
+  linear_forward_cuda(proj_.get(), a.atty, w.wo, w.bo, N, Q, C_, s);
+  // x_mid = x_in + o_proj(atty), fused with the post-attention RMSNorm.
+  rmsnorm_residual_forward_cuda(a.x_mid, a.ln2, a.rstd2, x_in, proj_.get(), w.w_post, N, C_, eps,
+                                s);
+  linear_forward_cuda(a.gate, a.ln2, w.wg, nullptr, N, C_, F_, s);
+  linear_forward_cuda(a.up, a.ln2, w.wu, nullptr, N, C_, F_, s);
+  swiglu_forward_cuda(a.h, a.gate, a.up, N, F_, s);
+  linear_forward_cuda(proj_.get(), a.h, w.wd, nullptr, N, F_, C_, s);
+  residual_forward_cuda(x_out, a.x_mid, proj_.get(), N * C_, s);
+}
+
+void TransformerCuda::trunk_forward(DeviceUnitProvider& p, bool for_backward) {
+  const cudaStream_t s = p.stream();
+  have_backward_state_ = false;
+  kept_ = for_backward;
+  const int eu = layout_.embedding_unit();
+  const bf16* emb = p.acquire_params(eu);
+  embedding_forward_cuda(res_.get(), tokens_.get(),
+                         emb + layout_.unit(eu).at("embed_tokens.weight").offset, N_, C_, V_, s);
+  p.release_params(eu);
+  const int64_t NC = N_ * C_;
+  for (int l = 0; l < L_; ++l) {
+    const bf16* x_in = res_.get() + (for_backward ? l : l % 2) * NC;
+    bf16* x_out = res_.get() + (for_backward ? l + 1 : (l + 1) % 2) * NC;
+    LayerActs a;
+    point_layer(a, (for_backward && !checkpointing_) ? l : 0);
+    const int u = layout_.layer_unit(l);
+    const bf16* params = p.acquire_params(u);
+    layer_forward(params, l, x_in, x_out, a, s);
+    p.release_params(u);
+  }
+}
+
+const bf16* TransformerCuda::x_last() const {
+  return res_.get() + (kept_ ? L_ : L_ % 2) * N_ * C_;
+}
+
+void TransformerCuda::final_norm(const bf16* head_params, cudaStream_t s) {
+  const UnitLayout& hu = layout_.unit(layout_.head_unit());
+  rmsnorm_forward_cuda(lnf_.get(), rstdf_.get(), x_last(),
+                       head_params + hu.at("model.norm.weight").offset, N_, C_,
+                       layout_.config().rms_norm_eps, s);
+}
+
+// The LM head weight (V, C): lm_head, or the embedding when tied (then acquired here; the caller
+// releases the embedding unit).
+const bf16* TransformerCuda::lm_weight(DeviceUnitProvider& p, const bf16* head_params, bool* tied) {
+  *tied = layout_.config().tie_word_embeddings;
+  if (*tied) {
+    const int eu = layout_.embedding_unit();
+    return p.acquire_params(eu) + layout_.unit(eu).at("embed_tokens.weight").offset;
+  }
+  return head_params + layout_.unit(layout_.head_unit()).at("lm_head.weight").offset;
+}
+
+int64_t TransformerCuda::logit_chunk_rows() const {
+  const int64_t rows = logit_chunk_bytes_ / (V_ * static_cast<int64_t>(sizeof(bf16)));
+  return std::clamp<int64_t>(rows, 1, N_);
+}
+
+void TransformerCuda::forward_lm(DeviceUnitProvider& p, const int32_t* tokens,
+                                 const int32_t* targets, int64_t B, int64_t T_len, float* lp,
+                                 float* entropy, bool for_backward, float inv_temperature) {
+  RLHF_CHECK(layout_.head() == HeadKind::kLM, "forward_lm needs a model with an LM head, not '{}'",
+             to_string(layout_.head()));
+  reserve(B, T_len, for_backward);
+  upload_ids(tokens, targets);
+  const cudaStream_t s = p.stream();
+  p.begin_pass(false);
+  trunk_forward(p, for_backward);
+  inv_temperature_ = inv_temperature;
+  const int hu = layout_.head_unit(), eu = layout_.embedding_unit();
+  const bf16* hp = p.acquire_params(hu);
+  final_norm(hp, s);
+  bool tied = false;
+  const bf16* w = lm_weight(p, hp, &tied);
+  const int64_t chunk = logit_chunk_rows();
+  logits_.resize(chunk * V_, "logits");
+  // With one chunk the logits stay for backward (which turns them into dlogits in place).
+  logits_kept_ = for_backward && chunk == N_;
+  for (int64_t r0 = 0; r0 < N_; r0 += chunk) {
+    const int64_t rows = std::min(chunk, N_ - r0);
+    linear_forward_cuda(logits_.get(), lnf_.get() + r0 * C_, w, nullptr, rows, C_, V_, s);
+    logprob_forward_cuda(lp_.get() + r0, lse_.get() + r0, entropy_.get() + r0, logits_.get(),
+                         targets_.get() + r0, rows, V_, inv_temperature, s);
+  }
+  if (tied) p.release_params(eu);
+  p.release_params(hu);
+  p.end_pass(false);
+  download(lp, lp_.get(), N_, s);
+  if (entropy != nullptr) download(entropy, entropy_.get(), N_, s);
+  CUDA_CHECK(cudaStreamSynchronize(s));
+  have_backward_state_ = for_backward;
+  last_head_ = HeadKind::kLM;
+  entropy_valid_ = true;
+}
+
+void TransformerCuda::forward_logits(DeviceUnitProvider& p, const int32_t* tokens, int64_t B,
+                                     int64_t T_len, float* logits) {
+  RLHF_CHECK(layout_.head() == HeadKind::kLM, "forward_logits needs a model with an LM head");
+  reserve(B, T_len, false);
+  upload_ids(tokens, nullptr);
+  const cudaStream_t s = p.stream();
+  p.begin_pass(false);
+  trunk_forward(p, false);
+  const int hu = layout_.head_unit(), eu = layout_.embedding_unit();
+  const bf16* hp = p.acquire_params(hu);
+  final_norm(hp, s);
+  bool tied = false;
+  const bf16* w = lm_weight(p, hp, &tied);
+  const int64_t chunk = logit_chunk_rows();
+  logits_.resize(chunk * V_, "logits");
+  std::vector<bf16> host(static_cast<size_t>(chunk * V_));
+  for (int64_t r0 = 0; r0 < N_; r0 += chunk) {
+    const int64_t rows = std::min(chunk, N_ - r0);
+    linear_forward_cuda(logits_.get(), lnf_.get() + r0 * C_, w, nullptr, rows, C_, V_, s);
+    CUDA_CHECK(cudaMemcpyAsync(host.data(), logits_.get(),
+                               static_cast<size_t>(rows * V_) * sizeof(bf16),
+                               cudaMemcpyDeviceToHost, s));
+    CUDA_CHECK(cudaStreamSynchronize(s));
+    for (int64_t i = 0; i < rows * V_; ++i)
+      logits[r0 * V_ + i] = __bfloat162float(host[static_cast<size_t>(i)]);
+  }
+  if (tied) p.release_params(eu);
+  p.release_params(hu);
+  p.end_pass(false);
+  have_backward_state_ = false;
+}
+
+void TransformerCuda::forward_scalar(DeviceUnitProvider& p, const int32_t* tokens, int64_t B,
+                                     int64_t T_len, float* values, bool for_backward) {
+  RLHF_CHECK(layout_.head() != HeadKind::kLM,
+             "forward_scalar needs a model with a value or reward head");
+  reserve(B, T_len, for_backward);
+  upload_ids(tokens, nullptr);
+  const cudaStream_t s = p.stream();
+  p.begin_pass(false);
+  trunk_forward(p, for_backward);
+  const int hu = layout_.head_unit();
+  const bf16* hp = p.acquire_params(hu);
+  final_norm(hp, s);
+  values_.resize(N_, "values");
+  linear_forward_cuda(values_.get(), lnf_.get(), hp + layout_.unit(hu).at("score.weight").offset,
+                      nullptr, N_, C_, 1, s);
+  p.release_params(hu);
+  p.end_pass(false);
+  std::vector<bf16> host(static_cast<size_t>(N_));
+  CUDA_CHECK(cudaMemcpyAsync(host.data(), values_.get(), host.size() * sizeof(bf16),
+                             cudaMemcpyDeviceToHost, s));
+  CUDA_CHECK(cudaStreamSynchronize(s));
+  for (int64_t i = 0; i < N_; ++i) values[i] = __bfloat162float(host[static_cast<size_t>(i)]);
+  have_backward_state_ = for_backward;
+  last_head_ = layout_.head();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Backward
+
+void TransformerCuda::head_backward_common(DeviceUnitProvider& p, const bf16* head_params,
+                                           float* head_grads) {
+  // dlnf_ holds d loss / d RMSNorm(x_L); the residual gradient starts here.
+  const cudaStream_t s = p.stream();
+  const UnitLayout& hu = layout_.unit(layout_.head_unit());
+  const int64_t norm_off = hu.at("model.norm.weight").offset;
+  CUDA_CHECK(cudaMemsetAsync(dres_.get(), 0, static_cast<size_t>(N_ * C_) * sizeof(bf16), s));
+  rmsnorm_backward_cuda(dres_.get(), head_grads + norm_off, dlnf_.get(), x_last(),
+                        head_params + norm_off, rstdf_.get(), N_, C_, s);
+  p.release_grads(layout_.head_unit());
+  p.release_params(layout_.head_unit());
+  trunk_backward(p, dres_.get());
+  have_backward_state_ = false;
+  p.end_pass(true);
+  CUDA_CHECK(cudaStreamSynchronize(s));
+}
+
+void TransformerCuda::backward_lm(DeviceUnitProvider& p, const float* dlp, const float* dentropy) {
+  RLHF_CHECK(have_backward_state_ && last_head_ == HeadKind::kLM,
+             "backward_lm needs a preceding forward_lm(for_backward = true)");
+  RLHF_CHECK(dentropy == nullptr || entropy_valid_,
+             "backward_lm with an entropy gradient needs forward_lm to compute the entropy");
+  const cudaStream_t s = p.stream();
+  CUDA_CHECK(cudaMemcpyAsync(dlp_.get(), dlp, static_cast<size_t>(N_) * sizeof(float),
+                             cudaMemcpyHostToDevice, s));
+  if (dentropy != nullptr)
+    CUDA_CHECK(cudaMemcpyAsync(dentropy_.get(), dentropy, static_cast<size_t>(N_) * sizeof(float),
+                               cudaMemcpyHostToDevice, s));
+  p.begin_pass(true);
+  const int hu = layout_.head_unit(), eu = layout_.embedding_unit();
+  const bool tied = layout_.config().tie_word_embeddings;
+  const bf16* hp = p.acquire_params(hu);
+  float* hg = p.acquire_grads(hu);
+  const bf16* w;
+  float* dw;
+  if (tied) {
+    const int64_t off = layout_.unit(eu).at("embed_tokens.weight").offset;
+    w = p.acquire_params(eu) + off;
+    dw = p.acquire_grads(eu) + off;
+  } else {
+    const int64_t off = layout_.unit(hu).at("lm_head.weight").offset;
+    w = hp + off;
+    dw = hg + off;
+  }
+  const int64_t chunk = logit_chunk_rows();
+  for (int64_t r0 = 0; r0 < N_; r0 += chunk) {
+    const int64_t rows = std::min(chunk, N_ - r0);
+    if (!logits_kept_)
+      linear_forward_cuda(logits_.get(), lnf_.get() + r0 * C_, w, nullptr, rows, C_, V_, s);
+    logprob_backward_cuda(logits_.get(), dlp_.get() + r0,
+                          dentropy != nullptr ? dentropy_.get() + r0 : nullptr, logits_.get(),
+                          lse_.get() + r0, entropy_.get() + r0, targets_.get() + r0, rows, V_,
+                          inv_temperature_, s);
+    linear_backward_cuda(dlnf_.get() + r0 * C_, dw, nullptr, logits_.get(), lnf_.get() + r0 * C_, w,
+                         rows, C_, V_, false, s);
+  }
+  logits_kept_ = false;  // turned into dlogits
+  if (tied) {
+    // As on the CPU: hand the LM-head part of the embedding gradient back now.
+    p.release_grads(eu);
+    p.release_params(eu);
+  }
+  head_backward_common(p, hp, hg);
+}
+
+void TransformerCuda::backward_scalar(DeviceUnitProvider& p, const float* dvalues) {
+  RLHF_CHECK(have_backward_state_ && last_head_ != HeadKind::kLM,
+             "backward_scalar needs a preceding forward_scalar(for_backward = true)");
+  const cudaStream_t s = p.stream();
+  std::vector<bf16> host(static_cast<size_t>(N_));
+  for (int64_t i = 0; i < N_; ++i) host[static_cast<size_t>(i)] = __float2bfloat16_rn(dvalues[i]);
+  CUDA_CHECK(cudaMemcpyAsync(values_.get(), host.data(), host.size() * sizeof(bf16),
+                             cudaMemcpyHostToDevice, s));
+  p.begin_pass(true);
+  const int hu = layout_.head_unit();
+  const bf16* hp = p.acquire_params(hu);
+  float* hg = p.acquire_grads(hu);
+  const int64_t off = layout_.unit(hu).at("score.weight").offset;
+  linear_backward_cuda(dlnf_.get(), hg + off, nullptr, values_.get(), lnf_.get(), hp + off, N_, C_,
+                       1, false, s);
+  CUDA_CHECK(cudaStreamSynchronize(s));  // `host` is read by the copy above
+  head_backward_common(p, hp, hg);
+}
+
+void TransformerCuda::layer_backward(const bf16* params, float* grads, int l, const bf16* x_in,
+                                     LayerActs& a, bf16* dres, cudaStream_t s) {
+  const UnitLayout& u = layout_.unit(layout_.layer_unit(l));
+  LayerParams<const bf16> w(u, params);
+  LayerParams<float> g(u, grads);
+  const int64_t N = N_, Q = H_ * D_, KV = Hkv_ * D_;
+  const RopeStyle style = layout_.config().rope_style;
+  // MLP: x_out = x_mid + down(h); dres is d x_out.
+  linear_backward_cuda(dh_.get(), g.wd, nullptr, dres, a.h, w.wd, N, F_, C_, false, s);
+  swiglu_backward_cuda(dgate_.get(), dup_.get(), dh_.get(), a.gate, a.up, N, F_, s);
+  linear_backward_cuda(dln_.get(), g.wg, nullptr, dgate_.get(), a.ln2, w.wg, N, C_, F_, false, s);
+  linear_backward_cuda(dln_.get(), g.wu, nullptr, dup_.get(), a.ln2, w.wu, N, C_, F_, true, s);
+  rmsnorm_backward_cuda(dres, g.w_post, dln_.get(), a.x_mid, w.w_post, a.rstd2, N, C_, s);
+  // Attention: x_mid = x_in + o_proj(atty); dres is now d x_mid.
+  linear_backward_cuda(datty_.get(), g.wo, g.bo, dres, a.atty, w.wo, N, Q, C_, false, s);
+  attention_backward_cuda(dq_.get(), dk_.get(), dv_.get(), datty_.get(), a.atty, a.att_lse, a.q,
+                          a.k, a.v, B_, T_, H_, Hkv_, D_, s);
+  rope_backward_cuda(dq_.get(), dq_.get(), pos_.get(), rope_cos_.get(), rope_sin_.get(), N, H_, D_,
+                     style, s);
+  rope_backward_cuda(dk_.get(), dk_.get(), pos_.get(), rope_cos_.get(), rope_sin_.get(), N, Hkv_,
+                     D_, style, s);
+  linear_backward_cuda(dln_.get(), g.wq, g.bq, dq_.get(), a.ln1, w.wq, N, C_, Q, false, s);
+  linear_backward_cuda(dln_.get(), g.wk, g.bk, dk_.get(), a.ln1, w.wk, N, C_, KV, true, s);
+  linear_backward_cuda(dln_.get(), g.wv, g.bv, dv_.get(), a.ln1, w.wv, N, C_, KV, true, s);
+  rmsnorm_backward_cuda(dres, g.w_in, dln_.get(), x_in, w.w_in, a.rstd1, N, C_, s);
+}
+
+void TransformerCuda::trunk_backward(DeviceUnitProvider& p, bf16* dres) {
+  const cudaStream_t s = p.stream();
+  const int64_t NC = N_ * C_;
+  for (int l = static_cast<int>(L_) - 1; l >= 0; --l) {
+    const int u = layout_.layer_unit(l);
+    const bf16* params = p.acquire_params(u);
+    float* grads = p.acquire_grads(u);
+    LayerActs a;
+    const bf16* x_in = res_.get() + l * NC;
+    if (checkpointing_) {
+      point_layer(a, 0);
+      // Recompute this layer's activations; its output equals the kept res_[l+1].
+      layer_forward(params, l, x_in, res_.get() + (l + 1) * NC, a, s);
+    } else {
+      point_layer(a, l);
+    }
+    layer_backward(params, grads, l, x_in, a, dres, s);
+    p.release_grads(u);
+    p.release_params(u);
+  }
+  const int eu = layout_.embedding_unit();
+  float* eg = p.acquire_grads(eu);
+  embedding_backward_cuda(eg + layout_.unit(eu).at("embed_tokens.weight").offset, dres,
+                          tokens_.get(), N_, C_, V_, s);
+  p.release_grads(eu);
+}
+
+}  // namespace rlhf::model
+#endif  // RLHF_CUDA

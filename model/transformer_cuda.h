@@ -1,0 +1,123 @@
+// TransformerCuda: the Llama-family decoder of model/transformer.h on the GPU, composed from the
+// CUDA ops (model/ops/cuda/): bf16 activations and weights, fp32 statistics and fp32 parameter
+// gradients (the ZeRO master gradient precision), every kernel on the provider's stream.
+#pragma once
+
+#ifdef RLHF_CUDA
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "core/device_memory.h"
+#include "model/device_provider.h"
+#include "model/layout.h"
+
+namespace rlhf::model {
+
+/// Forward/backward of the whole model on the GPU for B right-padded sequences of length T
+/// (N = B·T tokens, position of token t is t), with the same equations, head semantics and
+/// contracts as Transformer<float> (model/transformer.h); the differences are numerical:
+///  - activations (residual stream, norms, projections, attention output, MLP) are bf16, each
+///    op computes in fp32 and rounds its output once; statistics (rstd, attention lse, logit lse,
+///    lp, entropy) and parameter gradients are fp32; activation gradients are bf16;
+///  - attention is flash-style (model/ops/attention.h, CUDA section): the (T, T) probabilities
+///    are never stored, backward recomputes them from the saved lse;
+///  - the LM head goes over the vocabulary in row chunks of at most kLogitChunkBytes of bf16
+///    logits, so logits never exist in fp32, and exist at full (N, V) size only when that fits in
+///    one chunk; otherwise backward recomputes each chunk's logits (one more head GEMM);
+///  - the post-attention residual add is fused into the following RMSNorm
+///    (rmsnorm_residual_forward_cuda).
+/// Inputs and outputs of the public methods are host arrays (tokens, targets, lp, entropy,
+/// values, their gradients): they are B·T elements, small next to the model, and the trainer's
+/// losses are computed on the host. Each public method synchronises the provider's stream before
+/// returning its host outputs. Not thread-safe: one instance per stream.
+class TransformerCuda {
+ public:
+  /// Bytes of bf16 logits one LM-head chunk may hold (256 MiB).
+  static constexpr int64_t kLogitChunkBytes = int64_t{256} << 20;
+
+  /// gradient_checkpointing: keep only each layer's input and recompute the layer in backward.
+  /// logit_chunk_bytes: the LM-head chunk budget (tests make it small to exercise the chunked
+  /// path). Uploads the RoPE tables (max_position_embeddings × D/2 fp32, twice) to the current
+  /// device.
+  TransformerCuda(const ParamLayout& layout, bool gradient_checkpointing = false,
+                  int64_t logit_chunk_bytes = kLogitChunkBytes);
+
+  const ParamLayout& layout() const { return layout_; }
+
+  /// LM forward, contract of Transformer::forward_lm: tokens, targets (B, T) int32 host (target
+  /// −1: no loss, lp = 0); lp (B, T) fp32 host out; entropy (B, T) host out or nullptr.
+  /// Throws rlhf::Error on a token or target outside the vocabulary, T > max_position_embeddings,
+  /// or a CUDA failure.
+  void forward_lm(DeviceUnitProvider& p, const int32_t* tokens, const int32_t* targets, int64_t B,
+                  int64_t T_, float* lp, float* entropy, bool for_backward,
+                  float inv_temperature = 1.0f);
+
+  /// Raw logits (B, T, V) fp32 host out (widened from bf16), for tests and references.
+  void forward_logits(DeviceUnitProvider& p, const int32_t* tokens, int64_t B, int64_t T_,
+                      float* logits);
+
+  /// LM backward for the last forward_lm(for_backward = true): dlp, dentropy (B, T) fp32 host
+  /// (dentropy may be nullptr). Parameter gradients accumulate (+=) into the provider's buffers.
+  void backward_lm(DeviceUnitProvider& p, const float* dlp, const float* dentropy);
+
+  /// Scalar-head forward: values (B, T) fp32 host out (bf16 head output, widened).
+  void forward_scalar(DeviceUnitProvider& p, const int32_t* tokens, int64_t B, int64_t T_,
+                      float* values, bool for_backward);
+
+  /// Scalar-head backward for the last forward_scalar(for_backward = true); dvalues (B, T) fp32
+  /// host (rounded to bf16 on the device).
+  void backward_scalar(DeviceUnitProvider& p, const float* dvalues);
+
+  /// Bytes of device memory the activations and scratch currently hold.
+  int64_t activation_bytes() const;
+
+ private:
+  struct LayerActs {
+    bf16 *ln1, *q, *k, *v, *atty, *x_mid, *ln2, *gate, *up, *h;
+    float *rstd1, *rstd2, *att_lse;
+  };
+  void reserve(int64_t B, int64_t T_, bool for_backward);
+  int64_t layer_bf16() const;
+  int64_t layer_f32() const;
+  void point_layer(LayerActs& a, int set);
+  void upload_ids(const int32_t* tokens, const int32_t* targets);
+  void trunk_forward(DeviceUnitProvider& p, bool for_backward);
+  void layer_forward(const bf16* params, int l, const bf16* x_in, bf16* x_out, LayerActs& a,
+                     cudaStream_t s);
+  void layer_backward(const bf16* params, float* grads, int l, const bf16* x_in, LayerActs& a,
+                      bf16* dres, cudaStream_t s);
+  void trunk_backward(DeviceUnitProvider& p, bf16* dres);
+  void final_norm(const bf16* head_params, cudaStream_t s);
+  const bf16* x_last() const;
+  const bf16* lm_weight(DeviceUnitProvider& p, const bf16* head_params, bool* tied);
+  int64_t logit_chunk_rows() const;
+  void head_backward_common(DeviceUnitProvider& p, const bf16* head_params, float* head_grads);
+
+  ParamLayout layout_;
+  bool checkpointing_;
+  int64_t logit_chunk_bytes_;
+  int64_t C_, F_, H_, Hkv_, D_, V_, L_;
+  DeviceArray<float> rope_cos_, rope_sin_;  // (max_pos, D/2)
+
+  int64_t B_ = 0, T_ = 0, N_ = 0;
+  bool have_backward_state_ = false, entropy_valid_ = false, kept_ = false, logits_kept_ = false;
+  HeadKind last_head_ = HeadKind::kLM;
+  float inv_temperature_ = 1.0f;
+  std::vector<int32_t> pos_host_;
+
+  DeviceArray<int32_t> tokens_, targets_, pos_;
+  DeviceArray<bf16> res_;         // (L+1 or 2, N, C)
+  DeviceArray<bf16> layers_;      // (sets, layer_bf16)
+  DeviceArray<float> layer_f32_;  // (sets, layer_f32): rstd1, rstd2, attention lse
+  DeviceArray<bf16> proj_;        // (N, C): o_proj / down_proj output before the residual add
+  DeviceArray<bf16> lnf_, logits_;
+  DeviceArray<float> rstdf_, lse_, entropy_, lp_, dlp_, dentropy_;
+  DeviceArray<bf16> values_;
+  // Backward scratch.
+  DeviceArray<bf16> dres_, dln_, datty_, dq_, dk_, dv_, dh_, dgate_, dup_, dlnf_;
+};
+
+}  // namespace rlhf::model
+#endif  // RLHF_CUDA

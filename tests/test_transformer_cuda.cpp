@@ -1,0 +1,233 @@
+// The whole model on the GPU (TransformerCuda) against the CPU model (Transformer<float>) on the
+// same bf16-valued weights and tokens: log-probs, entropy, values, and every parameter gradient,
+// over tied/untied heads, both RoPE styles, GQA, q/k/v bias, the value head, gradient
+// checkpointing and the chunked LM head.
+#include "model/transformer.h"
+
+#include "model/local_provider.h"
+#include "tests/ops/cuda_test_util.h"
+
+#ifdef RLHF_CUDA
+#include "model/transformer_cuda.h"
+#endif
+
+using namespace rlhf;
+using model::HeadKind;
+
+#ifdef RLHF_CUDA
+namespace {
+
+// Every unit's params (bf16) and grads (fp32) whole in device memory: the simplest
+// DeviceUnitProvider (the production one is parallel/device_store.h).
+class TestDeviceParams : public model::DeviceUnitProvider {
+ public:
+  TestDeviceParams(model::LocalParams<float>& host, cudaStream_t s)
+      : layout_(host.layout()), s_(s) {
+    for (int u = 0; u < layout_.num_units(); ++u) {
+      const int64_t n = layout_.unit(u).numel_padded;
+      std::vector<float> p(host.params(u), host.params(u) + n);
+      params_.push_back(std::make_unique<test::DeviceBuffer<test::bf16>>(test::to_bf16(p)));
+      grads_.push_back(
+          std::make_unique<test::DeviceBuffer<float>>(std::vector<float>(size_t(n), 0.0f)));
+    }
+  }
+  const model::bf16* acquire_params(int u) override { return params_.at(size_t(u))->get(); }
+  void release_params(int) override {}
+  float* acquire_grads(int u) override { return grads_.at(size_t(u))->get(); }
+  void release_grads(int) override {}
+  cudaStream_t stream() const override { return s_; }
+  std::vector<float> grads(int u) const { return grads_.at(size_t(u))->download(); }
+  bool guards_intact() const {
+    for (const auto& p : params_)
+      if (!p->guards_intact()) return false;
+    for (const auto& g : grads_)
+      if (!g->guards_intact()) return false;
+    return true;
+  }
+
+ private:
+  const model::ParamLayout& layout_;
+  cudaStream_t s_;
+  std::vector<std::unique_ptr<test::DeviceBuffer<test::bf16>>> params_;
+  std::vector<std::unique_ptr<test::DeviceBuffer<float>>> grads_;
+};
+
+model::ModelConfig small_config(model::RopeStyle style, bool tied, bool bias, int64_t H,
+                                int64_t Hkv) {
+  model::ModelConfig c;
+  c.model_type = bias ? "qwen2" : "llama";
+  c.hidden_size = 64;
+  c.intermediate_size = 176;
+  c.num_hidden_layers = 2;
+  c.num_attention_heads = H;
+  c.num_key_value_heads = Hkv;
+  c.vocab_size = 256;
+  c.max_position_embeddings = 64;
+  c.rope_style = style;
+  c.tie_word_embeddings = tied;
+  c.rms_norm_eps = 1e-5;
+  c.bos_token_id = c.eos_token_id = c.pad_token_id = 0;
+  return c;
+}
+
+struct Case {
+  std::string name;
+  model::ModelConfig cfg;
+  HeadKind head;
+  bool checkpointing = false;
+  int64_t logit_chunk_bytes = model::TransformerCuda::kLogitChunkBytes;
+};
+
+// Bounds (nmse against the fp32 CPU model on the same bf16 weights). The GPU model rounds every
+// activation to bf16 (relative error 2^-9 per op) and keeps the residual stream and activation
+// gradients in bf16; through 2 layers that compounds to a relative error of ~1% per element.
+//  - lp, entropy: measured nmse <= 5e-7 (emulator); values (one bf16-rounded output per token)
+//    1.5e-5. Bound 1e-4, while a wrong op (say a missing residual or a transposed weight) gives
+//    nmse ~1e-1.
+//  - parameter gradients: products of two bf16-rounded activation(-gradient) streams summed over
+//    N tokens; measured nmse up to 7.6e-5; bound 1e-3. A gradient of the wrong tensor or sign is
+//    nmse ~1.
+constexpr double kNmseOutputs = 1e-4;
+constexpr double kNmseGrads = 1e-3;
+
+void check_case(const Case& cs) {
+  const int64_t B = 3, T = 13, N = B * T;
+  model::ParamLayout layout(cs.cfg, cs.head, 1);
+  model::LocalParams<float> P(layout);
+  P.init(7, 0.05);
+  for (int u = 0; u < layout.num_units(); ++u) {
+    for (const auto& t : layout.unit(u).tensors)
+      if (t.name.find("norm") != std::string::npos || t.name.find("bias") != std::string::npos) {
+        auto r = test::random_vec<float>(t.numel, 1000 + u, 0.5, 1.5);
+        std::copy(r.begin(), r.end(), P.params(u) + t.offset);
+      }
+    // Both sides see exactly the bf16 weights.
+    float* p = P.params(u);
+    for (int64_t i = 0; i < layout.unit(u).numel_padded; ++i)
+      p[i] = test::to_f32(test::to_bf16(p[i]));
+  }
+  const auto tokens = test::random_tokens(N, cs.cfg.vocab_size, 5);
+  std::vector<int32_t> targets(N);
+  for (int64_t n = 0; n < N; ++n) targets[n] = (n % T == T - 1) ? -1 : tokens[n + 1];
+  targets[4] = -1;
+  const auto a = test::random_vec<float>(N, 8), b = test::random_vec<float>(N, 9);
+  const float inv_temp = 1.0f / 0.7f;
+
+  model::Transformer<float> cpu(layout, false);
+  std::vector<float> out_ref(N), ent_ref(N), out(N), ent(N);
+  test::TestStream s;
+  TestDeviceParams D(P, s.get());
+  model::TransformerCuda gpu(layout, cs.checkpointing, cs.logit_chunk_bytes);
+  if (cs.head == HeadKind::kLM) {
+    cpu.forward_lm(P, tokens.data(), targets.data(), B, T, out_ref.data(), ent_ref.data(), true,
+                   inv_temp);
+    cpu.backward_lm(P, a.data(), b.data());
+    gpu.forward_lm(D, tokens.data(), targets.data(), B, T, out.data(), ent.data(), true, inv_temp);
+    gpu.backward_lm(D, a.data(), b.data());
+    test::check_nmse(cs.name + " lp", out, out_ref, kNmseOutputs);
+    test::check_nmse(cs.name + " entropy", ent, ent_ref, kNmseOutputs);
+    for (int64_t n = 0; n < N; ++n)
+      if (targets[n] == -1) CHECK(out[n] == 0.0f);
+  } else {
+    cpu.forward_scalar(P, tokens.data(), B, T, out_ref.data(), true);
+    cpu.backward_scalar(P, a.data());
+    gpu.forward_scalar(D, tokens.data(), B, T, out.data(), true);
+    gpu.backward_scalar(D, a.data());
+    test::check_nmse(cs.name + " values", out, out_ref, kNmseOutputs);
+  }
+  for (int u = 0; u < layout.num_units(); ++u) {
+    const int64_t n = layout.unit(u).numel_padded;
+    std::vector<float> ref(P.grads(u), P.grads(u) + n);
+    test::check_nmse(cs.name + " grads of unit " + std::to_string(u), D.grads(u), ref, kNmseGrads);
+  }
+  CHECK(D.guards_intact());
+}
+
+}  // namespace
+#endif
+
+TEST_CASE("transformer cuda vs cpu: lp, entropy, values and every gradient") {
+  RLHF_SKIP_WITHOUT_CUDA_DEVICE();
+#ifdef RLHF_CUDA
+  using model::RopeStyle;
+  check_case({"lm(rotate_half,untied,GQA)",
+              small_config(RopeStyle::kRotateHalf, false, false, 4, 2), HeadKind::kLM});
+  check_case({"lm(interleaved,tied,qkv bias,MHA)",
+              small_config(RopeStyle::kInterleaved, true, true, 4, 4), HeadKind::kLM});
+  check_case({"lm(checkpointing)", small_config(RopeStyle::kRotateHalf, true, false, 4, 1),
+              HeadKind::kLM, true});
+  // 2 rows of logits per chunk: forward and backward go over 20 chunks, backward recomputes.
+  check_case({"lm(chunked head)", small_config(RopeStyle::kRotateHalf, false, true, 8, 2),
+              HeadKind::kLM, false, 2 * 256 * 2});
+  check_case(
+      {"value head", small_config(RopeStyle::kRotateHalf, false, false, 4, 2), HeadKind::kValue});
+#endif
+}
+
+TEST_CASE("transformer cuda: checkpointing and the chunked head change nothing") {
+  RLHF_SKIP_WITHOUT_CUDA_DEVICE();
+#ifdef RLHF_CUDA
+  // The same GPU model three ways must give the same bits: recomputation repeats the forward
+  // kernels on the same inputs, and a chunked head computes the same rows.
+  const int64_t B = 2, T = 9, N = B * T;
+  const auto cfg = small_config(model::RopeStyle::kRotateHalf, true, false, 4, 2);
+  model::ParamLayout layout(cfg, HeadKind::kLM, 1);
+  model::LocalParams<float> P(layout);
+  P.init(3, 0.05);
+  const auto tokens = test::random_tokens(N, cfg.vocab_size, 1);
+  std::vector<int32_t> targets(tokens.begin() + 1, tokens.end());
+  targets.push_back(-1);
+  const auto dlp = test::random_vec<float>(N, 2);
+  test::TestStream s;
+  std::vector<std::vector<float>> lps;
+  std::vector<std::vector<std::vector<float>>> grads;  // [variant][unit]
+  for (int variant = 0; variant < 3; ++variant) {
+    TestDeviceParams D(P, s.get());
+    model::TransformerCuda gpu(
+        layout, variant == 1,
+        variant == 2 ? 3 * 256 * 2 : model::TransformerCuda::kLogitChunkBytes);
+    std::vector<float> lp(N);
+    gpu.forward_lm(D, tokens.data(), targets.data(), B, T, lp.data(), nullptr, true);
+    gpu.backward_lm(D, dlp.data(), nullptr);
+    lps.push_back(lp);
+    grads.emplace_back();
+    for (int u = 0; u < layout.num_units(); ++u) grads.back().push_back(D.grads(u));
+  }
+  CHECK(lps[1] == lps[0]);
+  CHECK(lps[2] == lps[0]);
+  for (int u = 0; u < layout.num_units(); ++u) {
+    CHECK(grads[1][u] == grads[0][u]);
+    // The chunked head sums the head weight's gradient (the tied embedding here) chunk by chunk:
+    // another fp32 summation order for that unit, the same bits everywhere else.
+    if (u == layout.embedding_unit())
+      test::check_nmse("chunked head: embedding grads", grads[2][u], grads[0][u],
+                       test::kNmseF32Out);
+    else
+      CHECK(grads[2][u] == grads[0][u]);
+  }
+#endif
+}
+
+TEST_CASE("transformer cuda: bad token ids are refused on the host") {
+  RLHF_SKIP_WITHOUT_CUDA_DEVICE();
+#ifdef RLHF_CUDA
+  const auto cfg = small_config(model::RopeStyle::kRotateHalf, false, false, 4, 2);
+  model::ParamLayout layout(cfg, HeadKind::kLM, 1);
+  model::LocalParams<float> P(layout);
+  P.init(3, 0.05);
+  test::TestStream s;
+  TestDeviceParams D(P, s.get());
+  model::TransformerCuda gpu(layout);
+  std::vector<int32_t> tokens = {1, 2, 256, 3}, targets = {2, 3, 4, -1};
+  std::vector<float> lp(4);
+  CHECK_THROWS_WITH(
+      gpu.forward_lm(D, tokens.data(), targets.data(), 1, 4, lp.data(), nullptr, false),
+      doctest::Contains("token id 256 at position 2"));
+  tokens[2] = 5;
+  targets[1] = -2;
+  CHECK_THROWS_WITH(
+      gpu.forward_lm(D, tokens.data(), targets.data(), 1, 4, lp.data(), nullptr, false),
+      doctest::Contains("target -2 at position 1"));
+  CHECK_THROWS_WITH(gpu.backward_lm(D, lp.data(), nullptr), doctest::Contains("backward_lm needs"));
+#endif
+}
