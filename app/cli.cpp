@@ -509,6 +509,14 @@ void ParallelArgs::bind(OptionSet& o) {
         "Collectives: auto (shared memory inside a node, else MPI), mpi, shm")
       .check(one_of({"auto", "mpi", "shm"}))
       .env("RLHF_COMM_KIND");
+  o.add("device", device,
+        "Where the models train: auto (cuda when built with CUDA and a GPU is visible), cpu, "
+        "cuda")
+      .check(one_of({"auto", "cpu", "cuda"}))
+      .env("RLHF_DEVICE");
+  o.add("nccl_timeout", nccl_timeout,
+        "Seconds a GPU (NCCL) collective may take before the watchdog aborts the job (0 = none)")
+      .check(ge(0));
 }
 
 void CheckpointArgs::bind(OptionSet& o) {

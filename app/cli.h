@@ -191,6 +191,11 @@ struct ParallelArgs {
   int gen_ranks_per_node = 0;  ///< --gen_ranks_per_node: 0 = colocated (every rank does both)
   int threads = 0;             ///< --threads: OpenMP threads per rank; 0 = cores / ranks on node
   std::string comm_backend = "auto";  ///< --comm_backend: auto | mpi | shm (env RLHF_COMM_KIND)
+  /// --device: where the models train: auto (cuda when a GPU is visible), cpu, cuda (env
+  /// RLHF_DEVICE)
+  std::string device = "auto";
+  /// --nccl_timeout: seconds a GPU collective may take before the watchdog ends the job (0 = none)
+  double nccl_timeout = 1800;
 
   void bind(OptionSet& o);
 };

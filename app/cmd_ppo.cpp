@@ -238,20 +238,14 @@ int run_rl(const PpoArgs& args, const char* cmd) {
   const bool with_critic = rollout::uses_critic(est);
   const bool with_ref = args.init_kl_coef > 0;
 
-  std::unique_ptr<parallel::ParamStore> actor, ref, critic, rm;
-  std::unique_ptr<model::Transformer<float>> actor_net, ref_net, critic_net, rm_net;
+  std::unique_ptr<parallel::TrainModel> actor, ref, critic, rm;
   std::unique_ptr<model::ParamLayout> critic_layout, rm_layout;
   if (trains) {
-    actor = make_param_store(layout, *comm, args.zero);
-    initialize_weights(*actor, src, seed);
-    actor_net =
-        std::make_unique<model::Transformer<float>>(layout, args.zero.gradient_checkpointing);
-    parallel::Zero3Options frozen;
-    frozen.frozen = true;
+    actor = make_train_model(layout, rt, args.zero);
+    initialize_weights(actor->store(), src, seed);
     if (with_ref) {
-      ref = std::make_unique<parallel::Zero3Store>(layout, *comm, frozen);
-      initialize_weights(*ref, src, seed);
-      ref_net = std::make_unique<model::Transformer<float>>(layout, false);
+      ref = make_train_model(layout, rt, args.zero, /*frozen=*/true);
+      initialize_weights(ref->store(), src, seed);
     }
     if (!args.reward_pretrain.empty()) {
       ModelArgs m;
@@ -261,9 +255,8 @@ int run_rl(const PpoArgs& args, const char* cmd) {
                  args.reward_pretrain);
       rm_layout =
           std::make_unique<model::ParamLayout>(rsrc.config, model::HeadKind::kReward, n_train);
-      rm = std::make_unique<parallel::Zero3Store>(*rm_layout, *comm, frozen);
-      initialize_weights(*rm, rsrc, seed);
-      rm_net = std::make_unique<model::Transformer<float>>(*rm_layout, false);
+      rm = make_train_model(*rm_layout, rt, args.zero, /*frozen=*/true);
+      initialize_weights(rm->store(), rsrc, seed);
     }
     if (with_critic) {
       ModelArgs m;
@@ -274,10 +267,8 @@ int run_rl(const PpoArgs& args, const char* cmd) {
       const ModelSource csrc = resolve_model_source(m, model::HeadKind::kValue);
       critic_layout =
           std::make_unique<model::ParamLayout>(csrc.config, model::HeadKind::kValue, n_train);
-      critic = make_param_store(*critic_layout, *comm, args.zero);
-      initialize_weights(*critic, csrc, seed + 1);
-      critic_net = std::make_unique<model::Transformer<float>>(*critic_layout,
-                                                               args.zero.gradient_checkpointing);
+      critic = make_train_model(*critic_layout, rt, args.zero);
+      initialize_weights(critic->store(), csrc, seed + 1);
     }
   }
   // Tensor-parallel engines: the engine's group (collective over engine_comm; TP 1: none).
@@ -365,8 +356,7 @@ int run_rl(const PpoArgs& args, const char* cmd) {
   po.seed = seed;
   std::unique_ptr<rollout::PpoTrainer> trainer;
   if (trains) {
-    rollout::PpoModels pm{actor.get(),  actor_net.get(),  ref.get(), ref_net.get(),
-                          critic.get(), critic_net.get(), rm.get(),  rm_net.get()};
+    rollout::PpoModels pm{actor.get(), ref.get(), critic.get(), rm.get()};
     trainer = std::make_unique<rollout::PpoTrainer>(pm, po, *comm);
   }
 
@@ -374,8 +364,8 @@ int run_rl(const PpoArgs& args, const char* cmd) {
   int64_t start_step = 0;
   std::vector<CheckpointSlot> slots;
   if (trains) {
-    slots.push_back({"model", actor.get(), true});
-    if (critic) slots.push_back({"critic", critic.get(), true});
+    slots.push_back({"model", &actor->store(), true});
+    if (critic) slots.push_back({"critic", &critic->store(), true});
   }
   if (args.load_checkpoint && trains) {
     const std::string path = latest_valid_checkpoint(args.ckpt_path);
@@ -406,7 +396,7 @@ int run_rl(const PpoArgs& args, const char* cmd) {
       "{} engines, {} training ranks | {} prompts, {} per step x {} samples | {} steps "
       "({} per episode) | {} optimizer steps per RL step",
       n_engines, n_train, n_prompts, RB, n, total_steps, steps_per_episode, opt_steps_per_rl);
-  if (trains) log_memory(*actor, 0, *comm);
+  if (trains) log_memory(actor->store(), 0, *comm);
 
   std::unique_ptr<io::MetricsWriter> metrics;
   if (world_rank == 0) {
@@ -414,7 +404,8 @@ int run_rl(const PpoArgs& args, const char* cmd) {
     metrics = std::make_unique<io::MetricsWriter>(args.ckpt.save_path, start_step == 0);
   }
   std::vector<float*> engine_units = engine ? engine->unit_buffers() : std::vector<float*>();
-  sync.sync(actor.get(), engine_units);  // the initial (or resumed) policy into every engine
+  sync.sync(actor ? &actor->store() : nullptr,
+            engine_units);  // the initial (or resumed) policy into every engine
 
   EpochOrder order(n_prompts, seed);
   for (int64_t step = start_step; step < total_steps; ++step) {
@@ -563,7 +554,7 @@ int run_rl(const PpoArgs& args, const char* cmd) {
     }
     // 5. Weight sync into every engine.
     t = Clock::now();
-    const parallel::SyncStats ss = sync.sync(actor.get(), engine_units);
+    const parallel::SyncStats ss = sync.sync(actor ? &actor->store() : nullptr, engine_units);
     const double sync_s = since(t);
     // 6. Metrics (train rank 0 knows them; world rank 0 prints and writes them).
     rec = bcast_json(rec, train_root, world);
@@ -615,7 +606,7 @@ int run_rl(const PpoArgs& args, const char* cmd) {
   }
   if (trains) {
     const std::string path = (std::filesystem::path(args.ckpt.save_path) / "model.h5").string();
-    save_model(*actor, path, comm->rank(), tokenizer.get());
+    save_model(actor->store(), path, comm->rank(), tokenizer.get());
     LOG0_INFO("done: {} steps in {:.1f}s | policy {} | metrics {}/metrics.jsonl", total_steps,
               since(t_start), path, args.ckpt.save_path);
   }

@@ -43,9 +43,9 @@ int run_rm(const RmArgs& args) {
              "--max_len {} exceeds the model's max_position_embeddings {}", args.max_len,
              cfg.max_position_embeddings);
   model::ParamLayout layout(cfg, model::HeadKind::kReward, world);
-  auto store = make_param_store(layout, comm, args.zero);
+  const std::unique_ptr<parallel::TrainModel> net = make_train_model(layout, rt, args.zero);
+  parallel::ParamStore* store = &net->store();
   initialize_weights(*store, src, static_cast<uint64_t>(args.common.seed));
-  model::Transformer<float> net(layout, args.zero.gradient_checkpointing);
 
   io::PreferenceDatasetOptions dopt;
   dopt.chosen_key = args.chosen_key;
@@ -99,7 +99,7 @@ int run_rm(const RmArgs& args) {
         std::copy(seqs[size_t(r)]->begin(), seqs[size_t(r)]->end(), tokens.begin() + r * T);
       values.resize(size_t(B * T));
       dvalues.assign(size_t(B * T), 0.0f);
-      net.forward_scalar(store->provider(), tokens.data(), B, T, values.data(), true);
+      net->forward_scalar(tokens.data(), B, T, values.data(), true);
       for (int64_t i = 0; i < MB; ++i) {
         const int64_t lc = i * T + int64_t(seqs[size_t(i)]->size()) - 1;
         const int64_t lr = (MB + i) * T + int64_t(seqs[size_t(MB + i)]->size()) - 1;
@@ -112,7 +112,7 @@ int run_rm(const RmArgs& args) {
         correct += delta > 0;
         margin_sum += delta;
       }
-      net.backward_scalar(store->provider(), dvalues.data());
+      net->backward_scalar(dvalues.data());
     }
     double sums[3] = {loss_sum, correct, margin_sum}, total[3];
     comm.all_reduce(sums, total, 3);

@@ -59,10 +59,9 @@ int run_sft(const SftArgs& args) {
   const model::ModelConfig& cfg = src.config;
   const std::shared_ptr<const io::Tokenizer> tokenizer = model_tokenizer(src);
   model::ParamLayout layout(cfg, model::HeadKind::kLM, world);
-  std::unique_ptr<parallel::ParamStore> store_ptr = make_param_store(layout, comm, args.zero);
-  parallel::ParamStore& store = *store_ptr;
+  const std::unique_ptr<parallel::TrainModel> net = make_train_model(layout, rt, args.zero);
+  parallel::ParamStore& store = net->store();
   initialize_weights(store, src, static_cast<uint64_t>(args.common.seed));
-  model::Transformer<float> net(layout, args.zero.gradient_checkpointing);
 
   // --- data
   io::SftDatasetOptions dopt;
@@ -149,14 +148,14 @@ int run_sft(const SftArgs& args) {
       const int64_t N = batch.B * batch.T;
       lp.resize(size_t(N));
       dlp.resize(size_t(N));
-      net.forward_lm(store.provider(), batch.tokens.data(), batch.targets.data(), batch.B, batch.T,
-                     lp.data(), nullptr, true);
+      net->forward_lm(batch.tokens.data(), batch.targets.data(), batch.B, batch.T, lp.data(),
+                      nullptr, true);
       for (int64_t n = 0; n < N; ++n) {
         const bool on = batch.targets[size_t(n)] >= 0;
         loss_sum -= on ? double(lp[size_t(n)]) : 0.0;
         dlp[size_t(n)] = on ? static_cast<float>(-1.0 / n_loss_tokens) : 0.0f;
       }
-      net.backward_lm(store.provider(), dlp.data(), nullptr);
+      net->backward_lm(dlp.data(), nullptr);
       real_tokens += double(batch.real_tokens);
     }
     const double loss = allreduce_sum(comm, loss_sum) / n_loss_tokens;
@@ -168,7 +167,7 @@ int run_sft(const SftArgs& args) {
     const double step_s = seconds_since(t_step);
     const double comm_s = comm.stats().seconds - comm_before.seconds;
     const double comm_gb = double(comm.stats().bytes - comm_before.bytes) / 1e9;
-    if (step == 0) log_memory(store, net.activation_bytes(), comm);
+    if (step == 0) log_memory(store, net->activation_bytes(), comm);
     const double tokens = allreduce_sum(comm, real_tokens);
     const double tok_s = tokens / step_s;
     const double gflops =

@@ -16,13 +16,20 @@
 #include <thread>
 #include <vector>
 
+#include "core/cuda_check.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "io/hdf5_ckpt.h"
 #include "io/model_config_file.h"
 #include "io/tokenizer_hdf5.h"
 #include "model/init.h"
+#include "parallel/mpi_check.h"
 #include "parallel/zero3.h"
+
+#ifdef RLHF_CUDA
+#include "core/device_memory.h"
+#include "parallel/device_store.h"
+#endif
 
 namespace rlhf::app {
 
@@ -202,7 +209,91 @@ TrainRuntime setup_train_runtime(const ParallelArgs& args, int tensor_parallel,
   const parallel::CommKind kind = parallel::comm_kind_from_name(args.comm_backend);
   // make_comm is collective over train_comm's members only; ranks outside get nullptr.
   rt.train_comm = parallel::make_comm(rt.topology->train_comm(), "train_comm", kind);
+
+  rt.device = resolve_device(args.device);
+  const MPI_Comm world = rt.topology->world();
+  int cuda = rt.device == Device::kCuda ? 1 : 0, lo = 0, hi = 0;
+  MPI_CHECK(MPI_Allreduce(&cuda, &lo, 1, MPI_INT, MPI_MIN, world));
+  MPI_CHECK(MPI_Allreduce(&cuda, &hi, 1, MPI_INT, MPI_MAX, world));
+  RLHF_CHECK(lo == hi,
+             "--device {}: some ranks found a GPU and others did not\nhint: give every rank a "
+             "GPU (srun --gpus-per-task=1), or run with --device cpu",
+             args.device);
+  if (rt.device == Device::kCuda) {
+#ifdef RLHF_CUDA
+    // The GPU of a rank: its local rank on its real (shared-memory) node, not the simulated
+    // node of --ranks_per_node, so that simulated nodes on one host do not share GPUs.
+    MPI_Comm shm = MPI_COMM_NULL;
+    MPI_CHECK(MPI_Comm_split_type(world, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &shm));
+    int local = 0;
+    const int rc = MPI_Comm_rank(shm, &local);
+    MPI_Comm_free(&shm);
+    MPI_CHECK(rc);
+    rt.cuda_device = select_cuda_device(local);
+    LOG0_INFO("device: cuda, one GPU per rank (rank 0: device {}, {})", rt.cuda_device,
+              cuda_device_summary());
+    rt.device_comm = parallel::make_comm(rt.topology->train_comm(), "train_comm_nccl",
+                                         parallel::CommKind::kNccl, {}, args.nccl_timeout);
+    if (rt.device_comm && rt.device_comm->size() == 1) rt.device_comm.reset();
+#endif
+  } else {
+    LOG0_INFO("device: cpu");
+  }
   return rt;
+}
+
+const char* device_name(Device d) {
+  return d == Device::kCuda ? "cuda" : "cpu";
+}
+
+Device resolve_device(const std::string& flag) {
+  if (flag == "cpu") return Device::kCpu;
+  const bool have = cuda_device_count() > 0;
+  if (flag == "cuda") {
+#ifndef RLHF_CUDA
+    RLHF_FAIL(
+        "--device cuda: this build has no CUDA backend\nhint: rebuild where the CUDA toolkit is "
+        "found (cmake -DRLHF_CUDA=ON), or run with --device cpu");
+#endif
+    RLHF_CHECK(have,
+               "--device cuda: no CUDA device is visible ({})\nhint: check CUDA_VISIBLE_DEVICES "
+               "and the job's GPU allocation, or run with --device cpu",
+               cuda_device_summary());
+    return Device::kCuda;
+  }
+  RLHF_CHECK(flag == "auto", "--device must be auto, cpu or cuda, got '{}'", flag);
+  return have ? Device::kCuda : Device::kCpu;
+}
+
+std::unique_ptr<parallel::TrainModel> make_train_model(const model::ParamLayout& layout,
+                                                       TrainRuntime& rt, const ZeroArgs& z,
+                                                       bool frozen) {
+  RLHF_ASSERT(rt.train_comm != nullptr);
+  const bool checkpointing = z.gradient_checkpointing && !frozen;
+  if (rt.device == Device::kCuda) {
+#ifdef RLHF_CUDA
+    RLHF_CHECK(z.zero_stage == 3,
+               "--zero_stage {} with --device cuda: the GPU path shards with ZeRO-3 (--zero_stage "
+               "3); the replicated ZeRO-0 baseline runs on the CPU only",
+               z.zero_stage);
+    parallel::DeviceStoreOptions o;
+    o.adam_offload = z.adam_offload && !frozen;
+    o.frozen = frozen;
+    o.keep_params_for_backward = z.zero_keep_params;
+    return parallel::make_cuda_train_model(
+        std::make_unique<parallel::DeviceZero3Store>(layout, rt.device_comm.get(), o),
+        checkpointing);
+#endif
+  }
+  std::unique_ptr<parallel::ParamStore> store;
+  if (frozen) {
+    parallel::Zero3Options f;
+    f.frozen = true;
+    store = std::make_unique<parallel::Zero3Store>(layout, *rt.train_comm, f);
+  } else {
+    store = make_param_store(layout, *rt.train_comm, z);
+  }
+  return parallel::make_cpu_train_model(std::move(store), checkpointing);
 }
 
 std::unique_ptr<parallel::ParamStore> make_param_store(const model::ParamLayout& layout,

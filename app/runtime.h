@@ -15,6 +15,7 @@
 #include "parallel/comm.h"
 #include "parallel/param_store.h"
 #include "parallel/topology.h"
+#include "parallel/train_model.h"
 
 namespace rlhf::app {
 
@@ -68,10 +69,26 @@ void load_model_weights(const ModelSource& src, const model::ParamLayout& layout
 uint64_t save_model(parallel::ParamStore& store, const std::string& path, int rank,
                     const io::Tokenizer* tokenizer = nullptr);
 
-/// What a training command runs on: the placement of every rank and the training communicator.
+/// Where a command's models train.
+enum class Device { kCpu, kCuda };
+/// "cpu", "cuda".
+const char* device_name(Device d);
+
+/// --device on this rank: "cpu"; "cuda" (throws rlhf::Error when the build has no CUDA or no GPU
+/// is visible); "auto": cuda when built with CUDA and a GPU is visible, else cpu.
+Device resolve_device(const std::string& flag);
+
+/// What a training command runs on: the placement of every rank, the training communicator, and
+/// the device.
 struct TrainRuntime {
   std::unique_ptr<parallel::Topology> topology;
   std::unique_ptr<parallel::Comm> train_comm;  ///< nullptr on ranks that do not train
+  /// With --device cuda and more than one training rank: an NCCL communicator over the same
+  /// ranks as train_comm, for the device buffers of ZeRO-3 (train_comm keeps the host-side
+  /// collectives). nullptr otherwise.
+  std::unique_ptr<parallel::Comm> device_comm;
+  Device device = Device::kCpu;
+  int cuda_device = -1;  ///< the CUDA device of this rank (cuda only)
   int threads = 1;
   int rank() const { return topology->rank(); }
 };
@@ -85,8 +102,11 @@ std::unique_ptr<parallel::Topology> setup_topology(const ParallelArgs& args, int
 
 /// Builds the topology (collective over MPI_COMM_WORLD; refuses placements that cannot be made,
 /// with the reason), prints the placement table on rank 0, sets the thread count, and makes
-/// train_comm with --comm_backend. `needs_generation` = false refuses --gen_ranks_per_node > 0
-/// (a command that only trains would leave those ranks idle).
+/// train_comm with --comm_backend. Resolves --device on every rank (all ranks must agree; a job
+/// where some ranks see a GPU and others do not is refused); with cuda, selects the GPU of each
+/// rank (its local rank on its real node, modulo the visible GPUs) and makes device_comm.
+/// `needs_generation` = false refuses --gen_ranks_per_node > 0 (a command that only trains would
+/// leave those ranks idle).
 TrainRuntime setup_train_runtime(const ParallelArgs& args, int tensor_parallel,
                                  bool needs_generation);
 
@@ -96,6 +116,14 @@ TrainRuntime setup_train_runtime(const ParallelArgs& args, int tensor_parallel,
 /// --zero_stage 0.
 std::unique_ptr<parallel::ParamStore> make_param_store(const model::ParamLayout& layout,
                                                        parallel::Comm& comm, const ZeroArgs& z);
+
+/// The model a training command trains (or scores with, frozen) on rt's device: on the CPU the
+/// store of make_param_store (frozen: a weights-only ZeRO-3 store) with Transformer<float>; on
+/// the GPU a DeviceZero3Store over rt.device_comm with TransformerCuda. `layout` must be padded
+/// for train_comm's size. Call on training ranks only.
+std::unique_ptr<parallel::TrainModel> make_train_model(const model::ParamLayout& layout,
+                                                       TrainRuntime& rt, const ZeroArgs& z,
+                                                       bool frozen = false);
 
 /// Logs this rank's memory (rank 0 prints the max over ranks of each part): params, grads,
 /// optimizer, gather buffers, activations and the process's peak resident size.

@@ -16,8 +16,8 @@
 #include "core/error.h"
 #include "model/flops.h"
 #include "model/init.h"
-#include "model/transformer.h"
 #include "parallel/param_store.h"
+#include "parallel/train_model.h"
 #include "parallel/zero3.h"
 
 namespace rlhf::bench {
@@ -127,12 +127,13 @@ nlohmann::json bench_train_variant(const BenchTrainOptions& opt, parallel::Comm&
   } else {
     store = std::make_unique<parallel::LocalParamStore>(layout);
   }
+  const std::unique_ptr<parallel::TrainModel> net =
+      parallel::make_cpu_train_model(std::move(store), opt.gradient_checkpointing);
   for (int u = 0; u < layout.num_units(); ++u) {
     std::vector<float> full(size_t(layout.unit(u).numel_padded));
     model::init_unit_params(full.data(), layout.unit(u), opt.seed);
-    store->load_unit(u, full.data());
+    net->store().load_unit(u, full.data());
   }
-  model::Transformer<float> net(layout, opt.gradient_checkpointing);
   std::mt19937_64 rng(opt.seed * 7919 + uint64_t(comm.rank()));
   std::uniform_int_distribution<int32_t> tok(0, int32_t(cfg.vocab_size - 1));
   const int64_t Nt = mb * T;
@@ -146,16 +147,15 @@ nlohmann::json bench_train_variant(const BenchTrainOptions& opt, parallel::Comm&
     comm.barrier();
     const double c0 = comm.stats().seconds;
     const auto t0 = Clock::now();
-    store->zero_grads();
+    net->store().zero_grads();
     for (int64_t m = 0; m < per_rank / mb; ++m) {
       for (auto& t : tokens) t = tok(rng);
       for (int64_t n = 0; n < Nt; ++n)
         targets[size_t(n)] = (n % T == T - 1) ? -1 : tokens[size_t(n + 1)];
-      net.forward_lm(store->provider(), tokens.data(), targets.data(), mb, T, lp.data(), nullptr,
-                     true);
-      net.backward_lm(store->provider(), dlp.data(), nullptr);
+      net->forward_lm(tokens.data(), targets.data(), mb, T, lp.data(), nullptr, true);
+      net->backward_lm(dlp.data(), nullptr);
     }
-    parallel::clip_and_step(*store, adam, adam.lr, s + 1, 1.0);
+    parallel::clip_and_step(net->store(), adam, adam.lr, s + 1, 1.0);
     if (s >= opt.warmup) {
       times.push_back(since(t0));
       comm_times.push_back(comm.stats().seconds - c0);
@@ -170,9 +170,9 @@ nlohmann::json bench_train_variant(const BenchTrainOptions& opt, parallel::Comm&
   std::sort(idx.begin(), idx.end(), [&](size_t a, size_t b) { return tmax[a] < tmax[b]; });
   const size_t med = idx[idx.size() / 2];
   const double step_s = tmax[med], comm_s = cmax[med];
-  const auto mem = store->memory();
+  const auto mem = net->store().memory();
   int64_t bytes[3] = {mem.params_bytes + mem.grads_bytes + mem.optimizer_bytes, mem.gather_bytes,
-                      net.activation_bytes()};
+                      net->activation_bytes()};
   int64_t bytes_max[3];
   comm.all_reduce(bytes, bytes_max, 3, parallel::ReduceOp::kMax);
   const double tokens_per_step = double(seqs * T);

@@ -31,10 +31,10 @@ PpoTrainer::PpoTrainer(const PpoModels& models, const PpoOptions& options,
       opt_(options),
       comm_(train_comm),
       kl_(options.init_kl_coef, options.kl_target, options.kl_horizon) {
-  RLHF_CHECK(m_.actor && m_.actor_net, "PPO needs an actor");
-  RLHF_CHECK(!uses_critic(opt_.estimator) || (m_.critic && m_.critic_net),
+  RLHF_CHECK(m_.actor != nullptr, "PPO needs an actor");
+  RLHF_CHECK(!uses_critic(opt_.estimator) || m_.critic != nullptr,
              "--advantage_estimator gae needs a critic");
-  RLHF_CHECK(opt_.init_kl_coef <= 0 || (m_.ref && m_.ref_net),
+  RLHF_CHECK(opt_.init_kl_coef <= 0 || m_.ref != nullptr,
              "a KL term (--init_kl_coef > 0) needs the reference model");
 }
 
@@ -66,7 +66,7 @@ std::vector<float> PpoTrainer::allgather_rows(const std::vector<float>& local, i
 }
 
 std::vector<double> PpoTrainer::reward_model_scores(const std::vector<Sample>& samples) {
-  RLHF_CHECK(m_.reward && m_.reward_net, "reward model scores need --reward_pretrain");
+  RLHF_CHECK(m_.reward != nullptr, "reward model scores need --reward_pretrain");
   const int64_t B = int64_t(samples.size()), N = comm_.size();
   RLHF_CHECK(B % N == 0, "{} samples do not split over {} training ranks", B, N);
   const int64_t per = B / N, first = comm_.rank() * per;
@@ -78,8 +78,7 @@ std::vector<double> PpoTrainer::reward_model_scores(const std::vector<Sample>& s
       mb.push_back(&samples[size_t(first + i)]);
     Batch b = make_batch(mb);
     values.resize(size_t(b.B * b.T));
-    m_.reward_net->forward_scalar(m_.reward->provider(), b.tokens.data(), b.B, b.T, values.data(),
-                                  false);
+    m_.reward->forward_scalar(b.tokens.data(), b.B, b.T, values.data(), false);
     for (int64_t r = 0; r < b.B; ++r) {
       const int64_t last =
           r * b.T + int64_t(mb[size_t(r)]->prompt.size() + mb[size_t(r)]->response.size()) - 1;
@@ -123,17 +122,16 @@ Experience PpoTrainer::make_experience(const std::vector<Sample>& samples,
         for (size_t k = 0; k < mb[size_t(r)]->response.size(); ++k)
           dst[size_t((a + r) * Tr + int64_t(k))] = src[size_t(b.resp_pos[size_t(r)] + int64_t(k))];
     };
-    m_.actor_net->forward_lm(m_.actor->provider(), b.tokens.data(), b.targets.data(), b.B, b.T,
-                             buf.data(), nullptr, false, inv_temp);
+    m_.actor->forward_lm(b.tokens.data(), b.targets.data(), b.B, b.T, buf.data(), nullptr, false,
+                         inv_temp);
     scatter(lp_old, buf);
     if (m_.ref) {
-      m_.ref_net->forward_lm(m_.ref->provider(), b.tokens.data(), b.targets.data(), b.B, b.T,
-                             buf.data(), nullptr, false, inv_temp);
+      m_.ref->forward_lm(b.tokens.data(), b.targets.data(), b.B, b.T, buf.data(), nullptr, false,
+                         inv_temp);
       scatter(lp_ref, buf);
     }
     if (m_.critic && uses_critic(opt_.estimator)) {
-      m_.critic_net->forward_scalar(m_.critic->provider(), b.tokens.data(), b.B, b.T, buf.data(),
-                                    false);
+      m_.critic->forward_scalar(b.tokens.data(), b.B, b.T, buf.data(), false);
       scatter(values, buf);
     }
   }
@@ -208,8 +206,8 @@ PpoStats PpoTrainer::train(const Experience& e, int64_t rl_step,
       double n_tok = 0;  // response tokens of this optimizer step, all ranks
       for (int64_t i = s0; i < s0 + TB; ++i) n_tok += e.resp_len[size_t(order[size_t(i)])];
       const double w = 1.0 / std::max(n_tok, 1.0);
-      if (train_actor) m_.actor->zero_grads();
-      if (train_critic) m_.critic->zero_grads();
+      if (train_actor) m_.actor->store().zero_grads();
+      if (train_critic) m_.critic->store().zero_grads();
       const int64_t mine = s0 + comm_.rank() * (TB / N);
       for (int64_t a = 0; a < TB / N; a += MB) {
         std::vector<const Sample*> mb;
@@ -240,8 +238,8 @@ PpoStats PpoTrainer::train(const Experience& e, int64_t rl_step,
           lp.assign(size_t(NT), 0.0f);
           const bool with_ent = opt_.entropy_loss_coef != 0;
           ent.assign(size_t(NT), 0.0f);
-          m_.actor_net->forward_lm(m_.actor->provider(), b.tokens.data(), b.targets.data(), b.B,
-                                   b.T, lp.data(), ent.data(), true, inv_temp);
+          m_.actor->forward_lm(b.tokens.data(), b.targets.data(), b.B, b.T, lp.data(), ent.data(),
+                               true, inv_temp);
           dlp.assign(size_t(NT), 0.0f);
           std::vector<float> tok_loss(size_t(NT), 0.0f);
           clipped.assign(size_t(NT), 0);
@@ -270,13 +268,11 @@ PpoStats PpoTrainer::train(const Experience& e, int64_t rl_step,
             const double d = double(lp[size_t(p)]) - double(old_lp[size_t(p)]);
             s_akl += w * (std::exp(-d) - 1.0 + d);
           }
-          m_.actor_net->backward_lm(m_.actor->provider(), dlp.data(),
-                                    with_ent ? dent.data() : nullptr);
+          m_.actor->backward_lm(dlp.data(), with_ent ? dent.data() : nullptr);
         }
         if (train_critic) {
           v.assign(size_t(NT), 0.0f);
-          m_.critic_net->forward_scalar(m_.critic->provider(), b.tokens.data(), b.B, b.T, v.data(),
-                                        true);
+          m_.critic->forward_scalar(b.tokens.data(), b.B, b.T, v.data(), true);
           std::vector<float> vl(size_t(NT), 0.0f);
           model::value_loss_forward_cpu(vl.data(), (uint8_t*)nullptr, v.data(), vold.data(),
                                         ret.data(), NT, opt_.value_clip);
@@ -284,19 +280,19 @@ PpoStats PpoTrainer::train(const Experience& e, int64_t rl_step,
           model::value_loss_backward_cpu(dv.data(), wt.data(), v.data(), vold.data(), ret.data(),
                                          NT, opt_.value_clip);
           for (int64_t p : tok_pos) s_val += w * vl[size_t(p)];
-          m_.critic_net->backward_scalar(m_.critic->provider(), dv.data());
+          m_.critic->backward_scalar(dv.data());
         }
       }
       if (train_actor) {
         st.actor_lr = actor_sched.lr_at(actor_steps_);
-        s_an += parallel::clip_and_step(*m_.actor, actor_adam, st.actor_lr, ++actor_steps_,
+        s_an += parallel::clip_and_step(m_.actor->store(), actor_adam, st.actor_lr, ++actor_steps_,
                                         opt_.max_norm);
       }
       if (train_critic) {
         RLHF_CHECK(critic_sched != nullptr, "internal error: a critic without a schedule");
         st.critic_lr = critic_sched->lr_at(critic_steps_);
-        s_cn += parallel::clip_and_step(*m_.critic, critic_adam, st.critic_lr, ++critic_steps_,
-                                        opt_.max_norm);
+        s_cn += parallel::clip_and_step(m_.critic->store(), critic_adam, st.critic_lr,
+                                        ++critic_steps_, opt_.max_norm);
       }
       ++n_opt;
     }

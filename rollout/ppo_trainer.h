@@ -8,11 +8,11 @@
 #include <vector>
 
 #include "model/ops/rl_loss.h"
-#include "model/transformer.h"
 #include "optim/adamw.h"
 #include "optim/schedule.h"
 #include "parallel/comm.h"
 #include "parallel/param_store.h"
+#include "parallel/train_model.h"
 #include "rollout/advantages.h"
 #include "rollout/experience.h"
 
@@ -42,16 +42,13 @@ struct PpoOptions {
 };
 
 /// The models of a run. actor is required; ref when a KL term is used; critic for GAE; reward
-/// model when scores come from one. Each net must match its store's layout.
+/// model when scores come from one. Each is a store with its network, on the CPU or the GPU
+/// (parallel/train_model.h).
 struct PpoModels {
-  parallel::ParamStore* actor = nullptr;
-  model::Transformer<float>* actor_net = nullptr;
-  parallel::ParamStore* ref = nullptr;
-  model::Transformer<float>* ref_net = nullptr;
-  parallel::ParamStore* critic = nullptr;
-  model::Transformer<float>* critic_net = nullptr;
-  parallel::ParamStore* reward = nullptr;
-  model::Transformer<float>* reward_net = nullptr;
+  parallel::TrainModel* actor = nullptr;
+  parallel::TrainModel* ref = nullptr;
+  parallel::TrainModel* critic = nullptr;
+  parallel::TrainModel* reward = nullptr;
 };
 
 /// Metrics of one RL step's training (means over the step's response tokens unless noted).

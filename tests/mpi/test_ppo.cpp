@@ -45,21 +45,19 @@ Run run(parallel::Comm& comm, bool ppo, const model::ModelConfig& cfg) {
   model::ParamLayout vlayout(cfg, model::HeadKind::kValue, N);
   parallel::Zero3Options frozen;
   frozen.frozen = true;
-  parallel::Zero3Store actor(layout, comm), ref(layout, comm, frozen);
-  parallel::Zero3Store critic(vlayout, comm);
-  init_store(actor, 11);
-  init_store(ref, 11);
-  init_store(critic, 12);
-  model::Transformer<float> actor_net(layout), ref_net(layout), critic_net(vlayout);
+  auto actor =
+      parallel::make_cpu_train_model(std::make_unique<parallel::Zero3Store>(layout, comm), false);
+  auto ref = parallel::make_cpu_train_model(
+      std::make_unique<parallel::Zero3Store>(layout, comm, frozen), false);
+  auto critic =
+      parallel::make_cpu_train_model(std::make_unique<parallel::Zero3Store>(vlayout, comm), false);
+  init_store(actor->store(), 11);
+  init_store(ref->store(), 11);
+  init_store(critic->store(), 12);
   rollout::PpoModels m;
-  m.actor = &actor;
-  m.actor_net = &actor_net;
-  m.ref = &ref;
-  m.ref_net = &ref_net;
-  if (ppo) {
-    m.critic = &critic;
-    m.critic_net = &critic_net;
-  }
+  m.actor = actor.get();
+  m.ref = ref.get();
+  if (ppo) m.critic = critic.get();
   rollout::PpoOptions o;
   o.estimator = ppo ? rollout::AdvantageEstimator::kGae : rollout::AdvantageEstimator::kGroupNorm;
   o.use_kl_loss = !ppo;
@@ -82,8 +80,8 @@ Run run(parallel::Comm& comm, bool ppo, const model::ModelConfig& cfg) {
   const optim::LrSchedule sched("constant", 1e-2, 0, 100);
   Run r;
   r.stats = tr.train(exp, 0, adam, sched, adam, ppo ? &sched : nullptr);
-  r.actor = full_weights(actor);
-  if (ppo) r.critic = full_weights(critic);
+  r.actor = full_weights(actor->store());
+  if (ppo) r.critic = full_weights(critic->store());
   return r;
 }
 
