@@ -7,6 +7,8 @@
 
 #include <cstdint>
 
+#include "model/ops/cuda_types.h"
+
 namespace rlhf::model {
 
 /// For each sequence b and query head h (g = h / (H/Hkv), n = seq_lens[b]):
@@ -33,5 +35,26 @@ void attention_decode_cpu(T* out, const T* q, const T* k_cache, const T* v_cache
                           const int32_t* block_table, const int32_t* seq_lens, int64_t B, int64_t H,
                           int64_t Hkv, int64_t D, int64_t num_blocks, int64_t block_size,
                           int64_t max_blocks);
+
+#ifdef RLHF_CUDA
+/// fp32 workspace bytes attention_decode_paged_cuda needs (split partial results over up to
+/// max_blocks·block_size positions per sequence).
+size_t attention_decode_paged_cuda_workspace_bytes(int64_t B, int64_t H, int64_t D,
+                                                   int64_t max_blocks, int64_t block_size);
+
+/// attention_decode_cpu on the GPU: the same paged layout, the same result (the flash-decoding
+/// kernel of attention_decode_cuda, model/ops/attention.h, reading K/V through the block table).
+/// out, q (B, H, D) bf16; k_cache, v_cache (num_blocks, Hkv, block_size, D) bf16; block_table
+/// (B, max_blocks) and seq_lens (B) int32 in device memory (lengths clamped to
+/// [0, max_blocks·block_size]; 0 gives out = 0); workspace of
+/// attention_decode_paged_cuda_workspace_bytes bytes. Block ids and lengths are not validated on
+/// the device: the host that builds the table keeps them in range. Throws rlhf::Error on bad
+/// dimensions (D > 128, H/Hkv > 16, non-positive sizes).
+void attention_decode_paged_cuda(bf16* out, float* workspace, const bf16* q, const bf16* k_cache,
+                                 const bf16* v_cache, const int32_t* block_table,
+                                 const int32_t* seq_lens, int64_t B, int64_t H, int64_t Hkv,
+                                 int64_t D, int64_t num_blocks, int64_t block_size,
+                                 int64_t max_blocks, cudaStream_t stream);
+#endif
 
 }  // namespace rlhf::model

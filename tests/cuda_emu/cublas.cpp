@@ -162,8 +162,16 @@ cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t transa,
   float a = 0, b = 0;
   std::memcpy(&a, alpha, sizeof(float));
   std::memcpy(&b, beta, sizeof(float));
-  return gemm(transa == CUBLAS_OP_T, transb == CUBLAS_OP_T, m, n, k, a, A, Atype, lda, B, Btype,
-              ldb, b, C, Ctype, ldc, C, Ctype, ldc, nullptr, CUDA_R_32F);
+  auto run = [=] {
+    return gemm(transa == CUBLAS_OP_T, transb == CUBLAS_OP_T, m, n, k, a, A, Atype, lda, B, Btype,
+                ldb, b, C, Ctype, ldc, C, Ctype, ldc, nullptr, CUDA_R_32F);
+  };
+  const cudaStream_t stream = reinterpret_cast<BlasHandle*>(handle)->stream;
+  if (defer(stream, [run] {
+        if (run() != CUBLAS_STATUS_SUCCESS) fail("captured cublasGemmEx failed at replay");
+      }))
+    return CUBLAS_STATUS_SUCCESS;
+  return run();
 }
 
 // --- cuBLASLt --------------------------------------------------------------------------------
@@ -348,15 +356,26 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t op, const
   const bool ta = d.trans_a == CUBLAS_OP_T, tb = d.trans_b == CUBLAS_OP_T;
   const int64_t m = static_cast<int64_t>(dl.rows), n = static_cast<int64_t>(dl.cols);
   const int64_t k = static_cast<int64_t>(ta ? a.rows : a.cols);
-  for (int32_t i = 0; i < dl.batch; ++i) {
-    const auto off = [&](const void* p, const Layout& l) {
-      return static_cast<const char*>(p) +
-             static_cast<size_t>(i) * static_cast<size_t>(l.batch_stride) * type_size(l.type);
-    };
-    st = gemm(ta, tb, m, n, k, al, off(A, a), a.type, a.ld, off(B, b), b.type, b.ld, be, off(C, c),
-              c.type, c.ld, const_cast<char*>(off(D, dl)), dl.type, dl.ld,
-              with_bias ? d.bias : nullptr, d.bias_type_set ? d.bias_type : dl.type);
-    if (st != CUBLAS_STATUS_SUCCESS) return st;
-  }
+  // Checked now (as the library does at the call); inside a stream capture the GEMM itself runs
+  // at every cudaGraphLaunch.
+  auto run = [=]() {
+    cublasStatus_t r = CUBLAS_STATUS_SUCCESS;
+    for (int32_t i = 0; i < dl.batch && r == CUBLAS_STATUS_SUCCESS; ++i) {
+      const auto off = [&](const void* p, const Layout& l) {
+        return static_cast<const char*>(p) +
+               static_cast<size_t>(i) * static_cast<size_t>(l.batch_stride) * type_size(l.type);
+      };
+      r = gemm(ta, tb, m, n, k, al, off(A, a), a.type, a.ld, off(B, b), b.type, b.ld, be, off(C, c),
+               c.type, c.ld, const_cast<char*>(off(D, dl)), dl.type, dl.ld,
+               with_bias ? d.bias : nullptr, d.bias_type_set ? d.bias_type : dl.type);
+    }
+    return r;
+  };
+  if (defer(stream, [run] {
+        if (run() != CUBLAS_STATUS_SUCCESS) fail("captured cublasLtMatmul failed at replay");
+      }))
+    return CUBLAS_STATUS_SUCCESS;
+  st = run();
+  if (st != CUBLAS_STATUS_SUCCESS) return st;
   return CUBLAS_STATUS_SUCCESS;
 }

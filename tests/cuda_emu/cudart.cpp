@@ -7,15 +7,18 @@
 // its direction says (so an overrun or a host pointer where a device one belongs is an error,
 // not silent corruption); kernel pointer arguments must be device-accessible; a destroyed stream
 // or event is an invalid handle.
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <set>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "tests/cuda_emu/emu.h"
 #include "tests/cuda_emu/runtime.h"
@@ -33,8 +36,15 @@ struct Alloc {
   bool owned = true;  // false for cudaHostRegister'ed ranges
 };
 
+// The operations a capture recorded, in stream order (a graph and its executable alike).
+struct GraphOps {
+  std::vector<std::function<void()>> ops;
+};
+
 struct Stream {
   unsigned flags = 0;
+  GraphOps* capture = nullptr;  // while capturing
+  bool invalidated = false;
 };
 
 struct Event {
@@ -64,6 +74,7 @@ State& state() {
 }
 
 thread_local cudaError_t tl_last_error = cudaSuccess;
+thread_local std::vector<Stream*> tl_capturing;  // streams this thread is capturing
 
 // Records a failing return for cudaGetLastError too (the runtime does the same).
 cudaError_t err(cudaError_t e) {
@@ -194,6 +205,21 @@ bool stream_valid(cudaStream_t st) {
   return s.streams.count(st) != 0;
 }
 
+bool defer(cudaStream_t st, std::function<void()> op) {
+  if (tl_capturing.empty() || st == nullptr || st == cudaStreamPerThread || st == cudaStreamLegacy)
+    return false;
+  auto* s = reinterpret_cast<Stream*>(st);
+  if (s->capture == nullptr) return false;
+  s->capture->ops.push_back(std::move(op));
+  return true;
+}
+
+cudaError_t check_not_capturing() {
+  if (tl_capturing.empty()) return cudaSuccess;
+  for (Stream* s : tl_capturing) s->invalidated = true;
+  return cudaErrorStreamCaptureUnsupported;
+}
+
 size_t max_dynamic_smem(const void* func) {
   State& s = state();
   std::lock_guard<std::mutex> lock(s.mu);
@@ -304,6 +330,7 @@ cudaError_t cudaSetDeviceFlags(unsigned int) {
   return cudaSuccess;
 }
 cudaError_t cudaDeviceSynchronize(void) {
+  if (const cudaError_t c = rlhf::emu::check_not_capturing(); c != cudaSuccess) return err(c);
   return cudaSuccess;
 }
 cudaError_t cudaDriverGetVersion(int* v) {
@@ -391,20 +418,26 @@ cudaError_t cudaPeekAtLastError(void) {
 // --- memory ----------------------------------------------------------------------------------
 
 cudaError_t cudaMalloc(void** p, size_t bytes) {
+  if (const cudaError_t c = rlhf::emu::check_not_capturing(); c != cudaSuccess) return err(c);
   return rlhf::emu::device_malloc(p, bytes);
 }
 cudaError_t cudaFree(void* p) {
+  if (const cudaError_t c = rlhf::emu::check_not_capturing(); c != cudaSuccess) return err(c);
   return rlhf::emu::release(p, MemKind::kDevice);
 }
 cudaError_t cudaMallocAsync(void** p, size_t bytes, cudaStream_t stream) {
   if (!rlhf::emu::stream_valid(stream)) return err(cudaErrorInvalidResourceHandle);
+  // Stream-ordered allocation inside a capture (a graph memory node) is not emulated.
+  if (rlhf::emu::defer(stream, [] {})) return err(cudaErrorStreamCaptureUnsupported);
   return rlhf::emu::device_malloc(p, bytes);
 }
 cudaError_t cudaFreeAsync(void* p, cudaStream_t stream) {
   if (!rlhf::emu::stream_valid(stream)) return err(cudaErrorInvalidResourceHandle);
+  if (rlhf::emu::defer(stream, [] {})) return err(cudaErrorStreamCaptureUnsupported);
   return rlhf::emu::release(p, MemKind::kDevice);
 }
 cudaError_t cudaMallocHost(void** p, size_t bytes) {
+  if (const cudaError_t c = rlhf::emu::check_not_capturing(); c != cudaSuccess) return err(c);
   if (p == nullptr) return err(cudaErrorInvalidValue);
   *p = rlhf::emu::register_alloc(bytes, MemKind::kPinned);
   return *p != nullptr ? cudaSuccess : err(cudaErrorMemoryAllocation);
@@ -413,6 +446,7 @@ cudaError_t cudaHostAlloc(void** p, size_t bytes, unsigned int) {
   return cudaMallocHost(p, bytes);
 }
 cudaError_t cudaFreeHost(void* p) {
+  if (const cudaError_t c = rlhf::emu::check_not_capturing(); c != cudaSuccess) return err(c);
   return rlhf::emu::release(p, MemKind::kPinned);
 }
 cudaError_t cudaHostRegister(void* p, size_t bytes, unsigned int) {
@@ -454,6 +488,7 @@ cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes* a, const void
 }
 
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t count, enum cudaMemcpyKind kind) {
+  if (const cudaError_t c = rlhf::emu::check_not_capturing(); c != cudaSuccess) return err(c);
   const cudaError_t e = rlhf::emu::check_copy(dst, src, count, kind);
   if (e != cudaSuccess) return err(e);
   if (count > 0) std::memmove(dst, src, count);
@@ -462,7 +497,13 @@ cudaError_t cudaMemcpy(void* dst, const void* src, size_t count, enum cudaMemcpy
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t count, enum cudaMemcpyKind kind,
                             cudaStream_t stream) {
   if (!rlhf::emu::stream_valid(stream)) return err(cudaErrorInvalidResourceHandle);
-  return cudaMemcpy(dst, src, count, kind);
+  const cudaError_t e = rlhf::emu::check_copy(dst, src, count, kind);
+  if (e != cudaSuccess) return err(e);
+  auto op = [=] {
+    if (count > 0) std::memmove(dst, src, count);
+  };
+  if (!rlhf::emu::defer(stream, op)) op();
+  return cudaSuccess;
 }
 cudaError_t cudaMemcpy2DAsync(void* dst, size_t dpitch, const void* src, size_t spitch,
                               size_t width, size_t height, enum cudaMemcpyKind kind,
@@ -470,13 +511,15 @@ cudaError_t cudaMemcpy2DAsync(void* dst, size_t dpitch, const void* src, size_t 
   if (!rlhf::emu::stream_valid(stream)) return err(cudaErrorInvalidResourceHandle);
   if (width > dpitch || width > spitch) return err(cudaErrorInvalidPitchValue);
   for (size_t r = 0; r < height; ++r) {
-    const cudaError_t e = cudaMemcpy(static_cast<char*>(dst) + r * dpitch,
-                                     static_cast<const char*>(src) + r * spitch, width, kind);
+    const cudaError_t e =
+        cudaMemcpyAsync(static_cast<char*>(dst) + r * dpitch,
+                        static_cast<const char*>(src) + r * spitch, width, kind, stream);
     if (e != cudaSuccess) return e;
   }
   return cudaSuccess;
 }
 cudaError_t cudaMemset(void* p, int value, size_t count) {
+  if (const cudaError_t c = rlhf::emu::check_not_capturing(); c != cudaSuccess) return err(c);
   if (count == 0) return cudaSuccess;
   if (!rlhf::emu::in_device_memory(p, count)) return err(cudaErrorInvalidValue);
   std::memset(p, value, count);
@@ -484,7 +527,11 @@ cudaError_t cudaMemset(void* p, int value, size_t count) {
 }
 cudaError_t cudaMemsetAsync(void* p, int value, size_t count, cudaStream_t stream) {
   if (!rlhf::emu::stream_valid(stream)) return err(cudaErrorInvalidResourceHandle);
-  return cudaMemset(p, value, count);
+  if (count == 0) return cudaSuccess;
+  if (!rlhf::emu::in_device_memory(p, count)) return err(cudaErrorInvalidValue);
+  auto op = [=] { std::memset(p, value, count); };
+  if (!rlhf::emu::defer(stream, op)) op();
+  return cudaSuccess;
 }
 
 // --- streams and events ----------------------------------------------------------------------
@@ -509,7 +556,9 @@ cudaError_t cudaStreamDestroy(cudaStream_t st) {
   return cudaSuccess;
 }
 cudaError_t cudaStreamSynchronize(cudaStream_t st) {
-  return rlhf::emu::stream_valid(st) ? cudaSuccess : err(cudaErrorInvalidResourceHandle);
+  if (!rlhf::emu::stream_valid(st)) return err(cudaErrorInvalidResourceHandle);
+  return rlhf::emu::check_not_capturing() == cudaSuccess ? cudaSuccess
+                                                         : err(cudaErrorStreamCaptureUnsupported);
 }
 cudaError_t cudaStreamQuery(cudaStream_t st) {
   return rlhf::emu::stream_valid(st) ? cudaSuccess : err(cudaErrorInvalidResourceHandle);
@@ -551,14 +600,18 @@ cudaError_t cudaEventDestroy(cudaEvent_t ev) {
 cudaError_t cudaEventRecord(cudaEvent_t ev, cudaStream_t st) {
   rlhf::emu::Event* e = live_event(ev);
   if (e == nullptr || !rlhf::emu::stream_valid(st)) return err(cudaErrorInvalidResourceHandle);
-  e->recorded = true;
-  e->t = std::chrono::steady_clock::now();
+  auto op = [e] {
+    e->recorded = true;
+    e->t = std::chrono::steady_clock::now();
+  };
+  if (!rlhf::emu::defer(st, op)) op();
   return cudaSuccess;
 }
 cudaError_t cudaEventQuery(cudaEvent_t ev) {
   return live_event(ev) != nullptr ? cudaSuccess : err(cudaErrorInvalidResourceHandle);
 }
 cudaError_t cudaEventSynchronize(cudaEvent_t ev) {
+  if (const cudaError_t c = rlhf::emu::check_not_capturing(); c != cudaSuccess) return err(c);
   return live_event(ev) != nullptr ? cudaSuccess : err(cudaErrorInvalidResourceHandle);
 }
 cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
@@ -574,12 +627,66 @@ cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) 
 cudaError_t cudaLaunchHostFunc(cudaStream_t st, cudaHostFn_t fn, void* user_data) {
   if (!rlhf::emu::stream_valid(st)) return err(cudaErrorInvalidResourceHandle);
   if (fn == nullptr) return err(cudaErrorInvalidValue);
-  fn(user_data);
+  if (!rlhf::emu::defer(st, [fn, user_data] { fn(user_data); })) fn(user_data);
   return cudaSuccess;
 }
 cudaError_t cudaStreamIsCapturing(cudaStream_t st, enum cudaStreamCaptureStatus* status) {
   if (!rlhf::emu::stream_valid(st)) return err(cudaErrorInvalidResourceHandle);
-  if (status != nullptr) *status = cudaStreamCaptureStatusNone;
+  const bool on = st != nullptr && st != cudaStreamPerThread && st != cudaStreamLegacy &&
+                  reinterpret_cast<rlhf::emu::Stream*>(st)->capture != nullptr;
+  if (status != nullptr) *status = on ? cudaStreamCaptureStatusActive : cudaStreamCaptureStatusNone;
+  return cudaSuccess;
+}
+
+// --- graphs (stream capture) -----------------------------------------------------------------
+
+cudaError_t cudaStreamBeginCapture(cudaStream_t st, enum cudaStreamCaptureMode) {
+  if (!rlhf::emu::stream_valid(st)) return err(cudaErrorInvalidResourceHandle);
+  if (st == nullptr || st == cudaStreamPerThread || st == cudaStreamLegacy)
+    return err(cudaErrorStreamCaptureUnsupported);  // the legacy default stream cannot capture
+  auto* s = reinterpret_cast<rlhf::emu::Stream*>(st);
+  if (s->capture != nullptr) return err(cudaErrorIllegalState);
+  s->capture = new rlhf::emu::GraphOps();
+  s->invalidated = false;
+  rlhf::emu::tl_capturing.push_back(s);
+  return cudaSuccess;
+}
+cudaError_t cudaStreamEndCapture(cudaStream_t st, cudaGraph_t* graph) {
+  if (!rlhf::emu::stream_valid(st) || st == nullptr) return err(cudaErrorInvalidResourceHandle);
+  auto* s = reinterpret_cast<rlhf::emu::Stream*>(st);
+  if (s->capture == nullptr) return err(cudaErrorIllegalState);
+  auto& caps = rlhf::emu::tl_capturing;
+  caps.erase(std::remove(caps.begin(), caps.end(), s), caps.end());
+  std::unique_ptr<rlhf::emu::GraphOps> ops(s->capture);
+  s->capture = nullptr;
+  if (graph != nullptr) *graph = nullptr;
+  if (s->invalidated) return err(cudaErrorStreamCaptureInvalidated);
+  if (graph == nullptr) return err(cudaErrorInvalidValue);
+  *graph = reinterpret_cast<cudaGraph_t>(ops.release());
+  return cudaSuccess;
+}
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t* exec, cudaGraph_t graph, unsigned long long) {
+  if (exec == nullptr || graph == nullptr) return err(cudaErrorInvalidValue);
+  *exec = reinterpret_cast<cudaGraphExec_t>(
+      new rlhf::emu::GraphOps(*reinterpret_cast<rlhf::emu::GraphOps*>(graph)));
+  return cudaSuccess;
+}
+cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t st) {
+  if (exec == nullptr) return err(cudaErrorInvalidValue);
+  if (!rlhf::emu::stream_valid(st)) return err(cudaErrorInvalidResourceHandle);
+  auto* g = reinterpret_cast<rlhf::emu::GraphOps*>(exec);
+  auto run = [g] {
+    for (auto& op : g->ops) op();
+  };
+  if (!rlhf::emu::defer(st, run)) run();
+  return cudaSuccess;
+}
+cudaError_t cudaGraphDestroy(cudaGraph_t graph) {
+  delete reinterpret_cast<rlhf::emu::GraphOps*>(graph);
+  return cudaSuccess;
+}
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec) {
+  delete reinterpret_cast<rlhf::emu::GraphOps*>(exec);
   return cudaSuccess;
 }
 

@@ -19,6 +19,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <functional>
+#include <memory>
 #include <tuple>
 #include <type_traits>
 #include <utility>
@@ -90,6 +92,9 @@ bool device_accessible(const void* p);
 /// that every pointer argument is device-accessible (throws std::runtime_error naming the kernel
 /// and the argument otherwise: on a GPU it is an illegal address).
 bool begin_launch(const LaunchConfig& cfg, const void* const* pointer_args, int n_pointer_args);
+/// When `stream` is capturing, records op in its graph and returns true (runtime.h's defer).
+bool defer_launch(cudaStream_t stream, std::function<void()> op);
+
 /// Runs the grid: body(arg) once per thread of every block. Throws std::runtime_error on a
 /// barrier deadlock or misuse, naming the kernel and the block.
 void run_grid(const LaunchConfig& cfg, void (*body)(void*), void* arg);
@@ -118,13 +123,12 @@ class Launcher {
     int n = 0;
     std::apply([&](const auto&... x) { (collect(ptrs, n, x), ...); }, call.args);
     if (!begin_launch(cfg_, ptrs, n)) return;
-    run_grid(
-        cfg_,
-        [](void* p) {
-          auto* c = static_cast<Call*>(p);
-          std::apply(c->kernel, c->args);
-        },
-        &call);
+    // Inside a stream capture the launch is recorded with a copy of its arguments (a graph
+    // kernel node) and runs at every cudaGraphLaunch.
+    auto shared = std::make_shared<Call>(std::move(call));
+    const LaunchConfig cfg = cfg_;
+    auto op = [cfg, shared] { run_grid(cfg, &Launcher::body, shared.get()); };
+    if (!defer_launch(cfg_.stream, op)) op();
   }
 
  private:
@@ -132,6 +136,10 @@ class Launcher {
     void (*kernel)(P...);
     std::tuple<std::decay_t<P>...> args;
   };
+  static void body(void* p) {
+    auto* c = static_cast<Call*>(p);
+    std::apply(c->kernel, c->args);
+  }
   template <typename X>
   static void collect(const void** ptrs, int& n, const X& x) {
     if constexpr (std::is_pointer_v<X> && !std::is_function_v<std::remove_pointer_t<X>>)

@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 
 namespace rlhf::emu {
@@ -28,6 +29,15 @@ cudaError_t set_last_error(cudaError_t e);
 /// True for 0 (the legacy default stream), cudaStreamPerThread and streams created and not yet
 /// destroyed.
 bool stream_valid(cudaStream_t s);
+
+/// Stream capture (CUDA graphs): when `s` is capturing, appends `op` to its graph and returns
+/// true; otherwise returns false and the caller runs the operation now.
+bool defer(cudaStream_t s, std::function<void()> op);
+
+/// A synchronous (stream-less) call was made: while this thread is capturing a stream, that is
+/// illegal (CUDA: cudaErrorStreamCaptureUnsupported, and the capture is invalidated). Returns
+/// cudaSuccess when no capture is active.
+cudaError_t check_not_capturing();
 
 /// The dynamic shared memory limit of a kernel (48 KiB unless raised with cudaFuncSetAttribute).
 size_t max_dynamic_smem(const void* func);

@@ -13,7 +13,10 @@
 // Masking: a (row t, key tile from s0) pair is only visited when s0 <= t, so the tile's first key
 // is always visible and every running max is finite; keys s > t get score −inf (p = 0). Keys past
 // T are loaded as zeros and are masked the same way (s > t for every t < T).
+#include <atomic>
+
 #include "model/ops/attention.h"
+#include "model/ops/attention_decode.h"
 #include "model/ops/cuda/cuda_common.cuh"
 
 namespace rlhf::model {
@@ -354,15 +357,45 @@ __global__ void __launch_bounds__(kWarps* kWarpSize)
 
 // --- decode ----------------------------------------------------------------------------------
 
+// Where position s of sequence b, KV head g lives in a cache: block blk = table[b·max_blocks +
+// s / block_size] (paged) or b (contiguous, table == nullptr), row s % block_size (paged) or s;
+// element offset blk·blk_stride + g·head_stride + row·row_stride.
+struct KvAddr {
+  const int32_t* table = nullptr;
+  int max_blocks = 0, block_size = 0;
+  int64_t blk_stride = 0, head_stride = 0, row_stride = 0;
+};
+
+__device__ __forceinline__ int64_t kv_offset(const KvAddr& a, int b, int g, int s) {
+  int64_t blk = b, row = s;
+  if (a.table != nullptr) {
+    blk = a.table[static_cast<int64_t>(b) * a.max_blocks + s / a.block_size];
+    row = s % a.block_size;
+  }
+  return blk * a.blk_stride + static_cast<int64_t>(g) * a.head_stride + row * a.row_stride;
+}
+
+// Loads positions [s0, s0 + kBc) of (b, g) into a (kBc, D + 1) fp32 shared tile; positions at or
+// beyond `limit` become zeros.
+__device__ __forceinline__ void load_kv_tile(float* tile, const bf16* cache, const KvAddr& a, int b,
+                                             int g, int s0, int limit, int D) {
+  const int ks = D + 1;
+  for (int i = threadIdx.x; i < kBc * D; i += blockDim.x) {
+    const int j = i / D, d = i % D, s = s0 + j;
+    tile[j * ks + d] = s < limit ? to_f32(cache[kv_offset(a, b, g, s) + d]) : 0.0f;
+  }
+}
+
 // Block: (b, KV head g, split); keys [split·kSplit, min(len, (split+1)·kSplit)) in tiles of 32.
 // Warp w handles the query heads hh = w, w + 4, ... (< G) of the group, so K/V are read once per
 // group. Writes the split's partial state (m, l, un-normalised acc) for every head, an empty one
 // (m = −inf, l = 0, acc = 0) when the split holds no key. Shared: q rows (G, D), K, V tiles.
+// len = lens[b] clamped to [0, cap].
 template <int kDC>
 __global__ void __launch_bounds__(kWarps* kWarpSize)
     attn_decode_kernel(float* part_acc, float* part_ml, const bf16* q, const bf16* k_cache,
-                       const bf16* v_cache, const int32_t* lens, int T_max, int H, int Hkv, int D,
-                       int nsplit, float scale) {
+                       const bf16* v_cache, const int32_t* lens, KvAddr addr, int cap, int H,
+                       int Hkv, int D, int nsplit, float scale) {
   extern __shared__ float smem[];
   const int ks = D + 1;
   const int G = H / Hkv;
@@ -373,11 +406,9 @@ __global__ void __launch_bounds__(kWarps* kWarpSize)
   const int bg = static_cast<int>(blockIdx.x / nsplit);
   const int b = bg / Hkv, g = bg % Hkv;
   const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
-  const int len = max(0, min(T_max, lens[b]));
+  const int len = max(0, min(cap, lens[b]));
   const int c0 = split * static_cast<int>(kAttentionDecodeSplit);
   const int c1 = min(len, c0 + static_cast<int>(kAttentionDecodeSplit));
-  const int64_t kvs = static_cast<int64_t>(Hkv) * D;
-  const int64_t kvoff = static_cast<int64_t>(b) * T_max * kvs + static_cast<int64_t>(g) * D;
   for (int i = threadIdx.x; i < G * D; i += blockDim.x)
     sq[i] = to_f32(q[(static_cast<int64_t>(b) * H + g * G) * D + i]);  // heads g·G .. g·G+G−1
   float m[kDecodeMaxHeadsPerWarp], l[kDecodeMaxHeadsPerWarp], acc[kDecodeMaxHeadsPerWarp][kDC];
@@ -390,8 +421,8 @@ __global__ void __launch_bounds__(kWarps* kWarpSize)
   }
   for (int s0 = c0; s0 < c1; s0 += kBc) {  // block-uniform
     __syncthreads();
-    load_tile(sk, k_cache + kvoff, kvs, s0, c1, D);
-    load_tile(sv, v_cache + kvoff, kvs, s0, c1, D);
+    load_kv_tile(sk, k_cache, addr, b, g, s0, c1, D);
+    load_kv_tile(sv, v_cache, addr, b, g, s0, c1, D);
     __syncthreads();
 #pragma unroll
     for (int i = 0; i < kDecodeMaxHeadsPerWarp; ++i) {
@@ -512,15 +543,48 @@ void launch_backward(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf16*
 
 template <int kDC>
 void launch_decode(float* part_acc, float* part_ml, const bf16* q, const bf16* k_cache,
-                   const bf16* v_cache, const int32_t* lens, int64_t B, int64_t T_max, int64_t H,
-                   int64_t Hkv, int64_t D, int64_t nsplit, cudaStream_t stream) {
+                   const bf16* v_cache, const int32_t* lens, const KvAddr& addr, int64_t cap,
+                   int64_t B, int64_t H, int64_t Hkv, int64_t D, int64_t nsplit,
+                   cudaStream_t stream) {
   const int64_t G = H / Hkv;
   const size_t smem = sizeof(float) * static_cast<size_t>(G * D + 2 * kBc * (D + 1));
   const unsigned grid = grid_1d(B * Hkv * nsplit, "attention_decode_cuda");
   attn_decode_kernel<kDC><<<grid, kWarps * kWarpSize, smem, stream>>>(
-      part_acc, part_ml, q, k_cache, v_cache, lens, static_cast<int>(T_max), static_cast<int>(H),
-      static_cast<int>(Hkv), static_cast<int>(D), static_cast<int>(nsplit),
+      part_acc, part_ml, q, k_cache, v_cache, lens, addr, static_cast<int>(cap),
+      static_cast<int>(H), static_cast<int>(Hkv), static_cast<int>(D), static_cast<int>(nsplit),
       1.0f / sqrtf(static_cast<float>(D)));
+  CUDA_CHECK(cudaGetLastError());
+}
+
+// Both decode entry points: split over keys up to `cap` positions, then combine.
+void decode(bf16* out, float* workspace, const bf16* q, const bf16* k_cache, const bf16* v_cache,
+            const int32_t* lens, const KvAddr& addr, int64_t cap, int64_t B, int64_t H, int64_t Hkv,
+            int64_t D, cudaStream_t stream) {
+  RLHF_CHECK(H / Hkv <= kWarps * kDecodeMaxHeadsPerWarp,
+             "attention_decode_cuda: {} query heads per KV head (H={} Hkv={}) is above the {} this "
+             "kernel supports",
+             H / Hkv, H, Hkv, kWarps * kDecodeMaxHeadsPerWarp);
+  RLHF_CHECK(workspace != nullptr, "attention_decode_cuda: workspace is null");
+  const int64_t nsplit = cuda::ceil_div(cap, kAttentionDecodeSplit);
+  float* part_acc = workspace;                      // (B, H, nsplit, D)
+  float* part_ml = workspace + B * H * nsplit * D;  // (B, H, nsplit, 2)
+  switch (d_chunks(D)) {
+    case 1:
+      launch_decode<1>(part_acc, part_ml, q, k_cache, v_cache, lens, addr, cap, B, H, Hkv, D,
+                       nsplit, stream);
+      break;
+    case 2:
+      launch_decode<2>(part_acc, part_ml, q, k_cache, v_cache, lens, addr, cap, B, H, Hkv, D,
+                       nsplit, stream);
+      break;
+    default:
+      launch_decode<4>(part_acc, part_ml, q, k_cache, v_cache, lens, addr, cap, B, H, Hkv, D,
+                       nsplit, stream);
+      break;
+  }
+  const int block = D <= 32 ? 32 : D <= 64 ? 64 : 128;
+  attn_decode_combine_kernel<<<grid_1d(B * H, "attention_decode_cuda"), block, 0, stream>>>(
+      out, part_acc, part_ml, static_cast<int>(D), static_cast<int>(nsplit));
   CUDA_CHECK(cudaGetLastError());
 }
 
@@ -528,11 +592,25 @@ void launch_decode(float* part_acc, float* part_ml, const bf16* q, const bf16* k
 
 // --- launchers -------------------------------------------------------------------------------
 
+namespace {
+std::atomic<int> g_attention_impl{static_cast<int>(AttentionImpl::kFlash)};
+}  // namespace
+
+void set_attention_impl(AttentionImpl impl) noexcept {
+  g_attention_impl.store(static_cast<int>(impl));
+}
+AttentionImpl attention_impl() noexcept {
+  return static_cast<AttentionImpl>(g_attention_impl.load());
+}
+
 void attention_forward_cuda(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v,
                             int64_t B, int64_t T_, int64_t H, int64_t Hkv, int64_t D,
                             cudaStream_t stream) {
   NVTX_RANGE_FN();
   check_dims("attention_forward_cuda", B, T_, H, Hkv, D);
+  if (attention_impl() == AttentionImpl::kCudnn &&
+      attention_forward_cudnn(out, lse, q, k, v, B, T_, H, Hkv, D, stream))
+    return;
   switch (d_chunks(D)) {
     case 1:
       return launch_forward<1>(out, lse, q, k, v, B, T_, H, Hkv, D, stream);
@@ -549,6 +627,9 @@ void attention_backward_cuda(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, con
                              cudaStream_t stream) {
   NVTX_RANGE_FN();
   check_dims("attention_backward_cuda", B, T_, H, Hkv, D);
+  if (attention_impl() == AttentionImpl::kCudnn &&
+      attention_backward_cudnn(dq, dk, dv, dout, out, lse, q, k, v, B, T_, H, Hkv, D, stream))
+    return;
   switch (d_chunks(D)) {
     case 1:
       return launch_backward<1>(dq, dk, dv, dout, out, lse, q, k, v, B, T_, H, Hkv, D, stream);
@@ -573,32 +654,42 @@ void attention_decode_cuda(bf16* out, float* workspace, const bf16* q, const bf1
                            int64_t H, int64_t Hkv, int64_t D, cudaStream_t stream) {
   NVTX_RANGE_FN();
   check_dims("attention_decode_cuda", B, T_max, H, Hkv, D);
-  RLHF_CHECK(H / Hkv <= kWarps * kDecodeMaxHeadsPerWarp,
-             "attention_decode_cuda: {} query heads per KV head (H={} Hkv={}) is above the {} this "
-             "kernel supports",
-             H / Hkv, H, Hkv, kWarps * kDecodeMaxHeadsPerWarp);
-  RLHF_CHECK(workspace != nullptr, "attention_decode_cuda: workspace is null");
-  const int64_t nsplit = cuda::ceil_div(T_max, kAttentionDecodeSplit);
-  float* part_acc = workspace;                      // (B, H, nsplit, D)
-  float* part_ml = workspace + B * H * nsplit * D;  // (B, H, nsplit, 2)
-  switch (d_chunks(D)) {
-    case 1:
-      launch_decode<1>(part_acc, part_ml, q, k_cache, v_cache, lens, B, T_max, H, Hkv, D, nsplit,
-                       stream);
-      break;
-    case 2:
-      launch_decode<2>(part_acc, part_ml, q, k_cache, v_cache, lens, B, T_max, H, Hkv, D, nsplit,
-                       stream);
-      break;
-    default:
-      launch_decode<4>(part_acc, part_ml, q, k_cache, v_cache, lens, B, T_max, H, Hkv, D, nsplit,
-                       stream);
-      break;
-  }
-  const int block = D <= 32 ? 32 : D <= 64 ? 64 : 128;
-  attn_decode_combine_kernel<<<grid_1d(B * H, "attention_decode_cuda"), block, 0, stream>>>(
-      out, part_acc, part_ml, static_cast<int>(D), static_cast<int>(nsplit));
-  CUDA_CHECK(cudaGetLastError());
+  KvAddr a;  // (B, T_max, Hkv, D): sequence b is "block" b, token-major
+  a.blk_stride = T_max * Hkv * D;
+  a.head_stride = D;
+  a.row_stride = Hkv * D;
+  decode(out, workspace, q, k_cache, v_cache, lens, a, T_max, B, H, Hkv, D, stream);
+}
+
+size_t attention_decode_paged_cuda_workspace_bytes(int64_t B, int64_t H, int64_t D,
+                                                   int64_t max_blocks, int64_t block_size) {
+  RLHF_CHECK(max_blocks > 0 && block_size > 0,
+             "attention_decode_paged_cuda_workspace_bytes: max_blocks and block_size must be > 0, "
+             "got {} and {}",
+             max_blocks, block_size);
+  return attention_decode_cuda_workspace_bytes(B, H, D, max_blocks * block_size);
+}
+
+void attention_decode_paged_cuda(bf16* out, float* workspace, const bf16* q, const bf16* k_cache,
+                                 const bf16* v_cache, const int32_t* block_table,
+                                 const int32_t* seq_lens, int64_t B, int64_t H, int64_t Hkv,
+                                 int64_t D, int64_t num_blocks, int64_t block_size,
+                                 int64_t max_blocks, cudaStream_t stream) {
+  NVTX_RANGE_FN();
+  check_dims("attention_decode_paged_cuda", B, max_blocks * block_size, H, Hkv, D);
+  RLHF_CHECK(num_blocks > 0 && block_size > 0 && max_blocks > 0 && block_table != nullptr,
+             "attention_decode_paged_cuda: need num_blocks, block_size, max_blocks > 0 and a "
+             "block table, got {}, {}, {}",
+             num_blocks, block_size, max_blocks);
+  KvAddr a;  // (num_blocks, Hkv, block_size, D): head-major blocks (vLLM's layout)
+  a.table = block_table;
+  a.max_blocks = static_cast<int>(max_blocks);
+  a.block_size = static_cast<int>(block_size);
+  a.blk_stride = Hkv * block_size * D;
+  a.head_stride = block_size * D;
+  a.row_stride = D;
+  decode(out, workspace, q, k_cache, v_cache, seq_lens, a, max_blocks * block_size, B, H, Hkv, D,
+         stream);
 }
 
 }  // namespace rlhf::model
