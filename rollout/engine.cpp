@@ -19,6 +19,10 @@
 #include "model/ops/rope.h"
 #include "model/ops/swiglu.h"
 
+#ifdef RLHF_CUDA
+#include "rollout/engine_cuda.h"
+#endif
+
 namespace rlhf::rollout {
 
 namespace {
@@ -141,7 +145,28 @@ Engine::Engine(const model::ParamLayout& layout, const EngineOptions& options)
     kv_cfg.head_dim = c.D();
     kv_cfg.num_key_value_heads = tp_->Hkv;
   }
-  cache_ = std::make_unique<KvCache>(kv_cfg, opt_.kv_cache_bytes, opt_.block_size);
+  if (opt_.cuda) {
+#ifdef RLHF_CUDA
+    RLHF_CHECK(tp_ == nullptr,
+               "a GPU generation engine runs with --vllm_tensor_parallel_size 1 (tensor-parallel "
+               "engines run on the CPU)");
+    // No more than max_batch sequences of max_position_embeddings positions can ever be cached.
+    const int64_t per_block =
+        2 * c.num_hidden_layers * c.num_key_value_heads * c.D() * 2 * opt_.block_size;
+    const int64_t most = opt_.max_batch *
+                         ((c.max_position_embeddings + opt_.block_size - 1) / opt_.block_size) *
+                         per_block;
+    const int64_t budget =
+        std::min(most, EngineCuda::kv_budget_bytes(layout, opt_.gpu_memory_utilization,
+                                                   opt_.max_batch, opt_.block_size));
+    cache_ = std::make_unique<KvCache>(kv_cfg, budget, opt_.block_size, 2, false);
+    cuda_ = std::make_unique<EngineCuda>(layout, *cache_, opt_.max_batch, opt_.cuda_graphs);
+#else
+    RLHF_FAIL("a GPU generation engine needs a build with CUDA");
+#endif
+  } else {
+    cache_ = std::make_unique<KvCache>(kv_cfg, opt_.kv_cache_bytes, opt_.block_size);
+  }
   const int64_t P = c.max_position_embeddings, D = c.D();
   rope_cos_.resize(static_cast<size_t>(P * D / 2));
   rope_sin_.resize(static_cast<size_t>(P * D / 2));
@@ -193,6 +218,13 @@ void Engine::slice_weights() {
   }
 }
 
+#ifdef RLHF_CUDA
+std::vector<model::bf16*> Engine::device_unit_buffers() {
+  RLHF_CHECK(cuda_ != nullptr, "device_unit_buffers: this engine runs on the CPU");
+  return cuda_->device_units();
+}
+#endif
+
 std::vector<float*> Engine::unit_buffers() {
   std::vector<float*> out;
   for (int u = 0; u < num_units(); ++u) out.push_back(unit_buffer(u));
@@ -213,7 +245,7 @@ int64_t Engine::weight_bytes_per_decode_step() const {
   for (const model::TensorInfo& t : layout_.unit(layout_.head_unit()).tensors) n += t.numel;
   if (layout_.config().tie_word_embeddings)
     n += layout_.unit(layout_.embedding_unit()).at("embed_tokens.weight").numel;
-  return n * int64_t(sizeof(float));
+  return n * (cuda_ ? 2 : int64_t(sizeof(float)));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -345,25 +377,9 @@ void Engine::layer_decode(int l, int64_t B) {
   model::residual_forward_cpu(w.x.data(), w.x.data(), w.xmid.data(), B * C);
 }
 
-const float* Engine::decode_step(const std::vector<Seq*>& active) {
-  const model::ModelConfig& c = layout_.config();
+void Engine::prepare_decode(const std::vector<Seq*>& active) {
   const int64_t B = static_cast<int64_t>(active.size());
-  const int64_t C = c.hidden_size, F = tp_ ? tp_->F : c.intermediate_size, V = c.vocab_size;
-  const int64_t Q = (tp_ ? tp_->H : c.num_attention_heads) * c.D();
-  const int64_t KV = (tp_ ? tp_->Hkv : c.num_key_value_heads) * c.D();
   Work& w = *work_;
-  grow(w.x, B * C);
-  grow(w.ln, B * C);
-  grow(w.rstd, B);
-  grow(w.q, B * Q);
-  grow(w.k, B * KV);
-  grow(w.v, B * KV);
-  grow(w.atty, B * Q);
-  grow(w.xmid, B * C);
-  grow(w.gate, B * F);
-  grow(w.up, B * F);
-  grow(w.h, B * F);
-  grow(w.logits, B * V);
   w.tokens.resize(static_cast<size_t>(B));
   w.pos.resize(static_cast<size_t>(B));
   w.lens.resize(static_cast<size_t>(B));
@@ -378,6 +394,33 @@ const float* Engine::decode_step(const std::vector<Seq*>& active) {
     w.lens[size_t(b)] = int32_t(s.len + 1);
     std::copy(s.blocks.begin(), s.blocks.end(), w.table.begin() + b * w.max_blocks);
   }
+}
+
+const float* Engine::decode_step(const std::vector<Seq*>& active) {
+  const model::ModelConfig& c = layout_.config();
+  const int64_t B = static_cast<int64_t>(active.size());
+  Work& w = *work_;
+  prepare_decode(active);
+#ifdef RLHF_CUDA
+  if (cuda_)
+    return cuda_->decode(w.tokens.data(), w.pos.data(), w.lens.data(), w.table.data(), B,
+                         w.max_blocks);
+#endif
+  const int64_t C = c.hidden_size, F = tp_ ? tp_->F : c.intermediate_size, V = c.vocab_size;
+  const int64_t Q = (tp_ ? tp_->H : c.num_attention_heads) * c.D();
+  const int64_t KV = (tp_ ? tp_->Hkv : c.num_key_value_heads) * c.D();
+  grow(w.x, B * C);
+  grow(w.ln, B * C);
+  grow(w.rstd, B);
+  grow(w.q, B * Q);
+  grow(w.k, B * KV);
+  grow(w.v, B * KV);
+  grow(w.atty, B * Q);
+  grow(w.xmid, B * C);
+  grow(w.gate, B * F);
+  grow(w.up, B * F);
+  grow(w.h, B * F);
+  grow(w.logits, B * V);
   const int eu = layout_.embedding_unit(), hu = layout_.head_unit();
   model::embedding_forward_cpu(
       w.x.data(), w.tokens.data(),
@@ -400,6 +443,14 @@ std::vector<GenerationResult> Engine::generate(const std::vector<GenerationReque
   const auto t_start = Clock::now();
   stats_ = EngineStats{};
   if (tp_) slice_weights();  // the unit buffers may have changed (weight sync) since last time
+#ifdef RLHF_CUDA
+  if (cuda_ && !device_weights_current_) {
+    std::vector<const float*> units;
+    for (int u = 0; u < num_units(); ++u) units.push_back(unit_buffer(u));
+    cuda_->upload_weights(units);  // the host buffers may have changed (loading, host sync)
+  }
+  device_weights_current_ = false;
+#endif
   cache_->reset_peak();
   const model::ModelConfig& c = layout_.config();
   const int64_t V = c.vocab_size, max_pos = c.max_position_embeddings;
@@ -532,10 +583,20 @@ std::vector<GenerationResult> Engine::generate(const std::vector<GenerationReque
         s->result.sample_index = s->sample_index;
         group.push_back(std::move(s));
       }
-      const float* logits = prefill(r.prompt, group[0]->blocks.data());
-      for (int64_t j = 1; j < want; ++j)
-        cache_->copy_prefix(group[0]->blocks.data(), group[size_t(j)]->blocks.data(),
-                            static_cast<int64_t>(r.prompt.size()));
+      const int64_t P = static_cast<int64_t>(r.prompt.size());
+      const float* logits = nullptr;
+#ifdef RLHF_CUDA
+      if (cuda_) {
+        logits = cuda_->prefill(r.prompt.data(), P, group[0]->blocks.data());
+        for (int64_t j = 1; j < want; ++j)
+          cuda_->copy_prefix(group[0]->blocks.data(), group[size_t(j)]->blocks.data(), P);
+      }
+#endif
+      if (logits == nullptr) {
+        logits = prefill(r.prompt, group[0]->blocks.data());
+        for (int64_t j = 1; j < want; ++j)
+          cache_->copy_prefix(group[0]->blocks.data(), group[size_t(j)]->blocks.data(), P);
+      }
       ++stats_.prefills;
       stats_.prefill_tokens += static_cast<int64_t>(r.prompt.size());
       for (auto& s : group) {

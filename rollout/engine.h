@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "model/layout.h"
+#include "model/ops/cuda_types.h"
 #include "model/provider.h"
 #include "parallel/comm.h"
 #include "rollout/kv_cache.h"
@@ -25,6 +26,14 @@ struct EngineOptions {
   int64_t max_batch = 256;    ///< most sequences decoded at once (vLLM max_num_seqs)
   int32_t eos_token_id = -1;  ///< stop token; -1 = the model config's eos_token_id
   bool ignore_eos = false;    ///< never stop on EOS (benchmarks)
+  /// Run on the current CUDA device (rollout/engine_cuda.h): bf16 weights and KV cache in device
+  /// memory; kv_cache_bytes is then derived from gpu_memory_utilization. Tensor parallel size 1.
+  bool cuda = false;
+  /// --vllm_gpu_memory_utilization: the share of the device's memory the engine may hold (weights,
+  /// buffers and KV cache), capped by what is free when it starts.
+  double gpu_memory_utilization = 0.95;
+  /// Decode steps replay CUDA graphs captured per batch bucket (--enforce_eager turns this off).
+  bool cuda_graphs = true;
   /// Tensor-parallel group of this engine (Topology::engine_comm, e.g. through make_comm: a
   /// shared-memory comm inside the node, whose all-reduce is bit-identical on every rank). nullptr
   /// or size 1: TP 1, the fast path. Size T > 1: every rank of the group builds the engine with the
@@ -109,6 +118,8 @@ class EngineWeights : public model::UnitProvider<float> {
 /// cache holds this rank's KV heads only. Embedding, norms and the LM head are computed whole on
 /// every rank, so every rank samples the same tokens and returns the same results. Requires H,
 /// Hkv and F divisible by T (rlhf::Error otherwise).
+class EngineCuda;
+
 class Engine {
  public:
   /// layout: an LM-head model (any n_shards: the padding of the buffers follows it, so weight
@@ -133,8 +144,20 @@ class Engine {
   /// Ranks of the tensor-parallel group (1 without one) and this rank's place in it.
   int tp_size() const;
   int tp_rank() const;
-  /// Weight bytes one decode step reads: every linear, the norms and the LM head (fp32).
+  /// Weight bytes one decode step reads: every linear, the norms and the LM head (fp32 on the
+  /// CPU, bf16 on the GPU).
   int64_t weight_bytes_per_decode_step() const;
+  /// True when the forward passes run on the GPU (options.cuda).
+  bool on_gpu() const { return cuda_ != nullptr; }
+#ifdef RLHF_CUDA
+  /// GPU engine: its bf16 device unit buffers (ParamLayout order), what WeightSync::sync_device
+  /// writes. After writing them, call device_weights_updated(): generate() then uses them as they
+  /// are instead of uploading unit_buffer() (which it does otherwise, at every call).
+  std::vector<model::bf16*> device_unit_buffers();
+  void device_weights_updated() {
+    device_weights_current_ = true;
+  }
+#endif
 
   /// Generates every sample of every request; returns them ordered by (request_index,
   /// sample_index). Requests are admitted in order (first come, first served): a request's
@@ -151,7 +174,9 @@ class Engine {
                                          const ProgressFn& progress = {});
 
   /// Counters of the last generate() call.
-  const EngineStats& stats() const { return stats_; }
+  const EngineStats& stats() const {
+    return stats_;
+  }
 
  private:
   struct Seq;
@@ -163,6 +188,8 @@ class Engine {
   const float* prefill(const std::vector<int32_t>& prompt, const int32_t* blocks);
   // One decode step over the active sequences (their last tokens at their positions): logits.
   const float* decode_step(const std::vector<Seq*>& active);
+  // Fills the decode inputs (tokens, positions, lengths, block table) of the active sequences.
+  void prepare_decode(const std::vector<Seq*>& active);
   void layer_decode(int l, int64_t B);
   const float* lm_head_weight() const;
 
@@ -172,6 +199,8 @@ class Engine {
   std::unique_ptr<KvCache> cache_;
   std::unique_ptr<Work> work_;
   std::unique_ptr<Tp> tp_;
+  std::unique_ptr<EngineCuda> cuda_;     // options.cuda
+  bool device_weights_current_ = false;  // the device units were written directly
   EngineStats stats_;
   std::vector<float> rope_cos_, rope_sin_;
 };

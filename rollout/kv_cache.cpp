@@ -7,26 +7,30 @@
 
 namespace rlhf::rollout {
 
-KvCache::KvCache(const model::ModelConfig& config, int64_t budget_bytes, int64_t block_size)
+KvCache::KvCache(const model::ModelConfig& config, int64_t budget_bytes, int64_t block_size,
+                 int64_t element_bytes, bool host_storage)
     : L_(config.num_hidden_layers),
       Hkv_(config.num_key_value_heads),
       D_(config.D()),
       row_elems_(config.num_key_value_heads * config.D()),
       block_size_(block_size) {
   RLHF_CHECK(block_size >= 1, "KV cache: block_size must be >= 1, got {}", block_size);
-  bytes_per_token_ = 2 * L_ * row_elems_ * int64_t(sizeof(float));
+  RLHF_CHECK(element_bytes == 2 || (element_bytes == 4 && host_storage),
+             "KV cache: element_bytes must be 4 (host) or 2 (device), got {}", element_bytes);
+  bytes_per_token_ = 2 * L_ * row_elems_ * element_bytes;
   num_blocks_ = budget_bytes / bytes_per_block();
   RLHF_CHECK(num_blocks_ >= 1,
              "KV cache: a budget of {} bytes holds no block of {} positions ({} bytes = 2 x {} "
-             "layers x {} KV heads x head_dim {} x 4 bytes per position)\nhint: raise "
-             "--gen_kv_cache_mb",
+             "layers x {} KV heads x head_dim {} x {} bytes per position)\nhint: raise "
+             "{}",
              budget_bytes, block_size_, bytes_per_block(), L_, config.num_key_value_heads,
-             config.D());
+             config.D(), element_bytes,
+             host_storage ? "--gen_kv_cache_mb" : "--vllm_gpu_memory_utilization");
   RLHF_CHECK(num_blocks_ <= INT32_MAX, "KV cache: {} blocks exceed the int32 block ids",
              num_blocks_);
   layer_elems_ = num_blocks_ * block_size_ * row_elems_;
   // new float[] leaves the memory uninitialised: pages are touched only when a block is written.
-  data_.reset(new float[static_cast<size_t>(2 * L_ * layer_elems_)]);
+  if (host_storage) data_.reset(new float[static_cast<size_t>(2 * L_ * layer_elems_)]);
   free_.resize(static_cast<size_t>(num_blocks_));
   for (int64_t i = 0; i < num_blocks_; ++i) free_[size_t(i)] = int32_t(num_blocks_ - 1 - i);
   in_use_.assign(static_cast<size_t>(num_blocks_), 0);

@@ -23,8 +23,12 @@ namespace rlhf::rollout {
 class KvCache {
  public:
   /// Throws rlhf::Error if the budget does not hold one block (the message gives the block size
-  /// in bytes) or block_size < 1.
-  KvCache(const model::ModelConfig& config, int64_t budget_bytes, int64_t block_size = 16);
+  /// in bytes) or block_size < 1. element_bytes: 4 (fp32, this class's storage) or 2 (bf16 on a
+  /// GPU). host_storage = false: block bookkeeping only (ids, counts); the keys and values live
+  /// elsewhere (a GPU engine's device cache with the same block ids), k()/v()/write()/
+  /// copy_prefix() must not be called.
+  KvCache(const model::ModelConfig& config, int64_t budget_bytes, int64_t block_size = 16,
+          int64_t element_bytes = 4, bool host_storage = true);
 
   int64_t block_size() const { return block_size_; }
   int64_t num_blocks() const { return num_blocks_; }
@@ -33,7 +37,7 @@ class KvCache {
   /// Most blocks in use at once since construction (or reset_peak()).
   int64_t peak_used_blocks() const { return peak_used_; }
   void reset_peak() { peak_used_ = used_blocks(); }
-  /// Bytes of one position in every layer: 2 (K, V) · L · Hkv · D · 4.
+  /// Bytes of one position in every layer: 2 (K, V) · L · Hkv · D · element_bytes.
   int64_t bytes_per_token() const { return bytes_per_token_; }
   /// bytes_per_token() · block_size().
   int64_t bytes_per_block() const { return bytes_per_token_ * block_size_; }

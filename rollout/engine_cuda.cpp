@@ -1,0 +1,345 @@
+#ifdef RLHF_CUDA
+#include "rollout/engine_cuda.h"
+
+#include <algorithm>
+
+#include "core/cuda_check.h"
+#include "core/error.h"
+#include "model/layer_params.h"
+#include "model/ops/attention.h"
+#include "model/ops/attention_decode.h"
+#include "model/ops/embedding.h"
+#include "model/ops/kv_cache.h"
+#include "model/ops/linear.h"
+#include "model/ops/residual.h"
+#include "model/ops/rmsnorm.h"
+#include "model/ops/rope.h"
+#include "model/ops/swiglu.h"
+
+namespace rlhf::rollout {
+
+using model::bf16;
+
+namespace {
+
+constexpr int64_t kMiB = int64_t{1} << 20;
+
+void h2d(void* dst, const void* src, size_t bytes, cudaStream_t s) {
+  CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, s));
+}
+
+// Activation elements per row (bf16) of one layer's buffers, and of the head.
+int64_t row_elems(const model::ModelConfig& c) {
+  const int64_t C = c.hidden_size, F = c.intermediate_size, D = c.D();
+  const int64_t Q = c.num_attention_heads * D, KV = c.num_key_value_heads * D;
+  return 5 * C + 2 * Q + 2 * KV + 3 * F;  // x, x2, ln, xmid, proj; q, atty; k, v; gate, up, h
+}
+
+}  // namespace
+
+/// A captured decode step for one batch bucket.
+struct EngineCuda::Graph {
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  ~Graph() {
+    if (exec != nullptr) (void)cudaGraphExecDestroy(exec);
+    if (graph != nullptr) (void)cudaGraphDestroy(graph);
+  }
+};
+
+int64_t EngineCuda::fixed_bytes(const model::ParamLayout& layout, int64_t max_batch,
+                                int64_t block_size) {
+  const model::ModelConfig& c = layout.config();
+  int64_t weights = 0;
+  for (const model::UnitLayout& u : layout.units()) weights += u.numel_padded;
+  const int64_t rows = std::max(max_batch, c.max_position_embeddings);
+  const int64_t acts = rows * row_elems(c) * 2 + max_batch * c.vocab_size * 2 +
+                       c.vocab_size * 6;  // + one prefill row of logits, widened
+  const int64_t cap = (c.max_position_embeddings + block_size - 1) / block_size * block_size;
+  const int64_t ws = static_cast<int64_t>(model::attention_decode_paged_cuda_workspace_bytes(
+      max_batch, c.num_attention_heads, c.D(), cap / block_size, block_size));
+  const int64_t lse = c.num_attention_heads * c.max_position_embeddings * 4;
+  return weights * 2 + acts + ws + lse + 64 * kMiB;  // + cuBLASLt workspace and slack
+}
+
+int64_t EngineCuda::kv_budget_bytes(const model::ParamLayout& layout, double util,
+                                    int64_t max_batch, int64_t block_size) {
+  RLHF_CHECK(util > 0 && util <= 1, "--vllm_gpu_memory_utilization must be in (0, 1], got {}",
+             util);
+  size_t free_b = 0, total_b = 0;
+  CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+  const int64_t fixed = fixed_bytes(layout, max_batch, block_size);
+  const int64_t want = static_cast<int64_t>(util * static_cast<double>(total_b)) - fixed;
+  const int64_t room = static_cast<int64_t>(free_b) - fixed - 512 * kMiB;
+  const int64_t budget = std::min(want, room);
+  RLHF_CHECK(budget > 0,
+             "generation engine: no device memory left for the KV cache: "
+             "--vllm_gpu_memory_utilization {} of {:.1f} GiB is {:.1f} GiB, the engine's weights "
+             "and buffers take {:.1f} GiB, {:.1f} GiB are free now\nhint: raise "
+             "--vllm_gpu_memory_utilization, lower --gen_max_num_seqs, or place generation on "
+             "its own GPUs (--gen_ranks_per_node)",
+             util, double(total_b) / (1 << 30), util * double(total_b) / (1 << 30),
+             double(fixed) / (1 << 30), double(free_b) / (1 << 30));
+  return budget;
+}
+
+EngineCuda::EngineCuda(const model::ParamLayout& layout, const KvCache& kv, int64_t max_batch,
+                       bool use_graphs)
+    : layout_(layout),
+      num_blocks_(kv.num_blocks()),
+      block_size_(kv.block_size()),
+      max_batch_(max_batch),
+      use_graphs_(use_graphs) {
+  const model::ModelConfig& c = layout.config();
+  C_ = c.hidden_size;
+  F_ = c.intermediate_size;
+  H_ = c.num_attention_heads;
+  Hkv_ = c.num_key_value_heads;
+  D_ = c.D();
+  V_ = c.vocab_size;
+  L_ = c.num_hidden_layers;
+  max_pos_ = c.max_position_embeddings;
+  max_blocks_cap_ = (max_pos_ + block_size_ - 1) / block_size_;
+  for (const model::UnitLayout& u : layout.units()) {
+    units_.emplace_back(u.numel_padded, "engine weights");
+    weight_bytes_ += u.numel_padded * int64_t(sizeof(bf16));
+  }
+  // One extra block: the scratch block that the padded rows of a captured batch write into.
+  kv_.resize(2 * L_ * (num_blocks_ + 1) * Hkv_ * block_size_ * D_, "engine KV cache");
+  std::vector<float> cos(static_cast<size_t>(max_pos_ * D_ / 2)), sin(cos.size());
+  model::rope_tables_cpu(cos.data(), sin.data(), max_pos_, D_, c.rope_theta);
+  rope_cos_.resize(max_pos_ * D_ / 2);
+  rope_sin_.resize(max_pos_ * D_ / 2);
+  h2d(rope_cos_.get(), cos.data(), cos.size() * sizeof(float), stream_.get());
+  h2d(rope_sin_.get(), sin.data(), sin.size() * sizeof(float), stream_.get());
+  const int64_t rows = std::max(max_batch_, max_pos_);
+  const int64_t Q = H_ * D_, KV = Hkv_ * D_;
+  for (DeviceArray<bf16>* a : {&x_, &x2_, &ln_, &xmid_, &proj_}) a->resize(rows * C_, "engine");
+  for (DeviceArray<bf16>* a : {&q_, &atty_}) a->resize(rows * Q, "engine");
+  for (DeviceArray<bf16>* a : {&k_, &v_}) a->resize(rows * KV, "engine");
+  for (DeviceArray<bf16>* a : {&gate_, &up_, &h_}) a->resize(rows * F_, "engine");
+  logits_.resize(max_batch_ * V_, "engine logits");
+  rstd_.resize(rows);
+  lse_.resize(H_ * max_pos_);
+  attn_ws_.resize(static_cast<int64_t>(model::attention_decode_paged_cuda_workspace_bytes(
+                      max_batch_, H_, D_, max_blocks_cap_, block_size_)) /
+                  int64_t(sizeof(float)));
+  tokens_.resize(rows);
+  pos_.resize(rows);
+  lens_.resize(max_batch_);
+  table_.resize(max_batch_ * max_blocks_cap_);
+  blocks_.resize(max_blocks_cap_);
+  blocks2_.resize(max_blocks_cap_);
+  graphs_.resize(static_cast<size_t>(bucket(max_batch_) / 8 + 8));
+  stream_.sync();
+}
+
+EngineCuda::~EngineCuda() {
+  graphs_.clear();
+  (void)cudaStreamSynchronize(stream_.get());
+}
+
+void EngineCuda::upload_weights(const std::vector<const float*>& units) {
+  RLHF_CHECK(units.size() == units_.size(), "engine: {} unit buffers for {} units", units.size(),
+             units_.size());
+  std::vector<bf16> tmp;
+  for (size_t u = 0; u < units.size(); ++u) {
+    const int64_t n = units_[u].size();
+    tmp.resize(static_cast<size_t>(n));
+#pragma omp parallel for simd schedule(static) if (n > 65536)
+    for (int64_t i = 0; i < n; ++i) tmp[size_t(i)] = __float2bfloat16_rn(units[u][i]);
+    h2d(units_[u].get(), tmp.data(), tmp.size() * sizeof(bf16), stream_.get());
+    stream_.sync();  // `tmp` is reused
+  }
+}
+
+std::vector<bf16*> EngineCuda::device_units() {
+  std::vector<bf16*> out;
+  for (auto& u : units_) out.push_back(u.get());
+  stream_.sync();  // nothing of ours is in flight on them
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Forward
+
+void EngineCuda::layer_forward(int l, int64_t N, const bf16* x_in, bf16* x_out, bool decode,
+                               int64_t table_stride, int64_t max_blocks) {
+  const cudaStream_t s = stream_.get();
+  const model::ModelConfig& c = layout_.config();
+  const int u = layout_.layer_unit(l);
+  const model::LayerParams<const bf16> w(layout_.unit(u), units_[size_t(u)].get());
+  const int64_t Q = H_ * D_, KV = Hkv_ * D_;
+  const double eps = c.rms_norm_eps;
+  const int64_t plane = (num_blocks_ + 1) * Hkv_ * block_size_ * D_;
+  bf16* kc = kv_.get() + (2 * l) * plane;
+  bf16* vc = kv_.get() + (2 * l + 1) * plane;
+  const int32_t* table = decode ? table_.get() : blocks_.get();
+  model::rmsnorm_forward_cuda(ln_.get(), rstd_.get(), x_in, w.w_in, N, C_, eps, s);
+  model::linear_forward_cuda(q_.get(), ln_.get(), w.wq, w.bq, N, C_, Q, s);
+  model::linear_forward_cuda(k_.get(), ln_.get(), w.wk, w.bk, N, C_, KV, s);
+  model::linear_forward_cuda(v_.get(), ln_.get(), w.wv, w.bv, N, C_, KV, s);
+  model::rope_forward_cuda(q_.get(), q_.get(), pos_.get(), rope_cos_.get(), rope_sin_.get(), N, H_,
+                           D_, c.rope_style, s);
+  model::rope_forward_cuda(k_.get(), k_.get(), pos_.get(), rope_cos_.get(), rope_sin_.get(), N,
+                           Hkv_, D_, c.rope_style, s);
+  model::kv_cache_write_cuda(kc, vc, k_.get(), v_.get(), table, table_stride, pos_.get(), N, Hkv_,
+                             D_, block_size_, s);
+  if (decode)
+    model::attention_decode_paged_cuda(atty_.get(), attn_ws_.get(), q_.get(), kc, vc, table,
+                                       lens_.get(), N, H_, Hkv_, D_, num_blocks_ + 1, block_size_,
+                                       max_blocks, s);
+  else  // the prompt attends to itself causally (the rows just written to the cache)
+    model::attention_forward_cuda(atty_.get(), lse_.get(), q_.get(), k_.get(), v_.get(), 1, N, H_,
+                                  Hkv_, D_, s);
+  model::linear_forward_cuda(proj_.get(), atty_.get(), w.wo, w.bo, N, Q, C_, s);
+  model::rmsnorm_residual_forward_cuda(xmid_.get(), ln_.get(), rstd_.get(), x_in, proj_.get(),
+                                       w.w_post, N, C_, eps, s);
+  model::linear_forward_cuda(gate_.get(), ln_.get(), w.wg, nullptr, N, C_, F_, s);
+  model::linear_forward_cuda(up_.get(), ln_.get(), w.wu, nullptr, N, C_, F_, s);
+  model::swiglu_forward_cuda(h_.get(), gate_.get(), up_.get(), N, F_, s);
+  model::linear_forward_cuda(proj_.get(), h_.get(), w.wd, nullptr, N, F_, C_, s);
+  model::residual_forward_cuda(x_out, xmid_.get(), proj_.get(), N * C_, s);
+}
+
+namespace {
+// The LM head weight (V, C): lm_head, or the embedding when tied.
+const bf16* lm_weight(const model::ParamLayout& layout,
+                      const std::vector<DeviceArray<bf16>>& units) {
+  const int eu = layout.embedding_unit(), hu = layout.head_unit();
+  if (layout.config().tie_word_embeddings)
+    return units[size_t(eu)].get() + layout.unit(eu).at("embed_tokens.weight").offset;
+  return units[size_t(hu)].get() + layout.unit(hu).at("lm_head.weight").offset;
+}
+}  // namespace
+
+const float* EngineCuda::logits_to_host(int64_t rows) {
+  logits_bf16_host_.resize(static_cast<size_t>(rows * V_));
+  logits_host_.resize(static_cast<size_t>(rows * V_));
+  CUDA_CHECK(cudaMemcpyAsync(logits_bf16_host_.data(), logits_.get(),
+                             logits_bf16_host_.size() * sizeof(bf16), cudaMemcpyDeviceToHost,
+                             stream_.get()));
+  stream_.sync();
+  const int64_t n = rows * V_;
+#pragma omp parallel for simd schedule(static) if (n > 65536)
+  for (int64_t i = 0; i < n; ++i)
+    logits_host_[size_t(i)] = __bfloat162float(logits_bf16_host_[size_t(i)]);
+  return logits_host_.data();
+}
+
+const float* EngineCuda::prefill(const int32_t* prompt, int64_t P, const int32_t* blocks) {
+  RLHF_CHECK(P >= 1 && P <= max_pos_, "engine prefill: {} positions (max {})", P, max_pos_);
+  const cudaStream_t s = stream_.get();
+  const int64_t nb = (P + block_size_ - 1) / block_size_;
+  std::vector<int32_t> pos(static_cast<size_t>(P));
+  for (int64_t t = 0; t < P; ++t) pos[size_t(t)] = static_cast<int32_t>(t);
+  h2d(tokens_.get(), prompt, size_t(P) * sizeof(int32_t), s);
+  h2d(pos_.get(), pos.data(), pos.size() * sizeof(int32_t), s);
+  h2d(blocks_.get(), blocks, size_t(nb) * sizeof(int32_t), s);
+  const int eu = layout_.embedding_unit(), hu = layout_.head_unit();
+  model::embedding_forward_cuda(
+      x_.get(), tokens_.get(),
+      units_[size_t(eu)].get() + layout_.unit(eu).at("embed_tokens.weight").offset, P, C_, V_, s);
+  bf16 *a = x_.get(), *b = x2_.get();
+  for (int l = 0; l < L_; ++l) {
+    layer_forward(l, P, a, b, false, 0, nb);
+    std::swap(a, b);
+  }
+  // Only the last position's logits are needed (the first generated token).
+  model::rmsnorm_forward_cuda(
+      ln_.get(), rstd_.get(), a + (P - 1) * C_,
+      units_[size_t(hu)].get() + layout_.unit(hu).at("model.norm.weight").offset, 1, C_,
+      layout_.config().rms_norm_eps, s);
+  model::linear_forward_cuda(logits_.get(), ln_.get(), lm_weight(layout_, units_), nullptr, 1, C_,
+                             V_, s);
+  stream_.sync();  // `pos` is read by the copy above
+  return logits_to_host(1);
+}
+
+void EngineCuda::copy_prefix(const int32_t* src, const int32_t* dst, int64_t n) {
+  const int64_t nb = (n + block_size_ - 1) / block_size_;
+  h2d(blocks_.get(), src, size_t(nb) * sizeof(int32_t), stream_.get());
+  h2d(blocks2_.get(), dst, size_t(nb) * sizeof(int32_t), stream_.get());
+  model::kv_cache_copy_prefix_cuda(kv_.get(), 2 * L_, (num_blocks_ + 1) * Hkv_ * block_size_ * D_,
+                                   blocks_.get(), blocks2_.get(), n, Hkv_, D_, block_size_,
+                                   stream_.get());
+}
+
+void EngineCuda::decode_kernels(int64_t B, int64_t max_blocks) {
+  const cudaStream_t s = stream_.get();
+  const int eu = layout_.embedding_unit(), hu = layout_.head_unit();
+  model::embedding_forward_cuda(
+      x_.get(), tokens_.get(),
+      units_[size_t(eu)].get() + layout_.unit(eu).at("embed_tokens.weight").offset, B, C_, V_, s);
+  bf16 *a = x_.get(), *b = x2_.get();
+  for (int l = 0; l < L_; ++l) {
+    layer_forward(l, B, a, b, true, max_blocks, max_blocks);
+    std::swap(a, b);
+  }
+  model::rmsnorm_forward_cuda(
+      ln_.get(), rstd_.get(), a,
+      units_[size_t(hu)].get() + layout_.unit(hu).at("model.norm.weight").offset, B, C_,
+      layout_.config().rms_norm_eps, s);
+  model::linear_forward_cuda(logits_.get(), ln_.get(), lm_weight(layout_, units_), nullptr, B, C_,
+                             V_, s);
+}
+
+int64_t EngineCuda::bucket(int64_t B) const {
+  int64_t b = B <= 1 ? 1 : B <= 2 ? 2 : B <= 4 ? 4 : (B + 7) / 8 * 8;
+  return std::min(b, std::max<int64_t>(max_batch_, 1));
+}
+
+const float* EngineCuda::decode(const int32_t* tokens, const int32_t* pos, const int32_t* lens,
+                                const int32_t* table, int64_t B, int64_t max_blocks) {
+  RLHF_CHECK(B >= 1 && B <= max_batch_ && max_blocks >= 1 && max_blocks <= max_blocks_cap_,
+             "engine decode: batch {} (max {}) with {} blocks per sequence (max {})", B, max_batch_,
+             max_blocks, max_blocks_cap_);
+  const cudaStream_t s = stream_.get();
+  // Inputs padded to the bucket: extra rows feed token 0 at position 0 into the scratch block.
+  const int64_t Bb = use_graphs_ ? bucket(B) : B;
+  const int64_t stride = use_graphs_ ? max_blocks_cap_ : max_blocks;
+  std::vector<int32_t> tok(static_cast<size_t>(Bb), 0), ps(tok.size(), 0), ln(tok.size(), 1);
+  std::vector<int32_t> tab(static_cast<size_t>(Bb * stride), static_cast<int32_t>(num_blocks_));
+  for (int64_t b = 0; b < B; ++b) {
+    tok[size_t(b)] = tokens[b];
+    ps[size_t(b)] = pos[b];
+    ln[size_t(b)] = lens[b];
+    std::copy(table + b * max_blocks, table + (b + 1) * max_blocks, tab.begin() + b * stride);
+  }
+  h2d(tokens_.get(), tok.data(), tok.size() * sizeof(int32_t), s);
+  h2d(pos_.get(), ps.data(), ps.size() * sizeof(int32_t), s);
+  h2d(lens_.get(), ln.data(), ln.size() * sizeof(int32_t), s);
+  h2d(table_.get(), tab.data(), tab.size() * sizeof(int32_t), s);
+  if (!use_graphs_) {
+    decode_kernels(B, max_blocks);
+  } else {
+    auto& g = graphs_.at(size_t(Bb <= 4 ? Bb : 4 + Bb / 8));
+    if (g == nullptr) {
+      // First use of this bucket: run it eagerly (creating the GEMM handles and workspaces that a
+      // capture may not allocate), then capture the same launches for the next steps.
+      decode_kernels(Bb, max_blocks_cap_);
+      auto graph = std::make_unique<Graph>();
+      CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+      try {
+        decode_kernels(Bb, max_blocks_cap_);
+      } catch (...) {
+        cudaGraph_t broken = nullptr;
+        (void)cudaStreamEndCapture(s, &broken);
+        if (broken != nullptr) (void)cudaGraphDestroy(broken);
+        throw;
+      }
+      CUDA_CHECK(cudaStreamEndCapture(s, &graph->graph));
+      CUDA_CHECK(cudaGraphInstantiate(&graph->exec, graph->graph, 0));
+      g = std::move(graph);
+      ++graphs_captured_;
+    } else {
+      CUDA_CHECK(cudaGraphLaunch(g->exec, s));
+      ++graph_replays_;
+    }
+  }
+  stream_.sync();  // the host input vectors are read by the copies above
+  return logits_to_host(B);
+}
+
+}  // namespace rlhf::rollout
+#endif  // RLHF_CUDA

@@ -1,0 +1,102 @@
+// The GPU half of the generation engine (rollout/engine.h): bf16 weights and a bf16 paged KV cache
+// in device memory, prefill and batched decode on the CUDA ops, logits back to the host for the
+// engine's sampler. The host keeps the scheduling (admission, continuous batching, KV block
+// bookkeeping in a KvCache without storage) exactly as on the CPU, so a sample's random stream and
+// the order of results do not depend on the device.
+#pragma once
+
+#ifdef RLHF_CUDA
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "core/device_memory.h"
+#include "model/layout.h"
+#include "model/ops/cuda_types.h"
+#include "rollout/kv_cache.h"
+
+namespace rlhf::rollout {
+
+/// Device state and forward passes of one engine (tensor parallel size 1) on the current CUDA
+/// device, on its own stream. Not thread-safe.
+///
+/// Decode with CUDA graphs: with use_graphs, the decode step of a batch of B sequences is captured
+/// once per batch bucket (B rounded up to 1, 2, 4, 8, then multiples of 8, up to max_batch) and
+/// replayed: inputs live in fixed device buffers (padded rows decode a dummy token into a scratch
+/// block and are ignored), so a replay is one launch instead of ~12 per layer.
+class EngineCuda {
+ public:
+  /// Bytes of device memory the engine needs besides its KV cache: weights (bf16), decode buffers
+  /// for max_batch sequences (logits included), prefill buffers for max_position_embeddings
+  /// positions and attention workspaces.
+  static int64_t fixed_bytes(const model::ParamLayout& layout, int64_t max_batch,
+                             int64_t block_size);
+
+  /// KV cache budget from --vllm_gpu_memory_utilization: util·(device memory) − fixed_bytes(),
+  /// capped at the memory free now minus a 512 MiB margin (a colocated trainer holds the rest).
+  /// Throws rlhf::Error with the numbers and a hint when that leaves nothing.
+  static int64_t kv_budget_bytes(const model::ParamLayout& layout, double util, int64_t max_batch,
+                                 int64_t block_size);
+
+  /// kv: the engine's block bookkeeping (its num_blocks and block_size size the device cache).
+  EngineCuda(const model::ParamLayout& layout, const KvCache& kv, int64_t max_batch,
+             bool use_graphs);
+  ~EngineCuda();
+  EngineCuda(const EngineCuda&) = delete;
+  EngineCuda& operator=(const EngineCuda&) = delete;
+
+  /// Uploads the full fp32 unit buffers (ParamLayout order, numel_padded each) as bf16.
+  void upload_weights(const std::vector<const float*>& units);
+  /// The bf16 device unit buffers (for a device-to-device weight sync).
+  std::vector<model::bf16*> device_units();
+
+  /// Prompt forward for positions [0, P) into the KV blocks `blocks` (host, ⌈P / block_size⌉
+  /// ids); returns the last position's logits (V fp32, host, valid until the next call).
+  const float* prefill(const int32_t* prompt, int64_t P, const int32_t* blocks);
+
+  /// Copies positions [0, n) of every layer from blocks src to blocks dst (host id lists).
+  void copy_prefix(const int32_t* src, const int32_t* dst, int64_t n);
+
+  /// One decode step: tokens, pos, lens (B) and the block table (B, max_blocks), host arrays;
+  /// token b is fed at position pos[b] and attends to lens[b] = pos[b] + 1 positions. Returns the
+  /// logits (B, V) fp32, host, valid until the next call.
+  const float* decode(const int32_t* tokens, const int32_t* pos, const int32_t* lens,
+                      const int32_t* table, int64_t B, int64_t max_blocks);
+
+  int64_t weight_bytes() const { return weight_bytes_; }
+  int64_t kv_bytes() const { return kv_.bytes(); }
+  /// Decode graphs captured so far, and replays.
+  int64_t graphs_captured() const { return graphs_captured_; }
+  int64_t graph_replays() const { return graph_replays_; }
+
+ private:
+  struct Graph;
+  void layer_forward(int l, int64_t N, const model::bf16* x_in, model::bf16* x_out, bool decode,
+                     int64_t table_stride, int64_t max_blocks);
+  void decode_kernels(int64_t B, int64_t max_blocks);
+  const float* logits_to_host(int64_t rows);
+  int64_t bucket(int64_t B) const;
+
+  model::ParamLayout layout_;
+  int64_t C_, F_, H_, Hkv_, D_, V_, L_, max_pos_;
+  int64_t num_blocks_, block_size_, max_batch_, max_blocks_cap_;
+  bool use_graphs_;
+  CudaStream stream_;
+  std::vector<DeviceArray<model::bf16>> units_;
+  int64_t weight_bytes_ = 0;
+  DeviceArray<model::bf16> kv_;  // (L, 2, num_blocks, Hkv, block_size, D)
+  DeviceArray<float> rope_cos_, rope_sin_;
+  // Activations for up to rows_cap rows (decode: max_batch; prefill: max_pos).
+  DeviceArray<model::bf16> x_, x2_, ln_, q_, k_, v_, atty_, xmid_, gate_, up_, h_, proj_, logits_;
+  DeviceArray<float> rstd_, lse_, attn_ws_;
+  DeviceArray<int32_t> tokens_, pos_, lens_, table_, blocks_, blocks2_;
+  std::vector<float> logits_host_;
+  std::vector<model::bf16> logits_bf16_host_;
+  std::vector<std::unique_ptr<Graph>> graphs_;  // by bucket index
+  int64_t graphs_captured_ = 0, graph_replays_ = 0;
+};
+
+}  // namespace rlhf::rollout
+#endif  // RLHF_CUDA
