@@ -8,6 +8,11 @@
 #include "core/error.h"
 #include "parallel/mpi_check.h"
 
+#ifdef RLHF_CUDA
+#include "parallel/comm_nccl.h"
+#include "parallel/device_store.h"
+#endif
+
 namespace rlhf::parallel {
 
 namespace {
@@ -188,3 +193,82 @@ double WeightSync::reference_all_gather_seconds(int iters) {
 }
 
 }  // namespace rlhf::parallel
+
+#ifdef RLHF_CUDA
+namespace rlhf::parallel {
+
+SyncStats WeightSync::sync_device(DeviceZero3Store& source,
+                                  const std::vector<model::bf16*>& engine_units, Comm* nccl) {
+  RLHF_CHECK(colocated_,
+             "weight sync into GPU engines needs colocated ranks (--gen_ranks_per_node 0); "
+             "disaggregated GPU engines take the host path");
+  RLHF_CHECK(int(engine_units.size()) == layout_.num_units(),
+             "weight sync: an engine rank must pass {} unit buffers", layout_.num_units());
+  SyncStats st;
+  st.mode = "colocated";
+  st.buckets = int64_t(buckets_.size());
+  for (int u = 0; u < layout_.num_units(); ++u)
+    st.bytes += layout_.unit(u).numel_padded * int64_t(sizeof(model::bf16));
+  const double t0 = now_s();
+  if (n_train_ == 1) {
+    for (int u = 0; u < layout_.num_units(); ++u)
+      CUDA_CHECK(cudaMemcpyAsync(engine_units[size_t(u)], source.shard_params_bf16(u),
+                                 size_t(layout_.unit(u).numel_padded) * sizeof(model::bf16),
+                                 cudaMemcpyDeviceToDevice, source.stream()));
+    CUDA_CHECK(cudaStreamSynchronize(source.stream()));
+  } else {
+#ifdef RLHF_NCCL
+    auto* nc = dynamic_cast<NcclComm*>(nccl);
+    RLHF_CHECK(nc != nullptr && nc->size() == n_train_,
+               "weight sync into GPU engines needs the NCCL train communicator");
+    int64_t most = 0;
+    for (const SyncBucket& b : buckets_) most = std::max(most, b.count);
+    for (auto& s : staging_) s.resize(most * n_train_, "weight sync staging");
+    nc->wait_for(source.stream());  // the optimizer's last bf16 update of the shards
+    std::vector<CommRequest> reqs;
+    for (size_t k = 0; k < buckets_.size(); ++k) {
+      const SyncBucket& b = buckets_[k];
+      const int64_t part = part_[size_t(b.unit)];
+      model::bf16* stage = staging_[k % 2].get();
+      reqs.push_back(nc->iall_gather(source.shard_params_bf16(b.unit) + b.begin, stage, b.count,
+                                     DType::kBfloat16));
+      // Rank j's slice of the bucket sits at stage + j·count; its place is unit + j·part + begin.
+      CUDA_CHECK(cudaMemcpy2DAsync(
+          engine_units[size_t(b.unit)] + b.begin, size_t(part) * sizeof(model::bf16), stage,
+          size_t(b.count) * sizeof(model::bf16), size_t(b.count) * sizeof(model::bf16),
+          size_t(n_train_), cudaMemcpyDeviceToDevice, nc->stream()));
+    }
+    for (CommRequest& r : reqs) r.wait();
+    CUDA_CHECK(cudaStreamSynchronize(nc->stream()));
+#else
+    (void)nccl;
+    RLHF_FAIL("weight sync into GPU engines on several ranks needs NCCL");
+#endif
+  }
+  st.seconds = max_over_world(topo_.world(), now_s() - t0);
+  st.algbw_GBps = st.seconds > 0 ? double(st.bytes) / st.seconds / 1e9 : 0;
+  st.busbw_GBps = st.algbw_GBps * double(n_train_ - 1) / double(n_train_);
+  return st;
+}
+
+double WeightSync::reference_device_all_gather_seconds(Comm* nccl, int iters) {
+  int64_t total = 0;
+  for (int u = 0; u < layout_.num_units(); ++u) total += layout_.unit(u).numel_padded;
+  const int64_t per_rank = total / n_train_;
+  if (nccl == nullptr || n_train_ == 1) return 0.0;
+  DeviceArray<model::bf16> send(per_rank, "all-gather reference"),
+      recv(total, "all-gather reference");
+  CUDA_CHECK(cudaMemset(send.get(), 0, size_t(per_rank) * sizeof(model::bf16)));
+  double best = std::numeric_limits<double>::infinity();
+  for (int i = -1; i < iters; ++i) {  // i = -1: untimed, touches recv
+    MPI_CHECK(MPI_Barrier(topo_.world()));
+    const double t0 = now_s();
+    nccl->all_gather(send.get(), recv.get(), per_rank, DType::kBfloat16);
+    const double t = max_over_world(topo_.world(), now_s() - t0);
+    if (i >= 0) best = std::min(best, t);
+  }
+  return best;
+}
+
+}  // namespace rlhf::parallel
+#endif  // RLHF_CUDA

@@ -13,7 +13,14 @@
 #include "parallel/param_store.h"
 #include "parallel/topology.h"
 
+#ifdef RLHF_CUDA
+#include "core/device_memory.h"
+#include "model/ops/cuda_types.h"
+#endif
+
 namespace rlhf::parallel {
+
+class DeviceZero3Store;
 
 /// One sync's accounting (the same numbers on every rank).
 struct SyncStats {
@@ -61,13 +68,33 @@ class WeightSync {
   /// engine pass its unit buffers (empty elsewhere). Returns the stats of this sync.
   SyncStats sync(const ParamStore* source, const std::vector<float*>& engine_units);
 
+#ifdef RLHF_CUDA
+  /// The GPU path for colocated ranks (every rank trains on its GPU and owns a GPU engine): each
+  /// bucket is one NCCL all-gather (over `nccl`, the NCCL train communicator) of the bf16 shard
+  /// copies the trainer's own forward reads, into a device staging buffer, then one strided copy
+  /// places every rank's slice in the engine's bf16 device unit; everything on the NCCL stream,
+  /// after the trainer's pending optimizer work, with two staging buffers alternating so bucket
+  /// k + 1's gather is enqueued behind bucket k's copy without a host wait. nccl may be nullptr
+  /// with one train rank (the shard is the unit: a device-to-device copy). The engine's weights
+  /// are then bit-identical to the trainer's bf16 weights. SyncStats count bf16 bytes.
+  /// Throws rlhf::Error for a disaggregated placement (GPU engines there take the host path).
+  SyncStats sync_device(DeviceZero3Store& source, const std::vector<model::bf16*>& engine_units,
+                        Comm* nccl);
+  /// reference_all_gather_seconds for sync_device: one ncclAllGather of the same bf16 bytes.
+  double reference_device_all_gather_seconds(Comm* nccl, int iters = 3);
+#endif
+
   /// The plain-collective reference for the benchmark: one all-gather of the same total bytes on
   /// the same communicator (train_comm, or the intercommunicator): one untimed call (it touches
   /// the receive buffer, as the engine buffers are touched), then the fastest of `iters` timed
   /// calls, each the slowest rank's seconds. Collective.
   double reference_all_gather_seconds(int iters = 3);
-  bool colocated() const { return colocated_; }
-  const std::vector<SyncBucket>& buckets() const { return buckets_; }
+  bool colocated() const {
+    return colocated_;
+  }
+  const std::vector<SyncBucket>& buckets() const {
+    return buckets_;
+  }
 
  private:
   const Topology& topo_;
@@ -79,6 +106,9 @@ class WeightSync {
   MPI_Comm inter_ = MPI_COMM_NULL;  // disaggregated: train group <-> generation group
   std::vector<int64_t> part_;       // per unit: elements of one train rank's part
   std::vector<SyncBucket> buckets_;
+#ifdef RLHF_CUDA
+  DeviceArray<model::bf16> staging_[2];  // sync_device
+#endif
 };
 
 }  // namespace rlhf::parallel

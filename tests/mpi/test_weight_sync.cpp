@@ -10,9 +10,17 @@
 #include <cmath>
 #include <limits>
 
+#include "core/cuda_check.h"
 #include "parallel/zero3.h"
 #include "rollout/engine.h"
 #include "tests/mpi/train_util.h"
+
+#ifdef RLHF_CUDA
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include "parallel/device_store.h"
+#endif
 
 using namespace rlhf;
 using namespace rlhf::test;
@@ -157,4 +165,73 @@ TEST_CASE("weight sync: bucket plan") {
   CHECK(b[3].count == 3);
   CHECK(b[5].unit == 3);
   CHECK(b[5].count == 3);
+}
+
+TEST_CASE("weight sync into GPU engines (device to device over NCCL) is bit-exact") {
+  int ndev = 0;
+#if defined(RLHF_CUDA) && defined(RLHF_NCCL)
+  ndev = cuda_device_count();
+#endif
+  MPI_Allreduce(MPI_IN_PLACE, &ndev, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  MPI_Comm node = MPI_COMM_NULL;
+  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
+  int local = 0, local_size = 0;
+  MPI_Comm_rank(node, &local);
+  MPI_Comm_size(node, &local_size);
+  MPI_Comm_free(&node);
+  int fits = local_size <= ndev ? 1 : 0;
+  MPI_Allreduce(MPI_IN_PLACE, &fits, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  if (ndev == 0 || fits == 0) {
+    MESSAGE("skipped: needs a CUDA device per rank (and NCCL)");
+    return;
+  }
+#if defined(RLHF_CUDA) && defined(RLHF_NCCL)
+  CUDA_CHECK(cudaSetDevice(local % ndev));
+  int world_size = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &world_size);
+  parallel::TopologyOptions topt;
+  topt.ranks_per_node = world_size;  // one node, colocated: every rank trains and generates
+  parallel::Topology topo(MPI_COMM_WORLD, topt);
+  auto nccl = parallel::make_comm(topo.train_comm(), "train_comm_nccl", parallel::CommKind::kNccl);
+  auto host = parallel::make_comm(topo.train_comm(), "train_comm");
+  const auto cfg = small_config(true);
+  const int N = nccl->size();
+  model::ParamLayout layout(cfg, model::HeadKind::kLM, N);
+  parallel::DeviceStoreOptions so;
+  auto model = parallel::make_cuda_train_model(
+      std::make_unique<parallel::DeviceZero3Store>(layout, nccl.get(), so), false);
+  auto& store = dynamic_cast<parallel::DeviceZero3Store&>(model->store());
+  init_store(store, 3);
+  const int64_t per = kSeqs / N;
+  train(*model, cfg, 2, nccl->rank() * per, per, per);  // weights now differ from init
+  // The truth: the bf16 rounding of the consolidated fp32 masters (what the trainer's own forward
+  // reads after the optimizer's cast).
+  const auto masters = full_weights(store);
+  rollout::EngineOptions eo;
+  eo.cuda = true;
+  eo.gpu_memory_utilization = 0.5;
+  eo.max_batch = 2;
+  rollout::Engine engine(layout, eo);
+  for (int64_t bucket : bucket_sizes(layout)) {
+    parallel::WeightSync sync(topo, host.get(), layout, bucket);
+    const auto dev = engine.device_unit_buffers();
+    for (int u = 0; u < layout.num_units(); ++u)  // poison, so a missed slice shows
+      CUDA_CHECK(cudaMemset(dev[size_t(u)], 0xFF,
+                            size_t(layout.unit(u).numel_padded) * sizeof(model::bf16)));
+    const parallel::SyncStats st = sync.sync_device(store, dev, nccl.get());
+    CHECK(st.bytes == layout.total_padded() * 2);
+    for (int u = 0; u < layout.num_units(); ++u) {
+      std::vector<model::bf16> got(size_t(layout.unit(u).numel_padded));
+      CUDA_CHECK(cudaMemcpy(got.data(), dev[size_t(u)], got.size() * sizeof(model::bf16),
+                            cudaMemcpyDeviceToHost));
+      int64_t wrong = 0;
+      for (size_t i = 0; i < got.size(); ++i) {
+        const float want = __bfloat162float(__float2bfloat16_rn(masters[size_t(u)][i]));
+        wrong += __bfloat162float(got[i]) != want;
+      }
+      CHECK_MESSAGE(wrong == 0, "unit " << u << " bucket " << bucket << ": " << wrong
+                                        << " elements differ from the trainer's bf16 weights");
+    }
+  }
+#endif
 }
