@@ -54,6 +54,15 @@ void attention_backward_cuda(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, con
                              int64_t B, int64_t T_, int64_t H, int64_t Hkv, int64_t D,
                              cudaStream_t stream);
 
+/// The implementation behind attention_forward_cuda / attention_backward_cuda (process-wide,
+/// --attn_implementation): kFlash, the flash-attention kernels of model/ops/cuda/attention.cu
+/// (deterministic; the default), or kCudnn, cuDNN's fused attention wherever
+/// attention_cudnn_available says it can serve the shape, the kernels elsewhere. The two share
+/// the lse contract, so a forward by one and a backward by the other agree.
+enum class AttentionImpl { kFlash, kCudnn };
+void set_attention_impl(AttentionImpl impl) noexcept;
+AttentionImpl attention_impl() noexcept;
+
 /// Keys per split of attention_decode_cuda (flash-decoding: each block handles one split of one
 /// sequence and KV head; a second kernel combines the splits).
 inline constexpr int64_t kAttentionDecodeSplit = 256;
@@ -72,6 +81,44 @@ size_t attention_decode_cuda_workspace_bytes(int64_t B, int64_t H, int64_t D, in
 void attention_decode_cuda(bf16* out, float* workspace, const bf16* q, const bf16* k_cache,
                            const bf16* v_cache, const int32_t* lens, int64_t B, int64_t T_max,
                            int64_t H, int64_t Hkv, int64_t D, cudaStream_t stream);
+
+// --- cuDNN fused attention (model/ops/cuda/attention_cudnn.cpp) ---------------------------------
+// cuDNN's fused flash-attention engines (tensor cores), driven through the cuDNN backend graph
+// API (cuDNN developer guide, "Fused Flash Attention fprop/bprop"): the same causal GQA
+// attention and the same lse contract as attention_forward_cuda / attention_backward_cuda, so
+// either backward can follow either forward. Built only with RLHF_CUDNN; without it (and on the
+// CUDA emulator, whose cuDNN reports CUDNN_STATUS_NOT_SUPPORTED) all three return false and the
+// caller uses the hand-written kernels. Not yet run on a GPU: see the comment of the .cpp.
+
+/// True when cuDNN's fused attention can serve this problem on the current device: a device is
+/// present, cuDNN >= 9.0 (major 9) at run time, compute capability >= 8.0, D % 8 == 0 and
+/// D <= 128, H % Hkv == 0, and cuDNN builds and finalizes both the forward and the backward
+/// execution plan for (B, T, H, Hkv, D). Plans are built on the first query of a shape (this can
+/// take seconds: cuDNN compiles the kernels) and cached per (device, shape, direction), a
+/// negative answer included. Never throws (any failure answers false).
+bool attention_cudnn_available(int64_t B, int64_t T_, int64_t H, int64_t Hkv, int64_t D) noexcept;
+
+/// Same contract as attention_forward_cuda: out (B, T, H, D) bf16 =, lse (B, H, T) fp32 =
+/// natural-log log-sum-exp of the scaled causal scores q·k/sqrt(D); q (B, T, H, D), k, v
+/// (B, T, Hkv, D) bf16; query head h reads KV head h / (H/Hkv). Enqueued on `stream` (workspace
+/// via cudaMallocAsync/cudaFreeAsync on it). Returns false, and launches nothing, when cuDNN
+/// cannot serve the problem (see attention_cudnn_available; also when a pointer is not 16-byte
+/// aligned); the caller then falls back to attention_forward_cuda. Throws rlhf::Error like
+/// attention_forward_cuda on bad dimensions (a dimension <= 0, H % Hkv != 0), and (CUDNN_CHECK /
+/// CUDA_CHECK) when a call fails after the plan was built.
+bool attention_forward_cudnn(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v,
+                             int64_t B, int64_t T_, int64_t H, int64_t Hkv, int64_t D,
+                             cudaStream_t stream);
+
+/// Same contract as attention_backward_cuda: dq (B, T, H, D), dk, dv (B, T, Hkv, D) bf16, all
+/// assigned (=); dout, out (B, T, H, D) bf16; lse (B, H, T) fp32 from either forward; q, k, v as
+/// forward. dQ is accumulated in fp32 in a workspace (cuDNN may use atomics there, so unlike
+/// attention_backward_cuda the result is not guaranteed bitwise reproducible). Returns false and
+/// launches nothing when cuDNN cannot serve the problem; throws like attention_forward_cudnn.
+bool attention_backward_cudnn(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf16* out,
+                              const float* lse, const bf16* q, const bf16* k, const bf16* v,
+                              int64_t B, int64_t T_, int64_t H, int64_t Hkv, int64_t D,
+                              cudaStream_t stream);
 #endif
 
 }  // namespace rlhf::model
