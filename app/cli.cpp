@@ -514,6 +514,10 @@ void ParallelArgs::bind(OptionSet& o) {
         "cuda")
       .check(one_of({"auto", "cpu", "cuda"}))
       .env("RLHF_DEVICE");
+  o.add("attn_implementation", attn_implementation,
+        "GPU attention: flash (this project's flash-attention kernels, deterministic) or cudnn "
+        "(cuDNN's fused attention where it can serve the shape; not yet verified on a GPU)")
+      .check(one_of({"flash", "cudnn"}));
   o.add("nccl_timeout", nccl_timeout,
         "Seconds a GPU (NCCL) collective may take before the watchdog aborts the job (0 = none)")
       .check(ge(0));
@@ -586,6 +590,13 @@ void GenerationArgs::bind(OptionSet& o) {
   o.add("vllm_tensor_parallel_size", vllm_tensor_parallel_size,
         "Ranks per generation engine (tensor parallel, inside one node)")
       .check(ge(1));
+  o.add("vllm_gpu_memory_utilization", vllm_gpu_memory_utilization,
+        "GPU engines: share of the GPU's memory the engine may hold (weights, buffers, KV "
+        "cache; capped by what is free); --gen_kv_cache_mb sizes CPU engines")
+      .check(gt(0))
+      .check(le(1));
+  o.add("enforce_eager", enforce_eager,
+        "GPU engines: launch every decode step's kernels instead of replaying CUDA graphs");
 }
 
 void GenerateArgs::bind(OptionSet& o) {

@@ -196,6 +196,8 @@ struct ParallelArgs {
   std::string device = "auto";
   /// --nccl_timeout: seconds a GPU collective may take before the watchdog ends the job (0 = none)
   double nccl_timeout = 1800;
+  /// --attn_implementation: GPU attention: flash (this project's kernels) | cudnn (fused SDPA)
+  std::string attn_implementation = "flash";
 
   void bind(OptionSet& o);
 };
@@ -262,6 +264,10 @@ struct GenerationArgs {
   int64_t gen_kv_cache_mb = 1024;     ///< --gen_kv_cache_mb: KV cache budget per engine (MiB)
   int64_t gen_max_num_seqs = 256;     ///< --gen_max_num_seqs: most sequences decoded at once
   int vllm_tensor_parallel_size = 1;  ///< --vllm_tensor_parallel_size: ranks per engine
+  /// --vllm_gpu_memory_utilization: share of a GPU's memory a GPU engine may hold (weights,
+  /// buffers, KV cache), capped by what is free when it starts
+  double vllm_gpu_memory_utilization = 0.95;
+  bool enforce_eager = false;  ///< --enforce_eager: no CUDA graphs for GPU decode steps
 
   void bind(OptionSet& o);
 };

@@ -245,6 +245,7 @@ int run_generate(const GenerateArgs& args) {
   const int tp = args.gen.vllm_tensor_parallel_size;
   int threads = 1;
   const std::unique_ptr<parallel::Topology> topo = setup_topology(args.parallel, tp, &threads);
+  const Device device = setup_device(args.parallel, *topo, nullptr);
   const parallel::Placement& pl = topo->placement();
   const MPI_Comm world = topo->world();
   const int rank = topo->rank(), n_engines = pl.num_engines();
@@ -307,11 +308,15 @@ int run_generate(const GenerateArgs& args) {
         "max_position_embeddings {}: their samples stop there (finish_reason \"length\")",
         capped, args.gen.generate_max_len, cfg.max_position_embeddings);
   LOG0_INFO(
-      "engines: {} ({}) | KV cache {} MiB per rank and up to {} sequences per engine | {} threads "
-      "per rank",
+      "engines: {} ({}) on {} | KV cache {} and up to {} sequences per engine | {} threads per "
+      "rank",
       n_engines,
       tp == 1 ? std::string("1 rank each") : fmt::format("{} ranks each, tensor parallel", tp),
-      args.gen.gen_kv_cache_mb, args.gen.gen_max_num_seqs, threads);
+      device_name(device),
+      device == Device::kCuda
+          ? fmt::format("{:.0f}% of GPU memory", 100 * args.gen.vllm_gpu_memory_utilization)
+          : fmt::format("{} MiB per rank", args.gen.gen_kv_cache_mb),
+      args.gen.gen_max_num_seqs, threads);
 
   // Output checks before any generation, on rank 0 (its error ends the job).
   const std::filesystem::path out(args.output_path);
@@ -330,12 +335,8 @@ int run_generate(const GenerateArgs& args) {
     // The engine's tensor-parallel group (collective over engine_comm; TP 1: none).
     const std::unique_ptr<parallel::Comm> tp_comm =
         tp > 1 ? parallel::make_comm(topo->engine_comm(), "engine_comm") : nullptr;
-    rollout::EngineOptions eopt;
-    eopt.tp_comm = tp_comm.get();
-    eopt.kv_cache_bytes = args.gen.gen_kv_cache_mb * (int64_t(1) << 20);
-    eopt.max_batch = args.gen.gen_max_num_seqs;
-    eopt.eos_token_id = tokenizer->eos_id();
-    rollout::Engine engine(layout, eopt);
+    rollout::Engine engine(layout,
+                           engine_options(args.gen, device, tp_comm.get(), tokenizer->eos_id()));
     load_model_weights(src, layout, engine.unit_buffers());  // any --pretrain format
     const rollout::KvCache& kv = engine.kv_cache();
     if (rank == 0)

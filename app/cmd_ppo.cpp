@@ -42,6 +42,10 @@
 #include "rollout/ppo_trainer.h"
 #include "rollout/rewards.h"
 
+#ifdef RLHF_CUDA
+#include "parallel/device_store.h"
+#endif
+
 namespace rlhf::app {
 
 namespace {
@@ -278,12 +282,8 @@ int run_rl(const PpoArgs& args, const char* cmd) {
           : nullptr;
   std::unique_ptr<rollout::Engine> engine;
   if (generates) {
-    rollout::EngineOptions eopt;
-    eopt.tp_comm = tp_comm.get();
-    eopt.kv_cache_bytes = args.gen.gen_kv_cache_mb * (int64_t(1) << 20);
-    eopt.max_batch = args.gen.gen_max_num_seqs;
-    eopt.eos_token_id = tokenizer->eos_id();
-    engine = std::make_unique<rollout::Engine>(layout, eopt);
+    engine = std::make_unique<rollout::Engine>(
+        layout, engine_options(args.gen, rt.device, tp_comm.get(), tokenizer->eos_id()));
   }
   parallel::WeightSync sync(topo, comm, layout, args.sync_bucket_mb * (int64_t(1) << 20));
 
@@ -404,8 +404,23 @@ int run_rl(const PpoArgs& args, const char* cmd) {
     metrics = std::make_unique<io::MetricsWriter>(args.ckpt.save_path, start_step == 0);
   }
   std::vector<float*> engine_units = engine ? engine->unit_buffers() : std::vector<float*>();
-  sync.sync(actor ? &actor->store() : nullptr,
-            engine_units);  // the initial (or resumed) policy into every engine
+  // Colocated GPU ranks sync device to device (NCCL gathers of the bf16 shards straight into the
+  // engines' device weights); every other placement goes through the engines' host buffers.
+  const bool device_sync = rt.device == Device::kCuda && pl.colocated();
+  auto sync_weights = [&]() -> parallel::SyncStats {
+#ifdef RLHF_CUDA
+    if (device_sync) {
+      auto* store = dynamic_cast<parallel::DeviceZero3Store*>(&actor->store());
+      RLHF_ASSERT(store != nullptr && engine != nullptr && engine->on_gpu());
+      const parallel::SyncStats ss =
+          sync.sync_device(*store, engine->device_unit_buffers(), rt.device_comm.get());
+      engine->device_weights_updated();
+      return ss;
+    }
+#endif
+    return sync.sync(actor ? &actor->store() : nullptr, engine_units);
+  };
+  sync_weights();  // the initial (or resumed) policy into every engine
 
   EpochOrder order(n_prompts, seed);
   for (int64_t step = start_step; step < total_steps; ++step) {
@@ -554,7 +569,7 @@ int run_rl(const PpoArgs& args, const char* cmd) {
     }
     // 5. Weight sync into every engine.
     t = Clock::now();
-    const parallel::SyncStats ss = sync.sync(actor ? &actor->store() : nullptr, engine_units);
+    const parallel::SyncStats ss = sync_weights();
     const double sync_s = since(t);
     // 6. Metrics (train rank 0 knows them; world rank 0 prints and writes them).
     rec = bcast_json(rec, train_root, world);

@@ -23,6 +23,7 @@
 #include "io/model_config_file.h"
 #include "io/tokenizer_hdf5.h"
 #include "model/init.h"
+#include "model/ops/attention.h"
 #include "parallel/mpi_check.h"
 #include "parallel/zero3.h"
 
@@ -210,36 +211,59 @@ TrainRuntime setup_train_runtime(const ParallelArgs& args, int tensor_parallel,
   // make_comm is collective over train_comm's members only; ranks outside get nullptr.
   rt.train_comm = parallel::make_comm(rt.topology->train_comm(), "train_comm", kind);
 
-  rt.device = resolve_device(args.device);
-  const MPI_Comm world = rt.topology->world();
-  int cuda = rt.device == Device::kCuda ? 1 : 0, lo = 0, hi = 0;
+  rt.device = setup_device(args, *rt.topology, &rt.cuda_device);
+  if (rt.device == Device::kCuda) {
+    rt.device_comm = parallel::make_comm(rt.topology->train_comm(), "train_comm_nccl",
+                                         parallel::CommKind::kNccl, {}, args.nccl_timeout);
+    if (rt.device_comm && rt.device_comm->size() == 1) rt.device_comm.reset();
+  }
+  return rt;
+}
+
+Device setup_device(const ParallelArgs& args, const parallel::Topology& topo, int* cuda_device) {
+  const Device device = resolve_device(args.device);
+  const MPI_Comm world = topo.world();
+  int cuda = device == Device::kCuda ? 1 : 0, lo = 0, hi = 0;
   MPI_CHECK(MPI_Allreduce(&cuda, &lo, 1, MPI_INT, MPI_MIN, world));
   MPI_CHECK(MPI_Allreduce(&cuda, &hi, 1, MPI_INT, MPI_MAX, world));
   RLHF_CHECK(lo == hi,
              "--device {}: some ranks found a GPU and others did not\nhint: give every rank a "
              "GPU (srun --gpus-per-task=1), or run with --device cpu",
              args.device);
-  if (rt.device == Device::kCuda) {
-#ifdef RLHF_CUDA
-    // The GPU of a rank: its local rank on its real (shared-memory) node, not the simulated
-    // node of --ranks_per_node, so that simulated nodes on one host do not share GPUs.
-    MPI_Comm shm = MPI_COMM_NULL;
-    MPI_CHECK(MPI_Comm_split_type(world, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &shm));
-    int local = 0;
-    const int rc = MPI_Comm_rank(shm, &local);
-    MPI_Comm_free(&shm);
-    MPI_CHECK(rc);
-    rt.cuda_device = select_cuda_device(local);
-    LOG0_INFO("device: cuda, one GPU per rank (rank 0: device {}, {})", rt.cuda_device,
-              cuda_device_summary());
-    rt.device_comm = parallel::make_comm(rt.topology->train_comm(), "train_comm_nccl",
-                                         parallel::CommKind::kNccl, {}, args.nccl_timeout);
-    if (rt.device_comm && rt.device_comm->size() == 1) rt.device_comm.reset();
-#endif
-  } else {
+  if (cuda_device != nullptr) *cuda_device = -1;
+  if (device == Device::kCpu) {
     LOG0_INFO("device: cpu");
+    return device;
   }
-  return rt;
+#ifdef RLHF_CUDA
+  // The GPU of a rank: its local rank on its real (shared-memory) node, not the simulated node
+  // of --ranks_per_node, so that simulated nodes on one host do not share GPUs.
+  MPI_Comm shm = MPI_COMM_NULL;
+  MPI_CHECK(MPI_Comm_split_type(world, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &shm));
+  int local = 0;
+  const int rc = MPI_Comm_rank(shm, &local);
+  MPI_Comm_free(&shm);
+  MPI_CHECK(rc);
+  const int dev = select_cuda_device(local);
+  if (cuda_device != nullptr) *cuda_device = dev;
+  model::set_attention_impl(args.attn_implementation == "cudnn" ? model::AttentionImpl::kCudnn
+                                                                : model::AttentionImpl::kFlash);
+  LOG0_INFO("device: cuda, one GPU per rank (rank 0: device {}, {})", dev, cuda_device_summary());
+#endif
+  return device;
+}
+
+rollout::EngineOptions engine_options(const GenerationArgs& gen, Device device,
+                                      parallel::Comm* tp_comm, int32_t eos_token_id) {
+  rollout::EngineOptions o;
+  o.tp_comm = tp_comm;
+  o.kv_cache_bytes = gen.gen_kv_cache_mb * (int64_t(1) << 20);
+  o.max_batch = gen.gen_max_num_seqs;
+  o.eos_token_id = eos_token_id;
+  o.cuda = device == Device::kCuda;
+  o.gpu_memory_utilization = gen.vllm_gpu_memory_utilization;
+  o.cuda_graphs = !gen.enforce_eager;
+  return o;
 }
 
 const char* device_name(Device d) {

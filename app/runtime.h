@@ -16,6 +16,7 @@
 #include "parallel/param_store.h"
 #include "parallel/topology.h"
 #include "parallel/train_model.h"
+#include "rollout/engine.h"
 
 namespace rlhf::app {
 
@@ -77,6 +78,16 @@ const char* device_name(Device d);
 /// --device on this rank: "cpu"; "cuda" (throws rlhf::Error when the build has no CUDA or no GPU
 /// is visible); "auto": cuda when built with CUDA and a GPU is visible, else cpu.
 Device resolve_device(const std::string& flag);
+
+/// Resolves --device on every rank (collective over the world: all ranks must agree; a job where
+/// some ranks see a GPU and others do not is refused) and, for cuda, selects each rank's GPU: its
+/// local rank on its real node modulo the visible GPUs. *cuda_device gets the device (-1 on cpu).
+Device setup_device(const ParallelArgs& args, const parallel::Topology& topo, int* cuda_device);
+
+/// The generation engine's options from the generation flags and the device: --gen_kv_cache_mb
+/// (CPU), --vllm_gpu_memory_utilization and --enforce_eager (GPU), --gen_max_num_seqs.
+rollout::EngineOptions engine_options(const GenerationArgs& gen, Device device,
+                                      parallel::Comm* tp_comm, int32_t eos_token_id);
 
 /// What a training command runs on: the placement of every rank, the training communicator, and
 /// the device.

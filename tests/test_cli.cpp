@@ -217,7 +217,8 @@ TEST_CASE("cli: every sft option can come from TOML") {
       "zero_stage = 0\nadam_offload = true\nranks_per_node = 2\ngen_ranks_per_node = 1\n"
       "threads = 3\nlog_dir = \"/tmp/l\"\nlog_level = \"debug\"\nmax_steps = 9\n"
       "disable_progress = true\nzero_keep_params = true\ncomm_backend = \"mpi\"\n"
-      "tokenizer = \"tok.json\"\ndevice = \"cpu\"\nnccl_timeout = 60\n");
+      "tokenizer = \"tok.json\"\ndevice = \"cpu\"\nnccl_timeout = 60\n"
+      "attn_implementation = \"cudnn\"\n");
   const ParsedCommand p = parse({"sft", "--config", f.str()});
   const app::SftArgs& a = sft(p);
   CHECK(a.data.dataset == "d.jsonl");
@@ -255,6 +256,7 @@ TEST_CASE("cli: every sft option can come from TOML") {
   CHECK(a.model.tokenizer == "tok.json");
   CHECK(a.parallel.device == "cpu");
   CHECK(a.parallel.nccl_timeout == 60);
+  CHECK(a.parallel.attn_implementation == "cudnn");
   // Every option came from the file, except the file itself and --pretrain (exclusive with
   // --model_config).
   for (const auto& row : p.config) {
