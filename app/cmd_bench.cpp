@@ -9,10 +9,12 @@
 #include "app/commands.h"
 #include "app/runtime.h"
 #include "bench/bench_comm.h"
+#include "bench/bench_cuda.h"
 #include "bench/bench_generate.h"
 #include "bench/bench_rl.h"
 #include "bench/bench_sync.h"
 #include "bench/bench_train.h"
+#include "core/cuda_check.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "io/model_config_file.h"
@@ -34,6 +36,19 @@ int run_bench(const BenchArgs& args) {
     std::cout << line << std::endl;
     if (out) *out << line << std::endl;
   };
+  // --device: the GPU variants of train, generate and sync (bench/bench_cuda.h).
+  const bool cuda = resolve_device(args.parallel.device) == Device::kCuda;
+  int all_cuda = cuda ? 1 : 0;
+  MPI_Allreduce(MPI_IN_PLACE, &all_cuda, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  RLHF_CHECK(all_cuda == (cuda ? 1 : 0), "--device {}: some ranks found a GPU and others did not",
+             args.parallel.device);
+  std::vector<std::pair<std::string, model::ModelConfig>> gpu_models;
+  if (cuda) {
+    select_node_local_cuda_device(MPI_COMM_WORLD);
+    LOG0_INFO("bench: device cuda ({})", cuda_device_summary());
+    if (!args.model_config.empty())
+      gpu_models.emplace_back(args.model_config, io::load_model_config_file(args.model_config));
+  }
   auto wants = [&](const char* s) {
     for (const auto& x : args.suites)
       if (x == s || x == "all") return true;
@@ -53,7 +68,35 @@ int run_bench(const BenchArgs& args) {
       LOG0_INFO("bench comm: {}", bench::bench_comm_row_text(row));
     });
   }
-  if (wants("train")) {
+  if (wants("train") && cuda) {
+    bench::BenchTrainCudaOptions o;
+    o.models = gpu_models;
+    o.tokens_per_step = args.tokens_per_step;
+    o.seq_len = args.seq_len;
+    o.micro_batch = args.micro_train_batch_size;
+    o.steps = args.steps;
+    o.warmup = args.warmup;
+    o.gradient_checkpointing = args.zero.gradient_checkpointing;
+    o.adam_offload = args.zero.adam_offload;
+    o.seed = static_cast<uint64_t>(args.common.seed);
+    auto host = parallel::make_comm(MPI_COMM_WORLD, "train_comm");
+    auto nccl = host->size() > 1
+                    ? parallel::make_comm(MPI_COMM_WORLD, "train_comm_nccl",
+                                          parallel::CommKind::kNccl, {}, args.parallel.nccl_timeout)
+                    : nullptr;
+    bench::run_bench_train_cuda(o, *host, nccl.get(), [&](const nlohmann::json& row) {
+      emit(row);
+      if (row["bench"] == "train")
+        LOG0_INFO(
+            "bench train (cuda): {} | {} GPUs | step {:.3f}s | {:.0f} tok/s | {:.1f} TFLOP/s per "
+            "GPU | MFU {:.1f}% of peak {:.0f} | {:.2f} x cuBLASLt GEMM ({:.1f} TFLOP/s)",
+            row["model"].get<std::string>(), row["ranks"].get<int>(), row["step_s"].get<double>(),
+            row["tokens_per_s"].get<double>(), row["tflops_per_s_per_gpu"].get<double>(),
+            100 * row["mfu_vs_peak"].get<double>(), row["peak_tflops"].get<double>(),
+            row["mfu_vs_gemm"].get<double>(), row["gemm_tflops_per_s"].get<double>());
+    });
+  }
+  if (wants("train") && !cuda) {
     bench::BenchTrainOptions o;
     if (!args.model_config.empty()) o.config = io::load_model_config_file(args.model_config);
     o.tokens_per_step = args.tokens_per_step;
@@ -80,14 +123,45 @@ int run_bench(const BenchArgs& args) {
             row["sgemm_gflops_per_s"].get<double>());
     });
   }
-  if (wants("generate")) {
+  if (wants("generate") && cuda) {
+    bench::BenchGenerateCudaOptions o;
+    o.models = gpu_models;
+    o.seed = static_cast<uint64_t>(args.common.seed);
+    bench::run_bench_generate_cuda(o, [&](const nlohmann::json& row) {
+      emit(row);
+      if (row["bench"] == "generate")
+        LOG0_INFO(
+            "bench generate (cuda): {} | batch {} | {:.0f} tok/s | {:.3f} ms/step | {:.0f} GB/s "
+            "read = {:.1f}% of HBM {:.0f} GB/s, {:.2f} x device copy",
+            row["model"].get<std::string>(), row["batch"].get<int64_t>(),
+            row["decode_tokens_per_s"].get<double>(), row["step_ms"].get<double>(),
+            row["read_GBps"].get<double>(), 100 * row["ratio_to_hbm"].get<double>(),
+            row["hbm_GBps"].get<double>(), row["ratio_to_copy"].get<double>());
+    });
+  }
+  if (wants("generate") && !cuda) {
     bench::BenchGenerateOptions o;
     if (!args.model_config.empty()) o.config = io::load_model_config_file(args.model_config);
     o.seed = static_cast<uint64_t>(args.common.seed);
     LOG0_INFO("bench generate: {} threads per rank", threads);
     bench::run_bench_generate(o, emit);
   }
-  if (wants("sync")) {
+  if (wants("sync") && cuda) {
+    bench::BenchSyncCudaOptions o;
+    o.models = gpu_models;
+    o.seed = static_cast<uint64_t>(args.common.seed);
+    bench::run_bench_sync_cuda(o, [&](const nlohmann::json& row) {
+      emit(row);
+      LOG0_INFO(
+          "bench sync (cuda): {} | {} GPUs | {:.1f} MB in {:.4f}s | busbw {:.1f} GB/s = {:.2f} x "
+          "ncclAllGather ({:.1f} GB/s) | wrong {}",
+          row["model"].get<std::string>(), row["ranks"].get<int>(),
+          row["bytes"].get<int64_t>() / 1e6, row["sync_s"].get<double>(),
+          row["sync_busbw_GBps"].get<double>(), row["ratio"].get<double>(),
+          row["allgather_busbw_GBps"].get<double>(), row["wrong"].get<int64_t>());
+    });
+  }
+  if (wants("sync") && !cuda) {
     bench::BenchSyncOptions o;
     o.seed = static_cast<uint64_t>(args.common.seed);
     o.comm_kind = parallel::comm_kind_from_name(args.parallel.comm_backend);

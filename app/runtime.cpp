@@ -220,6 +220,23 @@ TrainRuntime setup_train_runtime(const ParallelArgs& args, int tensor_parallel,
   return rt;
 }
 
+int select_node_local_cuda_device(MPI_Comm world) {
+#ifdef RLHF_CUDA
+  // The rank's local rank on its real (shared-memory) node, not the simulated node of
+  // --ranks_per_node, so that simulated nodes on one host do not share GPUs.
+  MPI_Comm shm = MPI_COMM_NULL;
+  MPI_CHECK(MPI_Comm_split_type(world, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &shm));
+  int local = 0;
+  const int rc = MPI_Comm_rank(shm, &local);
+  MPI_Comm_free(&shm);
+  MPI_CHECK(rc);
+  return select_cuda_device(local);
+#else
+  (void)world;
+  RLHF_FAIL("this build has no CUDA backend");
+#endif
+}
+
 Device setup_device(const ParallelArgs& args, const parallel::Topology& topo, int* cuda_device) {
   const Device device = resolve_device(args.device);
   const MPI_Comm world = topo.world();
@@ -236,15 +253,7 @@ Device setup_device(const ParallelArgs& args, const parallel::Topology& topo, in
     return device;
   }
 #ifdef RLHF_CUDA
-  // The GPU of a rank: its local rank on its real (shared-memory) node, not the simulated node
-  // of --ranks_per_node, so that simulated nodes on one host do not share GPUs.
-  MPI_Comm shm = MPI_COMM_NULL;
-  MPI_CHECK(MPI_Comm_split_type(world, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &shm));
-  int local = 0;
-  const int rc = MPI_Comm_rank(shm, &local);
-  MPI_Comm_free(&shm);
-  MPI_CHECK(rc);
-  const int dev = select_cuda_device(local);
+  const int dev = select_node_local_cuda_device(world);
   if (cuda_device != nullptr) *cuda_device = dev;
   model::set_attention_impl(args.attn_implementation == "cudnn" ? model::AttentionImpl::kCudnn
                                                                 : model::AttentionImpl::kFlash);

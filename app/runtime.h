@@ -79,6 +79,10 @@ const char* device_name(Device d);
 /// is visible); "auto": cuda when built with CUDA and a GPU is visible, else cpu.
 Device resolve_device(const std::string& flag);
 
+/// Selects this rank's GPU: its local rank on its real (shared-memory) node of `world` modulo the
+/// visible GPUs; returns the device. Collective over `world`. Throws rlhf::Error without CUDA.
+int select_node_local_cuda_device(MPI_Comm world);
+
 /// Resolves --device on every rank (collective over the world: all ranks must agree; a job where
 /// some ranks see a GPU and others do not is refused) and, for cuda, selects each rank's GPU: its
 /// local rank on its real node modulo the visible GPUs. *cuda_device gets the device (-1 on cpu).

@@ -1,0 +1,411 @@
+#include "bench/bench_cuda.h"
+
+#include <mpi.h>
+
+#include <algorithm>
+#include <chrono>
+#include <limits>
+#include <map>
+#include <random>
+
+#include "core/error.h"
+
+#ifdef RLHF_CUDA
+#include <cuda_runtime_api.h>
+
+#include "bench/bench_sync.h"
+#include "core/cuda_check.h"
+#include "core/device_memory.h"
+#include "model/flops.h"
+#include "model/init.h"
+#include "model/ops/linear.h"
+#include "parallel/device_store.h"
+#include "parallel/mpi_check.h"
+#include "parallel/topology.h"
+#include "parallel/train_model.h"
+#include "parallel/weight_sync.h"
+#include "rollout/engine.h"
+#endif
+
+namespace rlhf::bench {
+
+GpuSpec gpu_spec(const std::string& name) {
+  // Dense bf16 tensor-core TFLOPS (no 2:4 sparsity) and HBM GB/s, from the vendors' data sheets.
+  // More specific names first.
+  struct Row {
+    const char* match;
+    double tflops, hbm;
+  };
+  static const Row rows[] = {
+      {"H200", 989.4, 4800},
+      {"H100 NVL", 835.0, 3900},
+      {"H100 PCIe", 756.0, 2000},
+      {"H100", 989.4, 3350},
+      {"GH200", 989.4, 4000},
+      {"A100-SXM4-80GB", 312.0, 2039},
+      {"A100 80GB PCIe", 312.0, 1935},
+      {"A100", 312.0, 1555},
+      {"L40S", 362.1, 864},
+      {"L4", 121.0, 300},
+      {"A10", 125.0, 600},
+      {"RTX 4090", 165.2, 1008},
+  };
+  for (const Row& r : rows)
+    if (name.find(r.match) != std::string::npos) return {name, r.tflops, r.hbm};
+  return {name, 0, 0};
+}
+
+model::ModelConfig shape1b_config() {
+  model::ModelConfig c;
+  c.model_type = "llama";
+  c.hidden_size = 2048;
+  c.intermediate_size = 8192;
+  c.num_hidden_layers = 16;
+  c.num_attention_heads = 32;
+  c.num_key_value_heads = 8;
+  c.vocab_size = 128256;
+  c.max_position_embeddings = 4096;
+  c.rope_theta = 500000.0;
+  c.tie_word_embeddings = true;
+  return c;
+}
+
+#ifdef RLHF_CUDA
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+std::string device_name() {
+  int dev = 0;
+  cudaDeviceProp p{};
+  CUDA_CHECK(cudaGetDevice(&dev));
+  CUDA_CHECK(cudaGetDeviceProperties(&p, dev));
+  return p.name;
+}
+
+std::vector<std::pair<std::string, model::ModelConfig>> default_models(
+    const std::vector<std::pair<std::string, model::ModelConfig>>& given) {
+  if (!given.empty()) return given;
+  return {{"135M", shape135m_config()}, {"1B", shape1b_config()}};
+}
+
+// cuBLASLt (linear_forward_cuda / linear_backward_cuda) on every GEMM of one training step of cfg
+// with `rows` tokens, timed with events; returns the flop-weighted TFLOP/s.
+double bench_gemm_cuda(const model::ModelConfig& cfg, int64_t rows, const Emit& emit) {
+  const int64_t C = cfg.hidden_size, F = cfg.intermediate_size, D = cfg.D();
+  const int64_t Q = cfg.num_attention_heads * D, KV = cfg.num_key_value_heads * D;
+  const int64_t L = cfg.num_hidden_layers;
+  std::map<std::pair<int64_t, int64_t>, int64_t> linears;  // (in, out) -> count per step
+  linears[{C, Q}] += L;
+  linears[{C, KV}] += 2 * L;
+  linears[{Q, C}] += L;
+  linears[{C, F}] += 2 * L;
+  linears[{F, C}] += L;
+  linears[{C, cfg.vocab_size}] += 1;
+  CudaStream s;
+  cudaEvent_t t0 = nullptr, t1 = nullptr;
+  CUDA_CHECK(cudaEventCreate(&t0));
+  CUDA_CHECK(cudaEventCreate(&t1));
+  double flops = 0, seconds = 0;
+  for (const auto& [shape, count] : linears) {
+    const auto [IC, OC] = shape;
+    DeviceArray<model::bf16> x(rows * IC), w(OC * IC), y(rows * OC), dx(rows * IC);
+    DeviceArray<float> dw(OC * IC);
+    for (auto* a : {&x, &w, &y, &dx})
+      CUDA_CHECK(cudaMemsetAsync(a->get(), 0, size_t(a->size()) * 2, s.get()));
+    CUDA_CHECK(cudaMemsetAsync(dw.get(), 0, size_t(dw.size()) * 4, s.get()));
+    const double f = 2.0 * double(rows) * double(IC) * double(OC);
+    auto run = [&](int which) {
+      if (which == 0)
+        model::linear_forward_cuda(y.get(), x.get(), w.get(), nullptr, rows, IC, OC, s.get());
+      else if (which == 1)
+        model::linear_backward_cuda(dx.get(), nullptr, nullptr, y.get(), x.get(), w.get(), rows, IC,
+                                    OC, false, s.get());
+      else
+        model::linear_backward_cuda(nullptr, dw.get(), nullptr, y.get(), x.get(), w.get(), rows, IC,
+                                    OC, false, s.get());
+    };
+    static const char* kNames[] = {"forward", "backward_dx", "backward_dw"};
+    for (int which = 0; which < 3; ++which) {
+      run(which);  // warm-up: handles, heuristics, workspace
+      const int reps = std::max(3, int(std::min(200.0, 5e12 / f)));
+      CUDA_CHECK(cudaEventRecord(t0, s.get()));
+      for (int r = 0; r < reps; ++r) run(which);
+      CUDA_CHECK(cudaEventRecord(t1, s.get()));
+      CUDA_CHECK(cudaEventSynchronize(t1));
+      float ms = 0;
+      CUDA_CHECK(cudaEventElapsedTime(&ms, t0, t1));
+      const double t = double(ms) * 1e-3 / reps;
+      flops += f * double(count);
+      seconds += t * double(count);
+      emit({{"bench", "gemm_cuda"},
+            {"gemm", kNames[which]},
+            {"rows", rows},
+            {"in", IC},
+            {"out", OC},
+            {"count_per_step", count},
+            {"time_us", t * 1e6},
+            {"tflops_per_s", f / t / 1e12}});
+    }
+  }
+  CUDA_CHECK(cudaEventDestroy(t0));
+  CUDA_CHECK(cudaEventDestroy(t1));
+  return flops / seconds / 1e12;
+}
+
+// Device-to-device copy bandwidth (bytes read + written) of an n-byte buffer: the same-run HBM
+// reference of the decode benchmark.
+double bench_copy_GBps(int64_t n) {
+  DeviceArray<char> a(n), b(n);
+  CudaStream s;
+  cudaEvent_t t0 = nullptr, t1 = nullptr;
+  CUDA_CHECK(cudaEventCreate(&t0));
+  CUDA_CHECK(cudaEventCreate(&t1));
+  CUDA_CHECK(cudaMemsetAsync(a.get(), 1, size_t(n), s.get()));
+  CUDA_CHECK(cudaMemcpyAsync(b.get(), a.get(), size_t(n), cudaMemcpyDeviceToDevice, s.get()));
+  double best = 0;
+  for (int r = 0; r < 5; ++r) {
+    CUDA_CHECK(cudaEventRecord(t0, s.get()));
+    CUDA_CHECK(cudaMemcpyAsync(b.get(), a.get(), size_t(n), cudaMemcpyDeviceToDevice, s.get()));
+    CUDA_CHECK(cudaEventRecord(t1, s.get()));
+    CUDA_CHECK(cudaEventSynchronize(t1));
+    float ms = 0;
+    CUDA_CHECK(cudaEventElapsedTime(&ms, t0, t1));
+    if (ms > 0) best = std::max(best, 2.0 * double(n) / (double(ms) * 1e-3) / 1e9);
+  }
+  CUDA_CHECK(cudaEventDestroy(t0));
+  CUDA_CHECK(cudaEventDestroy(t1));
+  return best;
+}
+
+}  // namespace
+
+void run_bench_train_cuda(const BenchTrainCudaOptions& opt, parallel::Comm& host_comm,
+                          parallel::Comm* nccl, const Emit& emit) {
+  const int N = host_comm.size();
+  const GpuSpec spec = gpu_spec(device_name());
+  for (const auto& [name, cfg0] : default_models(opt.models)) {
+    model::ModelConfig cfg = cfg0;
+    cfg.max_position_embeddings = std::max(cfg.max_position_embeddings, opt.seq_len);
+    const int64_t T = opt.seq_len;
+    const int64_t seqs = std::max<int64_t>(1, opt.tokens_per_step / T);
+    RLHF_CHECK(seqs % N == 0, "--tokens_per_step {} / --seq_len {} = {} sequences over {} ranks",
+               opt.tokens_per_step, T, seqs, N);
+    const int64_t per_rank = seqs / N;
+    const int64_t mb = opt.micro_batch > 0 ? std::min(opt.micro_batch, per_rank) : per_rank;
+    RLHF_CHECK(per_rank % mb == 0, "--micro_train_batch_size {} must divide {} sequences", mb,
+               per_rank);
+    const double gemm =
+        bench_gemm_cuda(cfg, mb * T, host_comm.rank() == 0 ? emit : Emit([](const auto&) {}));
+    const model::ParamLayout layout(cfg, model::HeadKind::kLM, N);
+    parallel::DeviceStoreOptions so;
+    so.adam_offload = opt.adam_offload;
+    auto m = parallel::make_cuda_train_model(
+        std::make_unique<parallel::DeviceZero3Store>(layout, nccl, so), opt.gradient_checkpointing);
+    for (int u = 0; u < layout.num_units(); ++u) {
+      std::vector<float> full(size_t(layout.unit(u).numel_padded));
+      model::init_unit_params(full.data(), layout.unit(u), opt.seed);
+      m->store().load_unit(u, full.data());
+    }
+    std::mt19937_64 rng(opt.seed * 7919 + uint64_t(host_comm.rank()));
+    std::uniform_int_distribution<int32_t> tok(0, int32_t(cfg.vocab_size - 1));
+    const int64_t Nt = mb * T;
+    std::vector<int32_t> tokens(static_cast<size_t>(Nt)), targets(static_cast<size_t>(Nt));
+    std::vector<float> lp(static_cast<size_t>(Nt)),
+        dlp(static_cast<size_t>(Nt), -1.0f / float(seqs * T));
+    optim::AdamWConfig adam;
+    adam.lr = 1e-5;
+    std::vector<double> times;
+    for (int64_t st = 0; st < opt.warmup + opt.steps; ++st) {
+      host_comm.barrier();
+      const auto t0 = Clock::now();
+      m->store().zero_grads();
+      for (int64_t k = 0; k < per_rank / mb; ++k) {
+        for (auto& t : tokens) t = tok(rng);
+        for (int64_t n = 0; n < Nt; ++n)
+          targets[size_t(n)] = (n % T == T - 1) ? -1 : tokens[size_t(n + 1)];
+        m->forward_lm(tokens.data(), targets.data(), mb, T, lp.data(), nullptr, true);
+        m->backward_lm(dlp.data(), nullptr);
+      }
+      parallel::clip_and_step(m->store(), adam, adam.lr, st + 1, 1.0);
+      CUDA_CHECK(cudaDeviceSynchronize());
+      if (st >= opt.warmup) times.push_back(since(t0));
+    }
+    std::vector<double> tmax(times.size());
+    host_comm.all_reduce(times.data(), tmax.data(), int64_t(times.size()),
+                         parallel::ReduceOp::kMax);
+    std::sort(tmax.begin(), tmax.end());
+    const double step_s = tmax[tmax.size() / 2];
+    const double tokens_per_step = double(seqs * T);
+    const double tflops_gpu =
+        model::training_flops_per_token(cfg, T) * tokens_per_step / step_s / 1e12 / N;
+    const auto mem = m->store().memory();
+    emit({{"bench", "train"},
+          {"device", "cuda"},
+          {"gpu", spec.name},
+          {"model", name},
+          {"model_params", layout.num_parameters()},
+          {"ranks", N},
+          {"adam_offload", opt.adam_offload},
+          {"tokens_per_step", tokens_per_step},
+          {"seq_len", T},
+          {"micro_batch", mb},
+          {"step_s", step_s},
+          {"tokens_per_s", tokens_per_step / step_s},
+          {"tflops_per_s_per_gpu", tflops_gpu},
+          {"peak_tflops", spec.bf16_tflops},
+          {"mfu_vs_peak", spec.bf16_tflops > 0 ? tflops_gpu / spec.bf16_tflops : 0.0},
+          {"gemm_tflops_per_s", gemm},
+          {"mfu_vs_gemm", tflops_gpu / gemm},
+          {"state_bytes_per_gpu",
+           mem.params_bytes + mem.grads_bytes + (mem.optimizer_on_host ? 0 : mem.optimizer_bytes)},
+          {"activation_bytes_per_gpu", m->activation_bytes()}});
+  }
+}
+
+void run_bench_generate_cuda(const BenchGenerateCudaOptions& opt, const Emit& emit) {
+  const GpuSpec spec = gpu_spec(device_name());
+  const double copy = bench_copy_GBps(opt.copy_bytes);
+  emit({{"bench", "copy_cuda"}, {"gpu", spec.name}, {"GBps", copy}});
+  for (const auto& [name, cfg0] : default_models(opt.models)) {
+    model::ModelConfig cfg = cfg0;
+    cfg.max_position_embeddings =
+        std::max(cfg.max_position_embeddings, opt.prompt_len + opt.new_tokens);
+    const model::ParamLayout layout(cfg, model::HeadKind::kLM, 1);
+    const int64_t max_batch =
+        opt.batches.empty() ? 1 : *std::max_element(opt.batches.begin(), opt.batches.end());
+    rollout::EngineOptions eo;
+    eo.cuda = true;
+    eo.max_batch = max_batch;
+    eo.ignore_eos = true;
+    eo.cuda_graphs = opt.cuda_graphs;
+    rollout::Engine engine(layout, eo);
+    for (int u = 0; u < layout.num_units(); ++u)
+      model::init_unit_params(engine.unit_buffer(u), layout.unit(u), opt.seed);
+    const double W = double(engine.weight_bytes_per_decode_step());
+    std::mt19937_64 rng(opt.seed);
+    std::uniform_int_distribution<int32_t> tok(0, int32_t(cfg.vocab_size - 1));
+    for (const int64_t batch : opt.batches) {
+      std::vector<rollout::GenerationRequest> reqs;
+      for (int64_t i = 0; i < batch; ++i) {
+        rollout::GenerationRequest r;
+        r.id = uint64_t(i);
+        r.prompt.resize(size_t(opt.prompt_len));
+        for (auto& t : r.prompt) t = tok(rng);
+        r.max_new_tokens = opt.new_tokens;
+        r.sampling.temperature = 1.0;
+        r.sampling.seed = opt.seed;
+        reqs.push_back(r);
+      }
+      engine.generate(reqs);  // warm-up (captures the graphs)
+      rollout::EngineStats best;
+      best.decode_s = std::numeric_limits<double>::infinity();
+      for (int r = 0; r < opt.repeats; ++r) {
+        engine.generate(reqs);
+        if (engine.stats().decode_s < best.decode_s) best = engine.stats();
+      }
+      const double steps = double(best.decode_steps);
+      const double read = (W * steps + best.kv_bytes_read) / best.decode_s / 1e9;
+      emit({{"bench", "generate"},
+            {"device", "cuda"},
+            {"gpu", spec.name},
+            {"model", name},
+            {"batch", batch},
+            {"new_tokens", opt.new_tokens},
+            {"graphs", opt.cuda_graphs},
+            {"decode_tokens_per_s", double(best.decode_tokens) / best.decode_s},
+            {"step_ms", best.decode_s / steps * 1e3},
+            {"weight_bytes_per_step", W},
+            {"read_GBps", read},
+            {"hbm_GBps", spec.hbm_GBps},
+            {"ratio_to_hbm", spec.hbm_GBps > 0 ? read / spec.hbm_GBps : 0.0},
+            {"copy_GBps", copy},
+            {"ratio_to_copy", copy > 0 ? read / copy : 0.0}});
+    }
+  }
+}
+
+void run_bench_sync_cuda(const BenchSyncCudaOptions& opt, const Emit& emit) {
+  int world = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  parallel::TopologyOptions topt;
+  topt.ranks_per_node = world;  // colocated: every rank trains and owns an engine
+  parallel::Topology topo(MPI_COMM_WORLD, topt);
+  auto host = parallel::make_comm(topo.train_comm(), "train_comm");
+  auto nccl = world > 1 ? parallel::make_comm(topo.train_comm(), "train_comm_nccl",
+                                              parallel::CommKind::kNccl)
+                        : nullptr;
+  for (const auto& [name, cfg] : default_models(opt.models)) {
+    const model::ParamLayout layout(cfg, model::HeadKind::kLM, world);
+    parallel::DeviceStoreOptions so;
+    so.frozen = true;  // the bf16 shards are all a sync reads
+    parallel::DeviceZero3Store store(layout, nccl.get(), so);
+    std::vector<std::vector<float>> full;
+    for (int u = 0; u < layout.num_units(); ++u) {
+      full.emplace_back(size_t(layout.unit(u).numel_padded));
+      model::init_unit_params(full.back().data(), layout.unit(u), opt.seed);
+      store.load_unit(u, full.back().data());
+    }
+    std::vector<DeviceArray<model::bf16>> engine;
+    std::vector<model::bf16*> ptrs;
+    for (int u = 0; u < layout.num_units(); ++u) {
+      engine.emplace_back(layout.unit(u).numel_padded, "bench sync engine units");
+      ptrs.push_back(engine.back().get());
+    }
+    parallel::WeightSync sync(topo, host.get(), layout, opt.bucket_bytes);
+    parallel::SyncStats best = sync.sync_device(store, ptrs, nccl.get());  // warm-up
+    best.seconds = std::numeric_limits<double>::infinity();
+    for (int i = 0; i < opt.iters; ++i) {
+      MPI_CHECK(MPI_Barrier(topo.world()));
+      const parallel::SyncStats st = sync.sync_device(store, ptrs, nccl.get());
+      if (st.seconds < best.seconds) best = st;
+    }
+    const double ref_s = sync.reference_device_all_gather_seconds(nccl.get(), opt.iters);
+    int64_t wrong = 0;
+    for (int u = 0; u < layout.num_units(); ++u) {
+      std::vector<model::bf16> got(size_t(layout.unit(u).numel_padded));
+      CUDA_CHECK(cudaMemcpy(got.data(), ptrs[size_t(u)], got.size() * 2, cudaMemcpyDeviceToHost));
+      for (size_t i = 0; i < got.size(); ++i)
+        wrong +=
+            __bfloat162float(got[i]) != __bfloat162float(__float2bfloat16_rn(full[size_t(u)][i]));
+    }
+    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &wrong, 1, MPI_INT64_T, MPI_SUM, topo.world()));
+    const double factor = world > 1 ? double(world - 1) / double(world) : 1.0;
+    const double ref_busbw = ref_s > 0 ? double(best.bytes) / ref_s / 1e9 * factor : 0.0;
+    emit({{"bench", "sync"},
+          {"device", "cuda"},
+          {"model", name},
+          {"mode", "colocated"},
+          {"ranks", world},
+          {"bucket_bytes", opt.bucket_bytes},
+          {"buckets", best.buckets},
+          {"bytes", best.bytes},
+          {"sync_s", best.seconds},
+          {"sync_busbw_GBps", best.busbw_GBps},
+          {"allgather_s", ref_s},
+          {"allgather_busbw_GBps", ref_busbw},
+          {"ratio", ref_busbw > 0 ? best.busbw_GBps / ref_busbw : 0.0},
+          {"wrong", wrong}});
+  }
+}
+
+#else  // !RLHF_CUDA
+
+void run_bench_train_cuda(const BenchTrainCudaOptions&, parallel::Comm&, parallel::Comm*,
+                          const Emit&) {
+  RLHF_FAIL("bench --device cuda: this build has no CUDA backend");
+}
+void run_bench_generate_cuda(const BenchGenerateCudaOptions&, const Emit&) {
+  RLHF_FAIL("bench --device cuda: this build has no CUDA backend");
+}
+void run_bench_sync_cuda(const BenchSyncCudaOptions&, const Emit&) {
+  RLHF_FAIL("bench --device cuda: this build has no CUDA backend");
+}
+
+#endif  // RLHF_CUDA
+
+}  // namespace rlhf::bench

@@ -1,0 +1,75 @@
+// The GPU benchmarks (bench/bench_cuda.h): the spec-sheet table, and a smoke run of the training
+// and decode benchmarks on a tiny model (on the emulator in CI: the rows and their ratios are
+// produced, the numbers mean nothing there).
+#include "bench/bench_cuda.h"
+
+#include <mpi.h>
+
+#include "model/config.h"
+#include "parallel/comm.h"
+#include "tests/ops/cuda_test_util.h"
+
+using namespace rlhf;
+
+TEST_CASE("bench cuda: spec-sheet peaks by device name") {
+  const auto h100 = bench::gpu_spec("NVIDIA H100 80GB HBM3");
+  CHECK(h100.bf16_tflops == 989.4);
+  CHECK(h100.hbm_GBps == 3350);
+  CHECK(bench::gpu_spec("NVIDIA H100 PCIe").bf16_tflops == 756.0);
+  CHECK(bench::gpu_spec("NVIDIA H200").hbm_GBps == 4800);
+  CHECK(bench::gpu_spec("NVIDIA A100-SXM4-80GB").hbm_GBps == 2039);
+  CHECK(bench::gpu_spec("CUDA emulator (CPU)").bf16_tflops == 0);
+}
+
+TEST_CASE("bench cuda: train and generate rows on a tiny model") {
+  RLHF_SKIP_WITHOUT_CUDA_DEVICE();
+  int inited = 0;
+  MPI_Initialized(&inited);
+  if (!inited) MPI_Init(nullptr, nullptr);  // the unit-test binary runs without mpirun
+  model::ModelConfig c;
+  c.hidden_size = 64;
+  c.intermediate_size = 176;
+  c.num_hidden_layers = 2;
+  c.num_attention_heads = 4;
+  c.num_key_value_heads = 2;
+  c.vocab_size = 97;
+  c.max_position_embeddings = 64;
+  std::vector<nlohmann::json> rows;
+  const bench::Emit emit = [&](const nlohmann::json& r) { rows.push_back(r); };
+  bench::BenchTrainCudaOptions t;
+  t.models = {{"tiny", c}};
+  t.tokens_per_step = 64;
+  t.seq_len = 16;
+  t.steps = 1;
+  t.warmup = 0;
+  auto self = parallel::make_comm(MPI_COMM_SELF, "self");
+  bench::run_bench_train_cuda(t, *self, nullptr, emit);
+  bench::BenchGenerateCudaOptions g;
+  g.models = {{"tiny", c}};
+  g.prompt_len = 4;
+  g.new_tokens = 4;
+  g.batches = {1, 3};
+  g.repeats = 1;
+  g.copy_bytes = 1 << 20;
+  bench::run_bench_generate_cuda(g, emit);
+  int train = 0, gemm = 0, generate = 0;
+  for (const auto& r : rows) {
+    const std::string b = r["bench"];
+    if (b == "train") {
+      ++train;
+      CHECK(r["step_s"].get<double>() > 0);
+      CHECK(r["mfu_vs_gemm"].get<double>() > 0);
+      CHECK(r["tokens_per_step"].get<double>() == 64);
+    }
+    gemm += b == "gemm_cuda";
+    if (b == "generate") {
+      ++generate;
+      CHECK(r["decode_tokens_per_s"].get<double>() > 0);
+      CHECK(r["read_GBps"].get<double>() > 0);
+    }
+  }
+  CHECK(train == 1);
+  // Five GEMM shapes (q/o_proj are both 64 x 64 here), three GEMMs each.
+  CHECK(gemm == 5 * 3);
+  CHECK(generate == 2);
+}
