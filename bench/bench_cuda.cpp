@@ -3,7 +3,6 @@
 #include <mpi.h>
 
 #include <algorithm>
-#include <chrono>
 #include <limits>
 #include <map>
 #include <random>
@@ -73,11 +72,6 @@ model::ModelConfig shape1b_config() {
 #ifdef RLHF_CUDA
 
 namespace {
-
-using Clock = std::chrono::steady_clock;
-double since(Clock::time_point t) {
-  return std::chrono::duration<double>(Clock::now() - t).count();
-}
 
 std::string device_name() {
   int dev = 0;
@@ -211,35 +205,10 @@ void run_bench_train_cuda(const BenchTrainCudaOptions& opt, parallel::Comm& host
       model::init_unit_params(full.data(), layout.unit(u), opt.seed);
       m->store().load_unit(u, full.data());
     }
-    std::mt19937_64 rng(opt.seed * 7919 + uint64_t(host_comm.rank()));
-    std::uniform_int_distribution<int32_t> tok(0, int32_t(cfg.vocab_size - 1));
-    const int64_t Nt = mb * T;
-    std::vector<int32_t> tokens(static_cast<size_t>(Nt)), targets(static_cast<size_t>(Nt));
-    std::vector<float> lp(static_cast<size_t>(Nt)),
-        dlp(static_cast<size_t>(Nt), -1.0f / float(seqs * T));
-    optim::AdamWConfig adam;
-    adam.lr = 1e-5;
-    std::vector<double> times;
-    for (int64_t st = 0; st < opt.warmup + opt.steps; ++st) {
-      host_comm.barrier();
-      const auto t0 = Clock::now();
-      m->store().zero_grads();
-      for (int64_t k = 0; k < per_rank / mb; ++k) {
-        for (auto& t : tokens) t = tok(rng);
-        for (int64_t n = 0; n < Nt; ++n)
-          targets[size_t(n)] = (n % T == T - 1) ? -1 : tokens[size_t(n + 1)];
-        m->forward_lm(tokens.data(), targets.data(), mb, T, lp.data(), nullptr, true);
-        m->backward_lm(dlp.data(), nullptr);
-      }
-      parallel::clip_and_step(m->store(), adam, adam.lr, st + 1, 1.0);
-      CUDA_CHECK(cudaDeviceSynchronize());
-      if (st >= opt.warmup) times.push_back(since(t0));
-    }
-    std::vector<double> tmax(times.size());
-    host_comm.all_reduce(times.data(), tmax.data(), int64_t(times.size()),
-                         parallel::ReduceOp::kMax);
-    std::sort(tmax.begin(), tmax.end());
-    const double step_s = tmax[tmax.size() / 2];
+    const double step_s =
+        time_train_steps(*m, cfg, T, seqs, per_rank, mb, opt.warmup, opt.steps, 1e-5, opt.seed,
+                         host_comm, [] { CUDA_CHECK(cudaDeviceSynchronize()); })
+            .step_s;
     const double tokens_per_step = double(seqs * T);
     const double tflops_gpu =
         model::training_flops_per_token(cfg, T) * tokens_per_step / step_s / 1e12 / N;

@@ -100,6 +100,49 @@ double bench_sgemm_model_shapes(const model::ModelConfig& cfg, int64_t rows, con
   return total_flops / total_time / 1e9;
 }
 
+TrainStepTime time_train_steps(parallel::TrainModel& net, const model::ModelConfig& cfg, int64_t T,
+                               int64_t seqs, int64_t per_rank, int64_t mb, int64_t warmup,
+                               int64_t steps, double lr, uint64_t seed, parallel::Comm& comm,
+                               const std::function<void()>& finish_step) {
+  std::mt19937_64 rng(seed * 7919 + uint64_t(comm.rank()));
+  std::uniform_int_distribution<int32_t> tok(0, int32_t(cfg.vocab_size - 1));
+  const int64_t Nt = mb * T;
+  std::vector<int32_t> tokens(static_cast<size_t>(Nt)), targets(static_cast<size_t>(Nt));
+  std::vector<float> lp(static_cast<size_t>(Nt)),
+      dlp(static_cast<size_t>(Nt), -1.0f / float(seqs * T));
+  optim::AdamWConfig adam;
+  adam.lr = lr;
+  std::vector<double> times, comm_times;
+  for (int64_t s = 0; s < warmup + steps; ++s) {
+    comm.barrier();
+    const double c0 = comm.stats().seconds;
+    const auto t0 = Clock::now();
+    net.store().zero_grads();
+    for (int64_t m = 0; m < per_rank / mb; ++m) {
+      for (auto& t : tokens) t = tok(rng);
+      for (int64_t n = 0; n < Nt; ++n)
+        targets[size_t(n)] = (n % T == T - 1) ? -1 : tokens[size_t(n + 1)];
+      net.forward_lm(tokens.data(), targets.data(), mb, T, lp.data(), nullptr, true);
+      net.backward_lm(dlp.data(), nullptr);
+    }
+    parallel::clip_and_step(net.store(), adam, adam.lr, s + 1, 1.0);
+    if (finish_step) finish_step();
+    if (s >= warmup) {
+      times.push_back(since(t0));
+      comm_times.push_back(comm.stats().seconds - c0);
+    }
+  }
+  // The slowest rank sets the step time; the median step is reported.
+  std::vector<double> tmax(times.size()), cmax(comm_times.size());
+  comm.all_reduce(times.data(), tmax.data(), int64_t(times.size()), parallel::ReduceOp::kMax);
+  comm.all_reduce(comm_times.data(), cmax.data(), int64_t(cmax.size()), parallel::ReduceOp::kMax);
+  std::vector<size_t> idx(tmax.size());
+  for (size_t i = 0; i < idx.size(); ++i) idx[i] = i;
+  std::sort(idx.begin(), idx.end(), [&](size_t a, size_t b) { return tmax[a] < tmax[b]; });
+  const size_t med = idx[idx.size() / 2];
+  return {tmax[med], cmax[med]};
+}
+
 namespace {
 
 // One variant of the training benchmark on `comm`; returns its result row.
@@ -134,42 +177,9 @@ nlohmann::json bench_train_variant(const BenchTrainOptions& opt, parallel::Comm&
     model::init_unit_params(full.data(), layout.unit(u), opt.seed);
     net->store().load_unit(u, full.data());
   }
-  std::mt19937_64 rng(opt.seed * 7919 + uint64_t(comm.rank()));
-  std::uniform_int_distribution<int32_t> tok(0, int32_t(cfg.vocab_size - 1));
-  const int64_t Nt = mb * T;
-  std::vector<int32_t> tokens(static_cast<size_t>(Nt)), targets(static_cast<size_t>(Nt));
-  std::vector<float> lp(static_cast<size_t>(Nt)),
-      dlp(static_cast<size_t>(Nt), -1.0f / float(seqs * T));
-  optim::AdamWConfig adam;
-  adam.lr = 1e-4;
-  std::vector<double> times, comm_times;
-  for (int64_t s = 0; s < opt.warmup + opt.steps; ++s) {
-    comm.barrier();
-    const double c0 = comm.stats().seconds;
-    const auto t0 = Clock::now();
-    net->store().zero_grads();
-    for (int64_t m = 0; m < per_rank / mb; ++m) {
-      for (auto& t : tokens) t = tok(rng);
-      for (int64_t n = 0; n < Nt; ++n)
-        targets[size_t(n)] = (n % T == T - 1) ? -1 : tokens[size_t(n + 1)];
-      net->forward_lm(tokens.data(), targets.data(), mb, T, lp.data(), nullptr, true);
-      net->backward_lm(dlp.data(), nullptr);
-    }
-    parallel::clip_and_step(net->store(), adam, adam.lr, s + 1, 1.0);
-    if (s >= opt.warmup) {
-      times.push_back(since(t0));
-      comm_times.push_back(comm.stats().seconds - c0);
-    }
-  }
-  // The slowest rank sets the step time.
-  std::vector<double> tmax(times.size()), cmax(comm_times.size());
-  comm.all_reduce(times.data(), tmax.data(), int64_t(times.size()), parallel::ReduceOp::kMax);
-  comm.all_reduce(comm_times.data(), cmax.data(), int64_t(cmax.size()), parallel::ReduceOp::kMax);
-  std::vector<size_t> idx(tmax.size());
-  for (size_t i = 0; i < idx.size(); ++i) idx[i] = i;
-  std::sort(idx.begin(), idx.end(), [&](size_t a, size_t b) { return tmax[a] < tmax[b]; });
-  const size_t med = idx[idx.size() / 2];
-  const double step_s = tmax[med], comm_s = cmax[med];
+  const TrainStepTime t = time_train_steps(*net, cfg, T, seqs, per_rank, mb, opt.warmup, opt.steps,
+                                           1e-4, opt.seed, comm);
+  const double step_s = t.step_s, comm_s = t.comm_s;
   const auto mem = net->store().memory();
   int64_t bytes[3] = {mem.params_bytes + mem.grads_bytes + mem.optimizer_bytes, mem.gather_bytes,
                       net->activation_bytes()};

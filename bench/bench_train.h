@@ -9,6 +9,7 @@
 
 #include "model/config.h"
 #include "parallel/comm.h"
+#include "parallel/train_model.h"
 
 namespace rlhf::bench {
 
@@ -36,6 +37,22 @@ struct BenchTrainOptions {
 /// forward (forward y = x·Wᵀ, backward dx = dy·W and dW = dyᵀ·x of each linear, the LM head
 /// included) and returns the flop-weighted GFLOP/s (Σ flops / Σ time). Emits one row per shape.
 double bench_sgemm_model_shapes(const model::ModelConfig& cfg, int64_t rows, const Emit& emit);
+
+/// The median step of a timed training run: wall seconds of the slowest rank, and the seconds that
+/// rank's step spent inside `comm`'s collectives.
+struct TrainStepTime {
+  double step_s = 0, comm_s = 0;
+};
+
+/// The timed loop of the training benchmarks (CPU and GPU): warmup + steps optimizer steps of
+/// next-token training of `net` on random tokens — per rank per_rank sequences of T tokens in
+/// micro-batches of mb, dlp = −1/(seqs·T), clip 1.0, AdamW at lr — each starting at a barrier of
+/// `comm` and ending with finish_step() when given (a GPU run synchronises its device there).
+/// Collective over comm.
+TrainStepTime time_train_steps(parallel::TrainModel& net, const model::ModelConfig& cfg, int64_t T,
+                               int64_t seqs, int64_t per_rank, int64_t mb, int64_t warmup,
+                               int64_t steps, double lr, uint64_t seed, parallel::Comm& comm,
+                               const std::function<void()>& finish_step = {});
 
 /// Runs warmup + steps optimizer steps of next-token training on random tokens (collective over
 /// `comm`, the data-parallel group) and emits {"bench":"train", step_s (median of the slowest

@@ -52,14 +52,9 @@ TransformerCuda::TransformerCuda(const ParamLayout& layout, bool gradient_checkp
   V_ = c.vocab_size;
   L_ = c.num_hidden_layers;
   const int64_t P = c.max_position_embeddings;
-  std::vector<float> cos(static_cast<size_t>(P * D_ / 2)), sin(cos.size());
-  rope_tables_cpu(cos.data(), sin.data(), P, D_, c.rope_theta);
   rope_cos_.resize(P * D_ / 2, "RoPE cos table");
   rope_sin_.resize(P * D_ / 2, "RoPE sin table");
-  CUDA_CHECK(
-      cudaMemcpy(rope_cos_.get(), cos.data(), cos.size() * sizeof(float), cudaMemcpyHostToDevice));
-  CUDA_CHECK(
-      cudaMemcpy(rope_sin_.get(), sin.data(), sin.size() * sizeof(float), cudaMemcpyHostToDevice));
+  rope_tables_upload_cuda(rope_cos_.get(), rope_sin_.get(), P, D_, c.rope_theta);
 }
 
 int64_t TransformerCuda::layer_bf16() const {

@@ -106,12 +106,9 @@ EngineCuda::EngineCuda(const model::ParamLayout& layout, const KvCache& kv, int6
   }
   // One extra block: the scratch block that the padded rows of a captured batch write into.
   kv_.resize(2 * L_ * (num_blocks_ + 1) * Hkv_ * block_size_ * D_, "engine KV cache");
-  std::vector<float> cos(static_cast<size_t>(max_pos_ * D_ / 2)), sin(cos.size());
-  model::rope_tables_cpu(cos.data(), sin.data(), max_pos_, D_, c.rope_theta);
-  rope_cos_.resize(max_pos_ * D_ / 2);
-  rope_sin_.resize(max_pos_ * D_ / 2);
-  h2d(rope_cos_.get(), cos.data(), cos.size() * sizeof(float), stream_.get());
-  h2d(rope_sin_.get(), sin.data(), sin.size() * sizeof(float), stream_.get());
+  rope_cos_.resize(max_pos_ * D_ / 2, "RoPE cos table");
+  rope_sin_.resize(max_pos_ * D_ / 2, "RoPE sin table");
+  model::rope_tables_upload_cuda(rope_cos_.get(), rope_sin_.get(), max_pos_, D_, c.rope_theta);
   const int64_t rows = std::max(max_batch_, max_pos_);
   const int64_t Q = H_ * D_, KV = Hkv_ * D_;
   for (DeviceArray<bf16>* a : {&x_, &x2_, &ln_, &xmid_, &proj_}) a->resize(rows * C_, "engine");

@@ -26,14 +26,7 @@ TEST_CASE("bench cuda: train and generate rows on a tiny model") {
   int inited = 0;
   MPI_Initialized(&inited);
   if (!inited) MPI_Init(nullptr, nullptr);  // the unit-test binary runs without mpirun
-  model::ModelConfig c;
-  c.hidden_size = 64;
-  c.intermediate_size = 176;
-  c.num_hidden_layers = 2;
-  c.num_attention_heads = 4;
-  c.num_key_value_heads = 2;
-  c.vocab_size = 97;
-  c.max_position_embeddings = 64;
+  const model::ModelConfig c = test::small_gpu_config(4, 2, 97);
   std::vector<nlohmann::json> rows;
   const bench::Emit emit = [&](const nlohmann::json& r) { rows.push_back(r); };
   bench::BenchTrainCudaOptions t;

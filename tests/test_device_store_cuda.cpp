@@ -19,28 +19,17 @@ using model::HeadKind;
 namespace {
 
 model::ModelConfig store_config() {
-  model::ModelConfig c;
-  c.hidden_size = 64;
-  c.intermediate_size = 176;
-  c.num_hidden_layers = 2;
-  c.num_attention_heads = 4;
-  c.num_key_value_heads = 2;
-  c.vocab_size = 256;
-  c.max_position_embeddings = 64;
-  c.bos_token_id = c.eos_token_id = c.pad_token_id = 0;
-  return c;
+  return test::small_gpu_config();
 }
 
 // Deterministic bf16-valued full units for a layout (padding zero).
 std::vector<std::vector<float>> bf16_units(const model::ParamLayout& layout, uint64_t seed) {
   model::LocalParams<float> P(layout);
   P.init(seed, 0.05);
+  test::round_params_bf16(P);
   std::vector<std::vector<float>> units;
-  for (int u = 0; u < layout.num_units(); ++u) {
-    const float* p = P.params(u);
-    units.emplace_back(p, p + layout.unit(u).numel_padded);
-    units.back() = test::round_bf16(units.back());
-  }
+  for (int u = 0; u < layout.num_units(); ++u)
+    units.emplace_back(P.params(u), P.params(u) + layout.unit(u).numel_padded);
   return units;
 }
 
@@ -160,7 +149,8 @@ TEST_CASE("device store + GPU model: optimizer steps follow the CPU store + CPU 
   // their norm agrees to well under 1%.
   for (size_t i = 0; i < n_cpu.size(); ++i)
     CHECK(n_gpu[i] == doctest::Approx(n_cpu[i]).epsilon(1e-2));
-  // Weight updates (after − before, the decay included): as the gradients, nmse <= 1e-3 (a wrong gradient, a skipped step or a wrong lr gives ~1).
+  // Weight updates (after − before, the decay included): as the gradients, nmse <= 1e-3 (a wrong
+  // gradient, a skipped step or a wrong lr gives ~1).
   const auto w_cpu = gather_all(cpu->store()), w_gpu = gather_all(gpu->store());
   for (int u = 0; u < layout.num_units(); ++u) {
     std::vector<float> d_cpu(w_cpu[size_t(u)].size()), d_gpu(d_cpu.size());

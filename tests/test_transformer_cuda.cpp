@@ -54,19 +54,10 @@ class TestDeviceParams : public model::DeviceUnitProvider {
 
 model::ModelConfig small_config(model::RopeStyle style, bool tied, bool bias, int64_t H,
                                 int64_t Hkv) {
-  model::ModelConfig c;
+  model::ModelConfig c = test::small_gpu_config(H, Hkv);
   c.model_type = bias ? "qwen2" : "llama";
-  c.hidden_size = 64;
-  c.intermediate_size = 176;
-  c.num_hidden_layers = 2;
-  c.num_attention_heads = H;
-  c.num_key_value_heads = Hkv;
-  c.vocab_size = 256;
-  c.max_position_embeddings = 64;
   c.rope_style = style;
   c.tie_word_embeddings = tied;
-  c.rms_norm_eps = 1e-5;
-  c.bos_token_id = c.eos_token_id = c.pad_token_id = 0;
   return c;
 }
 
@@ -95,17 +86,13 @@ void check_case(const Case& cs) {
   model::ParamLayout layout(cs.cfg, cs.head, 1);
   model::LocalParams<float> P(layout);
   P.init(7, 0.05);
-  for (int u = 0; u < layout.num_units(); ++u) {
+  for (int u = 0; u < layout.num_units(); ++u)
     for (const auto& t : layout.unit(u).tensors)
       if (t.name.find("norm") != std::string::npos || t.name.find("bias") != std::string::npos) {
         auto r = test::random_vec<float>(t.numel, 1000 + u, 0.5, 1.5);
         std::copy(r.begin(), r.end(), P.params(u) + t.offset);
       }
-    // Both sides see exactly the bf16 weights.
-    float* p = P.params(u);
-    for (int64_t i = 0; i < layout.unit(u).numel_padded; ++i)
-      p[i] = test::to_f32(test::to_bf16(p[i]));
-  }
+  test::round_params_bf16(P);  // both sides see exactly the bf16 weights
   const auto tokens = test::random_tokens(N, cs.cfg.vocab_size, 5);
   std::vector<int32_t> targets(N);
   for (int64_t n = 0; n < N; ++n) targets[n] = (n % T == T - 1) ? -1 : tokens[n + 1];

@@ -43,6 +43,10 @@ void rope_forward_cuda(bf16* out, const bf16* x, const int32_t* pos, const float
 void rope_backward_cuda(bf16* dx, const bf16* dout, const int32_t* pos, const float* cos,
                         const float* sin, int64_t N, int64_t H, int64_t D, RopeStyle style,
                         cudaStream_t stream);
+
+/// The RoPE tables of rope_tables_cpu<float> computed on the host and copied into device arrays
+/// cos, sin of max_pos·D/2 floats each (synchronous). Throws rlhf::Error on a CUDA failure.
+void rope_tables_upload_cuda(float* cos, float* sin, int64_t max_pos, int64_t D, double theta);
 #endif
 
 }  // namespace rlhf::model

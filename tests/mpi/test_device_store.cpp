@@ -18,39 +18,12 @@
 using namespace rlhf;
 using namespace rlhf::test;
 
-namespace {
-
-// The devices every rank sees (min over the world), 0 without CUDA or NCCL.
-int min_devices() {
-#if defined(RLHF_CUDA) && defined(RLHF_NCCL)
-  int n = cuda_device_count();
-#else
-  int n = 0;
-#endif
-  MPI_Allreduce(MPI_IN_PLACE, &n, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-  return n;
-}
-
-}  // namespace
-
 TEST_CASE("device store over NCCL: N ranks train like 1 rank") {
-  const int ndev = min_devices();
-  int world = 0;
-  MPI_Comm_size(MPI_COMM_WORLD, &world);
-  MPI_Comm node = MPI_COMM_NULL;
-  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
-  int local = 0, local_size = 0;
-  MPI_Comm_rank(node, &local);
-  MPI_Comm_size(node, &local_size);
-  MPI_Comm_free(&node);
-  int fits = local_size <= ndev ? 1 : 0;
-  MPI_Allreduce(MPI_IN_PLACE, &fits, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-  if (ndev == 0 || fits == 0) {
+  if (!select_gpu_per_rank()) {
     MESSAGE("skipped: needs a CUDA device per rank (and NCCL)");
     return;
   }
 #if defined(RLHF_CUDA) && defined(RLHF_NCCL)
-  CUDA_CHECK(cudaSetDevice(local % ndev));
   auto nccl = parallel::make_comm(MPI_COMM_WORLD, "train_comm_nccl", parallel::CommKind::kNccl);
   const int N = nccl->size(), r = nccl->rank();
   REQUIRE(kSeqs % N == 0);

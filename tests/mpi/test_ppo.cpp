@@ -165,26 +165,12 @@ TEST_CASE("ppo/grpo: one RL step on N ranks == on 1 rank") {
 }
 
 TEST_CASE("ppo/grpo on the device: one RL step over NCCL follows the CPU step") {
-  int ndev = 0;
-#if defined(RLHF_CUDA) && defined(RLHF_NCCL)
-  ndev = cuda_device_count();
-#endif
-  MPI_Allreduce(MPI_IN_PLACE, &ndev, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-  auto world = parallel::make_comm(MPI_COMM_WORLD, "train_comm");
-  MPI_Comm node = MPI_COMM_NULL;
-  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
-  int local = 0, local_size = 0;
-  MPI_Comm_rank(node, &local);
-  MPI_Comm_size(node, &local_size);
-  MPI_Comm_free(&node);
-  int fits = local_size <= ndev ? 1 : 0;
-  MPI_Allreduce(MPI_IN_PLACE, &fits, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-  if (ndev == 0 || fits == 0) {
+  if (!select_gpu_per_rank()) {
     MESSAGE("skipped: needs a CUDA device per rank (and NCCL)");
     return;
   }
 #if defined(RLHF_CUDA) && defined(RLHF_NCCL)
-  CUDA_CHECK(cudaSetDevice(local % ndev));
+  auto world = parallel::make_comm(MPI_COMM_WORLD, "train_comm");
   auto nccl = parallel::make_comm(MPI_COMM_WORLD, "train_comm_nccl", parallel::CommKind::kNccl);
   auto self = parallel::make_comm(MPI_COMM_SELF, "self");
   const auto cfg = small_config(false);

@@ -168,25 +168,11 @@ TEST_CASE("weight sync: bucket plan") {
 }
 
 TEST_CASE("weight sync into GPU engines (device to device over NCCL) is bit-exact") {
-  int ndev = 0;
-#if defined(RLHF_CUDA) && defined(RLHF_NCCL)
-  ndev = cuda_device_count();
-#endif
-  MPI_Allreduce(MPI_IN_PLACE, &ndev, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-  MPI_Comm node = MPI_COMM_NULL;
-  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
-  int local = 0, local_size = 0;
-  MPI_Comm_rank(node, &local);
-  MPI_Comm_size(node, &local_size);
-  MPI_Comm_free(&node);
-  int fits = local_size <= ndev ? 1 : 0;
-  MPI_Allreduce(MPI_IN_PLACE, &fits, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-  if (ndev == 0 || fits == 0) {
+  if (!select_gpu_per_rank()) {
     MESSAGE("skipped: needs a CUDA device per rank (and NCCL)");
     return;
   }
 #if defined(RLHF_CUDA) && defined(RLHF_NCCL)
-  CUDA_CHECK(cudaSetDevice(local % ndev));
   int world_size = 0;
   MPI_Comm_size(MPI_COMM_WORLD, &world_size);
   parallel::TopologyOptions topt;

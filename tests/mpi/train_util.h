@@ -5,6 +5,13 @@
 #include <functional>
 #include <vector>
 
+#ifdef RLHF_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
+#include <mpi.h>
+
+#include "core/cuda_check.h"
 #include "model/init.h"
 #include "model/transformer.h"
 #include "parallel/param_store.h"
@@ -95,6 +102,30 @@ inline std::vector<std::vector<float>> full_weights(parallel::ParamStore& store)
     store.gather_unit(u, w.back().data());
   }
   return w;
+}
+
+// Selects this rank's CUDA device (its node-local rank modulo the devices) when every rank of the
+// world can have a device of its own and the build has NCCL; false otherwise (CPU build, no device,
+// more ranks on a node than devices), after which the caller skips. Collective over the world.
+inline bool select_gpu_per_rank() {
+#if defined(RLHF_CUDA) && defined(RLHF_NCCL)
+  int ndev = cuda_device_count();
+#else
+  int ndev = 0;
+#endif
+  MPI_Allreduce(MPI_IN_PLACE, &ndev, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  MPI_Comm node = MPI_COMM_NULL;
+  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
+  int local = 0, local_size = 0;
+  MPI_Comm_rank(node, &local);
+  MPI_Comm_size(node, &local_size);
+  MPI_Comm_free(&node);
+  int fits = ndev > 0 && local_size <= ndev ? 1 : 0;
+  MPI_Allreduce(MPI_IN_PLACE, &fits, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+#if defined(RLHF_CUDA) && defined(RLHF_NCCL)
+  if (fits == 1) CUDA_CHECK(cudaSetDevice(local % ndev));
+#endif
+  return fits == 1;
 }
 
 inline void init_store(parallel::ParamStore& store, uint64_t seed) {

@@ -28,6 +28,9 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 
+#include "model/config.h"
+#include "model/local_provider.h"
+
 namespace rlhf::test {
 
 using bf16 = __nv_bfloat16;
@@ -158,6 +161,31 @@ template <typename... Bufs>
 void check_guards(const std::string& what, const Bufs&... bufs) {
   const bool ok = (bufs.guards_intact() && ...);
   CHECK_MESSAGE(ok, what << ": a sentinel guard region around a device buffer was overwritten");
+}
+
+/// The small Llama shape of the GPU model tests: hidden 64, FFN 176, 2 layers, H query and Hkv
+/// KV heads, V tokens, 64 positions, special token ids 0.
+inline model::ModelConfig small_gpu_config(int64_t H = 4, int64_t Hkv = 2, int64_t V = 256) {
+  model::ModelConfig c;
+  c.hidden_size = 64;
+  c.intermediate_size = 176;
+  c.num_hidden_layers = 2;
+  c.num_attention_heads = H;
+  c.num_key_value_heads = Hkv;
+  c.vocab_size = V;
+  c.max_position_embeddings = 64;
+  c.rms_norm_eps = 1e-5;
+  c.bos_token_id = c.eos_token_id = c.pad_token_id = 0;
+  return c;
+}
+
+/// Rounds every parameter of P to the nearest bf16 value, so a CPU (fp32) model and a GPU (bf16)
+/// model compute with the same weights.
+inline void round_params_bf16(model::LocalParams<float>& P) {
+  for (int u = 0; u < P.layout().num_units(); ++u) {
+    float* p = P.params(u);
+    for (int64_t i = 0; i < P.layout().unit(u).numel_padded; ++i) p[i] = to_f32(to_bf16(p[i]));
+  }
 }
 
 // nmse bounds shared by the op tests. The CPU reference runs in fp32 on exactly the bf16 values

@@ -22,26 +22,13 @@ using namespace rlhf;
 namespace {
 
 model::ModelConfig engine_config() {
-  model::ModelConfig c;
-  c.hidden_size = 64;
-  c.intermediate_size = 176;
-  c.num_hidden_layers = 2;
-  c.num_attention_heads = 4;
-  c.num_key_value_heads = 2;
-  c.vocab_size = 97;
-  c.max_position_embeddings = 64;
-  c.bos_token_id = c.eos_token_id = c.pad_token_id = 0;
-  return c;
+  return test::small_gpu_config(4, 2, 97);
 }
 
 // bf16-valued weights, so the CPU model and the GPU engine compute with the same numbers.
 void init_bf16(model::LocalParams<float>& P) {
   P.init(11, 0.08);
-  for (int u = 0; u < P.layout().num_units(); ++u) {
-    float* p = P.params(u);
-    for (int64_t i = 0; i < P.layout().unit(u).numel_padded; ++i)
-      p[i] = test::to_f32(test::to_bf16(p[i]));
-  }
+  test::round_params_bf16(P);
 }
 
 std::vector<const float*> units_of(model::LocalParams<float>& P) {

@@ -1,4 +1,6 @@
 // RoPE on the GPU: one thread per rotated pair.
+#include <vector>
+
 #include "model/ops/cuda/cuda_common.cuh"
 #include "model/ops/rope.h"
 
@@ -62,6 +64,13 @@ void rope_backward_cuda(bf16* dx, const bf16* dout, const int32_t* pos, const fl
                         cudaStream_t stream) {
   NVTX_RANGE_FN();
   launch(dx, dout, pos, cos, sin, N, H, D, style, -1.0f, "rope_backward_cuda", stream);
+}
+
+void rope_tables_upload_cuda(float* cos, float* sin, int64_t max_pos, int64_t D, double theta) {
+  std::vector<float> c(static_cast<size_t>(max_pos * D / 2)), s(c.size());
+  rope_tables_cpu(c.data(), s.data(), max_pos, D, theta);
+  CUDA_CHECK(cudaMemcpy(cos, c.data(), c.size() * sizeof(float), cudaMemcpyHostToDevice));
+  CUDA_CHECK(cudaMemcpy(sin, s.data(), s.size() * sizeof(float), cudaMemcpyHostToDevice));
 }
 
 }  // namespace rlhf::model
