@@ -118,7 +118,9 @@ TEST_CASE("device store: the gradient norm is the norm of the accumulated gradie
   for (int u = 0; u < layout.num_units(); ++u) {
     g.push_back(test::random_vec<float>(layout.unit(u).numel_padded, 100 + u));
     float* dev = s.acquire_grads(u);
-    CUDA_CHECK(cudaMemcpy(dev, g.back().data(), g.back().size() * 4, cudaMemcpyHostToDevice));
+    // Gradients are written in the order of the store's stream (as the model's backward does).
+    CUDA_CHECK(cudaMemcpyAsync(dev, g.back().data(), g.back().size() * 4, cudaMemcpyHostToDevice,
+                               s.stream()));
     s.release_grads(u);
     for (float x : g.back()) ref += double(x) * x;
   }

@@ -72,7 +72,8 @@ bool operand_ok(const void* p, cudaDataType_t t, uint64_t rows, uint64_t cols, i
 cublasStatus_t gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const void* A,
                     cudaDataType_t at, int64_t lda, const void* B, cudaDataType_t bt, int64_t ldb,
                     float beta, const void* C, cudaDataType_t ct, int64_t ldc, void* D,
-                    cudaDataType_t dt, int64_t ldd, const void* bias, cudaDataType_t bias_t) {
+                    cudaDataType_t dt, int64_t ldd, const void* bias, cudaDataType_t bias_t,
+                    bool check_only) {
   if (m < 0 || n < 0 || k < 0) return CUBLAS_STATUS_INVALID_VALUE;
   if (!supported_type(at) || !supported_type(bt) || !supported_type(ct) || !supported_type(dt))
     return CUBLAS_STATUS_NOT_SUPPORTED;
@@ -83,6 +84,7 @@ cublasStatus_t gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alp
     return CUBLAS_STATUS_INVALID_VALUE;
   if (bias != nullptr && !in_device_memory(bias, static_cast<size_t>(m) * type_size(bias_t)))
     return CUBLAS_STATUS_INVALID_VALUE;
+  if (check_only) return CUBLAS_STATUS_SUCCESS;
   std::vector<float> a(ar * ac), b(br * bc), d(static_cast<size_t>(m * n), 0.0f);
   for (uint64_t j = 0; j < ac; ++j)
     for (uint64_t i = 0; i < ar; ++i) a[j * ar + i] = load(A, at, int64_t(j) * lda + int64_t(i));
@@ -162,16 +164,17 @@ cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t transa,
   float a = 0, b = 0;
   std::memcpy(&a, alpha, sizeof(float));
   std::memcpy(&b, beta, sizeof(float));
-  auto run = [=] {
+  // Checked at the call, as the library does; the GEMM itself runs in stream order.
+  const auto run = [=](bool check_only) {
     return gemm(transa == CUBLAS_OP_T, transb == CUBLAS_OP_T, m, n, k, a, A, Atype, lda, B, Btype,
-                ldb, b, C, Ctype, ldc, C, Ctype, ldc, nullptr, CUDA_R_32F);
+                ldb, b, C, Ctype, ldc, C, Ctype, ldc, nullptr, CUDA_R_32F, check_only);
   };
-  const cudaStream_t stream = reinterpret_cast<BlasHandle*>(handle)->stream;
-  if (defer(stream, [run] {
-        if (run() != CUBLAS_STATUS_SUCCESS) fail("captured cublasGemmEx failed at replay");
-      }))
-    return CUBLAS_STATUS_SUCCESS;
-  return run();
+  const cublasStatus_t st = run(true);
+  if (st != CUBLAS_STATUS_SUCCESS) return st;
+  submit(reinterpret_cast<BlasHandle*>(handle)->stream, [run] {
+    if (run(false) != CUBLAS_STATUS_SUCCESS) fail("cublasGemmEx failed in stream order");
+  });
+  return CUBLAS_STATUS_SUCCESS;
 }
 
 // --- cuBLASLt --------------------------------------------------------------------------------
@@ -356,9 +359,9 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t op, const
   const bool ta = d.trans_a == CUBLAS_OP_T, tb = d.trans_b == CUBLAS_OP_T;
   const int64_t m = static_cast<int64_t>(dl.rows), n = static_cast<int64_t>(dl.cols);
   const int64_t k = static_cast<int64_t>(ta ? a.rows : a.cols);
-  // Checked now (as the library does at the call); inside a stream capture the GEMM itself runs
-  // at every cudaGraphLaunch.
-  auto run = [=]() {
+  // Checked at the call, as the library does; the GEMMs themselves run in stream order (at every
+  // cudaGraphLaunch inside a capture).
+  const auto run = [=](bool check_only) {
     cublasStatus_t r = CUBLAS_STATUS_SUCCESS;
     for (int32_t i = 0; i < dl.batch && r == CUBLAS_STATUS_SUCCESS; ++i) {
       const auto off = [&](const void* p, const Layout& l) {
@@ -367,15 +370,14 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t op, const
       };
       r = gemm(ta, tb, m, n, k, al, off(A, a), a.type, a.ld, off(B, b), b.type, b.ld, be, off(C, c),
                c.type, c.ld, const_cast<char*>(off(D, dl)), dl.type, dl.ld,
-               with_bias ? d.bias : nullptr, d.bias_type_set ? d.bias_type : dl.type);
+               with_bias ? d.bias : nullptr, d.bias_type_set ? d.bias_type : dl.type, check_only);
     }
     return r;
   };
-  if (defer(stream, [run] {
-        if (run() != CUBLAS_STATUS_SUCCESS) fail("captured cublasLtMatmul failed at replay");
-      }))
-    return CUBLAS_STATUS_SUCCESS;
-  st = run();
+  st = run(true);
   if (st != CUBLAS_STATUS_SUCCESS) return st;
+  submit(stream, [run] {
+    if (run(false) != CUBLAS_STATUS_SUCCESS) fail("cublasLtMatmul failed in stream order");
+  });
   return CUBLAS_STATUS_SUCCESS;
 }

@@ -1,6 +1,6 @@
 // The emulator's CUDA runtime: the cudart entry points the project calls, defined with the
-// signatures of the real cuda_runtime_api.h, on host memory. One device (0). Every stream is
-// synchronous: an operation is complete when its call returns.
+// signatures of the real cuda_runtime_api.h, on host memory: devices, memory, copies, errors and
+// kernel attributes (streams, events and graphs are in streams.cpp).
 //
 // Stricter than a real GPU where that finds bugs: device memory is filled with 0xFF bytes (NaN)
 // when allocated; a cudaMemcpy/cudaMemset range must lie inside one live allocation of the kind
@@ -36,27 +36,9 @@ struct Alloc {
   bool owned = true;  // false for cudaHostRegister'ed ranges
 };
 
-// The operations a capture recorded, in stream order (a graph and its executable alike).
-struct GraphOps {
-  std::vector<std::function<void()>> ops;
-};
-
-struct Stream {
-  unsigned flags = 0;
-  GraphOps* capture = nullptr;  // while capturing
-  bool invalidated = false;
-};
-
-struct Event {
-  unsigned flags = 0;
-  bool recorded = false;
-  std::chrono::steady_clock::time_point t;
-};
-
 struct State {
   std::mutex mu;
   std::map<uintptr_t, Alloc> allocs;
-  std::set<const void*> streams, events;
   std::map<const void*, size_t> smem_limits;
   size_t device_used = 0;
   size_t device_capacity = 0;
@@ -74,7 +56,6 @@ State& state() {
 }
 
 thread_local cudaError_t tl_last_error = cudaSuccess;
-thread_local std::vector<Stream*> tl_capturing;  // streams this thread is capturing
 
 // Records a failing return for cudaGetLastError too (the runtime does the same).
 cudaError_t err(cudaError_t e) {
@@ -173,6 +154,14 @@ const char* error_name(cudaError_t e) {
       return "cudaErrorNoDevice";
     case cudaErrorNotSupported:
       return "cudaErrorNotSupported";
+    case cudaErrorLaunchFailure:
+      return "cudaErrorLaunchFailure";
+    case cudaErrorStreamCaptureUnsupported:
+      return "cudaErrorStreamCaptureUnsupported";
+    case cudaErrorStreamCaptureInvalidated:
+      return "cudaErrorStreamCaptureInvalidated";
+    case cudaErrorIllegalState:
+      return "cudaErrorIllegalState";
     default:
       return "cudaErrorUnknown";
   }
@@ -196,28 +185,6 @@ MemKind memory_kind(const void* p, size_t bytes) {
 cudaError_t set_last_error(cudaError_t e) {
   if (e != cudaSuccess) tl_last_error = e;
   return e;
-}
-
-bool stream_valid(cudaStream_t st) {
-  if (st == nullptr || st == cudaStreamPerThread || st == cudaStreamLegacy) return true;
-  State& s = state();
-  std::lock_guard<std::mutex> lock(s.mu);
-  return s.streams.count(st) != 0;
-}
-
-bool defer(cudaStream_t st, std::function<void()> op) {
-  if (tl_capturing.empty() || st == nullptr || st == cudaStreamPerThread || st == cudaStreamLegacy)
-    return false;
-  auto* s = reinterpret_cast<Stream*>(st);
-  if (s->capture == nullptr) return false;
-  s->capture->ops.push_back(std::move(op));
-  return true;
-}
-
-cudaError_t check_not_capturing() {
-  if (tl_capturing.empty()) return cudaSuccess;
-  for (Stream* s : tl_capturing) s->invalidated = true;
-  return cudaErrorStreamCaptureUnsupported;
 }
 
 size_t max_dynamic_smem(const void* func) {
@@ -329,10 +296,6 @@ cudaError_t cudaSetDevice(int device) {
 cudaError_t cudaSetDeviceFlags(unsigned int) {
   return cudaSuccess;
 }
-cudaError_t cudaDeviceSynchronize(void) {
-  if (const cudaError_t c = rlhf::emu::check_not_capturing(); c != cudaSuccess) return err(c);
-  return cudaSuccess;
-}
 cudaError_t cudaDriverGetVersion(int* v) {
   if (v == nullptr) return err(cudaErrorInvalidValue);
   *v = CUDART_VERSION;
@@ -404,14 +367,21 @@ const char* cudaGetErrorName(cudaError_t e) {
   return rlhf::emu::error_name(e);
 }
 const char* cudaGetErrorString(cudaError_t e) {
+  if (e == cudaErrorLaunchFailure && rlhf::emu::sticky_error() != cudaSuccess) {
+    thread_local std::string text;
+    text = "unspecified launch failure (" + rlhf::emu::sticky_message() + ")";
+    return text.c_str();
+  }
   return rlhf::emu::error_name(e);
 }
 cudaError_t cudaGetLastError(void) {
+  if (rlhf::emu::sticky_error() != cudaSuccess) return rlhf::emu::sticky_error();
   const cudaError_t e = rlhf::emu::tl_last_error;
   rlhf::emu::tl_last_error = cudaSuccess;
   return e;
 }
 cudaError_t cudaPeekAtLastError(void) {
+  if (rlhf::emu::sticky_error() != cudaSuccess) return rlhf::emu::sticky_error();
   return rlhf::emu::tl_last_error;
 }
 
@@ -423,18 +393,22 @@ cudaError_t cudaMalloc(void** p, size_t bytes) {
 }
 cudaError_t cudaFree(void* p) {
   if (const cudaError_t c = rlhf::emu::check_not_capturing(); c != cudaSuccess) return err(c);
+  rlhf::emu::drain_all();  // cudaFree synchronises the device
   return rlhf::emu::release(p, MemKind::kDevice);
 }
 cudaError_t cudaMallocAsync(void** p, size_t bytes, cudaStream_t stream) {
   if (!rlhf::emu::stream_valid(stream)) return err(cudaErrorInvalidResourceHandle);
   // Stream-ordered allocation inside a capture (a graph memory node) is not emulated.
-  if (rlhf::emu::defer(stream, [] {})) return err(cudaErrorStreamCaptureUnsupported);
-  return rlhf::emu::device_malloc(p, bytes);
+  if (rlhf::emu::capturing(stream)) return err(cudaErrorStreamCaptureUnsupported);
+  return rlhf::emu::device_malloc(p, bytes);  // usable by everything submitted from now on
 }
 cudaError_t cudaFreeAsync(void* p, cudaStream_t stream) {
   if (!rlhf::emu::stream_valid(stream)) return err(cudaErrorInvalidResourceHandle);
-  if (rlhf::emu::defer(stream, [] {})) return err(cudaErrorStreamCaptureUnsupported);
-  return rlhf::emu::release(p, MemKind::kDevice);
+  if (rlhf::emu::capturing(stream)) return err(cudaErrorStreamCaptureUnsupported);
+  if (p == nullptr) return cudaSuccess;
+  if (rlhf::emu::memory_kind(p) != MemKind::kDevice) return err(cudaErrorInvalidValue);
+  rlhf::emu::submit(stream, [p] { (void)rlhf::emu::release(p, MemKind::kDevice); });
+  return cudaSuccess;
 }
 cudaError_t cudaMallocHost(void** p, size_t bytes) {
   if (const cudaError_t c = rlhf::emu::check_not_capturing(); c != cudaSuccess) return err(c);
@@ -491,7 +465,11 @@ cudaError_t cudaMemcpy(void* dst, const void* src, size_t count, enum cudaMemcpy
   if (const cudaError_t c = rlhf::emu::check_not_capturing(); c != cudaSuccess) return err(c);
   const cudaError_t e = rlhf::emu::check_copy(dst, src, count, kind);
   if (e != cudaSuccess) return err(e);
-  if (count > 0) std::memmove(dst, src, count);
+  if (rlhf::emu::sticky_error() != cudaSuccess) return err(rlhf::emu::sticky_error());
+  // The legacy default stream: after every blocking stream's work (not non-blocking streams').
+  rlhf::emu::submit(nullptr, [=] {
+    if (count > 0) std::memmove(dst, src, count);
+  });
   return cudaSuccess;
 }
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t count, enum cudaMemcpyKind kind,
@@ -499,10 +477,20 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t count, enum cudaM
   if (!rlhf::emu::stream_valid(stream)) return err(cudaErrorInvalidResourceHandle);
   const cudaError_t e = rlhf::emu::check_copy(dst, src, count, kind);
   if (e != cudaSuccess) return err(e);
-  auto op = [=] {
-    if (count > 0) std::memmove(dst, src, count);
-  };
-  if (!rlhf::emu::defer(stream, op)) op();
+  if (rlhf::emu::sticky_error() != cudaSuccess) return err(rlhf::emu::sticky_error());
+  if (count == 0) return cudaSuccess;
+  const MemKind sk = rlhf::emu::memory_kind(src, count), dk = rlhf::emu::memory_kind(dst, count);
+  if (sk == MemKind::kNone && !rlhf::emu::capturing(stream)) {
+    // From pageable host memory the runtime stages the source before returning: the caller may
+    // reuse it at once; the device side is written in stream order.
+    auto staged = std::make_shared<std::vector<char>>(static_cast<const char*>(src),
+                                                      static_cast<const char*>(src) + count);
+    rlhf::emu::submit(stream, [dst, staged] { std::memcpy(dst, staged->data(), staged->size()); });
+    return cudaSuccess;
+  }
+  rlhf::emu::submit(stream, [=] { std::memmove(dst, src, count); });
+  // Into pageable host memory the call returns once the copy is done.
+  if (dk == MemKind::kNone && !rlhf::emu::capturing(stream)) rlhf::emu::drain(stream);
   return cudaSuccess;
 }
 cudaError_t cudaMemcpy2DAsync(void* dst, size_t dpitch, const void* src, size_t spitch,
@@ -520,173 +508,18 @@ cudaError_t cudaMemcpy2DAsync(void* dst, size_t dpitch, const void* src, size_t 
 }
 cudaError_t cudaMemset(void* p, int value, size_t count) {
   if (const cudaError_t c = rlhf::emu::check_not_capturing(); c != cudaSuccess) return err(c);
+  if (rlhf::emu::sticky_error() != cudaSuccess) return err(rlhf::emu::sticky_error());
   if (count == 0) return cudaSuccess;
   if (!rlhf::emu::in_device_memory(p, count)) return err(cudaErrorInvalidValue);
-  std::memset(p, value, count);
+  rlhf::emu::submit(nullptr, [=] { std::memset(p, value, count); });
   return cudaSuccess;
 }
 cudaError_t cudaMemsetAsync(void* p, int value, size_t count, cudaStream_t stream) {
   if (!rlhf::emu::stream_valid(stream)) return err(cudaErrorInvalidResourceHandle);
+  if (rlhf::emu::sticky_error() != cudaSuccess) return err(rlhf::emu::sticky_error());
   if (count == 0) return cudaSuccess;
   if (!rlhf::emu::in_device_memory(p, count)) return err(cudaErrorInvalidValue);
-  auto op = [=] { std::memset(p, value, count); };
-  if (!rlhf::emu::defer(stream, op)) op();
-  return cudaSuccess;
-}
-
-// --- streams and events ----------------------------------------------------------------------
-
-cudaError_t cudaStreamCreateWithFlags(cudaStream_t* st, unsigned int flags) {
-  if (st == nullptr) return err(cudaErrorInvalidValue);
-  auto* s = new rlhf::emu::Stream{flags};
-  auto& g = state();
-  std::lock_guard<std::mutex> lock(g.mu);
-  g.streams.insert(s);
-  *st = reinterpret_cast<cudaStream_t>(s);
-  return cudaSuccess;
-}
-cudaError_t cudaStreamCreate(cudaStream_t* st) {
-  return cudaStreamCreateWithFlags(st, cudaStreamDefault);
-}
-cudaError_t cudaStreamDestroy(cudaStream_t st) {
-  auto& g = state();
-  std::lock_guard<std::mutex> lock(g.mu);
-  if (st == nullptr || g.streams.erase(st) == 0) return err(cudaErrorInvalidResourceHandle);
-  delete reinterpret_cast<rlhf::emu::Stream*>(st);
-  return cudaSuccess;
-}
-cudaError_t cudaStreamSynchronize(cudaStream_t st) {
-  if (!rlhf::emu::stream_valid(st)) return err(cudaErrorInvalidResourceHandle);
-  return rlhf::emu::check_not_capturing() == cudaSuccess ? cudaSuccess
-                                                         : err(cudaErrorStreamCaptureUnsupported);
-}
-cudaError_t cudaStreamQuery(cudaStream_t st) {
-  return rlhf::emu::stream_valid(st) ? cudaSuccess : err(cudaErrorInvalidResourceHandle);
-}
-
-namespace {
-rlhf::emu::Event* live_event(cudaEvent_t ev) {
-  auto& g = state();
-  std::lock_guard<std::mutex> lock(g.mu);
-  return g.events.count(ev) != 0 ? reinterpret_cast<rlhf::emu::Event*>(ev) : nullptr;
-}
-}  // namespace
-
-cudaError_t cudaStreamWaitEvent(cudaStream_t st, cudaEvent_t ev, unsigned int) {
-  if (!rlhf::emu::stream_valid(st) || live_event(ev) == nullptr)
-    return err(cudaErrorInvalidResourceHandle);
-  return cudaSuccess;
-}
-cudaError_t cudaEventCreateWithFlags(cudaEvent_t* ev, unsigned int flags) {
-  if (ev == nullptr) return err(cudaErrorInvalidValue);
-  auto* e = new rlhf::emu::Event{};
-  e->flags = flags;
-  auto& g = state();
-  std::lock_guard<std::mutex> lock(g.mu);
-  g.events.insert(e);
-  *ev = reinterpret_cast<cudaEvent_t>(e);
-  return cudaSuccess;
-}
-cudaError_t cudaEventCreate(cudaEvent_t* ev) {
-  return cudaEventCreateWithFlags(ev, cudaEventDefault);
-}
-cudaError_t cudaEventDestroy(cudaEvent_t ev) {
-  auto& g = state();
-  std::lock_guard<std::mutex> lock(g.mu);
-  if (g.events.erase(ev) == 0) return err(cudaErrorInvalidResourceHandle);
-  delete reinterpret_cast<rlhf::emu::Event*>(ev);
-  return cudaSuccess;
-}
-cudaError_t cudaEventRecord(cudaEvent_t ev, cudaStream_t st) {
-  rlhf::emu::Event* e = live_event(ev);
-  if (e == nullptr || !rlhf::emu::stream_valid(st)) return err(cudaErrorInvalidResourceHandle);
-  auto op = [e] {
-    e->recorded = true;
-    e->t = std::chrono::steady_clock::now();
-  };
-  if (!rlhf::emu::defer(st, op)) op();
-  return cudaSuccess;
-}
-cudaError_t cudaEventQuery(cudaEvent_t ev) {
-  return live_event(ev) != nullptr ? cudaSuccess : err(cudaErrorInvalidResourceHandle);
-}
-cudaError_t cudaEventSynchronize(cudaEvent_t ev) {
-  if (const cudaError_t c = rlhf::emu::check_not_capturing(); c != cudaSuccess) return err(c);
-  return live_event(ev) != nullptr ? cudaSuccess : err(cudaErrorInvalidResourceHandle);
-}
-cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
-  rlhf::emu::Event *a = live_event(start), *b = live_event(end);
-  if (ms == nullptr) return err(cudaErrorInvalidValue);
-  if (a == nullptr || b == nullptr || (a->flags & cudaEventDisableTiming) != 0 ||
-      (b->flags & cudaEventDisableTiming) != 0)
-    return err(cudaErrorInvalidResourceHandle);
-  if (!a->recorded || !b->recorded) return err(cudaErrorInvalidResourceHandle);
-  *ms = std::chrono::duration<float, std::milli>(b->t - a->t).count();
-  return cudaSuccess;
-}
-cudaError_t cudaLaunchHostFunc(cudaStream_t st, cudaHostFn_t fn, void* user_data) {
-  if (!rlhf::emu::stream_valid(st)) return err(cudaErrorInvalidResourceHandle);
-  if (fn == nullptr) return err(cudaErrorInvalidValue);
-  if (!rlhf::emu::defer(st, [fn, user_data] { fn(user_data); })) fn(user_data);
-  return cudaSuccess;
-}
-cudaError_t cudaStreamIsCapturing(cudaStream_t st, enum cudaStreamCaptureStatus* status) {
-  if (!rlhf::emu::stream_valid(st)) return err(cudaErrorInvalidResourceHandle);
-  const bool on = st != nullptr && st != cudaStreamPerThread && st != cudaStreamLegacy &&
-                  reinterpret_cast<rlhf::emu::Stream*>(st)->capture != nullptr;
-  if (status != nullptr) *status = on ? cudaStreamCaptureStatusActive : cudaStreamCaptureStatusNone;
-  return cudaSuccess;
-}
-
-// --- graphs (stream capture) -----------------------------------------------------------------
-
-cudaError_t cudaStreamBeginCapture(cudaStream_t st, enum cudaStreamCaptureMode) {
-  if (!rlhf::emu::stream_valid(st)) return err(cudaErrorInvalidResourceHandle);
-  if (st == nullptr || st == cudaStreamPerThread || st == cudaStreamLegacy)
-    return err(cudaErrorStreamCaptureUnsupported);  // the legacy default stream cannot capture
-  auto* s = reinterpret_cast<rlhf::emu::Stream*>(st);
-  if (s->capture != nullptr) return err(cudaErrorIllegalState);
-  s->capture = new rlhf::emu::GraphOps();
-  s->invalidated = false;
-  rlhf::emu::tl_capturing.push_back(s);
-  return cudaSuccess;
-}
-cudaError_t cudaStreamEndCapture(cudaStream_t st, cudaGraph_t* graph) {
-  if (!rlhf::emu::stream_valid(st) || st == nullptr) return err(cudaErrorInvalidResourceHandle);
-  auto* s = reinterpret_cast<rlhf::emu::Stream*>(st);
-  if (s->capture == nullptr) return err(cudaErrorIllegalState);
-  auto& caps = rlhf::emu::tl_capturing;
-  caps.erase(std::remove(caps.begin(), caps.end(), s), caps.end());
-  std::unique_ptr<rlhf::emu::GraphOps> ops(s->capture);
-  s->capture = nullptr;
-  if (graph != nullptr) *graph = nullptr;
-  if (s->invalidated) return err(cudaErrorStreamCaptureInvalidated);
-  if (graph == nullptr) return err(cudaErrorInvalidValue);
-  *graph = reinterpret_cast<cudaGraph_t>(ops.release());
-  return cudaSuccess;
-}
-cudaError_t cudaGraphInstantiate(cudaGraphExec_t* exec, cudaGraph_t graph, unsigned long long) {
-  if (exec == nullptr || graph == nullptr) return err(cudaErrorInvalidValue);
-  *exec = reinterpret_cast<cudaGraphExec_t>(
-      new rlhf::emu::GraphOps(*reinterpret_cast<rlhf::emu::GraphOps*>(graph)));
-  return cudaSuccess;
-}
-cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t st) {
-  if (exec == nullptr) return err(cudaErrorInvalidValue);
-  if (!rlhf::emu::stream_valid(st)) return err(cudaErrorInvalidResourceHandle);
-  auto* g = reinterpret_cast<rlhf::emu::GraphOps*>(exec);
-  auto run = [g] {
-    for (auto& op : g->ops) op();
-  };
-  if (!rlhf::emu::defer(st, run)) run();
-  return cudaSuccess;
-}
-cudaError_t cudaGraphDestroy(cudaGraph_t graph) {
-  delete reinterpret_cast<rlhf::emu::GraphOps*>(graph);
-  return cudaSuccess;
-}
-cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec) {
-  delete reinterpret_cast<rlhf::emu::GraphOps*>(exec);
+  rlhf::emu::submit(stream, [=] { std::memset(p, value, count); });
   return cudaSuccess;
 }
 

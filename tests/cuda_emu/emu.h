@@ -2,13 +2,14 @@
 // on the CPU, so that the CUDA backend is tested in CI on machines without a GPU (see README.md
 // here for what it checks and what it cannot).
 //
-// Execution model. A kernel launch runs the whole grid before it returns (every stream is
-// synchronous). Blocks run one after the other; the threads of one block are fibers on the calling
-// OS thread, each on its own stack, scheduled round-robin. A fiber runs until it reaches a
-// barrier (__syncthreads, or a warp-level operation: shuffle, vote, __syncwarp), then the next
-// fiber runs; a barrier opens when every live thread of its block (or warp) has arrived. So
-// shared memory, barriers and warp shuffles have their CUDA meaning, and a barrier that not every
-// thread reaches is reported as a deadlock instead of hanging.
+// Execution model. A kernel launch runs the whole grid as one operation of its stream (on the
+// stream's worker thread, streams.cpp; on the caller for the legacy default stream). Blocks run
+// one after the other; the threads of one block are fibers on that OS thread, each on its own
+// stack, scheduled round-robin. A fiber runs until it reaches a barrier (__syncthreads, or a
+// warp-level operation: shuffle, vote, __syncwarp), then the next fiber runs; a barrier opens when
+// every live thread of its block (or warp) has arrived. So shared memory, barriers and warp
+// shuffles have their CUDA meaning, and a barrier that not every thread reaches is reported as a
+// deadlock instead of hanging.
 //
 // This header is the interface between the kernels (through prelude.h and the launches that
 // cu2cpp writes) and the runtime (fiber.cpp, cudart.cpp).
@@ -92,7 +93,8 @@ bool device_accessible(const void* p);
 /// that every pointer argument is device-accessible (throws std::runtime_error naming the kernel
 /// and the argument otherwise: on a GPU it is an illegal address).
 bool begin_launch(const LaunchConfig& cfg, const void* const* pointer_args, int n_pointer_args);
-/// When `stream` is capturing, records op in its graph and returns true (runtime.h's defer).
+/// Submits the launch `op` in stream order (runtime.h's submit: recorded while capturing, queued
+/// on an asynchronous stream, else run now). Always returns true.
 bool defer_launch(cudaStream_t stream, std::function<void()> op);
 
 /// Runs the grid: body(arg) once per thread of every block. Throws std::runtime_error on a
@@ -123,12 +125,11 @@ class Launcher {
     int n = 0;
     std::apply([&](const auto&... x) { (collect(ptrs, n, x), ...); }, call.args);
     if (!begin_launch(cfg_, ptrs, n)) return;
-    // Inside a stream capture the launch is recorded with a copy of its arguments (a graph
-    // kernel node) and runs at every cudaGraphLaunch.
+    // The launch runs in stream order with a copy of its arguments: on an asynchronous stream's
+    // worker, or at every cudaGraphLaunch when recorded in a capture (a graph kernel node).
     auto shared = std::make_shared<Call>(std::move(call));
     const LaunchConfig cfg = cfg_;
-    auto op = [cfg, shared] { run_grid(cfg, &Launcher::body, shared.get()); };
-    if (!defer_launch(cfg_.stream, op)) op();
+    defer_launch(cfg_.stream, [cfg, shared] { run_grid(cfg, &Launcher::body, shared.get()); });
   }
 
  private:

@@ -424,10 +424,6 @@ unsigned ballot(unsigned mask, bool pred) {
   return bits;
 }
 
-bool defer_launch(cudaStream_t stream, std::function<void()> op) {
-  return defer(stream, std::move(op));
-}
-
 void* dynamic_shared() {
   current_fiber("dynamic shared memory");
   return tl_smem.data();

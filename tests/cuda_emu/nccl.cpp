@@ -1,12 +1,15 @@
 // The emulator's NCCL: communicators between the processes of one host through a POSIX shared
-// memory segment named by the ncclUniqueId. Collectives are blocking (the emulator's streams are
-// synchronous): data moves through one staging slot per rank in chunks, with a counting barrier
-// between the phases. Reductions are in rank order with an fp32 (or wider) accumulator and one
-// rounding to the element type, so every rank gets the same bits.
+// memory segment named by the ncclUniqueId. Arguments are checked at the call; the collective
+// itself runs in the order of its stream (on the stream's worker thread when the stream is
+// asynchronous, so the host goes on as with real NCCL), and the operations of one communicator run
+// one at a time in the order they were issued, as NCCL serialises them. Data moves through one
+// staging slot per rank in chunks, with a counting barrier between the phases. Reductions are in
+// rank order with an fp32 (or wider) accumulator and one rounding to the element type, so every
+// rank gets the same bits.
 //
 // A peer that never arrives is reported after RLHF_CUDA_EMU_NCCL_TIMEOUT seconds (default 600)
 // as ncclSystemError (and ncclCommGetAsyncError says so); ncclCommAbort on any rank makes every
-// rank's waiting call return ncclRemoteError.
+// rank's waiting collective end with ncclRemoteError (in ncclCommGetAsyncError).
 #include <cuda_bf16.h>
 #include <fcntl.h>
 #include <nccl.h>
@@ -17,9 +20,12 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
+#include <mutex>
 #include <random>
 #include <string>
 #include <thread>
@@ -48,6 +54,10 @@ struct EmuComm {
   uint64_t barriers = 0;  // barriers this rank has entered
   std::atomic<int> async_error{ncclSuccess};
   std::string name;
+  // Issue-order serialisation of the collectives (issued = tickets handed out, done = finished).
+  std::mutex mu;
+  std::condition_variable cv;
+  uint64_t issued = 0, done = 0;
   char* slot(int r) const { return slots + static_cast<size_t>(r) * kSlotBytes; }
 };
 
@@ -214,6 +224,43 @@ ncclResult_t check(ncclComm_t comm, cudaStream_t stream, const void* a, size_t a
     if (r_ != ncclSuccess) return r_; \
   } while (0)
 
+// Runs the collective `body` in the order of `stream`, after every collective issued before it on
+// the communicator; a failure becomes the communicator's asynchronous error.
+// (A collective recorded into a CUDA graph runs at each replay without that ordering.)
+void enqueue(EmuComm* c, cudaStream_t stream, std::function<ncclResult_t()> body) {
+  if (capturing(stream)) {
+    submit(stream, [c, body = std::move(body)] {
+      const ncclResult_t r = body();
+      int expected = ncclSuccess;
+      if (r != ncclSuccess) c->async_error.compare_exchange_strong(expected, r);
+    });
+    return;
+  }
+  uint64_t ticket = 0;
+  {
+    std::lock_guard<std::mutex> lock(c->mu);
+    ticket = c->issued++;
+  }
+  submit(stream, [c, ticket, body = std::move(body)] {
+    {
+      std::unique_lock<std::mutex> lock(c->mu);
+      c->cv.wait(lock, [&] { return c->done == ticket; });
+    }
+    const ncclResult_t r = body();
+    int expected = ncclSuccess;
+    if (r != ncclSuccess) c->async_error.compare_exchange_strong(expected, r);
+    std::lock_guard<std::mutex> lock(c->mu);
+    ++c->done;
+    c->cv.notify_all();
+  });
+}
+
+// Blocks until every collective issued on c has finished.
+void wait_idle(EmuComm* c) {
+  std::unique_lock<std::mutex> lock(c->mu);
+  c->cv.wait(lock, [&] { return c->done == c->issued; });
+}
+
 }  // namespace
 }  // namespace rlhf::emu
 
@@ -299,6 +346,7 @@ ncclResult_t ncclCommFinalize(ncclComm_t comm) {
 ncclResult_t ncclCommDestroy(ncclComm_t comm) {
   if (comm == nullptr) return ncclInvalidArgument;
   auto* c = reinterpret_cast<EmuComm*>(comm);
+  rlhf::emu::wait_idle(c);  // as NCCL, destroying waits for the communicator's pending work
   munmap(c->header, c->map_bytes);
   delete c;
   return ncclSuccess;
@@ -307,7 +355,7 @@ ncclResult_t ncclCommAbort(ncclComm_t comm) {
   if (comm == nullptr) return ncclSuccess;
   auto* c = reinterpret_cast<EmuComm*>(comm);
   c->header->aborted.store(1);
-  // The mapping and the object stay: another thread may still be inside a collective on them.
+  // The mapping and the object stay: a stream may still be inside a collective on them.
   return ncclSuccess;
 }
 ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* async_error) {
@@ -339,14 +387,18 @@ ncclResult_t ncclAllGather(const void* send, void* recv, size_t count, ncclDataT
   auto* c = reinterpret_cast<EmuComm*>(comm);
   const size_t bytes = count * es;
   EMU_NCCL_TRY(rlhf::emu::check(comm, stream, send, bytes, recv, bytes * (c ? c->nranks : 0)));
-  for (size_t off = 0; off < bytes; off += kSlotBytes) {
-    const size_t len = std::min(kSlotBytes, bytes - off);
-    std::memcpy(c->slot(c->rank), static_cast<const char*>(send) + off, len);
-    EMU_NCCL_TRY(rlhf::emu::barrier(*c));
-    for (int j = 0; j < c->nranks; ++j)
-      std::memcpy(static_cast<char*>(recv) + static_cast<size_t>(j) * bytes + off, c->slot(j), len);
-    EMU_NCCL_TRY(rlhf::emu::barrier(*c));
-  }
+  rlhf::emu::enqueue(c, stream, [=]() -> ncclResult_t {
+    for (size_t off = 0; off < bytes; off += kSlotBytes) {
+      const size_t len = std::min(kSlotBytes, bytes - off);
+      std::memcpy(c->slot(c->rank), static_cast<const char*>(send) + off, len);
+      EMU_NCCL_TRY(rlhf::emu::barrier(*c));
+      for (int j = 0; j < c->nranks; ++j)
+        std::memcpy(static_cast<char*>(recv) + static_cast<size_t>(j) * bytes + off, c->slot(j),
+                    len);
+      EMU_NCCL_TRY(rlhf::emu::barrier(*c));
+    }
+    return ncclSuccess;
+  });
   return ncclSuccess;
 }
 
@@ -357,19 +409,22 @@ ncclResult_t ncclReduceScatter(const void* send, void* recv, size_t count, ncclD
   auto* c = reinterpret_cast<EmuComm*>(comm);
   EMU_NCCL_TRY(
       rlhf::emu::check(comm, stream, send, count * es * (c ? c->nranks : 0), recv, count * es));
-  const size_t chunk = kSlotBytes / (es * static_cast<size_t>(c->nranks));
-  for (size_t off = 0; off < count; off += chunk) {
-    const size_t len = std::min(chunk, count - off);
-    for (int j = 0; j < c->nranks; ++j)  // block j of send goes to rank j
-      std::memcpy(c->slot(c->rank) + static_cast<size_t>(j) * len * es,
-                  static_cast<const char*>(send) + (static_cast<size_t>(j) * count + off) * es,
-                  len * es);
-    EMU_NCCL_TRY(rlhf::emu::barrier(*c));
-    if (!rlhf::emu::reduce_slots(static_cast<char*>(recv) + off * es, *c,
-                                 static_cast<size_t>(c->rank) * len * es, len, t, op))
-      return ncclInvalidArgument;
-    EMU_NCCL_TRY(rlhf::emu::barrier(*c));
-  }
+  rlhf::emu::enqueue(c, stream, [=]() -> ncclResult_t {
+    const size_t chunk = kSlotBytes / (es * static_cast<size_t>(c->nranks));
+    for (size_t off = 0; off < count; off += chunk) {
+      const size_t len = std::min(chunk, count - off);
+      for (int j = 0; j < c->nranks; ++j)  // block j of send goes to rank j
+        std::memcpy(c->slot(c->rank) + static_cast<size_t>(j) * len * es,
+                    static_cast<const char*>(send) + (static_cast<size_t>(j) * count + off) * es,
+                    len * es);
+      EMU_NCCL_TRY(rlhf::emu::barrier(*c));
+      if (!rlhf::emu::reduce_slots(static_cast<char*>(recv) + off * es, *c,
+                                   static_cast<size_t>(c->rank) * len * es, len, t, op))
+        return ncclInvalidArgument;
+      EMU_NCCL_TRY(rlhf::emu::barrier(*c));
+    }
+    return ncclSuccess;
+  });
   return ncclSuccess;
 }
 
@@ -379,15 +434,18 @@ ncclResult_t ncclAllReduce(const void* send, void* recv, size_t count, ncclDataT
   if (es == 0) return ncclInvalidArgument;
   EMU_NCCL_TRY(rlhf::emu::check(comm, stream, send, count * es, recv, count * es));
   auto* c = reinterpret_cast<EmuComm*>(comm);
-  const size_t chunk = kSlotBytes / es;
-  for (size_t off = 0; off < count; off += chunk) {
-    const size_t len = std::min(chunk, count - off);
-    std::memcpy(c->slot(c->rank), static_cast<const char*>(send) + off * es, len * es);
-    EMU_NCCL_TRY(rlhf::emu::barrier(*c));
-    if (!rlhf::emu::reduce_slots(static_cast<char*>(recv) + off * es, *c, 0, len, t, op))
-      return ncclInvalidArgument;
-    EMU_NCCL_TRY(rlhf::emu::barrier(*c));
-  }
+  rlhf::emu::enqueue(c, stream, [=]() -> ncclResult_t {
+    const size_t chunk = kSlotBytes / es;
+    for (size_t off = 0; off < count; off += chunk) {
+      const size_t len = std::min(chunk, count - off);
+      std::memcpy(c->slot(c->rank), static_cast<const char*>(send) + off * es, len * es);
+      EMU_NCCL_TRY(rlhf::emu::barrier(*c));
+      if (!rlhf::emu::reduce_slots(static_cast<char*>(recv) + off * es, *c, 0, len, t, op))
+        return ncclInvalidArgument;
+      EMU_NCCL_TRY(rlhf::emu::barrier(*c));
+    }
+    return ncclSuccess;
+  });
   return ncclSuccess;
 }
 
@@ -400,12 +458,15 @@ ncclResult_t ncclBroadcast(const void* send, void* recv, size_t count, ncclDataT
   const size_t bytes = count * es;
   EMU_NCCL_TRY(
       rlhf::emu::check(comm, stream, c && c->rank == root ? send : recv, bytes, recv, bytes));
-  for (size_t off = 0; off < bytes; off += kSlotBytes) {
-    const size_t len = std::min(kSlotBytes, bytes - off);
-    if (c->rank == root) std::memcpy(c->slot(root), static_cast<const char*>(send) + off, len);
-    EMU_NCCL_TRY(rlhf::emu::barrier(*c));
-    std::memcpy(static_cast<char*>(recv) + off, c->slot(root), len);
-    EMU_NCCL_TRY(rlhf::emu::barrier(*c));
-  }
+  rlhf::emu::enqueue(c, stream, [=]() -> ncclResult_t {
+    for (size_t off = 0; off < bytes; off += kSlotBytes) {
+      const size_t len = std::min(kSlotBytes, bytes - off);
+      if (c->rank == root) std::memcpy(c->slot(root), static_cast<const char*>(send) + off, len);
+      EMU_NCCL_TRY(rlhf::emu::barrier(*c));
+      std::memcpy(static_cast<char*>(recv) + off, c->slot(root), len);
+      EMU_NCCL_TRY(rlhf::emu::barrier(*c));
+    }
+    return ncclSuccess;
+  });
   return ncclSuccess;
 }

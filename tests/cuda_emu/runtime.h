@@ -30,9 +30,31 @@ cudaError_t set_last_error(cudaError_t e);
 /// destroyed.
 bool stream_valid(cudaStream_t s);
 
-/// Stream capture (CUDA graphs): when `s` is capturing, appends `op` to its graph and returns
-/// true; otherwise returns false and the caller runs the operation now.
-bool defer(cudaStream_t s, std::function<void()> op);
+/// Runs op in the order of stream s: recorded into s's graph while s is being captured; queued on
+/// s's worker thread for an asynchronous stream (streams.cpp); otherwise run now on the caller (a
+/// synchronous stream; the legacy default stream, after every blocking stream has drained).
+/// Failures of queued operations become the sticky error.
+void submit(cudaStream_t s, std::function<void()> op);
+/// True while this thread captures s.
+bool capturing(cudaStream_t s);
+/// Blocks until everything submitted to s so far has run (the legacy default stream: every
+/// blocking stream).
+void drain(cudaStream_t s);
+/// Blocks until every stream has drained.
+void drain_all();
+/// Whether streams created from now on run asynchronously on a worker thread of their own:
+/// RLHF_CUDA_EMU_ASYNC (default on; 0 = every stream synchronous).
+bool async_streams();
+void set_async_streams(bool on);
+
+/// The sticky error of a failed asynchronous operation: recorded once (with its message, also
+/// printed to stderr); from then on the runtime calls return cudaErrorLaunchFailure.
+void set_sticky_error(const std::string& what);
+cudaError_t sticky_error();
+std::string sticky_message();
+/// Forgets the sticky error (the emulator's own tests only: on a GPU it lasts as long as the
+/// process).
+void clear_sticky_error();
 
 /// A synchronous (stream-less) call was made: while this thread is capturing a stream, that is
 /// illegal (CUDA: cudaErrorStreamCaptureUnsupported, and the capture is invalidated). Returns

@@ -2,13 +2,18 @@
 // memory, the shuffle modes, votes, grid-stride loops), that the misuses it promises to catch are
 // caught (a divergent barrier, a shuffle after a lane exited, a host pointer passed to a kernel, a
 // bad launch configuration, a copy past an allocation, a mis-described GEMM), and that a missing
-// __syncthreads shows up as a schedule-dependent result.
+// __syncthreads shows up as a schedule-dependent result; that streams run asynchronously, in
+// order, wait for events, and that a missing wait between two streams shows up as a race.
 #include <cublasLt.h>
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
+#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <numeric>
+#include <string>
+#include <thread>
 #include <vector>
 
 #include "core/cuda_check.h"
@@ -26,6 +31,20 @@ struct ScheduleGuard {
   bool saved = emu::schedule_reversed();
   ~ScheduleGuard() { emu::set_schedule_reversed(saved); }
 };
+
+// Streams created while it lives run synchronously (async = false) or on workers of their own.
+// The misuse tests run synchronously so that the failure is thrown to the caller instead of
+// becoming the process's sticky error.
+struct AsyncStreams {
+  bool saved = emu::async_streams();
+  explicit AsyncStreams(bool on) { emu::set_async_streams(on); }
+  ~AsyncStreams() { emu::set_async_streams(saved); }
+};
+
+// A host function that holds its stream until *flag is true.
+void CUDART_CB hold_until(void* flag) {
+  while (!static_cast<std::atomic<bool>*>(flag)->load()) std::this_thread::yield();
+}
 
 }  // namespace
 
@@ -86,6 +105,7 @@ TEST_CASE("cuda emulator: a missing __syncthreads gives schedule-dependent resul
 }
 
 TEST_CASE("cuda emulator: misuses are errors, not hangs or silent corruption") {
+  AsyncStreams sync(false);
   test::TestStream s;
   test::DeviceBuffer<int> out(1024);
   CHECK_THROWS_WITH(st::divergent_barrier(out.get(), 64, s.get()),
@@ -103,6 +123,7 @@ TEST_CASE("cuda emulator: misuses are errors, not hangs or silent corruption") {
 }
 
 TEST_CASE("cuda emulator: launch configurations are checked as the runtime checks them") {
+  AsyncStreams sync(false);
   test::TestStream s;
   test::DeviceBuffer<int> out(1);
   st::launch_config(out.get(), 3, 64, 0, s.get());
@@ -123,6 +144,65 @@ TEST_CASE("cuda emulator: launch configurations are checked as the runtime check
   st::iota(idx.get(), 10007, 5, s.get());
   const auto v = idx.download();
   for (int64_t i = 0; i < 10007; ++i) REQUIRE(v[i] == i);
+}
+
+TEST_CASE("cuda emulator: streams run asynchronously, in order, and wait for events") {
+  AsyncStreams async(true);
+  test::TestStream a, b;
+  std::vector<int64_t> want(64);
+  std::iota(want.begin(), want.end(), int64_t{0});
+  cudaEvent_t ev = nullptr;
+  REQUIRE(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming) == cudaSuccess);
+
+  // b waits for a's event: while a is held, nothing after the hold has run on either stream.
+  std::atomic<bool> go{false};
+  test::DeviceBuffer<int64_t> x(64), y(64);
+  REQUIRE(cudaLaunchHostFunc(a.get(), hold_until, &go) == cudaSuccess);
+  st::iota(x.get(), 64, 1, a.get());
+  REQUIRE(cudaEventRecord(ev, a.get()) == cudaSuccess);
+  REQUIRE(cudaStreamWaitEvent(b.get(), ev, 0) == cudaSuccess);
+  REQUIRE(cudaMemcpyAsync(y.get(), x.get(), 64 * sizeof(int64_t), cudaMemcpyDeviceToDevice,
+                          b.get()) == cudaSuccess);
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  CHECK(cudaStreamQuery(a.get()) == cudaErrorNotReady);
+  CHECK(cudaStreamQuery(b.get()) == cudaErrorNotReady);
+  CHECK(cudaEventQuery(ev) == cudaErrorNotReady);
+  go.store(true);
+  b.sync();
+  CHECK(cudaEventQuery(ev) == cudaSuccess);
+  CHECK(y.download() == want);
+
+  // Without the wait, b copies before a writes: the race shows as the fresh memory's poison.
+  std::atomic<bool> go2{false};
+  test::DeviceBuffer<int64_t> x2(64), y2(64);
+  REQUIRE(cudaLaunchHostFunc(a.get(), hold_until, &go2) == cudaSuccess);
+  st::iota(x2.get(), 64, 1, a.get());
+  REQUIRE(cudaMemcpyAsync(y2.get(), x2.get(), 64 * sizeof(int64_t), cudaMemcpyDeviceToDevice,
+                          b.get()) == cudaSuccess);
+  b.sync();
+  go2.store(true);
+  a.sync();
+  CHECK(y2.download() == std::vector<int64_t>(64, -1));  // 0xFF bytes
+  CHECK(x2.download() == want);
+  CHECK(cudaEventDestroy(ev) == cudaSuccess);
+}
+
+TEST_CASE("cuda emulator: a kernel that fails on an asynchronous stream leaves a sticky error") {
+  AsyncStreams async(true);
+  test::TestStream s;
+  test::DeviceBuffer<int> out(1024);
+  try {
+    st::divergent_barrier(out.get(), 64, s.get());  // may see the failure already, or not yet
+  } catch (const std::exception&) {
+  }
+  CHECK(cudaStreamSynchronize(s.get()) == cudaErrorLaunchFailure);
+  CHECK(std::string(cudaGetErrorString(cudaErrorLaunchFailure)).find("divergent code") !=
+        std::string::npos);
+  CHECK(cudaGetLastError() == cudaErrorLaunchFailure);  // sticky: reading it does not clear it
+  CHECK(cudaGetLastError() == cudaErrorLaunchFailure);
+  CHECK(cudaMemset(out.get(), 0, 4) == cudaErrorLaunchFailure);
+  emu::clear_sticky_error();
+  CHECK(cudaMemset(out.get(), 0, 4) == cudaSuccess);
 }
 
 TEST_CASE("cuda emulator: copies stay inside one allocation of the right kind") {

@@ -204,6 +204,7 @@ TEST_CASE("weight sync into GPU engines (device to device over NCCL) is bit-exac
     for (int u = 0; u < layout.num_units(); ++u)  // poison, so a missed slice shows
       CUDA_CHECK(cudaMemset(dev[size_t(u)], 0xFF,
                             size_t(layout.unit(u).numel_padded) * sizeof(model::bf16)));
+    CUDA_CHECK(cudaDeviceSynchronize());  // the sync's non-blocking streams do not wait for it
     const parallel::SyncStats st = sync.sync_device(store, dev, nccl.get());
     CHECK(st.bytes == layout.total_padded() * 2);
     for (int u = 0; u < layout.num_units(); ++u) {

@@ -81,6 +81,9 @@ class TestStream {
 /// A device array of n elements of T with kGuardBytes of sentinel bytes (0xA5) before and after
 /// it. The interior starts filled with 0xFF bytes (NaN for bf16 and fp32), so an output element
 /// that an op forgets to write shows up as NaN. guards_intact() re-reads both guards.
+/// upload(), download() and guards_intact() first wait for all device work
+/// (cudaDeviceSynchronize): their cudaMemcpy runs on the legacy default stream, which does not
+/// wait for the non-blocking streams the ops under test run on.
 template <typename T>
 class DeviceBuffer {
  public:
@@ -111,16 +114,19 @@ class DeviceBuffer {
 
   void upload(const std::vector<T>& host) {
     REQUIRE(static_cast<int64_t>(host.size()) == n_);
+    CUDA_CHECK(cudaDeviceSynchronize());
     CUDA_CHECK(cudaMemcpy(get(), host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice));
   }
   std::vector<T> download() const {
     std::vector<T> host(static_cast<size_t>(n_));
+    CUDA_CHECK(cudaDeviceSynchronize());
     CUDA_CHECK(cudaMemcpy(host.data(), get(), host.size() * sizeof(T), cudaMemcpyDeviceToHost));
     return host;
   }
   /// True if both guard regions still hold the sentinel.
   bool guards_intact() const {
     std::vector<unsigned char> g(kGuardBytes);
+    CUDA_CHECK(cudaDeviceSynchronize());
     for (size_t off : {size_t{0}, kGuardBytes + static_cast<size_t>(n_) * sizeof(T)}) {
       CUDA_CHECK(cudaMemcpy(g.data(), base_ + off, kGuardBytes, cudaMemcpyDeviceToHost));
       for (unsigned char c : g)

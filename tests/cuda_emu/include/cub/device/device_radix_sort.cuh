@@ -1,12 +1,14 @@
 // The emulator's stand-in for CUB's device radix sort (only on the include path of .cu files
 // compiled for the emulator): SortPairs with CUB's contract (a size query when d_temp_storage is
-// null; a stable sort of (key, value) pairs by key bits [begin_bit, end_bit)), done on the host.
+// null; a stable sort of (key, value) pairs by key bits [begin_bit, end_bit)), done on the host in
+// the order of `stream` (arguments checked at the call).
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cstddef>
+#include <functional>
 #include <numeric>
 #include <vector>
 
@@ -35,26 +37,28 @@ struct DeviceRadixSort {
       return rlhf::emu::set_last_error(cudaErrorInvalidValue);
     if (begin_bit < 0 || end_bit > static_cast<int>(sizeof(K) * 8) || begin_bit >= end_bit)
       return rlhf::emu::set_last_error(cudaErrorInvalidValue);
-    // CUB sorts the key bits as unsigned (signed keys have their sign bit flipped).
-    const auto bits = [&](K k) {
-      unsigned long long u = static_cast<unsigned long long>(k);
-      if constexpr (static_cast<K>(-1) < static_cast<K>(0)) u ^= 1ull << (sizeof(K) * 8 - 1);
-      if (sizeof(K) < 8) u &= (1ull << (sizeof(K) * 8)) - 1;
-      const int width = end_bit - begin_bit;
-      return (u >> begin_bit) & (width >= 64 ? ~0ull : ((1ull << width) - 1));
-    };
-    std::vector<size_t> order(n);
-    std::iota(order.begin(), order.end(), size_t{0});
-    std::stable_sort(order.begin(), order.end(),
-                     [&](size_t a, size_t b) { return bits(d_keys_in[a]) < bits(d_keys_in[b]); });
-    std::vector<K> keys(n);
-    std::vector<V> vals(n);
-    for (size_t i = 0; i < n; ++i) {
-      keys[i] = d_keys_in[order[i]];
-      vals[i] = d_values_in[order[i]];
-    }
-    std::copy(keys.begin(), keys.end(), d_keys_out);
-    std::copy(vals.begin(), vals.end(), d_values_out);
+    rlhf::emu::submit(stream, [=] {
+      // CUB sorts the key bits as unsigned (signed keys have their sign bit flipped).
+      const auto bits = [&](K k) {
+        unsigned long long u = static_cast<unsigned long long>(k);
+        if constexpr (static_cast<K>(-1) < static_cast<K>(0)) u ^= 1ull << (sizeof(K) * 8 - 1);
+        if (sizeof(K) < 8) u &= (1ull << (sizeof(K) * 8)) - 1;
+        const int width = end_bit - begin_bit;
+        return (u >> begin_bit) & (width >= 64 ? ~0ull : ((1ull << width) - 1));
+      };
+      std::vector<size_t> order(n);
+      std::iota(order.begin(), order.end(), size_t{0});
+      std::stable_sort(order.begin(), order.end(),
+                       [&](size_t a, size_t b) { return bits(d_keys_in[a]) < bits(d_keys_in[b]); });
+      std::vector<K> keys(n);
+      std::vector<V> vals(n);
+      for (size_t i = 0; i < n; ++i) {
+        keys[i] = d_keys_in[order[i]];
+        vals[i] = d_values_in[order[i]];
+      }
+      std::copy(keys.begin(), keys.end(), d_keys_out);
+      std::copy(vals.begin(), vals.end(), d_values_out);
+    });
     return cudaSuccess;
   }
 };
