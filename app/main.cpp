@@ -11,9 +11,11 @@
 #endif
 #include <mpi.h>
 
+#include <chrono>
 #include <exception>
 #include <iostream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <CLI/Error.hpp>
@@ -39,7 +41,14 @@ int fail(const std::string& what, int status, int world_size) {
   rlhf::flush_logs();
   std::cout.flush();
   rlhf::parallel::abort_nccl_comms();  // a rank stuck in an NCCL kernel would outlive MPI_Abort
-  if (world_size > 1) MPI_Abort(MPI_COMM_WORLD, 1);
+  if (world_size > 1) {
+    // When every rank fails at once (a bad flag), concurrent aborts make Open MPI garble or drop
+    // its MPI_ABORT report ("Data unpack had inadequate space"); rank 0's abort goes first.
+    int rank = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    if (rank != 0) std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    MPI_Abort(MPI_COMM_WORLD, 1);
+  }
   MPI_Finalize();
   return status;
 }
