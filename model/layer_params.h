@@ -36,4 +36,20 @@ struct LayerParams {
   }
 };
 
+/// True when the q, k, v projection weights of layer unit `u` lie back to back (q·C, kv·C, kv·C
+/// elements, q = H·D, kv = Hkv·D), and so do their biases when present: then, in any params or
+/// grads buffer of the unit, LayerParams::wq is one (q + 2·kv, C) matrix and bq one (q + 2·kv)
+/// bias, and the three projections are one GEMM. The layout (model/layout.cpp) orders them so;
+/// the 64-element tensor alignment breaks it when q·C, kv·C, q or kv is not a multiple of 64.
+/// Throws rlhf::Error (from UnitLayout::at) when u is not a decoder layer.
+inline bool qkv_packed(const UnitLayout& u) {
+  const TensorInfo &q = u.at("self_attn.q_proj.weight"), &k = u.at("self_attn.k_proj.weight"),
+                   &v = u.at("self_attn.v_proj.weight");
+  if (k.offset != q.offset + q.numel || v.offset != k.offset + k.numel) return false;
+  const TensorInfo* bq = u.find("self_attn.q_proj.bias");
+  if (bq == nullptr) return true;
+  const TensorInfo &bk = u.at("self_attn.k_proj.bias"), &bv = u.at("self_attn.v_proj.bias");
+  return bk.offset == bq->offset + bq->numel && bv.offset == bk.offset + bk.numel;
+}
+
 }  // namespace rlhf::model

@@ -62,12 +62,17 @@ ParamLayout::ParamLayout(const ModelConfig& config, HeadKind head, int n_shards)
     u.kind = UnitKind::kLayer;
     u.layer = static_cast<int>(l);
     const std::string p = u.name + ".";
+    // q, k, v weights back to back, then their biases: when the sizes keep the 64-element
+    // alignment, the three are one (q + 2·kv, C) matrix and one bias, for one fused GEMM on the
+    // GPU (LayerParams::qkv_packed).
     add_tensor(u, p + "self_attn.q_proj.weight", {q, C}, true);
-    if (config.qkv_bias()) add_tensor(u, p + "self_attn.q_proj.bias", {q}, false);
     add_tensor(u, p + "self_attn.k_proj.weight", {kv, C}, true);
-    if (config.qkv_bias()) add_tensor(u, p + "self_attn.k_proj.bias", {kv}, false);
     add_tensor(u, p + "self_attn.v_proj.weight", {kv, C}, true);
-    if (config.qkv_bias()) add_tensor(u, p + "self_attn.v_proj.bias", {kv}, false);
+    if (config.qkv_bias()) {
+      add_tensor(u, p + "self_attn.q_proj.bias", {q}, false);
+      add_tensor(u, p + "self_attn.k_proj.bias", {kv}, false);
+      add_tensor(u, p + "self_attn.v_proj.bias", {kv}, false);
+    }
     add_tensor(u, p + "self_attn.o_proj.weight", {C, q}, true);
     if (config.o_bias()) add_tensor(u, p + "self_attn.o_proj.bias", {C}, false);
     add_tensor(u, p + "mlp.gate_proj.weight", {F, C}, true);

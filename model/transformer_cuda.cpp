@@ -55,6 +55,14 @@ TransformerCuda::TransformerCuda(const ParamLayout& layout, bool gradient_checkp
   rope_cos_.resize(P * D_ / 2, "RoPE cos table");
   rope_sin_.resize(P * D_ / 2, "RoPE sin table");
   rope_tables_upload_cuda(rope_cos_.get(), rope_sin_.get(), P, D_, c.rope_theta);
+  packable_ = L_ > 0;
+  for (int64_t l = 0; l < L_; ++l)
+    packable_ = packable_ && qkv_packed(layout_.unit(layout_.layer_unit(static_cast<int>(l))));
+  fused_qkv_ = packable_;
+}
+
+void TransformerCuda::set_fused_qkv(bool on) {
+  fused_qkv_ = on && packable_;
 }
 
 int64_t TransformerCuda::layer_bf16() const {
@@ -90,7 +98,7 @@ void TransformerCuda::point_layer(LayerActs& a, int set) {
   a.att_lse = f + 2 * N;
 }
 
-void TransformerCuda::reserve(int64_t B, int64_t T_len, bool for_backward) {
+void TransformerCuda::reserve(int64_t B, int64_t T_len, bool for_backward, cudaStream_t s) {
   RLHF_CHECK(B >= 1 && T_len >= 1, "batch must be non-empty, got B={} T={}", B, T_len);
   RLHF_CHECK(T_len <= layout_.config().max_position_embeddings,
              "sequence length {} exceeds max_position_embeddings {}", T_len,
@@ -104,6 +112,7 @@ void TransformerCuda::reserve(int64_t B, int64_t T_len, bool for_backward) {
   layers_.resize(sets * layer_bf16(), "activations (layers)");
   layer_f32_.resize(sets * layer_f32(), "activations (layer statistics)");
   proj_.resize(N * C_, "activations (projection)");
+  if (fused_qkv_) qkv_.resize(N * (Q + 2 * KV), "activations (packed q/k/v)");
   lnf_.resize(N * C_, "activations (final norm)");
   rstdf_.resize(N);
   lse_.resize(N);
@@ -116,8 +125,9 @@ void TransformerCuda::reserve(int64_t B, int64_t T_len, bool for_backward) {
   for (int64_t b = 0; b < B; ++b)
     for (int64_t t = 0; t < T_len; ++t)
       pos_host_[static_cast<size_t>(b * T_len + t)] = static_cast<int32_t>(t);
-  CUDA_CHECK(cudaMemcpy(pos_.get(), pos_host_.data(), static_cast<size_t>(N) * sizeof(int32_t),
-                        cudaMemcpyHostToDevice));
+  // In stream order: kernels of the previous pass may still read the old ids and positions.
+  CUDA_CHECK(cudaMemcpyAsync(pos_.get(), pos_host_.data(), static_cast<size_t>(N) * sizeof(int32_t),
+                             cudaMemcpyHostToDevice, s));
   if (for_backward) {
     dres_.resize(N * C_, "activation gradients");
     dln_.resize(N * C_, "activation gradients");
@@ -137,8 +147,8 @@ void TransformerCuda::reserve(int64_t B, int64_t T_len, bool for_backward) {
 int64_t TransformerCuda::activation_bytes() const {
   int64_t n = 0;
   for (const DeviceArray<bf16>* a :
-       {&res_, &layers_, &proj_, &lnf_, &logits_, &values_, &dres_, &dln_, &datty_, &dq_, &dk_,
-        &dv_, &dh_, &dgate_, &dup_, &dlnf_})
+       {&res_, &layers_, &proj_, &qkv_, &lnf_, &logits_, &values_, &dres_, &dln_, &datty_, &dq_,
+        &dk_, &dv_, &dh_, &dgate_, &dup_, &dlnf_})
     n += a->bytes();
   for (const DeviceArray<float>* a :
        {&layer_f32_, &rstdf_, &lse_, &entropy_, &lp_, &dlp_, &dentropy_})
@@ -146,14 +156,14 @@ int64_t TransformerCuda::activation_bytes() const {
   return n;
 }
 
-void TransformerCuda::upload_ids(const int32_t* tokens, const int32_t* targets) {
+void TransformerCuda::upload_ids(const int32_t* tokens, const int32_t* targets, cudaStream_t s) {
   check_ids(tokens, N_, V_, false, "token id");
-  CUDA_CHECK(cudaMemcpy(tokens_.get(), tokens, static_cast<size_t>(N_) * sizeof(int32_t),
-                        cudaMemcpyHostToDevice));
+  CUDA_CHECK(cudaMemcpyAsync(tokens_.get(), tokens, static_cast<size_t>(N_) * sizeof(int32_t),
+                             cudaMemcpyHostToDevice, s));
   if (targets != nullptr) {
     check_ids(targets, N_, V_, true, "target");
-    CUDA_CHECK(cudaMemcpy(targets_.get(), targets, static_cast<size_t>(N_) * sizeof(int32_t),
-                          cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpyAsync(targets_.get(), targets, static_cast<size_t>(N_) * sizeof(int32_t),
+                               cudaMemcpyHostToDevice, s));
   }
 }
 
@@ -168,11 +178,18 @@ void TransformerCuda::layer_forward(const bf16* params, int l, const bf16* x_in,
   const double eps = layout_.config().rms_norm_eps;
   const RopeStyle style = layout_.config().rope_style;
   rmsnorm_forward_cuda(a.ln1, a.rstd1, x_in, w.w_in, N, C_, eps, s);
-  linear_forward_cuda(a.q, a.ln1, w.wq, w.bq, N, C_, Q, s);
-  linear_forward_cuda(a.k, a.ln1, w.wk, w.bk, N, C_, KV, s);
-  linear_forward_cuda(a.v, a.ln1, w.wv, w.bv, N, C_, KV, s);
-  rope_forward_cuda(a.q, a.q, pos_.get(), rope_cos_.get(), rope_sin_.get(), N, H_, D_, style, s);
-  rope_forward_cuda(a.k, a.k, pos_.get(), rope_cos_.get(), rope_sin_.get(), N, Hkv_, D_, style, s);
+  if (fused_qkv_) {  // wq is the packed (Q + 2·KV, C) matrix, bq the packed bias
+    linear_forward_cuda(qkv_.get(), a.ln1, w.wq, w.bq, N, C_, Q + 2 * KV, s);
+    qkv_rope_split_cuda(a.q, a.k, a.v, qkv_.get(), pos_.get(), rope_cos_.get(), rope_sin_.get(), N,
+                        H_, Hkv_, D_, style, s);
+  } else {
+    linear_forward_cuda(a.q, a.ln1, w.wq, w.bq, N, C_, Q, s);
+    linear_forward_cuda(a.k, a.ln1, w.wk, w.bk, N, C_, KV, s);
+    linear_forward_cuda(a.v, a.ln1, w.wv, w.bv, N, C_, KV, s);
+    rope_forward_cuda(a.q, a.q, pos_.get(), rope_cos_.get(), rope_sin_.get(), N, H_, D_, style, s);
+    rope_forward_cuda(a.k, a.k, pos_.get(), rope_cos_.get(), rope_sin_.get(), N, Hkv_, D_, style,
+                      s);
+  }
   attention_forward_cuda(a.atty, a.att_lse, a.q, a.k, a.v, B_, T_, H_, Hkv_, D_, s);
   linear_forward_cuda(proj_.get(), a.atty, w.wo, w.bo, N, Q, C_, s);
   // x_mid = x_in + o_proj(atty), fused with the post-attention RMSNorm.
@@ -239,9 +256,9 @@ void TransformerCuda::forward_lm(DeviceUnitProvider& p, const int32_t* tokens,
                                  float* entropy, bool for_backward, float inv_temperature) {
   RLHF_CHECK(layout_.head() == HeadKind::kLM, "forward_lm needs a model with an LM head, not '{}'",
              to_string(layout_.head()));
-  reserve(B, T_len, for_backward);
-  upload_ids(tokens, targets);
   const cudaStream_t s = p.stream();
+  reserve(B, T_len, for_backward, s);
+  upload_ids(tokens, targets, s);
   p.begin_pass(false);
   trunk_forward(p, for_backward);
   inv_temperature_ = inv_temperature;
@@ -274,9 +291,9 @@ void TransformerCuda::forward_lm(DeviceUnitProvider& p, const int32_t* tokens,
 void TransformerCuda::forward_logits(DeviceUnitProvider& p, const int32_t* tokens, int64_t B,
                                      int64_t T_len, float* logits) {
   RLHF_CHECK(layout_.head() == HeadKind::kLM, "forward_logits needs a model with an LM head");
-  reserve(B, T_len, false);
-  upload_ids(tokens, nullptr);
   const cudaStream_t s = p.stream();
+  reserve(B, T_len, false, s);
+  upload_ids(tokens, nullptr, s);
   p.begin_pass(false);
   trunk_forward(p, false);
   const int hu = layout_.head_unit(), eu = layout_.embedding_unit();
@@ -307,9 +324,9 @@ void TransformerCuda::forward_scalar(DeviceUnitProvider& p, const int32_t* token
                                      int64_t T_len, float* values, bool for_backward) {
   RLHF_CHECK(layout_.head() != HeadKind::kLM,
              "forward_scalar needs a model with a value or reward head");
-  reserve(B, T_len, for_backward);
-  upload_ids(tokens, nullptr);
   const cudaStream_t s = p.stream();
+  reserve(B, T_len, for_backward, s);
+  upload_ids(tokens, nullptr, s);
   p.begin_pass(false);
   trunk_forward(p, for_backward);
   const int hu = layout_.head_unit();
@@ -433,13 +450,20 @@ void TransformerCuda::layer_backward(const bf16* params, float* grads, int l, co
   linear_backward_cuda(datty_.get(), g.wo, g.bo, dres, a.atty, w.wo, N, Q, C_, false, s);
   attention_backward_cuda(dq_.get(), dk_.get(), dv_.get(), datty_.get(), a.atty, a.att_lse, a.q,
                           a.k, a.v, B_, T_, H_, Hkv_, D_, s);
-  rope_backward_cuda(dq_.get(), dq_.get(), pos_.get(), rope_cos_.get(), rope_sin_.get(), N, H_, D_,
-                     style, s);
-  rope_backward_cuda(dk_.get(), dk_.get(), pos_.get(), rope_cos_.get(), rope_sin_.get(), N, Hkv_,
-                     D_, style, s);
-  linear_backward_cuda(dln_.get(), g.wq, g.bq, dq_.get(), a.ln1, w.wq, N, C_, Q, false, s);
-  linear_backward_cuda(dln_.get(), g.wk, g.bk, dk_.get(), a.ln1, w.wk, N, C_, KV, true, s);
-  linear_backward_cuda(dln_.get(), g.wv, g.bv, dv_.get(), a.ln1, w.wv, N, C_, KV, true, s);
+  if (fused_qkv_) {  // one GEMM pair over the packed q/k/v weights and gradients
+    qkv_rope_merge_backward_cuda(qkv_.get(), dq_.get(), dk_.get(), dv_.get(), pos_.get(),
+                                 rope_cos_.get(), rope_sin_.get(), N, H_, Hkv_, D_, style, s);
+    linear_backward_cuda(dln_.get(), g.wq, g.bq, qkv_.get(), a.ln1, w.wq, N, C_, Q + 2 * KV, false,
+                         s);
+  } else {
+    rope_backward_cuda(dq_.get(), dq_.get(), pos_.get(), rope_cos_.get(), rope_sin_.get(), N, H_,
+                       D_, style, s);
+    rope_backward_cuda(dk_.get(), dk_.get(), pos_.get(), rope_cos_.get(), rope_sin_.get(), N, Hkv_,
+                       D_, style, s);
+    linear_backward_cuda(dln_.get(), g.wq, g.bq, dq_.get(), a.ln1, w.wq, N, C_, Q, false, s);
+    linear_backward_cuda(dln_.get(), g.wk, g.bk, dk_.get(), a.ln1, w.wk, N, C_, KV, true, s);
+    linear_backward_cuda(dln_.get(), g.wv, g.bv, dv_.get(), a.ln1, w.wv, N, C_, KV, true, s);
+  }
   rmsnorm_backward_cuda(dres, g.w_in, dln_.get(), x_in, w.w_in, a.rstd1, N, C_, s);
 }
 

@@ -27,7 +27,11 @@ namespace rlhf::model {
 ///    logits, so logits never exist in fp32, and exist at full (N, V) size only when that fits in
 ///    one chunk; otherwise backward recomputes each chunk's logits (one more head GEMM);
 ///  - the post-attention residual add is fused into the following RMSNorm
-///    (rmsnorm_residual_forward_cuda).
+///    (rmsnorm_residual_forward_cuda);
+///  - when the layout packs q/k/v (qkv_packed, model/layer_params.h), the three projections are
+///    one GEMM into a packed (N, q + 2·kv) buffer whose split applies RoPE
+///    (qkv_rope_split_cuda); backward packs dq, dk, dv with the inverse rotation
+///    (qkv_rope_merge_backward_cuda) for one input-gradient GEMM and one weight-gradient GEMM.
 /// Inputs and outputs of the public methods are host arrays (tokens, targets, lp, entropy,
 /// values, their gradients): they are B·T elements, small next to the model, and the trainer's
 /// losses are computed on the host. Each public method synchronises the provider's stream before
@@ -73,16 +77,21 @@ class TransformerCuda {
   /// Bytes of device memory the activations and scratch currently hold.
   int64_t activation_bytes() const;
 
+  /// Whether the packed q/k/v path is in use (true when every layer is qkv_packed, unless
+  /// set_fused_qkv(false) turned it off: tests compare the two paths).
+  bool fused_qkv() const { return fused_qkv_; }
+  void set_fused_qkv(bool on);
+
  private:
   struct LayerActs {
     bf16 *ln1, *q, *k, *v, *atty, *x_mid, *ln2, *gate, *up, *h;
     float *rstd1, *rstd2, *att_lse;
   };
-  void reserve(int64_t B, int64_t T_, bool for_backward);
+  void reserve(int64_t B, int64_t T_, bool for_backward, cudaStream_t s);
   int64_t layer_bf16() const;
   int64_t layer_f32() const;
   void point_layer(LayerActs& a, int set);
-  void upload_ids(const int32_t* tokens, const int32_t* targets);
+  void upload_ids(const int32_t* tokens, const int32_t* targets, cudaStream_t s);
   void trunk_forward(DeviceUnitProvider& p, bool for_backward);
   void layer_forward(const bf16* params, int l, const bf16* x_in, bf16* x_out, LayerActs& a,
                      cudaStream_t s);
@@ -98,6 +107,8 @@ class TransformerCuda {
   ParamLayout layout_;
   bool checkpointing_;
   int64_t logit_chunk_bytes_;
+  bool packable_ = false;   // every layer's q/k/v are packed in the layout
+  bool fused_qkv_ = false;  // packable_ and not turned off
   int64_t C_, F_, H_, Hkv_, D_, V_, L_;
   DeviceArray<float> rope_cos_, rope_sin_;  // (max_pos, D/2)
 
@@ -112,6 +123,7 @@ class TransformerCuda {
   DeviceArray<bf16> layers_;      // (sets, layer_bf16)
   DeviceArray<float> layer_f32_;  // (sets, layer_f32): rstd1, rstd2, attention lse
   DeviceArray<bf16> proj_;        // (N, C): o_proj / down_proj output before the residual add
+  DeviceArray<bf16> qkv_;  // (N, q + 2·kv): packed QKV GEMM output, and its gradient in backward
   DeviceArray<bf16> lnf_, logits_;
   DeviceArray<float> rstdf_, lse_, entropy_, lp_, dlp_, dentropy_;
   DeviceArray<bf16> values_;

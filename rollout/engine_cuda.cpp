@@ -115,6 +115,10 @@ EngineCuda::EngineCuda(const model::ParamLayout& layout, const KvCache& kv, int6
   for (DeviceArray<bf16>* a : {&q_, &atty_}) a->resize(rows * Q, "engine");
   for (DeviceArray<bf16>* a : {&k_, &v_}) a->resize(rows * KV, "engine");
   for (DeviceArray<bf16>* a : {&gate_, &up_, &h_}) a->resize(rows * F_, "engine");
+  fused_qkv_ = L_ > 0;
+  for (int l = 0; l < L_; ++l)
+    fused_qkv_ = fused_qkv_ && model::qkv_packed(layout.unit(layout.layer_unit(l)));
+  if (fused_qkv_) qkv_.resize(rows * (Q + 2 * KV), "engine");
   logits_.resize(max_batch_ * V_, "engine logits");
   rstd_.resize(rows);
   lse_.resize(H_ * max_pos_);
@@ -173,13 +177,19 @@ void EngineCuda::layer_forward(int l, int64_t N, const bf16* x_in, bf16* x_out, 
   bf16* vc = kv_.get() + (2 * l + 1) * plane;
   const int32_t* table = decode ? table_.get() : blocks_.get();
   model::rmsnorm_forward_cuda(ln_.get(), rstd_.get(), x_in, w.w_in, N, C_, eps, s);
-  model::linear_forward_cuda(q_.get(), ln_.get(), w.wq, w.bq, N, C_, Q, s);
-  model::linear_forward_cuda(k_.get(), ln_.get(), w.wk, w.bk, N, C_, KV, s);
-  model::linear_forward_cuda(v_.get(), ln_.get(), w.wv, w.bv, N, C_, KV, s);
-  model::rope_forward_cuda(q_.get(), q_.get(), pos_.get(), rope_cos_.get(), rope_sin_.get(), N, H_,
-                           D_, c.rope_style, s);
-  model::rope_forward_cuda(k_.get(), k_.get(), pos_.get(), rope_cos_.get(), rope_sin_.get(), N,
-                           Hkv_, D_, c.rope_style, s);
+  if (fused_qkv_) {  // one GEMM over the packed q/k/v weights, RoPE in the split
+    model::linear_forward_cuda(qkv_.get(), ln_.get(), w.wq, w.bq, N, C_, Q + 2 * KV, s);
+    model::qkv_rope_split_cuda(q_.get(), k_.get(), v_.get(), qkv_.get(), pos_.get(),
+                               rope_cos_.get(), rope_sin_.get(), N, H_, Hkv_, D_, c.rope_style, s);
+  } else {
+    model::linear_forward_cuda(q_.get(), ln_.get(), w.wq, w.bq, N, C_, Q, s);
+    model::linear_forward_cuda(k_.get(), ln_.get(), w.wk, w.bk, N, C_, KV, s);
+    model::linear_forward_cuda(v_.get(), ln_.get(), w.wv, w.bv, N, C_, KV, s);
+    model::rope_forward_cuda(q_.get(), q_.get(), pos_.get(), rope_cos_.get(), rope_sin_.get(), N,
+                             H_, D_, c.rope_style, s);
+    model::rope_forward_cuda(k_.get(), k_.get(), pos_.get(), rope_cos_.get(), rope_sin_.get(), N,
+                             Hkv_, D_, c.rope_style, s);
+  }
   model::kv_cache_write_cuda(kc, vc, k_.get(), v_.get(), table, table_stride, pos_.get(), N, Hkv_,
                              D_, block_size_, s);
   if (decode)

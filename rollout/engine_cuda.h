@@ -90,6 +90,8 @@ class EngineCuda {
   DeviceArray<float> rope_cos_, rope_sin_;
   // Activations for up to rows_cap rows (decode: max_batch; prefill: max_pos).
   DeviceArray<model::bf16> x_, x2_, ln_, q_, k_, v_, atty_, xmid_, gate_, up_, h_, proj_, logits_;
+  bool fused_qkv_ = false;        // every layer's q/k/v packed (model::qkv_packed): one GEMM
+  DeviceArray<model::bf16> qkv_;  // (rows, q + 2·kv) packed QKV output when fused_qkv_
   DeviceArray<float> rstd_, lse_, attn_ws_;
   DeviceArray<int32_t> tokens_, pos_, lens_, table_, blocks_, blocks2_;
   std::vector<float> logits_host_;

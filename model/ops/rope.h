@@ -44,6 +44,24 @@ void rope_backward_cuda(bf16* dx, const bf16* dout, const int32_t* pos, const fl
                         const float* sin, int64_t N, int64_t H, int64_t D, RopeStyle style,
                         cudaStream_t stream);
 
+/// RoPE fused with the split of a packed QKV projection (the one GEMM of the back-to-back q/k/v
+/// weights, LayerParams::qkv_packed): qkv (N, (H + 2·Hkv)·D) bf16, each row [H q heads | Hkv k
+/// heads | Hkv v heads]. Writes q (N, H, D) and k (N, Hkv, D) rotated exactly as
+/// rope_forward_cuda rotates them (same rounding, bit-identical), and v (N, Hkv, D) copied: one
+/// pass over qkv instead of two rotations in place. pos, cos, sin as rope_forward_cuda. Throws
+/// rlhf::Error unless D is even and positive, N >= 0, H > 0, Hkv > 0.
+void qkv_rope_split_cuda(bf16* q, bf16* k, bf16* v, const bf16* qkv, const int32_t* pos,
+                         const float* cos, const float* sin, int64_t N, int64_t H, int64_t Hkv,
+                         int64_t D, RopeStyle style, cudaStream_t stream);
+
+/// Backward of qkv_rope_split_cuda: dqkv rows = [Rᵀ·dq | Rᵀ·dk | dv] (assigned), the gradient of
+/// the packed QKV GEMM output. Shapes as the forward; dq, dk rotated back exactly as
+/// rope_backward_cuda does. Throws like the forward.
+void qkv_rope_merge_backward_cuda(bf16* dqkv, const bf16* dq, const bf16* dk, const bf16* dv,
+                                  const int32_t* pos, const float* cos, const float* sin, int64_t N,
+                                  int64_t H, int64_t Hkv, int64_t D, RopeStyle style,
+                                  cudaStream_t stream);
+
 /// The RoPE tables of rope_tables_cpu<float> computed on the host and copied into device arrays
 /// cos, sin of max_pos·D/2 floats each (synchronous). Throws rlhf::Error on a CUDA failure.
 void rope_tables_upload_cuda(float* cos, float* sin, int64_t max_pos, int64_t D, double theta);
