@@ -5,6 +5,8 @@
 // against the three separate projections.
 #include "model/transformer.h"
 
+#include <functional>
+
 #include "model/local_provider.h"
 #include "tests/ops/cuda_test_util.h"
 
@@ -132,6 +134,31 @@ void check_case(const Case& cs) {
   CHECK(D.guards_intact());
 }
 
+// lp and every unit's gradients of one LM forward + backward (B = 2 sequences of T tokens,
+// random tokens and dlp from `seed`) of a fresh TransformerCuda that `make` builds on P's
+// weights. For comparing variants of the GPU model with each other.
+struct LmRun {
+  std::vector<float> lp;
+  std::vector<std::vector<float>> grads;  // by unit
+};
+LmRun run_lm(const model::ParamLayout& layout, model::LocalParams<float>& P, int64_t T,
+             uint64_t seed, const std::function<model::TransformerCuda()>& make) {
+  const int64_t B = 2, N = B * T;
+  const auto tokens = test::random_tokens(N, layout.config().vocab_size, seed);
+  std::vector<int32_t> targets(tokens.begin() + 1, tokens.end());
+  targets.push_back(-1);
+  const auto dlp = test::random_vec<float>(N, seed + 1);
+  test::TestStream s;
+  TestDeviceParams D(P, s.get());
+  model::TransformerCuda gpu = make();
+  LmRun r;
+  r.lp.resize(size_t(N));
+  gpu.forward_lm(D, tokens.data(), targets.data(), B, T, r.lp.data(), nullptr, true);
+  gpu.backward_lm(D, dlp.data(), nullptr);
+  for (int u = 0; u < layout.num_units(); ++u) r.grads.push_back(D.grads(u));
+  return r;
+}
+
 }  // namespace
 #endif
 
@@ -158,29 +185,20 @@ TEST_CASE("transformer cuda: checkpointing and the chunked head change nothing")
 #ifdef RLHF_CUDA
   // The same GPU model three ways must give the same bits: recomputation repeats the forward
   // kernels on the same inputs, and a chunked head computes the same rows.
-  const int64_t B = 2, T = 9, N = B * T;
   const auto cfg = small_config(model::RopeStyle::kRotateHalf, true, false, 4, 2);
   model::ParamLayout layout(cfg, HeadKind::kLM, 1);
   model::LocalParams<float> P(layout);
   P.init(3, 0.05);
-  const auto tokens = test::random_tokens(N, cfg.vocab_size, 1);
-  std::vector<int32_t> targets(tokens.begin() + 1, tokens.end());
-  targets.push_back(-1);
-  const auto dlp = test::random_vec<float>(N, 2);
-  test::TestStream s;
   std::vector<std::vector<float>> lps;
   std::vector<std::vector<std::vector<float>>> grads;  // [variant][unit]
   for (int variant = 0; variant < 3; ++variant) {
-    TestDeviceParams D(P, s.get());
-    model::TransformerCuda gpu(
-        layout, variant == 1,
-        variant == 2 ? 3 * 256 * 2 : model::TransformerCuda::kLogitChunkBytes);
-    std::vector<float> lp(N);
-    gpu.forward_lm(D, tokens.data(), targets.data(), B, T, lp.data(), nullptr, true);
-    gpu.backward_lm(D, dlp.data(), nullptr);
-    lps.push_back(lp);
-    grads.emplace_back();
-    for (int u = 0; u < layout.num_units(); ++u) grads.back().push_back(D.grads(u));
+    LmRun r = run_lm(layout, P, 9, 1, [&] {
+      return model::TransformerCuda(
+          layout, variant == 1,
+          variant == 2 ? 3 * 256 * 2 : model::TransformerCuda::kLogitChunkBytes);
+    });
+    lps.push_back(std::move(r.lp));
+    grads.push_back(std::move(r.grads));
   }
   CHECK(lps[1] == lps[0]);
   CHECK(lps[2] == lps[0]);
@@ -206,29 +224,19 @@ TEST_CASE("transformer cuda: the packed q/k/v path follows the separate projecti
                                HeadKind::kLM, 1))
             .fused_qkv() == false);  // kv = 16: the biases are not back to back
   for (bool bias : {false, true}) {
-    const int64_t B = 2, T = 11, N = B * T;
     const auto cfg = small_config(model::RopeStyle::kInterleaved, false, bias, 4, 4);
     model::ParamLayout layout(cfg, HeadKind::kLM, 1);
     model::LocalParams<float> P(layout);
     P.init(4, 0.05);
-    const auto tokens = test::random_tokens(N, cfg.vocab_size, 2);
-    std::vector<int32_t> targets(tokens.begin() + 1, tokens.end());
-    targets.push_back(-1);
-    const auto dlp = test::random_vec<float>(N, 3);
-    test::TestStream s;
-    std::vector<float> lp[2];
-    std::vector<std::vector<float>> grads[2];
-    for (int fused = 0; fused < 2; ++fused) {
-      TestDeviceParams D(P, s.get());
-      model::TransformerCuda gpu(layout);
-      REQUIRE(gpu.fused_qkv());
-      gpu.set_fused_qkv(fused == 1);
-      CHECK(gpu.fused_qkv() == (fused == 1));
-      lp[fused].resize(N);
-      gpu.forward_lm(D, tokens.data(), targets.data(), B, T, lp[fused].data(), nullptr, true);
-      gpu.backward_lm(D, dlp.data(), nullptr);
-      for (int u = 0; u < layout.num_units(); ++u) grads[fused].push_back(D.grads(u));
-    }
+    LmRun run[2];
+    for (int fused = 0; fused < 2; ++fused)
+      run[fused] = run_lm(layout, P, 11, 2, [&] {
+        model::TransformerCuda gpu(layout);
+        REQUIRE(gpu.fused_qkv());
+        gpu.set_fused_qkv(fused == 1);
+        CHECK(gpu.fused_qkv() == (fused == 1));
+        return gpu;
+      });
     // The forward computes the same products and sums (the split rotates exactly as
     // rope_forward_cuda): measured bit-identical lp on the emulator; on a GPU cuBLASLt may pick
     // another K-order for the wider output, a bf16 rounding flip (bound: one bf16 rounding). In
@@ -237,10 +245,10 @@ TEST_CASE("transformer cuda: the packed q/k/v path follows the separate projecti
     // first layer's gradients, inside the CPU-comparison bound. A wrong slice of the packed
     // weight or a missing inverse rotation gives nmse ~1.
     const std::string name = bias ? "packed q/k/v with bias" : "packed q/k/v";
-    test::check_nmse(name + " lp", lp[1], lp[0], test::kNmseBf16Out);
+    test::check_nmse(name + " lp", run[1].lp, run[0].lp, test::kNmseBf16Out);
     for (int u = 0; u < layout.num_units(); ++u)
-      test::check_nmse(name + " grads of unit " + std::to_string(u), grads[1][u], grads[0][u],
-                       kNmseGrads);
+      test::check_nmse(name + " grads of unit " + std::to_string(u), run[1].grads[u],
+                       run[0].grads[u], kNmseGrads);
   }
 #endif
 }
