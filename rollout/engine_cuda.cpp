@@ -198,9 +198,10 @@ void EngineCuda::layer_forward(int l, int64_t N, const bf16* x_in, bf16* x_out, 
     model::attention_decode_paged_cuda(atty_.get(), attn_ws_.get(), q_.get(), kc, vc, table,
                                        lens_.get(), N, H_, Hkv_, D_, num_blocks_ + 1, block_size_,
                                        max_blocks, s);
-  else  // the prompt attends to itself causally (the rows just written to the cache)
+  else  // the prompt attends to itself causally (the rows just written to the cache); always
+        // the flash kernels: a cuDNN plan per prompt length would compile at every new length
     model::attention_forward_cuda(atty_.get(), lse_.get(), q_.get(), k_.get(), v_.get(), 1, N, H_,
-                                  Hkv_, D_, s);
+                                  Hkv_, D_, s, model::AttentionImpl::kFlash);
   model::linear_forward_cuda(proj_.get(), atty_.get(), w.wo, w.bo, N, Q, C_, s);
   model::rmsnorm_residual_forward_cuda(xmid_.get(), ln_.get(), rstd_.get(), x_in, proj_.get(),
                                        w.w_post, N, C_, eps, s);

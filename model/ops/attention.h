@@ -33,6 +33,15 @@ void attention_backward_cpu(T* dq, T* dk, T* dv, const T* dout, const T* att, co
                             int64_t D);
 
 #ifdef RLHF_CUDA
+/// The implementation behind attention_forward_cuda / attention_backward_cuda (process-wide,
+/// --attn_implementation): kFlash, the flash-attention kernels of model/ops/cuda/attention.cu
+/// (deterministic; the default), or kCudnn, cuDNN's fused attention wherever
+/// attention_cudnn_available says it can serve the shape, the kernels elsewhere. The two share
+/// the lse contract, so a forward by one and a backward by the other agree.
+enum class AttentionImpl { kFlash, kCudnn };
+void set_attention_impl(AttentionImpl impl) noexcept;
+AttentionImpl attention_impl() noexcept;
+
 /// CUDA forward, flash-attention style (Dao et al. 2022, Alg. 1 with the FA-2 loop order): same
 /// causal GQA result, but instead of the (B, H, T, T) probabilities it saves the row
 /// log-sum-exp for backward. out, q (B, T, H, D) bf16; k, v (B, T, Hkv, D) bf16; lse (B, H, T)
@@ -43,6 +52,12 @@ void attention_backward_cpu(T* dq, T* dk, T* dv, const T* dout, const T* att, co
 void attention_forward_cuda(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v,
                             int64_t B, int64_t T_, int64_t H, int64_t Hkv, int64_t D,
                             cudaStream_t stream);
+/// The same with the implementation chosen by the caller instead of attention_impl(): the
+/// generation engine's prefill passes kFlash, since prompt lengths vary per request and cuDNN
+/// would build (compile) a plan for every new length.
+void attention_forward_cuda(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v,
+                            int64_t B, int64_t T_, int64_t H, int64_t Hkv, int64_t D,
+                            cudaStream_t stream, AttentionImpl impl);
 
 /// CUDA backward (FA-2 backward, recomputing P from q, k and lse): dq (B, T, H, D), dk, dv
 /// (B, T, Hkv, D) bf16, all assigned. dout, out (B, T, H, D) bf16 (out: forward's output, for
@@ -53,15 +68,6 @@ void attention_backward_cuda(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, con
                              const float* lse, const bf16* q, const bf16* k, const bf16* v,
                              int64_t B, int64_t T_, int64_t H, int64_t Hkv, int64_t D,
                              cudaStream_t stream);
-
-/// The implementation behind attention_forward_cuda / attention_backward_cuda (process-wide,
-/// --attn_implementation): kFlash, the flash-attention kernels of model/ops/cuda/attention.cu
-/// (deterministic; the default), or kCudnn, cuDNN's fused attention wherever
-/// attention_cudnn_available says it can serve the shape, the kernels elsewhere. The two share
-/// the lse contract, so a forward by one and a backward by the other agree.
-enum class AttentionImpl { kFlash, kCudnn };
-void set_attention_impl(AttentionImpl impl) noexcept;
-AttentionImpl attention_impl() noexcept;
 
 /// Keys per split of attention_decode_cuda (flash-decoding: each block handles one split of one
 /// sequence and KV head; a second kernel combines the splits).

@@ -606,9 +606,15 @@ AttentionImpl attention_impl() noexcept {
 void attention_forward_cuda(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v,
                             int64_t B, int64_t T_, int64_t H, int64_t Hkv, int64_t D,
                             cudaStream_t stream) {
+  attention_forward_cuda(out, lse, q, k, v, B, T_, H, Hkv, D, stream, attention_impl());
+}
+
+void attention_forward_cuda(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v,
+                            int64_t B, int64_t T_, int64_t H, int64_t Hkv, int64_t D,
+                            cudaStream_t stream, AttentionImpl impl) {
   NVTX_RANGE_FN();
   check_dims("attention_forward_cuda", B, T_, H, Hkv, D);
-  if (attention_impl() == AttentionImpl::kCudnn &&
+  if (impl == AttentionImpl::kCudnn &&
       attention_forward_cudnn(out, lse, q, k, v, B, T_, H, Hkv, D, stream))
     return;
   switch (d_chunks(D)) {

@@ -667,8 +667,8 @@ using PlanKey = std::tuple<int, int64_t, int64_t, int64_t, int64_t, int64_t, int
 
 struct Cache {
   std::mutex mu;
-  std::map<std::pair<int, cudaStream_t>, cudnnHandle_t> handles;  // by (device, stream)
-  std::map<PlanKey, std::shared_ptr<const Plan>> plans;           // nullptr: cannot be served
+  std::map<int, cudnnHandle_t> handles;                  // by device, bound to a stream per call
+  std::map<PlanKey, std::shared_ptr<const Plan>> plans;  // nullptr: cannot be served
 };
 
 Cache& cache() {
@@ -676,26 +676,23 @@ Cache& cache() {
   return *c;
 }
 
-// The handle of (device, stream), created and bound on first use; nullptr (and *status set)
-// when cuDNN cannot create one. Call with c.mu held.
+// The device's one handle (created on first use), bound to `stream` for the call that follows:
+// plans are built and executed on the handle of the device they were built on, and no handle is
+// kept per stream. nullptr (and *status set) when cuDNN cannot create or bind it. Call with c.mu
+// held.
 cudnnHandle_t handle_for(Cache& c, int dev, cudaStream_t stream, cudnnStatus_t* status) {
   *status = CUDNN_STATUS_SUCCESS;
-  const auto it = c.handles.find({dev, stream});
-  if (it != c.handles.end()) return it->second;
   cudnnHandle_t h = nullptr;
-  cudnnStatus_t s = cudnnCreate(&h);
-  if (s == CUDNN_STATUS_SUCCESS) {
-    s = cudnnSetStream(h, stream);
-    if (s != CUDNN_STATUS_SUCCESS) {
-      (void)cudnnDestroy(h);
-      h = nullptr;
-    }
+  const auto it = c.handles.find(dev);
+  if (it != c.handles.end()) {
+    h = it->second;
   } else {
-    h = nullptr;
+    *status = cudnnCreate(&h);
+    if (*status != CUDNN_STATUS_SUCCESS) return nullptr;
+    c.handles[dev] = h;
   }
-  *status = s;
-  if (h != nullptr) c.handles[{dev, stream}] = h;
-  return h;
+  *status = cudnnSetStream(h, stream);
+  return *status == CUDNN_STATUS_SUCCESS ? h : nullptr;
 }
 
 // cuDNN's version and the device are new enough for the fused flash-attention engines: cuDNN 9
@@ -703,6 +700,8 @@ cudnnHandle_t handle_for(Cache& c, int dev, cudaStream_t stream, cudnnStatus_t* 
 bool runtime_supported(int dev) {
   const size_t version = cudnnGetVersion();
   if (version < 90000 || version / 10000 != CUDNN_MAJOR) return false;
+  // cudnn-frontend refuses bf16/fp16 fused attention on 9.10.0 and 9.10.1 (known bugs).
+  if (version == 91000 || version == 91001) return false;
   int major = 0;
   if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
     (void)cudaGetLastError();
@@ -716,6 +715,16 @@ bool head_dim_supported(int64_t D) {
   return D > 0 && D % 8 == 0 && D <= 128;
 }
 
+// Shapes the graphs of this file must not be used for, as cudnn-frontend's support checks say:
+// a single position (s_q = s_kv = 1: never in backward, and not with a causal mask in forward
+// before 9.10); and, in backward before 9.15.1, a sequence length that is not a multiple of 128
+// (the frontend adds a padding mask there to avoid NaN gradients; these graphs have none).
+bool shape_supported(const Problem& p, Direction dir) {
+  if (p.T == 1) return false;
+  if (dir == Direction::kBackward && cudnnGetVersion() <= 91500 && p.T % 128 != 0) return false;
+  return true;
+}
+
 // The plan of (dev, problem, dir), built on first use; nullptr if cuDNN cannot serve it (the
 // answer is cached either way). Call with c.mu held. Never throws a cuDNN error.
 const Plan* plan_for(Cache& c, int dev, cudaStream_t stream, const Problem& p, Direction dir) {
@@ -723,7 +732,7 @@ const Plan* plan_for(Cache& c, int dev, cudaStream_t stream, const Problem& p, D
   const auto it = c.plans.find(key);
   if (it != c.plans.end()) return it->second.get();
   std::shared_ptr<const Plan> plan;
-  if (runtime_supported(dev) && head_dim_supported(p.D)) {
+  if (runtime_supported(dev) && head_dim_supported(p.D) && shape_supported(p, dir)) {
     cudnnStatus_t status = CUDNN_STATUS_SUCCESS;
     cudnnHandle_t handle = handle_for(c, dev, stream, &status);
     for (int variant = 0; handle != nullptr && plan == nullptr && variant < kVariants; ++variant)
@@ -808,8 +817,8 @@ bool aligned16(std::initializer_list<const void*> ptrs) {
   return true;
 }
 
-// The handle for executing on `stream` (the plan may have been built on another stream's
-// handle); a failure here is a runtime failure (throws).
+// The device's handle bound to `stream` for executing; a failure here is a runtime failure
+// (throws).
 cudnnHandle_t exec_handle(Cache& c, int dev, cudaStream_t stream) {
   cudnnStatus_t status = CUDNN_STATUS_SUCCESS;
   cudnnHandle_t h = handle_for(c, dev, stream, &status);
