@@ -5,6 +5,7 @@
 
 #include <cstdlib>
 #include <memory>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -117,22 +118,55 @@ struct BlockRun {
   std::string error;  // set by a fiber; the scheduler throws it
 };
 
-// Per OS thread: the block being run, a pool of fiber stacks, the dynamic shared memory.
+// Fiber stacks (each with a guard page below it) outlive the OS threads that use them: a stream's
+// worker thread takes stacks from this process-wide pool and gives them back when it ends, so
+// creating and destroying streams neither leaks mappings (the kernel's map count is limited) nor
+// faults fresh pages in again.
+struct StackPool {
+  std::mutex mu;
+  std::vector<char*> free;
+};
+StackPool& stack_pool() {
+  static StackPool* p = new StackPool();  // never destroyed: threads may end after main's statics
+  return *p;
+}
+
+// The stacks one OS thread holds, returned to the pool when the thread ends.
+struct ThreadStacks {
+  std::vector<char*> stacks;
+  ~ThreadStacks() {
+    StackPool& pool = stack_pool();
+    std::lock_guard<std::mutex> lock(pool.mu);
+    pool.free.insert(pool.free.end(), stacks.begin(), stacks.end());
+  }
+};
+
+// Per OS thread: the block being run, its fiber stacks, the dynamic shared memory.
 thread_local BlockRun* tl_block = nullptr;
-thread_local std::vector<char*> tl_stacks;
+thread_local ThreadStacks tl_stacks;
 thread_local std::vector<unsigned char> tl_smem;
 
 char* stack_for(size_t i) {
-  while (tl_stacks.size() <= i) {
+  std::vector<char*>& mine = tl_stacks.stacks;
+  while (mine.size() <= i) {
+    {
+      StackPool& pool = stack_pool();
+      std::lock_guard<std::mutex> lock(pool.mu);
+      if (!pool.free.empty()) {
+        mine.push_back(pool.free.back());
+        pool.free.pop_back();
+        continue;
+      }
+    }
     // A guard page below each stack turns an overflow into a fault instead of corruption.
     const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
     void* p = mmap(nullptr, kStackBytes + page, PROT_READ | PROT_WRITE,
                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (p == MAP_FAILED) throw std::runtime_error("CUDA emulator: cannot map a fiber stack");
     mprotect(p, page, PROT_NONE);
-    tl_stacks.push_back(static_cast<char*>(p) + page);
+    mine.push_back(static_cast<char*>(p) + page);
   }
-  return tl_stacks[i];
+  return mine[i];
 }
 
 [[noreturn]] void fiber_exit(Fiber& f);

@@ -187,6 +187,23 @@ TEST_CASE("cuda emulator: streams run asynchronously, in order, and wait for eve
   CHECK(cudaEventDestroy(ev) == cudaSuccess);
 }
 
+TEST_CASE("cuda emulator: streams come and go without running out of fiber stacks") {
+  // Each stream's worker runs 1024-thread blocks on 1024 fiber stacks (two kernel mappings each);
+  // 100 short-lived streams would need ~200k mappings (above Linux's default vm.max_map_count of
+  // 65530) if a worker's stacks were not handed back when it ends.
+  AsyncStreams async(true);
+  const auto in = test::random_vec<float>(1024, 3);
+  double ref = 0;
+  for (float x : in) ref += x;
+  test::DeviceBuffer<float> d_in(in), d_out(1);
+  for (int i = 0; i < 100; ++i) {
+    test::TestStream s;
+    st::block_sum(d_out.get(), d_in.get(), 1024, 1024, s.get());
+    s.sync();
+  }
+  CHECK(d_out.download()[0] == doctest::Approx(ref).epsilon(1e-5));
+}
+
 TEST_CASE("cuda emulator: a kernel that fails on an asynchronous stream leaves a sticky error") {
   AsyncStreams async(true);
   test::TestStream s;
