@@ -42,6 +42,12 @@ const TensorInfo& UnitLayout::at(std::string_view suffix) const {
   return *t;
 }
 
+ParamLayout::TensorRef ParamLayout::lm_head_weight() const {
+  const int u = config_.tie_word_embeddings ? embedding_unit() : head_unit();
+  return {
+      u, unit(u).at(config_.tie_word_embeddings ? "embed_tokens.weight" : "lm_head.weight").offset};
+}
+
 ParamLayout::ParamLayout(const ModelConfig& config, HeadKind head, int n_shards)
     : config_(config), head_(head), n_shards_(n_shards) {
   RLHF_CHECK(n_shards >= 1, "number of shards must be >= 1, got {}", n_shards);

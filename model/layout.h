@@ -65,6 +65,16 @@ class ParamLayout {
   int layer_unit(int l) const { return 1 + l; }
   int head_unit() const { return num_units() - 1; }
 
+  /// Where a unit's tensor starts: unit index and element offset in its flat buffer.
+  struct TensorRef {
+    int unit;
+    int64_t offset;
+  };
+  /// The LM head's (V, C) weight: the embedding unit's embed_tokens.weight when
+  /// tie_word_embeddings, else the head unit's lm_head.weight. Throws rlhf::Error (from
+  /// UnitLayout::at) when the model has an untied value or reward head instead.
+  TensorRef lm_head_weight() const;
+
   /// (unit index, tensor) for a full HF name; throws rlhf::Error if it is not part of the model.
   std::pair<int, const TensorInfo*> locate(std::string_view hf_name) const;
   /// Sum of numel (real parameters) over all tensors, excluding padding.

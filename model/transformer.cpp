@@ -202,8 +202,8 @@ void Transformer<T>::forward_lm(UnitProvider<T>& p, const int32_t* tokens, const
   const bool tied = layout_.config().tie_word_embeddings;
   const T* hp = p.acquire_params(hu);
   final_norm(hp);
-  const T* w = tied ? p.acquire_params(eu) + layout_.unit(eu).at("embed_tokens.weight").offset
-                    : hp + layout_.unit(hu).at("lm_head.weight").offset;
+  const ParamLayout::TensorRef lw = layout_.lm_head_weight();
+  const T* w = (tied ? p.acquire_params(eu) : hp) + lw.offset;
   // With backward the (N, V) logits are kept (backward turns them into dlogits in place);
   // without, rows go through a bounded chunk buffer.
   const int64_t chunk =
@@ -236,8 +236,8 @@ void Transformer<T>::forward_logits(UnitProvider<T>& p, const int32_t* tokens, i
   const bool tied = layout_.config().tie_word_embeddings;
   const T* hp = p.acquire_params(hu);
   final_norm(hp);
-  const T* w = tied ? p.acquire_params(eu) + layout_.unit(eu).at("embed_tokens.weight").offset
-                    : hp + layout_.unit(hu).at("lm_head.weight").offset;
+  const ParamLayout::TensorRef lw = layout_.lm_head_weight();
+  const T* w = (tied ? p.acquire_params(eu) : hp) + lw.offset;
   linear_forward_cpu(logits, lnf_.data(), w, static_cast<const T*>(nullptr), N_, C_, V_);
   if (tied) p.release_params(eu);
   p.release_params(hu);
@@ -276,12 +276,11 @@ void Transformer<T>::backward_lm(UnitProvider<T>& p, const T* dlp, const T* dent
   T* hg = p.acquire_grads(hu);
   const T* w;
   T* dw;
+  const int64_t off = layout_.lm_head_weight().offset;
   if (tied) {
-    const int64_t off = layout_.unit(eu).at("embed_tokens.weight").offset;
     w = p.acquire_params(eu) + off;
     dw = p.acquire_grads(eu) + off;
   } else {
-    const int64_t off = layout_.unit(hu).at("lm_head.weight").offset;
     w = hp + off;
     dw = hg + off;
   }

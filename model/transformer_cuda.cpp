@@ -239,11 +239,8 @@ void TransformerCuda::final_norm(const bf16* head_params, cudaStream_t s) {
 // releases the embedding unit).
 const bf16* TransformerCuda::lm_weight(DeviceUnitProvider& p, const bf16* head_params, bool* tied) {
   *tied = layout_.config().tie_word_embeddings;
-  if (*tied) {
-    const int eu = layout_.embedding_unit();
-    return p.acquire_params(eu) + layout_.unit(eu).at("embed_tokens.weight").offset;
-  }
-  return head_params + layout_.unit(layout_.head_unit()).at("lm_head.weight").offset;
+  const ParamLayout::TensorRef lw = layout_.lm_head_weight();
+  return (*tied ? p.acquire_params(lw.unit) : head_params) + lw.offset;
 }
 
 int64_t TransformerCuda::logit_chunk_rows() const {
@@ -384,12 +381,11 @@ void TransformerCuda::backward_lm(DeviceUnitProvider& p, const float* dlp, const
   float* hg = p.acquire_grads(hu);
   const bf16* w;
   float* dw;
+  const int64_t off = layout_.lm_head_weight().offset;
   if (tied) {
-    const int64_t off = layout_.unit(eu).at("embed_tokens.weight").offset;
     w = p.acquire_params(eu) + off;
     dw = p.acquire_grads(eu) + off;
   } else {
-    const int64_t off = layout_.unit(hu).at("lm_head.weight").offset;
     w = hp + off;
     dw = hg + off;
   }

@@ -232,10 +232,8 @@ std::vector<float*> Engine::unit_buffers() {
 }
 
 const float* Engine::lm_head_weight() const {
-  const int eu = layout_.embedding_unit(), hu = layout_.head_unit();
-  if (layout_.config().tie_word_embeddings)
-    return weights_.unit_buffer(eu) + layout_.unit(eu).at("embed_tokens.weight").offset;
-  return weights_.unit_buffer(hu) + layout_.unit(hu).at("lm_head.weight").offset;
+  const model::ParamLayout::TensorRef lw = layout_.lm_head_weight();
+  return weights_.unit_buffer(lw.unit) + lw.offset;
 }
 
 int64_t Engine::weight_bytes_per_decode_step() const {

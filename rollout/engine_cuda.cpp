@@ -216,10 +216,8 @@ namespace {
 // The LM head weight (V, C): lm_head, or the embedding when tied.
 const bf16* lm_weight(const model::ParamLayout& layout,
                       const std::vector<DeviceArray<bf16>>& units) {
-  const int eu = layout.embedding_unit(), hu = layout.head_unit();
-  if (layout.config().tie_word_embeddings)
-    return units[size_t(eu)].get() + layout.unit(eu).at("embed_tokens.weight").offset;
-  return units[size_t(hu)].get() + layout.unit(hu).at("lm_head.weight").offset;
+  const model::ParamLayout::TensorRef lw = layout.lm_head_weight();
+  return units[size_t(lw.unit)].get() + lw.offset;
 }
 }  // namespace
 

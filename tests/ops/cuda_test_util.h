@@ -6,6 +6,8 @@
 // start with RLHF_SKIP_WITHOUT_CUDA_DEVICE(), so CI without a GPU reports them as skipped.
 #pragma once
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -203,6 +205,34 @@ inline void round_params_bf16(model::LocalParams<float>& P) {
 //    order and libm differ, relative ~1e-6 at worst (K up to a few thousand), nmse ~1e-12.
 inline constexpr double kNmseBf16Out = 2e-5;
 inline constexpr double kNmseF32Out = 1e-8;
+
+/// The causal GQA attention's log-sum-exp reference, in double: lse[b, h, t] =
+/// log Σ_{s≤t} exp(q_t·k_s / sqrt(D)) for q (B, T, H, D), k (B, T, Hkv, D); query head h reads
+/// KV head h / (H / Hkv). (B, H, T) fp32.
+inline std::vector<float> naive_attention_lse(const std::vector<float>& q,
+                                              const std::vector<float>& k, int64_t B, int64_t T,
+                                              int64_t H, int64_t Hkv, int64_t D) {
+  std::vector<float> lse(B * H * T);
+  const int64_t G = H / Hkv;
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t t = 0; t < T; ++t) {
+        std::vector<double> sc(t + 1);
+        double m = -INFINITY;
+        for (int64_t s = 0; s <= t; ++s) {
+          double acc = 0;
+          for (int64_t d = 0; d < D; ++d)
+            acc += double(q[((b * T + t) * H + h) * D + d]) *
+                   double(k[((b * T + s) * Hkv + h / G) * D + d]);
+          sc[s] = acc / std::sqrt(double(D));
+          m = std::max(m, sc[s]);
+        }
+        double sum = 0;
+        for (double x : sc) sum += std::exp(x - m);
+        lse[(b * H + h) * T + t] = static_cast<float>(m + std::log(sum));
+      }
+  return lse;
+}
 
 }  // namespace rlhf::test
 #endif  // RLHF_CUDA

@@ -20,31 +20,6 @@ namespace {
 // gives 1e-2 or more.
 constexpr double kNmseAttnBwd = 5e-5;
 
-// lse[b, h, t] = log Σ_{s≤t} exp(q_t·k_s / sqrt(D)), in double.
-std::vector<float> naive_lse(const std::vector<float>& q, const std::vector<float>& k, int64_t B,
-                             int64_t T, int64_t H, int64_t Hkv, int64_t D) {
-  std::vector<float> lse(B * H * T);
-  const int64_t G = H / Hkv;
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t h = 0; h < H; ++h)
-      for (int64_t t = 0; t < T; ++t) {
-        std::vector<double> sc(t + 1);
-        double m = -INFINITY;
-        for (int64_t s = 0; s <= t; ++s) {
-          double acc = 0;
-          for (int64_t d = 0; d < D; ++d)
-            acc += double(q[((b * T + t) * H + h) * D + d]) *
-                   double(k[((b * T + s) * Hkv + h / G) * D + d]);
-          sc[s] = acc / std::sqrt(double(D));
-          m = std::max(m, sc[s]);
-        }
-        double sum = 0;
-        for (double x : sc) sum += std::exp(x - m);
-        lse[(b * H + h) * T + t] = static_cast<float>(m + std::log(sum));
-      }
-  return lse;
-}
-
 void check_attention_cuda(int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D) {
   const std::string name =
       fmt::format("attention_cuda(B={},T={},H={},Hkv={},D={})", B, T, H, Hkv, D);
@@ -58,7 +33,7 @@ void check_attention_cuda(int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t 
                                Hkv, D);
   model::attention_backward_cpu(dq_ref.data(), dk_ref.data(), dv_ref.data(), dout.data(),
                                 att.data(), q.data(), k.data(), v.data(), B, T, H, Hkv, D);
-  const auto lse_ref = naive_lse(q, k, B, T, H, Hkv, D);
+  const auto lse_ref = test::naive_attention_lse(q, k, B, T, H, Hkv, D);
 
   test::TestStream s;
   test::DeviceBuffer<test::bf16> d_q(test::to_bf16(q)), d_k(test::to_bf16(k)),

@@ -73,31 +73,6 @@ std::string unavailable_reason(int64_t B, int64_t T, int64_t H, int64_t Hkv, int
 #endif
 }
 
-// lse[b, h, t] = log Σ_{s≤t} exp(q_t·k_s / sqrt(D)), in double.
-std::vector<float> naive_lse(const std::vector<float>& q, const std::vector<float>& k, int64_t B,
-                             int64_t T, int64_t H, int64_t Hkv, int64_t D) {
-  std::vector<float> lse(B * H * T);
-  const int64_t G = H / Hkv;
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t h = 0; h < H; ++h)
-      for (int64_t t = 0; t < T; ++t) {
-        std::vector<double> sc(t + 1);
-        double m = -INFINITY;
-        for (int64_t s = 0; s <= t; ++s) {
-          double acc = 0;
-          for (int64_t d = 0; d < D; ++d)
-            acc += double(q[((b * T + t) * H + h) * D + d]) *
-                   double(k[((b * T + s) * Hkv + h / G) * D + d]);
-          sc[s] = acc / std::sqrt(double(D));
-          m = std::max(m, sc[s]);
-        }
-        double sum = 0;
-        for (double x : sc) sum += std::exp(x - m);
-        lse[(b * H + h) * T + t] = static_cast<float>(m + std::log(sum));
-      }
-  return lse;
-}
-
 // Random bf16 inputs and the CPU reference results for one shape.
 struct Reference {
   std::vector<float> q, k, v, dout;
@@ -120,7 +95,7 @@ Reference make_reference(int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D
                                H, Hkv, D);
   model::attention_backward_cpu(r.dq.data(), r.dk.data(), r.dv.data(), r.dout.data(), att.data(),
                                 r.q.data(), r.k.data(), r.v.data(), B, T, H, Hkv, D);
-  r.lse = naive_lse(r.q, r.k, B, T, H, Hkv, D);
+  r.lse = test::naive_attention_lse(r.q, r.k, B, T, H, Hkv, D);
   return r;
 }
 
