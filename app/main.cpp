@@ -11,11 +11,9 @@
 #endif
 #include <mpi.h>
 
-#include <chrono>
 #include <exception>
 #include <iostream>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include <CLI/Error.hpp>
@@ -42,11 +40,10 @@ int fail(const std::string& what, int status, int world_size) {
   std::cout.flush();
   rlhf::parallel::abort_nccl_comms();  // a rank stuck in an NCCL kernel would outlive MPI_Abort
   if (world_size > 1) {
-    // When every rank fails at once (a bad flag), concurrent aborts make Open MPI garble or drop
-    // its MPI_ABORT report ("Data unpack had inadequate space"); rank 0's abort goes first.
-    int rank = 0;
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    if (rank != 0) std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    // Said by us: Open MPI's own MPI_ABORT report gets lost when the machine is loaded
+    // ("ORTE_ERROR_LOG: Data unpack ... show_help.c").
+    LOG_CRITICAL("ending the job on every rank (MPI_Abort)");
+    rlhf::flush_logs();
     MPI_Abort(MPI_COMM_WORLD, 1);
   }
   MPI_Finalize();
