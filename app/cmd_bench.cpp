@@ -68,9 +68,8 @@ int run_bench(const BenchArgs& args) {
       LOG0_INFO("bench comm: {}", bench::bench_comm_row_text(row));
     });
   }
-  if (wants("train") && cuda) {
-    bench::BenchTrainCudaOptions o;
-    o.models = gpu_models;
+  // The run shape both training benchmarks (CPU and GPU) take from the flags.
+  const auto set_train_run = [&](auto& o) {
     o.tokens_per_step = args.tokens_per_step;
     o.seq_len = args.seq_len;
     o.micro_batch = args.micro_train_batch_size;
@@ -79,6 +78,11 @@ int run_bench(const BenchArgs& args) {
     o.gradient_checkpointing = args.zero.gradient_checkpointing;
     o.adam_offload = args.zero.adam_offload;
     o.seed = static_cast<uint64_t>(args.common.seed);
+  };
+  if (wants("train") && cuda) {
+    bench::BenchTrainCudaOptions o;
+    o.models = gpu_models;
+    set_train_run(o);
     auto host = parallel::make_comm(MPI_COMM_WORLD, "train_comm");
     auto nccl = host->size() > 1
                     ? parallel::make_comm(MPI_COMM_WORLD, "train_comm_nccl",
@@ -99,15 +103,8 @@ int run_bench(const BenchArgs& args) {
   if (wants("train") && !cuda) {
     bench::BenchTrainOptions o;
     if (!args.model_config.empty()) o.config = io::load_model_config_file(args.model_config);
-    o.tokens_per_step = args.tokens_per_step;
-    o.seq_len = args.seq_len;
-    o.micro_batch = args.micro_train_batch_size;
-    o.steps = args.steps;
-    o.warmup = args.warmup;
-    o.gradient_checkpointing = args.zero.gradient_checkpointing;
+    set_train_run(o);
     o.zero_stage = args.zero.zero_stage;
-    o.adam_offload = args.zero.adam_offload;
-    o.seed = static_cast<uint64_t>(args.common.seed);
     const parallel::CommKind kind = parallel::comm_kind_from_name(args.parallel.comm_backend);
     auto comm = parallel::make_comm(MPI_COMM_WORLD, "train_comm", kind);
     LOG0_INFO("bench train: {} rank(s) x {} threads", comm->size(), threads);

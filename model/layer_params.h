@@ -52,4 +52,24 @@ inline bool qkv_packed(const UnitLayout& u) {
   return bk.offset == bq->offset + bq->numel && bv.offset == bk.offset + bk.numel;
 }
 
+/// The LM head weight (V, C) of a pass, and its gradient (dw, when hg is given): inside the head
+/// unit's params hp and grads hg, or, when the embeddings are tied (tied = true), inside the
+/// embedding unit, whose params (and grads when hg is given) are acquired here from p: the caller
+/// releases them after the head. Provider: UnitProvider<T> or DeviceUnitProvider; W, G: its param
+/// and grad element types.
+template <typename W, typename G>
+struct LmHead {
+  const W* w;
+  G* dw;
+  bool tied;
+};
+template <typename Provider, typename W, typename G>
+LmHead<W, G> acquire_lm_head(Provider& p, const ParamLayout& layout, const W* hp, G* hg) {
+  const ParamLayout::TensorRef r = layout.lm_head_weight();
+  if (!layout.config().tie_word_embeddings)
+    return {hp + r.offset, hg != nullptr ? hg + r.offset : nullptr, false};
+  const W* w = p.acquire_params(r.unit) + r.offset;
+  return {w, hg != nullptr ? p.acquire_grads(r.unit) + r.offset : nullptr, true};
+}
+
 }  // namespace rlhf::model

@@ -202,8 +202,7 @@ void Transformer<T>::forward_lm(UnitProvider<T>& p, const int32_t* tokens, const
   const bool tied = layout_.config().tie_word_embeddings;
   const T* hp = p.acquire_params(hu);
   final_norm(hp);
-  const ParamLayout::TensorRef lw = layout_.lm_head_weight();
-  const T* w = (tied ? p.acquire_params(eu) : hp) + lw.offset;
+  const T* w = acquire_lm_head(p, layout_, hp, static_cast<T*>(nullptr)).w;
   // With backward the (N, V) logits are kept (backward turns them into dlogits in place);
   // without, rows go through a bounded chunk buffer.
   const int64_t chunk =
@@ -236,8 +235,7 @@ void Transformer<T>::forward_logits(UnitProvider<T>& p, const int32_t* tokens, i
   const bool tied = layout_.config().tie_word_embeddings;
   const T* hp = p.acquire_params(hu);
   final_norm(hp);
-  const ParamLayout::TensorRef lw = layout_.lm_head_weight();
-  const T* w = (tied ? p.acquire_params(eu) : hp) + lw.offset;
+  const T* w = acquire_lm_head(p, layout_, hp, static_cast<T*>(nullptr)).w;
   linear_forward_cpu(logits, lnf_.data(), w, static_cast<const T*>(nullptr), N_, C_, V_);
   if (tied) p.release_params(eu);
   p.release_params(hu);
@@ -274,16 +272,9 @@ void Transformer<T>::backward_lm(UnitProvider<T>& p, const T* dlp, const T* dent
   const bool tied = layout_.config().tie_word_embeddings;
   const T* hp = p.acquire_params(hu);
   T* hg = p.acquire_grads(hu);
-  const T* w;
-  T* dw;
-  const int64_t off = layout_.lm_head_weight().offset;
-  if (tied) {
-    w = p.acquire_params(eu) + off;
-    dw = p.acquire_grads(eu) + off;
-  } else {
-    w = hp + off;
-    dw = hg + off;
-  }
+  const auto head = acquire_lm_head(p, layout_, hp, hg);
+  const T* w = head.w;
+  T* dw = head.dw;
   linear_backward_cpu(dlnf_.data(), dw, static_cast<T*>(nullptr), logits_.data(), lnf_.data(), w,
                       N_, C_, V_, false);
   if (tied) {

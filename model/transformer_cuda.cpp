@@ -235,14 +235,6 @@ void TransformerCuda::final_norm(const bf16* head_params, cudaStream_t s) {
                        layout_.config().rms_norm_eps, s);
 }
 
-// The LM head weight (V, C): lm_head, or the embedding when tied (then acquired here; the caller
-// releases the embedding unit).
-const bf16* TransformerCuda::lm_weight(DeviceUnitProvider& p, const bf16* head_params, bool* tied) {
-  *tied = layout_.config().tie_word_embeddings;
-  const ParamLayout::TensorRef lw = layout_.lm_head_weight();
-  return (*tied ? p.acquire_params(lw.unit) : head_params) + lw.offset;
-}
-
 int64_t TransformerCuda::logit_chunk_rows() const {
   const int64_t rows = logit_chunk_bytes_ / (V_ * static_cast<int64_t>(sizeof(bf16)));
   return std::clamp<int64_t>(rows, 1, N_);
@@ -262,8 +254,9 @@ void TransformerCuda::forward_lm(DeviceUnitProvider& p, const int32_t* tokens,
   const int hu = layout_.head_unit(), eu = layout_.embedding_unit();
   const bf16* hp = p.acquire_params(hu);
   final_norm(hp, s);
-  bool tied = false;
-  const bf16* w = lm_weight(p, hp, &tied);
+  const auto head = acquire_lm_head(p, layout_, hp, static_cast<float*>(nullptr));
+  const bf16* w = head.w;
+  const bool tied = head.tied;
   const int64_t chunk = logit_chunk_rows();
   logits_.resize(chunk * V_, "logits");
   // With one chunk the logits stay for backward (which turns them into dlogits in place).
@@ -296,8 +289,9 @@ void TransformerCuda::forward_logits(DeviceUnitProvider& p, const int32_t* token
   const int hu = layout_.head_unit(), eu = layout_.embedding_unit();
   const bf16* hp = p.acquire_params(hu);
   final_norm(hp, s);
-  bool tied = false;
-  const bf16* w = lm_weight(p, hp, &tied);
+  const auto head = acquire_lm_head(p, layout_, hp, static_cast<float*>(nullptr));
+  const bf16* w = head.w;
+  const bool tied = head.tied;
   const int64_t chunk = logit_chunk_rows();
   logits_.resize(chunk * V_, "logits");
   std::vector<bf16> host(static_cast<size_t>(chunk * V_));
@@ -379,16 +373,9 @@ void TransformerCuda::backward_lm(DeviceUnitProvider& p, const float* dlp, const
   const bool tied = layout_.config().tie_word_embeddings;
   const bf16* hp = p.acquire_params(hu);
   float* hg = p.acquire_grads(hu);
-  const bf16* w;
-  float* dw;
-  const int64_t off = layout_.lm_head_weight().offset;
-  if (tied) {
-    w = p.acquire_params(eu) + off;
-    dw = p.acquire_grads(eu) + off;
-  } else {
-    w = hp + off;
-    dw = hg + off;
-  }
+  const auto head = acquire_lm_head(p, layout_, hp, hg);
+  const bf16* w = head.w;
+  float* dw = head.dw;
   const int64_t chunk = logit_chunk_rows();
   for (int64_t r0 = 0; r0 < N_; r0 += chunk) {
     const int64_t rows = std::min(chunk, N_ - r0);

@@ -100,7 +100,6 @@ class TransformerCuda {
   void trunk_backward(DeviceUnitProvider& p, bf16* dres);
   void final_norm(const bf16* head_params, cudaStream_t s);
   const bf16* x_last() const;
-  const bf16* lm_weight(DeviceUnitProvider& p, const bf16* head_params, bool* tied);
   int64_t logit_chunk_rows() const;
   void head_backward_common(DeviceUnitProvider& p, const bf16* head_params, float* head_grads);
 
