@@ -228,12 +228,14 @@ ncclResult_t check(ncclComm_t comm, cudaStream_t stream, const void* a, size_t a
 // the communicator; a failure becomes the communicator's asynchronous error.
 // (A collective recorded into a CUDA graph runs at each replay without that ordering.)
 void enqueue(EmuComm* c, cudaStream_t stream, std::function<ncclResult_t()> body) {
+  // Runs the collective; its first failure becomes the communicator's asynchronous error.
+  auto run = [c, body = std::move(body)] {
+    const ncclResult_t r = body();
+    int expected = ncclSuccess;
+    if (r != ncclSuccess) c->async_error.compare_exchange_strong(expected, r);
+  };
   if (capturing(stream)) {
-    submit(stream, [c, body = std::move(body)] {
-      const ncclResult_t r = body();
-      int expected = ncclSuccess;
-      if (r != ncclSuccess) c->async_error.compare_exchange_strong(expected, r);
-    });
+    submit(stream, std::move(run));
     return;
   }
   uint64_t ticket = 0;
@@ -241,14 +243,12 @@ void enqueue(EmuComm* c, cudaStream_t stream, std::function<ncclResult_t()> body
     std::lock_guard<std::mutex> lock(c->mu);
     ticket = c->issued++;
   }
-  submit(stream, [c, ticket, body = std::move(body)] {
+  submit(stream, [c, ticket, run = std::move(run)] {
     {
       std::unique_lock<std::mutex> lock(c->mu);
       c->cv.wait(lock, [&] { return c->done == ticket; });
     }
-    const ncclResult_t r = body();
-    int expected = ncclSuccess;
-    if (r != ncclSuccess) c->async_error.compare_exchange_strong(expected, r);
+    run();
     std::lock_guard<std::mutex> lock(c->mu);
     ++c->done;
     c->cv.notify_all();
