@@ -79,7 +79,7 @@ model::ModelConfig load_toml(const std::string& path) {
                                         static_cast<int64_t>(k.source().begin.column)};
   const nlohmann::json j = toml_to_json(table);
   try {
-    return model::ModelConfig::from_json(j, path);
+    return model::ModelConfig::from_json(j, path, model::ConfigKeys::kStrict);
   } catch (const Error& e) {
     std::string msg = e.what();
     const std::string key = key_in_message(msg, keys);
@@ -97,7 +97,9 @@ model::ModelConfig load_model_config_file(const std::string& path) {
   std::string ext = std::filesystem::path(path).extension().string();
   std::transform(ext.begin(), ext.end(), ext.begin(),
                  [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
-  if (ext == ".json") return model::ModelConfig::from_json(parse_json_file(path), path);
+  if (ext == ".json")
+    return model::ModelConfig::from_json(parse_json_file(path), path,
+                                         model::ConfigKeys::kHuggingFace);
   if (ext == ".toml") return load_toml(path);
   RLHF_FAIL(
       "{}: unsupported model config format '{}'\nhint: use a .json (HF config.json) or "

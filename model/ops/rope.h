@@ -14,6 +14,15 @@ namespace rlhf::model {
 template <typename T>
 void rope_tables_cpu(T* cos, T* sin, int64_t max_pos, int64_t D, double theta);
 
+/// Tables for RoPE from given inverse frequencies: cos[p, i], sin[p, i] = cos/sin(p · inv_freq[i]),
+/// p < max_pos, i < D/2; the angle p·inv_freq[i] and its cos/sin are computed in double, stored as
+/// T. inv_freq: D/2 values in radians per position (model::rope_inv_freq(config): default or
+/// llama3-scaled); with rope_default_inv_freq(D, theta) the tables are bit-identical to the theta
+/// overload's. cos, sin: (max_pos, D/2). Throws rlhf::Error unless D is even and positive,
+/// max_pos >= 0 and inv_freq is non-null.
+template <typename T>
+void rope_tables_cpu(T* cos, T* sin, int64_t max_pos, int64_t D, const double* inv_freq);
+
 /// Rotates each head of x by its token's position. out, x: (N, H, D) (out may alias x);
 /// pos: (N) int32 positions in [0, max_pos); cos, sin: from rope_tables_cpu.
 /// kInterleaved rotates pairs (2i, 2i+1); kRotateHalf rotates pairs (i, i + D/2); pair i turns by
@@ -65,6 +74,13 @@ void qkv_rope_merge_backward_cuda(bf16* dqkv, const bf16* dq, const bf16* dk, co
 /// The RoPE tables of rope_tables_cpu<float> computed on the host and copied into device arrays
 /// cos, sin of max_pos·D/2 floats each (synchronous). Throws rlhf::Error on a CUDA failure.
 void rope_tables_upload_cuda(float* cos, float* sin, int64_t max_pos, int64_t D, double theta);
+
+/// The RoPE tables of rope_tables_cpu<float>(.., inv_freq) (D/2 host inverse frequencies, e.g.
+/// model::rope_inv_freq(config)) computed on the host and copied into device arrays cos, sin of
+/// max_pos·D/2 floats each (synchronous). Throws rlhf::Error as rope_tables_cpu and on a CUDA
+/// failure.
+void rope_tables_upload_cuda(float* cos, float* sin, int64_t max_pos, int64_t D,
+                             const double* inv_freq);
 #endif
 
 }  // namespace rlhf::model

@@ -1,8 +1,11 @@
-// Model config files: the example TOMLs, HF config.json, and errors with line:column.
+// Model config files: the example TOMLs, HF config.json, and errors with line:column. JSON files
+// are read leniently (a HF config.json: unknown keys ignored), TOML files strictly (unknown keys
+// are errors with the key's line:column); unsupported features are refused by name in both.
 #include "io/model_config_file.h"
 
 #include <nlohmann/json.hpp>
 
+#include "io/jsonl.h"
 #include "tests/io/io_test_util.h"
 
 using namespace rlhf;
@@ -114,11 +117,84 @@ TEST_CASE("model config files: errors carry line and column") {
   RLHF_CHECK_CONTAINS(test::error_of([&] { io::load_model_config_file(p); }),
                       p + ":3:21: malformed JSON: ");
   p = dir.write("unknown.json", "{\"hidden_size\": 64, \"foo\": 1}");
-  RLHF_CHECK_CONTAINS(test::error_of([&] { io::load_model_config_file(p); }), p + ": ");
+  RLHF_CHECK_CONTAINS(test::error_of([&] { io::load_model_config_file(p); }),
+                      p + ": missing required key 'intermediate_size'");
 
   const std::string missing = dir.file("none.toml");
   CHECK(test::error_of([&] { io::load_model_config_file(missing); }) ==
         "cannot open " + missing + ": No such file or directory");
   RLHF_CHECK_CONTAINS(test::error_of([&] { io::load_model_config_file(dir.write("c.yaml", "")); }),
                       "unsupported model config format '.yaml'");
+}
+
+TEST_CASE("model config files: JSON is lenient, TOML is strict") {
+  test::TempDir dir;
+  const std::string base =
+      "hidden_size = 64\n"
+      "intermediate_size = 176\n"
+      "num_hidden_layers = 2\n"
+      "num_attention_heads = 4\n"
+      "vocab_size = 256\n";
+  // A config.json as transformers v5 writes it, plus keys we do not know: loads.
+  const std::string hf =
+      std::string(RLHF_SOURCE_DIR) + "/tests/fixtures/hf_configs/llama3_2_1b_v5.json";
+  nlohmann::json j = io::parse_json_file(hf);
+  j["_model_name_or_path"] = "meta-llama/Llama-3.2-1B";
+  j["some_future_key"] = true;
+  const auto c = io::load_model_config_file(dir.write("config.json", j.dump(2)));
+  CHECK(c.hidden_size == 2048);
+  CHECK(c.rope_theta == 500000.0);
+  CHECK(c.rope_scaling.rope_type == "llama3");
+  CHECK(c.rope_scaling.factor == 32.0);
+  CHECK(c.rope_scaling.original_max_position_embeddings == 8192);
+
+  // The same unknown key in TOML: an error at its line and column.
+  std::string p = dir.write("unknown.toml", base + "some_future_key = true\n");
+  CHECK(test::error_of([&] { io::load_model_config_file(p); }) ==
+        p + ":6:1: unknown model config key 'some_future_key'");
+
+  // HF keys that do not change the computation are fine in TOML too.
+  p = dir.write("hf_keys.toml", base + "torch_dtype = \"bfloat16\"\nattention_dropout = 0.0\n");
+  CHECK(io::load_model_config_file(p).hidden_size == 64);
+
+  // llama3 rope scaling as a TOML table.
+  const std::string llama3 =
+      "rope_theta = 500000.0\n"
+      "max_position_embeddings = 131072\n"
+      "\n"
+      "[rope_scaling]\n"
+      "rope_type = \"llama3\"\n"
+      "factor = 32.0\n"
+      "low_freq_factor = 1.0\n"
+      "high_freq_factor = 4.0\n"
+      "original_max_position_embeddings = 8192\n";
+  p = dir.write("llama3.toml", base + llama3);
+  const auto t = io::load_model_config_file(p);
+  CHECK(t.rope_scaling == c.rope_scaling);
+  CHECK(t.rope_theta == 500000.0);
+
+  // Errors inside the table point at the table's name in its header.
+  p = dir.write("llama3_typo.toml", base + llama3 + "low_freq_factr = 1.0\n");
+  CHECK(test::error_of([&] { io::load_model_config_file(p); }) ==
+        p + ":9:2: unknown model config key 'rope_scaling.low_freq_factr'");
+  p = dir.write("yarn.toml", base + "\n[rope_scaling]\nrope_type = \"yarn\"\nfactor = 4.0\n");
+  RLHF_CHECK_CONTAINS(test::error_of([&] { io::load_model_config_file(p); }),
+                      p + ":7:2: 'rope_scaling' has rope_type 'yarn', which is not supported");
+
+  // Refusals by name, with the key's position.
+  p = dir.write("mlp_bias.toml", base + "mlp_bias = true\n");
+  CHECK(test::error_of([&] { io::load_model_config_file(p); }) ==
+        p + ":6:1: mlp_bias = true is not supported (the MLP projections have no bias)");
+  p = dir.write("gelu.toml", base + "hidden_act = \"gelu\"\n");
+  RLHF_CHECK_CONTAINS(test::error_of([&] { io::load_model_config_file(p); }),
+                      p + ":6:1: hidden_act \"gelu\" is not supported (only silu)");
+  p = dir.write("window.toml", "model_type = \"mistral\"\nsliding_window = 128\n" + base);
+  RLHF_CHECK_CONTAINS(test::error_of([&] { io::load_model_config_file(p); }),
+                      p + ":2:1: 'sliding_window' 128 is shorter than max_position_embeddings "
+                          "2048: sliding-window attention is not supported");
+  // In JSON the same refusals, without a position.
+  p = dir.write("mlp_bias.json", R"({"hidden_size": 64, "intermediate_size": 176,
+    "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 256, "mlp_bias": true})");
+  CHECK(test::error_of([&] { io::load_model_config_file(p); }) ==
+        p + ": mlp_bias = true is not supported (the MLP projections have no bias)");
 }

@@ -1,27 +1,36 @@
 #include "model/ops/rope.h"
 
 #include <cmath>
+#include <vector>
 
 #include "core/error.h"
 
 namespace rlhf::model {
 
 template <typename T>
-void rope_tables_cpu(T* cos, T* sin, int64_t max_pos, int64_t D, double theta) {
+void rope_tables_cpu(T* cos, T* sin, int64_t max_pos, int64_t D, const double* inv_freq) {
   RLHF_CHECK(D > 0 && D % 2 == 0, "rope_tables_cpu: head_dim must be even and positive, got {}", D);
-  RLHF_CHECK(theta > 0, "rope_tables_cpu: rope_theta must be > 0, got {}", theta);
+  RLHF_CHECK(max_pos >= 0, "rope_tables_cpu: max_pos must be >= 0, got {}", max_pos);
+  RLHF_CHECK(inv_freq != nullptr, "rope_tables_cpu: null inv_freq");
   const int64_t half = D / 2;
 #pragma omp parallel for schedule(static) if (max_pos * half >= 32768)
   for (int64_t p = 0; p < max_pos; ++p) {
     for (int64_t i = 0; i < half; ++i) {
-      // angle = p · theta^(−2i/D), in double so fp32 tables are correctly rounded at large p.
-      const double inv_freq =
-          std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(D));
-      const double angle = static_cast<double>(p) * inv_freq;
+      // angle = p · inv_freq[i], in double so fp32 tables are correctly rounded at large p.
+      const double angle = static_cast<double>(p) * inv_freq[i];
       cos[p * half + i] = static_cast<T>(std::cos(angle));
       sin[p * half + i] = static_cast<T>(std::sin(angle));
     }
   }
+}
+
+template <typename T>
+void rope_tables_cpu(T* cos, T* sin, int64_t max_pos, int64_t D, double theta) {
+  RLHF_CHECK(D > 0 && D % 2 == 0, "rope_tables_cpu: head_dim must be even and positive, got {}", D);
+  RLHF_CHECK(theta > 0, "rope_tables_cpu: rope_theta must be > 0, got {}", theta);
+  // inv_freq[i] = theta^(−2i/D).
+  const std::vector<double> inv_freq = rope_default_inv_freq(D, theta);
+  rope_tables_cpu(cos, sin, max_pos, D, inv_freq.data());
 }
 
 namespace {
@@ -77,6 +86,8 @@ void rope_backward_cpu(T* dx, const T* dout, const int32_t* pos, const T* cos, c
 
 template void rope_tables_cpu<float>(float*, float*, int64_t, int64_t, double);
 template void rope_tables_cpu<double>(double*, double*, int64_t, int64_t, double);
+template void rope_tables_cpu<float>(float*, float*, int64_t, int64_t, const double*);
+template void rope_tables_cpu<double>(double*, double*, int64_t, int64_t, const double*);
 template void rope_forward_cpu<float>(float*, const float*, const int32_t*, const float*,
                                       const float*, int64_t, int64_t, int64_t, RopeStyle);
 template void rope_forward_cpu<double>(double*, const double*, const int32_t*, const double*,

@@ -156,14 +156,26 @@ void qkv_rope_merge_backward_cuda(bf16* dqkv, const bf16* dq, const bf16* dk, co
   CUDA_CHECK(cudaGetLastError());
 }
 
-void rope_tables_upload_cuda(float* cos, float* sin, int64_t max_pos, int64_t D, double theta) {
+void rope_tables_upload_cuda(float* cos, float* sin, int64_t max_pos, int64_t D,
+                             const double* inv_freq) {
+  RLHF_CHECK(D > 0 && D % 2 == 0,
+             "rope_tables_upload_cuda: head_dim must be even and positive, got {}", D);
+  RLHF_CHECK(max_pos >= 0, "rope_tables_upload_cuda: max_pos must be >= 0, got {}", max_pos);
   std::vector<float> c(static_cast<size_t>(max_pos * D / 2)), s(c.size());
-  rope_tables_cpu(c.data(), s.data(), max_pos, D, theta);
+  rope_tables_cpu(c.data(), s.data(), max_pos, D, inv_freq);
   CUDA_CHECK(cudaMemcpy(cos, c.data(), c.size() * sizeof(float), cudaMemcpyHostToDevice));
   CUDA_CHECK(cudaMemcpy(sin, s.data(), s.size() * sizeof(float), cudaMemcpyHostToDevice));
   // From pageable memory cudaMemcpy may return before the DMA lands, and kernels on non-blocking
   // streams do not wait for the legacy stream.
   CUDA_CHECK(cudaStreamSynchronize(nullptr));
+}
+
+void rope_tables_upload_cuda(float* cos, float* sin, int64_t max_pos, int64_t D, double theta) {
+  RLHF_CHECK(D > 0 && D % 2 == 0,
+             "rope_tables_upload_cuda: head_dim must be even and positive, got {}", D);
+  RLHF_CHECK(theta > 0, "rope_tables_upload_cuda: rope_theta must be > 0, got {}", theta);
+  const std::vector<double> inv_freq = rope_default_inv_freq(D, theta);
+  rope_tables_upload_cuda(cos, sin, max_pos, D, inv_freq.data());
 }
 
 }  // namespace rlhf::model
