@@ -22,6 +22,16 @@ void check_targets(const int32_t* targets, int64_t N, int64_t V, const char* op)
   }
 }
 
+constexpr int64_t kSumLanes = 16;
+
+// Σ of the partial sums, pairwise in a fixed order.
+template <typename T>
+T lane_sum(T (&p)[kSumLanes]) {
+  for (int64_t w = kSumLanes / 2; w >= 1; w /= 2)
+    for (int64_t k = 0; k < w; ++k) p[k] += p[k + w];
+  return p[0];
+}
+
 }  // namespace
 
 // Per row, with z = scale·x and m = max z, e_j = exp(z_j − m), S = Σ e_j:
@@ -42,19 +52,35 @@ void logprob_forward_cpu(T* lp, T* lse, T* entropy, const T* logits, const int32
       const T z = scale * x[j];
       m = z > m ? z : m;  // not std::max: GCC 12 leaves that reduction scalar
     }
-    T s = 0, sez = 0;
+    // Sums in kSumLanes explicit partial sums (element j goes to lane j % kSumLanes), added in a
+    // fixed order: the same rounding on every instruction set (AVX2 or AVX-512 vectors, scalar),
+    // and ~sqrt(V / kSumLanes) ulp of error instead of a scalar loop's ~V.
+    T ps[kSumLanes] = {}, pz[kSumLanes] = {};
+    const int64_t Vb = V / kSumLanes * kSumLanes;
     if (entropy) {
-#pragma omp simd simdlen(16) reduction(+ : s, sez)
-      for (int64_t j = 0; j < V; ++j) {
+      for (int64_t j0 = 0; j0 < Vb; j0 += kSumLanes) {
+#pragma omp simd
+        for (int64_t k = 0; k < kSumLanes; ++k) {
+          const T d = scale * x[j0 + k] - m;
+          const T e = exp_vec(d);
+          ps[k] += e;
+          pz[k] += e * d;
+        }
+      }
+      for (int64_t j = Vb; j < V; ++j) {
         const T d = scale * x[j] - m;
         const T e = exp_vec(d);
-        s += e;
-        sez += e * d;
+        ps[j - Vb] += e;
+        pz[j - Vb] += e * d;
       }
     } else {
-#pragma omp simd simdlen(16) reduction(+ : s)
-      for (int64_t j = 0; j < V; ++j) s += exp_vec(scale * x[j] - m);
+      for (int64_t j0 = 0; j0 < Vb; j0 += kSumLanes) {
+#pragma omp simd
+        for (int64_t k = 0; k < kSumLanes; ++k) ps[k] += exp_vec(scale * x[j0 + k] - m);
+      }
+      for (int64_t j = Vb; j < V; ++j) ps[j - Vb] += exp_vec(scale * x[j] - m);
     }
+    const T s = lane_sum(ps), sez = lane_sum(pz);
     const T log_s = std::log(s);
     const T l = m + log_s;
     lse[n] = l;
