@@ -195,13 +195,13 @@ void run_bench_train_cuda(const BenchTrainCudaOptions& opt, parallel::Comm& host
                per_rank);
     const double gemm =
         bench_gemm_cuda(cfg, mb * T, host_comm.rank() == 0 ? emit : Emit([](const auto&) {}));
-    const model::ParamLayout layout(cfg, model::HeadKind::kLM, N);
+    const model::ParamLayout layout(cfg, model::HeadKind::kLM);
     parallel::DeviceStoreOptions so;
     so.adam_offload = opt.adam_offload;
     auto m = parallel::make_cuda_train_model(
         std::make_unique<parallel::DeviceZero3Store>(layout, nccl, so), opt.gradient_checkpointing);
     for (int u = 0; u < layout.num_units(); ++u) {
-      std::vector<float> full(size_t(layout.unit(u).numel_padded));
+      std::vector<float> full(size_t(layout.unit(u).numel));
       model::init_unit_params(full.data(), layout.unit(u), opt.seed);
       m->store().load_unit(u, full.data());
     }
@@ -244,7 +244,7 @@ void run_bench_generate_cuda(const BenchGenerateCudaOptions& opt, const Emit& em
     model::ModelConfig cfg = cfg0;
     cfg.max_position_embeddings =
         std::max(cfg.max_position_embeddings, opt.prompt_len + opt.new_tokens);
-    const model::ParamLayout layout(cfg, model::HeadKind::kLM, 1);
+    const model::ParamLayout layout(cfg, model::HeadKind::kLM);
     const int64_t max_batch =
         opt.batches.empty() ? 1 : *std::max_element(opt.batches.begin(), opt.batches.end());
     rollout::EngineOptions eo;
@@ -309,23 +309,23 @@ void run_bench_sync_cuda(const BenchSyncCudaOptions& opt, const Emit& emit) {
                                               parallel::CommKind::kNccl)
                         : nullptr;
   for (const auto& [name, cfg] : default_models(opt.models)) {
-    const model::ParamLayout layout(cfg, model::HeadKind::kLM, world);
+    const model::ParamLayout layout(cfg, model::HeadKind::kLM);
     parallel::DeviceStoreOptions so;
     so.frozen = true;  // the bf16 shards are all a sync reads
     parallel::DeviceZero3Store store(layout, nccl.get(), so);
     std::vector<std::vector<float>> full;
     for (int u = 0; u < layout.num_units(); ++u) {
-      full.emplace_back(size_t(layout.unit(u).numel_padded));
+      full.emplace_back(size_t(layout.unit(u).numel));
       model::init_unit_params(full.back().data(), layout.unit(u), opt.seed);
       store.load_unit(u, full.back().data());
     }
+    parallel::WeightSync sync(topo, host.get(), layout, opt.bucket_bytes);
     std::vector<DeviceArray<model::bf16>> engine;
     std::vector<model::bf16*> ptrs;
     for (int u = 0; u < layout.num_units(); ++u) {
-      engine.emplace_back(layout.unit(u).numel_padded, "bench sync engine units");
+      engine.emplace_back(sync.engine_unit_room()[size_t(u)], "bench sync engine units");
       ptrs.push_back(engine.back().get());
     }
-    parallel::WeightSync sync(topo, host.get(), layout, opt.bucket_bytes);
     parallel::SyncStats best = sync.sync_device(store, ptrs, nccl.get());  // warm-up
     best.seconds = std::numeric_limits<double>::infinity();
     for (int i = 0; i < opt.iters; ++i) {
@@ -336,7 +336,7 @@ void run_bench_sync_cuda(const BenchSyncCudaOptions& opt, const Emit& emit) {
     const double ref_s = sync.reference_device_all_gather_seconds(nccl.get(), opt.iters);
     int64_t wrong = 0;
     for (int u = 0; u < layout.num_units(); ++u) {
-      std::vector<model::bf16> got(size_t(layout.unit(u).numel_padded));
+      std::vector<model::bf16> got(size_t(layout.unit(u).numel));
       CUDA_CHECK(cudaMemcpy(got.data(), ptrs[size_t(u)], got.size() * 2, cudaMemcpyDeviceToHost));
       for (size_t i = 0; i < got.size(); ++i)
         wrong +=

@@ -145,7 +145,7 @@ void run_bench_generate(const BenchGenerateOptions& opt, const Emit& emit) {
   model::ModelConfig cfg = opt.config;
   const int64_t longest = std::max(opt.new_tokens, opt.long_requests > 0 ? opt.long_new_tokens : 0);
   cfg.max_position_embeddings = std::max(cfg.max_position_embeddings, opt.prompt_len + longest);
-  const model::ParamLayout layout(cfg, model::HeadKind::kLM, 1);
+  const model::ParamLayout layout(cfg, model::HeadKind::kLM);
   const int64_t L = cfg.num_hidden_layers, H = cfg.num_attention_heads, D = cfg.D();
 
   const double triad = bench_triad(opt.triad_mb << 20, 5, emit);
@@ -261,7 +261,7 @@ void run_bench_generate(const BenchGenerateOptions& opt, const Emit& emit) {
       lo.max_batch = opt.long_batch;
       other = std::make_unique<rollout::Engine>(layout, lo);
       for (int u = 0; u < layout.num_units(); ++u)
-        std::copy_n(engine.unit_buffer(u), layout.unit(u).numel_padded, other->unit_buffer(u));
+        std::copy_n(engine.unit_buffer(u), layout.unit(u).numel, other->unit_buffer(u));
       ragged = other.get();
     }
     ragged->generate(reqs);

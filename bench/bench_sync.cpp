@@ -33,8 +33,9 @@ float weight_value(uint64_t seed, int u, int64_t j) {
 class ShardStore : public parallel::ParamStore {
  public:
   ShardStore(const model::ParamLayout& layout, int rank, int n, uint64_t seed) : layout_(layout) {
+    const parallel::ShardLayout shards(layout, n);
     for (int u = 0; u < layout.num_units(); ++u) {
-      const int64_t part = layout.unit(u).shard_numel(n);
+      const int64_t part = shards.shard_numel(u);
       offset_.push_back(int64_t(rank) * part);
       data_.emplace_back(size_t(part));
       std::vector<float>& d = data_.back();
@@ -149,7 +150,8 @@ void run_bench_sync(const BenchSyncOptions& opts, const Emit& emit_row) {
     int kind = train_comm ? int(train_comm->kind()) : 0;
     MPI_CHECK(MPI_Bcast(&kind, 1, MPI_INT, pl.train_ranks.front(), topo.world()));
     for (const auto& [name, cfg] : opts.models) {
-      const model::ParamLayout layout(cfg, model::HeadKind::kLM, n_train);
+      const model::ParamLayout layout(cfg, model::HeadKind::kLM);
+      const std::vector<int64_t> room = parallel::WeightSync::engine_unit_room(layout, n_train);
       std::unique_ptr<ShardStore> store;
       if (topo.trains())
         store = std::make_unique<ShardStore>(layout, topo.me().train_rank, n_train, opts.seed);
@@ -157,8 +159,7 @@ void run_bench_sync(const BenchSyncOptions& opts, const Emit& emit_row) {
       std::vector<float*> ptrs;
       if (topo.generates())
         for (int u = 0; u < layout.num_units(); ++u) {
-          units.emplace_back(size_t(layout.unit(u).numel_padded),
-                             std::numeric_limits<float>::quiet_NaN());
+          units.emplace_back(size_t(room[size_t(u)]), std::numeric_limits<float>::quiet_NaN());
           ptrs.push_back(units.back().data());
         }
       parallel::WeightSync sync(topo, train_comm.get(), layout, opts.bucket_bytes);

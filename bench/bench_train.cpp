@@ -159,7 +159,7 @@ nlohmann::json bench_train_variant(const BenchTrainOptions& opt, parallel::Comm&
   const int64_t mb = opt.micro_batch > 0 ? std::min(opt.micro_batch, per_rank) : per_rank;
   RLHF_CHECK(per_rank % mb == 0,
              "--micro_train_batch_size {} must divide the {} sequences per rank", mb, per_rank);
-  model::ParamLayout layout(cfg, model::HeadKind::kLM, N);
+  model::ParamLayout layout(cfg, model::HeadKind::kLM);
   std::unique_ptr<parallel::ParamStore> store;
   if (zero_stage == 3 && (N > 1 || opt.adam_offload)) {
     parallel::Zero3Options z;
@@ -173,7 +173,7 @@ nlohmann::json bench_train_variant(const BenchTrainOptions& opt, parallel::Comm&
   const std::unique_ptr<parallel::TrainModel> net =
       parallel::make_cpu_train_model(std::move(store), opt.gradient_checkpointing);
   for (int u = 0; u < layout.num_units(); ++u) {
-    std::vector<float> full(size_t(layout.unit(u).numel_padded));
+    std::vector<float> full(size_t(layout.unit(u).numel));
     model::init_unit_params(full.data(), layout.unit(u), opt.seed);
     net->store().load_unit(u, full.data());
   }

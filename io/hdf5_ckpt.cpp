@@ -758,7 +758,8 @@ StoredModelConfig read_model_config_hdf5(const CheckpointReader& r) {
               kCorruptHint);
   }
   StoredModelConfig out;
-  out.config = model::ModelConfig::from_json(j, r.path() + ":/model");
+  out.config =
+      model::ModelConfig::from_json(j, r.path() + ":/model", model::ConfigKeys::kHuggingFace);
   try {
     out.head = head_kind_from_string(r.read_string_attr("/model", "head"));
   } catch (const Error& e) {
@@ -800,7 +801,7 @@ void load_model_unit_hdf5(const CheckpointReader& r, const model::ParamLayout& l
     r.read_dataset<float>("/model/" + t.name, unit_buffer + t.offset, t.shape);
     end = t.offset + t.numel;
   }
-  std::fill(unit_buffer + end, unit_buffer + u.numel_padded, 0.0f);
+  std::fill(unit_buffer + end, unit_buffer + u.numel, 0.0f);
 }
 
 void load_model_hdf5(const std::string& path, const model::ParamLayout& layout,

@@ -151,7 +151,7 @@ model::HeadKind head_kind_from_string(const std::string& s);
 /// Writes the /model attributes (config JSON, one attribute per scalar field, head).
 void write_model_config_hdf5(CheckpointWriter& writer, const model::ParamLayout& layout);
 /// Writes /model/<hf name> for every tensor of unit `unit` from its full (gathered) flat buffer
-/// (fp32, layout.unit(unit).numel_padded elements; only real elements are stored).
+/// (fp32, at least layout.unit(unit).numel elements; only real elements are stored).
 void write_model_unit_hdf5(CheckpointWriter& writer, const model::ParamLayout& layout, int unit,
                            const float* unit_buffer);
 /// write_model_config_hdf5 + write_model_unit_hdf5 for every unit; unit_buffers[i] is unit i.
@@ -171,8 +171,8 @@ StoredModelConfig read_model_config_hdf5(const CheckpointReader& reader);
 /// Same, opening `path`.
 StoredModelConfig load_model_config_hdf5(const std::string& path);
 
-/// Fills unit `unit`'s flat buffer (layout.unit(unit).numel_padded fp32 elements) from /model:
-/// every tensor at its offset after a shape check; alignment gaps and padding are set to 0.
+/// Fills unit `unit`'s flat buffer (layout.unit(unit).numel fp32 elements) from /model: every
+/// tensor at its offset after a shape check; alignment gaps are set to 0.
 /// Does not compare configs (so a reward model can start from an LM checkpoint unit by unit).
 void load_model_unit_hdf5(const CheckpointReader& reader, const model::ParamLayout& layout,
                           int unit, float* unit_buffer);

@@ -154,7 +154,7 @@ HfConfig read_hf_config(const std::string& path) {
     out.head = model::HeadKind::kReward;
   if (j.contains("head") && j["head"].is_string())
     out.head = head_kind_from_string(j["head"].get<std::string>());
-  out.config = model::ModelConfig::from_json(j, path);
+  out.config = model::ModelConfig::from_json(j, path, model::ConfigKeys::kHuggingFace);
   if (out.permuted) out.config.rope_style = model::RopeStyle::kInterleaved;
   return out;
 }
@@ -378,7 +378,7 @@ void load_pretrained_unit(const PretrainedModel& m, const model::ParamLayout& la
     m.tensors->read_checked(t.name, unit_buffer + t.offset, t.shape);
     end = t.offset + t.numel;
   }
-  std::fill(unit_buffer + end, unit_buffer + u.numel_padded, 0.0f);
+  std::fill(unit_buffer + end, unit_buffer + u.numel, 0.0f);
 }
 
 // --- export ----------------------------------------------------------------------------------
@@ -387,7 +387,7 @@ namespace {
 
 // Every tensor of the model, in layout order.
 std::vector<model::TensorInfo> all_tensors(const PretrainedModel& m) {
-  const model::ParamLayout layout(m.config, m.head, 1);
+  const model::ParamLayout layout(m.config, m.head);
   std::vector<model::TensorInfo> out;
   for (const auto& u : layout.units())
     for (const auto& t : u.tensors) out.push_back(t);
@@ -445,7 +445,7 @@ void export_hf_folder(const std::string& dir, const PretrainedModel& m, DType dt
 }
 
 void export_hdf5(const std::string& path, const PretrainedModel& m) {
-  const model::ParamLayout layout(m.config, m.head, 1);
+  const model::ParamLayout layout(m.config, m.head);
   CheckpointWriter w(path);
   write_model_config_hdf5(w, layout);
   std::vector<float> buf;

@@ -58,8 +58,8 @@ std::string detect_model_format(const std::string& path);
 /// disagrees with the config, ...).
 PretrainedModel open_pretrained(const std::string& path, const std::string& tokenizer_path = "");
 
-/// Fills unit `unit`'s flat buffer (layout.unit(unit).numel_padded fp32) from `m.tensors`: every
-/// tensor of the unit after a shape check (read_checked), zeros in gaps and padding.
+/// Fills unit `unit`'s flat buffer (layout.unit(unit).numel fp32) from `m.tensors`: every
+/// tensor of the unit after a shape check (read_checked), zeros in the gaps.
 void load_pretrained_unit(const PretrainedModel& m, const model::ParamLayout& layout, int unit,
                           float* unit_buffer);
 

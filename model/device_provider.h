@@ -18,10 +18,11 @@ namespace rlhf::model {
 class DeviceUnitProvider {
  public:
   virtual ~DeviceUnitProvider() = default;
-  /// Full parameters of unit u: numel_padded bf16 (ParamLayout::unit(u) order) in device memory.
+  /// Full parameters of unit u: at least numel bf16 (ParamLayout::unit(u) order) in device
+  /// memory.
   virtual const bf16* acquire_params(int u) = 0;
   virtual void release_params(int u) = 0;
-  /// Full fp32 gradient buffer of unit u (numel_padded) in device memory; the model accumulates
+  /// Full fp32 gradient buffer of unit u (at least numel) in device memory; the model accumulates
   /// into it (+=) on stream().
   virtual float* acquire_grads(int u) = 0;
   /// Unit u's gradient for this backward pass is enqueued (a ZeRO-3 provider reduce-scatters it).

@@ -34,7 +34,7 @@ double counter_normal(uint64_t key, uint64_t index) {
 
 template <typename T>
 void init_unit_params(T* unit_buffer, const UnitLayout& u, uint64_t seed, double std) {
-  std::memset(static_cast<void*>(unit_buffer), 0, sizeof(T) * static_cast<size_t>(u.numel_padded));
+  std::memset(static_cast<void*>(unit_buffer), 0, sizeof(T) * static_cast<size_t>(u.numel));
   for (const TensorInfo& t : u.tensors) {
     T* p = unit_buffer + t.offset;
     const bool is_norm = t.name.find("norm.weight") != std::string::npos;

@@ -7,10 +7,11 @@
 
 namespace rlhf::model {
 
-/// Fills the full flat buffer of unit `u` (numel_padded elements): linear and embedding weights
-/// ~ N(0, std²) (HF's initializer_range, 0.02 by default), norm weights = 1, biases = 0, padding =
-/// 0. Each value depends only on (seed, tensor name, element index) — a counter-based generator
-/// (splitmix64 + Box–Muller) — so every rank and every shard count produces the same weights.
+/// Fills the full flat buffer of unit `u` (u.numel elements): linear and embedding weights
+/// ~ N(0, std²) (HF's initializer_range, 0.02 by default), norm weights = 1, biases = 0, gaps
+/// between tensors = 0. Each value depends only on (seed, tensor name, element index) — a
+/// counter-based generator (splitmix64 + Box–Muller) — so every rank and every shard count produces
+/// the same weights.
 template <typename T>
 void init_unit_params(T* unit_buffer, const UnitLayout& u, uint64_t seed, double std = 0.02);
 

@@ -6,13 +6,13 @@
 
 namespace rlhf::model {
 
-/// The 13 tensors of a decoder layer inside a unit buffer `base` laid out as `u` (params or
-/// grads; P = float, const float, double, ...). The q/k/v/o biases are nullptr when the model has
-/// none (attention_bias = false; o_proj never has one in Llama/Qwen2). Throws rlhf::Error (from
-/// UnitLayout::at) when a required tensor is missing from `u`.
+/// The tensors of a decoder layer inside a unit buffer `base` laid out as `u` (params or grads;
+/// P = float, const float, double, ...). The optional ones are nullptr when the architecture has
+/// none (model/arch.h): the q/k/v/o biases, and q_norm/k_norm (Qwen3's per-head RMSNorm weights,
+/// (D) each). Throws rlhf::Error (from UnitLayout::at) when a required tensor is missing from `u`.
 template <typename P>
 struct LayerParams {
-  P *wq, *bq, *wk, *bk, *wv, *bv, *wo, *bo, *wg, *wu, *wd, *w_in, *w_post;
+  P *wq, *bq, *wk, *bk, *wv, *bv, *wo, *bo, *q_norm, *k_norm, *wg, *wu, *wd, *w_in, *w_post;
   LayerParams() = default;
   LayerParams(const UnitLayout& u, P* base) {
     auto at = [&](const char* s) { return base + u.at(s).offset; };
@@ -28,6 +28,8 @@ struct LayerParams {
     bv = opt("self_attn.v_proj.bias");
     wo = at("self_attn.o_proj.weight");
     bo = opt("self_attn.o_proj.bias");
+    q_norm = opt("self_attn.q_norm.weight");
+    k_norm = opt("self_attn.k_norm.weight");
     wg = at("mlp.gate_proj.weight");
     wu = at("mlp.up_proj.weight");
     wd = at("mlp.down_proj.weight");

@@ -1,8 +1,7 @@
 #include "model/layout.h"
 
-#include <numeric>
-
 #include "core/error.h"
+#include "model/arch.h"
 
 namespace rlhf::model {
 
@@ -48,13 +47,11 @@ ParamLayout::TensorRef ParamLayout::lm_head_weight() const {
       u, unit(u).at(config_.tie_word_embeddings ? "embed_tokens.weight" : "lm_head.weight").offset};
 }
 
-ParamLayout::ParamLayout(const ModelConfig& config, HeadKind head, int n_shards)
-    : config_(config), head_(head), n_shards_(n_shards) {
-  RLHF_CHECK(n_shards >= 1, "number of shards must be >= 1, got {}", n_shards);
+ParamLayout::ParamLayout(const ModelConfig& config, HeadKind head) : config_(config), head_(head) {
   config.validate();
-  const int64_t C = config.hidden_size, F = config.intermediate_size, V = config.vocab_size;
-  const int64_t D = config.D();
-  const int64_t q = config.num_attention_heads * D, kv = config.num_key_value_heads * D;
+  const LayerSpec spec = layer_spec(config);
+  const int64_t C = spec.C, F = spec.F, V = config.vocab_size, D = spec.D;
+  const int64_t q = spec.q_dim(), kv = spec.kv_dim();
 
   UnitLayout emb;
   emb.name = "model.embed_tokens";
@@ -74,13 +71,17 @@ ParamLayout::ParamLayout(const ModelConfig& config, HeadKind head, int n_shards)
     add_tensor(u, p + "self_attn.q_proj.weight", {q, C}, true);
     add_tensor(u, p + "self_attn.k_proj.weight", {kv, C}, true);
     add_tensor(u, p + "self_attn.v_proj.weight", {kv, C}, true);
-    if (config.qkv_bias()) {
+    if (spec.qkv_bias) {
       add_tensor(u, p + "self_attn.q_proj.bias", {q}, false);
       add_tensor(u, p + "self_attn.k_proj.bias", {kv}, false);
       add_tensor(u, p + "self_attn.v_proj.bias", {kv}, false);
     }
     add_tensor(u, p + "self_attn.o_proj.weight", {C, q}, true);
-    if (config.o_bias()) add_tensor(u, p + "self_attn.o_proj.bias", {C}, false);
+    if (spec.o_bias) add_tensor(u, p + "self_attn.o_proj.bias", {C}, false);
+    if (spec.qk_norm) {  // Qwen3: one RMSNorm weight per head dim, shared by all heads
+      add_tensor(u, p + "self_attn.q_norm.weight", {D}, false);
+      add_tensor(u, p + "self_attn.k_norm.weight", {D}, false);
+    }
     add_tensor(u, p + "mlp.gate_proj.weight", {F, C}, true);
     add_tensor(u, p + "mlp.up_proj.weight", {F, C}, true);
     add_tensor(u, p + "mlp.down_proj.weight", {C, F}, true);
@@ -99,9 +100,6 @@ ParamLayout::ParamLayout(const ModelConfig& config, HeadKind head, int n_shards)
     add_tensor(h, "score.weight", {1, C}, true);
   }
   units_.push_back(std::move(h));
-
-  const int64_t align = std::lcm(static_cast<int64_t>(n_shards), kUnitAlignElems);
-  for (UnitLayout& u : units_) u.numel_padded = round_up(u.numel, align);
 }
 
 std::pair<int, const TensorInfo*> ParamLayout::locate(std::string_view hf_name) const {
@@ -118,9 +116,9 @@ int64_t ParamLayout::num_parameters() const {
   return n;
 }
 
-int64_t ParamLayout::total_padded() const {
+int64_t ParamLayout::total_numel() const {
   int64_t n = 0;
-  for (const UnitLayout& u : units_) n += u.numel_padded;
+  for (const UnitLayout& u : units_) n += u.numel;
   return n;
 }
 

@@ -13,8 +13,6 @@ namespace rlhf::model {
 
 /// Every tensor starts on a multiple of this many elements inside its unit.
 inline constexpr int64_t kTensorAlignElems = 64;
-/// A unit's padded size is a multiple of lcm(n_shards, kUnitAlignElems).
-inline constexpr int64_t kUnitAlignElems = 128;
 
 /// One tensor inside a unit: HF name, shape (row-major, HF convention (out, in) for linears),
 /// element offset from the start of the unit, and element count.
@@ -35,29 +33,29 @@ struct UnitLayout {
   UnitKind kind = UnitKind::kLayer;
   int layer = -1;  ///< decoder layer index for kLayer, else -1
   std::vector<TensorInfo> tensors;
-  int64_t numel = 0;         ///< end of the last tensor (includes inner alignment gaps)
-  int64_t numel_padded = 0;  ///< numel rounded up to a multiple of lcm(n_shards, kUnitAlignElems)
+  int64_t numel = 0;  ///< end of the last tensor (includes inner alignment gaps, which are 0)
 
   /// The tensor whose name ends with `suffix` ("self_attn.q_proj.weight"); nullptr if none.
   const TensorInfo* find(std::string_view suffix) const;
   /// Same, but throws rlhf::Error if absent.
   const TensorInfo& at(std::string_view suffix) const;
-  /// Elements per shard: numel_padded / n_shards.
-  int64_t shard_numel(int n_shards) const { return numel_padded / n_shards; }
 };
 
 /// The layout of a whole model, built once from its config. Unit 0 is the embedding, units
 /// 1..L are the decoder layers, unit L+1 is the head (model.norm + lm_head | score).
 /// With tie_word_embeddings and an LM head, the head unit holds only model.norm.weight and the
 /// LM head reads the embedding unit's `model.embed_tokens.weight`.
+///
+/// A unit buffer holds at least `numel` elements; whoever allocates it may make it longer (ZeRO-3
+/// pads units so they split evenly over ranks: parallel/shard_layout.h). The model reads and
+/// writes only [0, numel). The layout knows nothing of how units are sharded.
 class ParamLayout {
  public:
-  /// n_shards: the data-parallel size the padding must divide (1 for a single process).
-  ParamLayout(const ModelConfig& config, HeadKind head, int n_shards = 1);
+  /// Throws rlhf::Error when the config is invalid (ModelConfig::validate).
+  ParamLayout(const ModelConfig& config, HeadKind head);
 
   const ModelConfig& config() const { return config_; }
   HeadKind head() const { return head_; }
-  int n_shards() const { return n_shards_; }
   int num_units() const { return static_cast<int>(units_.size()); }
   const UnitLayout& unit(int i) const { return units_.at(static_cast<size_t>(i)); }
   const std::vector<UnitLayout>& units() const { return units_; }
@@ -77,15 +75,14 @@ class ParamLayout {
 
   /// (unit index, tensor) for a full HF name; throws rlhf::Error if it is not part of the model.
   std::pair<int, const TensorInfo*> locate(std::string_view hf_name) const;
-  /// Sum of numel (real parameters) over all tensors, excluding padding.
+  /// Sum of numel (real parameters) over all tensors, excluding alignment gaps.
   int64_t num_parameters() const;
-  /// Sum of numel_padded over all units.
-  int64_t total_padded() const;
+  /// Sum of UnitLayout::numel over all units (gaps included): the elements of every unit buffer.
+  int64_t total_numel() const;
 
  private:
   ModelConfig config_;
   HeadKind head_;
-  int n_shards_;
   std::vector<UnitLayout> units_;
 };
 

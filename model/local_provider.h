@@ -11,7 +11,7 @@
 
 namespace rlhf::model {
 
-/// Owns params and grads for all units of a layout (numel_padded elements each, zero padding).
+/// Owns params and grads for all units of a layout (numel elements each, zero gaps).
 /// acquire_* return the buffers directly; releases are no-ops. Gradients accumulate across
 /// backward passes until zero_grads().
 template <typename T>
@@ -19,8 +19,8 @@ class LocalParams : public UnitProvider<T> {
  public:
   explicit LocalParams(const ParamLayout& layout) : layout_(layout) {
     for (const UnitLayout& u : layout.units()) {
-      params_.emplace_back(static_cast<size_t>(u.numel_padded), T(0));
-      grads_.emplace_back(static_cast<size_t>(u.numel_padded), T(0));
+      params_.emplace_back(static_cast<size_t>(u.numel), T(0));
+      grads_.emplace_back(static_cast<size_t>(u.numel), T(0));
     }
   }
   /// Deterministic init (see init_unit_params).

@@ -11,7 +11,7 @@ template <typename T>
 class UnitProvider {
  public:
   virtual ~UnitProvider() = default;
-  /// Full parameters of unit u (ParamLayout::unit(u) order, numel_padded elements), valid until
+  /// Full parameters of unit u (ParamLayout::unit(u) order, at least numel elements), valid until
   /// release_params(u). May block until a gather completes. Calls may nest (unit 0 at the head).
   virtual const T* acquire_params(int u) = 0;
   /// The caller no longer reads unit u's parameters.

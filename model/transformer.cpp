@@ -27,7 +27,7 @@ void grow(std::vector<T>& v, int64_t n) {
 
 template <typename T>
 Transformer<T>::Transformer(const ParamLayout& layout, bool gradient_checkpointing)
-    : layout_(layout), checkpointing_(gradient_checkpointing) {
+    : layout_(layout), spec_(layer_spec(layout.config())), checkpointing_(gradient_checkpointing) {
   const ModelConfig& c = layout.config();
   C_ = c.hidden_size;
   F_ = c.intermediate_size;
@@ -39,38 +39,62 @@ Transformer<T>::Transformer(const ParamLayout& layout, bool gradient_checkpointi
   const int64_t P = c.max_position_embeddings;
   rope_cos_.resize(static_cast<size_t>(P * D_ / 2));
   rope_sin_.resize(static_cast<size_t>(P * D_ / 2));
-  rope_tables_cpu(rope_cos_.data(), rope_sin_.data(), P, D_, c.rope_theta);
+  rope_tables_cpu(rope_cos_.data(), rope_sin_.data(), P, D_, rope_inv_freq(c).data());
 }
 
 template <typename T>
 int64_t Transformer<T>::layer_floats() const {
-  const int64_t N = N_;
-  return N * C_ + N + N * H_ * D_ + 2 * N * Hkv_ * D_ + N * H_ * T_ + N * H_ * D_ + N * C_ +
-         N * C_ + N + 3 * N * F_;
+  const int64_t N = N_, Q = H_ * D_, KV = Hkv_ * D_;
+  const int64_t qk_norm = spec_.qk_norm ? N * (Q + KV) + N * (H_ + Hkv_) : 0;
+  return N * C_ + N + N * Q + 2 * N * KV + N * H_ * T_ + N * Q + N * C_ + N * C_ + N + 3 * N * F_ +
+         qk_norm;
 }
 
 template <typename T>
-void Transformer<T>::point_layer(LayerActs& a, T* base) const {
-  const int64_t N = N_;
+void Transformer<T>::point_layer(Saved& s, T* base) const {
+  const int64_t N = N_, Q = H_ * D_, KV = Hkv_ * D_;
   T* p = base;
   auto take = [&](int64_t n) {
     T* r = p;
     p += n;
     return r;
   };
+  LayerActs<T>& a = s.acts;
   a.ln1 = take(N * C_);
   a.rstd1 = take(N);
-  a.q = take(N * H_ * D_);
-  a.k = take(N * Hkv_ * D_);
-  a.v = take(N * Hkv_ * D_);
-  a.att = take(N * H_ * T_);
-  a.atty = take(N * H_ * D_);
+  a.q = take(N * Q);
+  a.k = take(N * KV);
+  a.v = take(N * KV);
+  s.att = take(N * H_ * T_);
+  a.atty = take(N * Q);
   a.x_mid = take(N * C_);
   a.ln2 = take(N * C_);
   a.rstd2 = take(N);
   a.gate = take(N * F_);
   a.up = take(N * F_);
   a.h = take(N * F_);
+  if (spec_.qk_norm) {
+    a.q_raw = take(N * Q);
+    a.k_raw = take(N * KV);
+    a.q_rstd = take(N * H_);
+    a.k_rstd = take(N * Hkv_);
+  }
+}
+
+template <typename T>
+LayerRun<T> Transformer<T>::layer_run(Saved& s) const {
+  LayerRun<T> run;
+  run.N = N_;
+  run.pos = pos_.data();
+  run.rope_cos = rope_cos_.data();
+  run.rope_sin = rope_sin_.data();
+  run.linear = &linear_forward_cpu<T>;
+  T* att = s.att;
+  const int64_t B = B_, Tl = T_, H = H_, Hkv = Hkv_, D = D_;
+  run.attention = [att, B, Tl, H, Hkv, D](T* atty, const T* q, const T* k, const T* v) {
+    attention_forward_cpu(atty, att, q, k, v, B, Tl, H, Hkv, D);
+  };
+  return run;
 }
 
 template <typename T>
@@ -100,6 +124,10 @@ void Transformer<T>::reserve(int64_t B, int64_t T_len, bool for_backward) {
     grow(dq_, N * H_ * D_);
     grow(dk_, N * Hkv_ * D_);
     grow(dv_, N * Hkv_ * D_);
+    if (spec_.qk_norm) {
+      grow(dq_raw_, N * H_ * D_);
+      grow(dk_raw_, N * Hkv_ * D_);
+    }
     grow(dh_, N * F_);
     grow(dgate_, N * F_);
     grow(dup_, N * F_);
@@ -111,8 +139,8 @@ template <typename T>
 int64_t Transformer<T>::activation_bytes() const {
   size_t n = res_.size() + layers_.size() + lnf_.size() + rstdf_.size() + logits_.size() +
              lse_.size() + entropy_.size() + dres_.size() + dln_.size() + datty_.size() +
-             dq_.size() + dk_.size() + dv_.size() + dh_.size() + dgate_.size() + dup_.size() +
-             dlnf_.size();
+             dq_.size() + dk_.size() + dv_.size() + dq_raw_.size() + dk_raw_.size() + dh_.size() +
+             dgate_.size() + dup_.size() + dlnf_.size();
   return static_cast<int64_t>(n * sizeof(T));
 }
 
@@ -129,27 +157,9 @@ void Transformer<T>::embed(UnitProvider<T>& p, const int32_t* tokens) {
 }
 
 template <typename T>
-void Transformer<T>::layer_forward(const T* params, int l, const T* x_in, T* x_out, LayerActs& a) {
-  const UnitLayout& u = layout_.unit(layout_.layer_unit(l));
-  LayerParams<const T> w(u, params);
-  const int64_t N = N_, Q = H_ * D_, KV = Hkv_ * D_;
-  const double eps = layout_.config().rms_norm_eps;
-  const RopeStyle style = layout_.config().rope_style;
-  rmsnorm_forward_cpu(a.ln1, a.rstd1, x_in, w.w_in, N, C_, eps);
-  linear_forward_cpu(a.q, a.ln1, w.wq, w.bq, N, C_, Q);
-  linear_forward_cpu(a.k, a.ln1, w.wk, w.bk, N, C_, KV);
-  linear_forward_cpu(a.v, a.ln1, w.wv, w.bv, N, C_, KV);
-  rope_forward_cpu(a.q, a.q, pos_.data(), rope_cos_.data(), rope_sin_.data(), N, H_, D_, style);
-  rope_forward_cpu(a.k, a.k, pos_.data(), rope_cos_.data(), rope_sin_.data(), N, Hkv_, D_, style);
-  attention_forward_cpu(a.atty, a.att, a.q, a.k, a.v, B_, T_, H_, Hkv_, D_);
-  linear_forward_cpu(a.x_mid, a.atty, w.wo, w.bo, N, Q, C_);
-  residual_forward_cpu(a.x_mid, a.x_mid, x_in, N * C_);
-  rmsnorm_forward_cpu(a.ln2, a.rstd2, a.x_mid, w.w_post, N, C_, eps);
-  linear_forward_cpu(a.gate, a.ln2, w.wg, static_cast<const T*>(nullptr), N, C_, F_);
-  linear_forward_cpu(a.up, a.ln2, w.wu, static_cast<const T*>(nullptr), N, C_, F_);
-  swiglu_forward_cpu(a.h, a.gate, a.up, N, F_);
-  linear_forward_cpu(x_out, a.h, w.wd, static_cast<const T*>(nullptr), N, F_, C_);
-  residual_forward_cpu(x_out, x_out, a.x_mid, N * C_);
+void Transformer<T>::layer_forward(const T* params, int l, const T* x_in, T* x_out, Saved& a) {
+  const LayerParams<const T> w(layout_.unit(layout_.layer_unit(l)), params);
+  decoder_layer_forward_cpu(x_out, a.acts, x_in, w, spec_, layer_run(a));
 }
 
 template <typename T>
@@ -166,7 +176,7 @@ void Transformer<T>::trunk_forward(UnitProvider<T>& p, const int32_t* tokens, in
     // Residual stream: with backward, res_[l] is layer l's input (kept); without, ping-pong.
     const T* x_in = res_.data() + (for_backward ? l : l % 2) * NC;
     T* x_out = res_.data() + (for_backward ? l + 1 : (l + 1) % 2) * NC;
-    LayerActs a;
+    Saved a;
     point_layer(a, layers_.data() + ((for_backward && !checkpointing_) ? l * lf : 0));
     const int u = layout_.layer_unit(l);
     const T* params = p.acquire_params(u);
@@ -323,34 +333,30 @@ void Transformer<T>::backward_scalar(UnitProvider<T>& p, const T* dvalues) {
 // Backward
 
 template <typename T>
-void Transformer<T>::layer_backward(const T* params, T* grads, int l, const T* x_in, LayerActs& a,
+void Transformer<T>::layer_backward(const T* params, T* grads, int l, const T* x_in, Saved& a,
                                     T* dres) {
   const UnitLayout& u = layout_.unit(layout_.layer_unit(l));
-  LayerParams<const T> w(u, params);
-  LayerParams<T> g(u, grads);
-  const int64_t N = N_, Q = H_ * D_, KV = Hkv_ * D_;
-  const RopeStyle style = layout_.config().rope_style;
-  // MLP: x_out = x_mid + down(h); dres is d x_out.
-  linear_backward_cpu(dh_.data(), g.wd, static_cast<T*>(nullptr), dres, a.h, w.wd, N, F_, C_,
-                      false);
-  swiglu_backward_cpu(dgate_.data(), dup_.data(), dh_.data(), a.gate, a.up, N, F_);
-  linear_backward_cpu(dln_.data(), g.wg, static_cast<T*>(nullptr), dgate_.data(), a.ln2, w.wg, N,
-                      C_, F_, false);
-  linear_backward_cpu(dln_.data(), g.wu, static_cast<T*>(nullptr), dup_.data(), a.ln2, w.wu, N, C_,
-                      F_, true);
-  rmsnorm_backward_cpu(dres, g.w_post, dln_.data(), a.x_mid, w.w_post, a.rstd2, N, C_);
-  // Attention: x_mid = x_in + o_proj(atty); dres is now d x_mid.
-  linear_backward_cpu(datty_.data(), g.wo, g.bo, dres, a.atty, w.wo, N, Q, C_, false);
-  attention_backward_cpu(dq_.data(), dk_.data(), dv_.data(), datty_.data(), a.att, a.q, a.k, a.v,
-                         B_, T_, H_, Hkv_, D_);
-  rope_backward_cpu(dq_.data(), dq_.data(), pos_.data(), rope_cos_.data(), rope_sin_.data(), N, H_,
-                    D_, style);
-  rope_backward_cpu(dk_.data(), dk_.data(), pos_.data(), rope_cos_.data(), rope_sin_.data(), N,
-                    Hkv_, D_, style);
-  linear_backward_cpu(dln_.data(), g.wq, g.bq, dq_.data(), a.ln1, w.wq, N, C_, Q, false);
-  linear_backward_cpu(dln_.data(), g.wk, g.bk, dk_.data(), a.ln1, w.wk, N, C_, KV, true);
-  linear_backward_cpu(dln_.data(), g.wv, g.bv, dv_.data(), a.ln1, w.wv, N, C_, KV, true);
-  rmsnorm_backward_cpu(dres, g.w_in, dln_.data(), x_in, w.w_in, a.rstd1, N, C_);
+  const LayerParams<const T> w(u, params);
+  const LayerParams<T> g(u, grads);
+  LayerGradScratch<T> d;
+  d.dln = dln_.data();
+  d.datty = datty_.data();
+  d.dq = dq_.data();
+  d.dk = dk_.data();
+  d.dv = dv_.data();
+  d.dq_raw = spec_.qk_norm ? dq_raw_.data() : nullptr;
+  d.dk_raw = spec_.qk_norm ? dk_raw_.data() : nullptr;
+  d.dh = dh_.data();
+  d.dgate = dgate_.data();
+  d.dup = dup_.data();
+  const T* att = a.att;
+  const int64_t B = B_, Tl = T_, H = H_, Hkv = Hkv_, D = D_;
+  const AttentionBackwardFn<T> attention = [att, B, Tl, H, Hkv, D](T* dq, T* dk, T* dv,
+                                                                   const T* datty, const T* q,
+                                                                   const T* k, const T* v) {
+    attention_backward_cpu(dq, dk, dv, datty, att, q, k, v, B, Tl, H, Hkv, D);
+  };
+  decoder_layer_backward_cpu(dres, g, d, a.acts, x_in, w, spec_, layer_run(a), attention);
 }
 
 template <typename T>
@@ -361,7 +367,7 @@ void Transformer<T>::trunk_backward(UnitProvider<T>& p, T* dres) {
     const int u = layout_.layer_unit(l);
     const T* params = p.acquire_params(u);
     T* grads = p.acquire_grads(u);
-    LayerActs a;
+    Saved a;
     const T* x_in = res_.data() + l * NC;
     if (checkpointing_) {
       point_layer(a, layers_.data());

@@ -5,6 +5,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "model/arch.h"
+#include "model/decoder_layer.h"
 #include "model/layout.h"
 #include "model/provider.h"
 
@@ -14,9 +16,8 @@ namespace rlhf::model {
 /// (N = B·T tokens; position of token t is t). Parameters come from a UnitProvider, one unit at a
 /// time, so the same code runs on full local buffers and on ZeRO-3 shards.
 ///
-/// Per layer (pre-norm, Touvron et al. 2023):
-///   a = RMSNorm(x); q,k,v = a·W{q,k,v}ᵀ (+b); q,k = RoPE(q,k); x += Attn(q,k,v)·Woᵀ (+bo)
-///   m = RMSNorm(x); x += (silu(m·Wgᵀ) ⊙ m·Wuᵀ)·Wdᵀ
+/// Each layer is decoder_layer_forward_cpu / decoder_layer_backward_cpu (model/decoder_layer.h)
+/// with causal attention over the B sequences.
 /// Heads: LM  — lp[n] = log softmax(RMSNorm(x)·Wlmᵀ / temperature)[target[n]] (+ entropy);
 ///        scalar — value[n] = RMSNorm(x)·scoreᵀ (critic values; a reward model reads the last one).
 ///
@@ -56,15 +57,19 @@ class Transformer {
   int64_t activation_bytes() const;
 
  private:
-  struct LayerActs {
-    T *ln1, *rstd1, *q, *k, *v, *att, *atty, *x_mid, *ln2, *rstd2, *gate, *up, *h;
+  // One layer's saved forward: the routine's activations and the attention probabilities
+  // (B, H, T, T) that attention_backward_cpu needs.
+  struct Saved {
+    LayerActs<T> acts;
+    T* att = nullptr;
   };
   void reserve(int64_t B, int64_t T_, bool for_backward);
-  void point_layer(LayerActs& a, T* base) const;
+  void point_layer(Saved& a, T* base) const;
   int64_t layer_floats() const;
+  LayerRun<T> layer_run(Saved& a) const;
   void embed(UnitProvider<T>& p, const int32_t* tokens);
-  void layer_forward(const T* params, int l, const T* x_in, T* x_out, LayerActs& a);
-  void layer_backward(const T* params, T* grads, int l, const T* x_in, LayerActs& a, T* dres);
+  void layer_forward(const T* params, int l, const T* x_in, T* x_out, Saved& a);
+  void layer_backward(const T* params, T* grads, int l, const T* x_in, Saved& a, T* dres);
   void trunk_forward(UnitProvider<T>& p, const int32_t* tokens, int64_t B, int64_t T_,
                      bool for_backward);
   void trunk_backward(UnitProvider<T>& p, T* dres);
@@ -73,6 +78,7 @@ class Transformer {
   void head_backward_common(UnitProvider<T>& p, const T* head_params, T* head_grads);
 
   ParamLayout layout_;
+  LayerSpec spec_;
   bool checkpointing_;
   int64_t C_, F_, H_, Hkv_, D_, V_, L_;
   std::vector<T> rope_cos_, rope_sin_;  // (max_pos, D/2)
@@ -81,7 +87,7 @@ class Transformer {
   int64_t B_ = 0, T_ = 0, N_ = 0;
   bool have_backward_state_ = false;
   bool entropy_valid_ = false;
-  bool kept_ = false;            // the last trunk forward kept every layer's activations
+  bool kept_ = false;  // the last trunk forward kept every layer's activations
   HeadKind last_head_ = HeadKind::kLM;
   std::vector<int32_t> tokens_, targets_, pos_;
   T inv_temperature_ = T(1);
@@ -92,7 +98,7 @@ class Transformer {
   std::vector<T> layers_;  // (n_sets, layer_floats)
   std::vector<T> lnf_, rstdf_, logits_, lse_, entropy_;
   // Backward scratch.
-  std::vector<T> dres_, dln_, datty_, dq_, dk_, dv_, dh_, dgate_, dup_, dlnf_;
+  std::vector<T> dres_, dln_, datty_, dq_, dk_, dv_, dq_raw_, dk_raw_, dh_, dgate_, dup_, dlnf_;
   int64_t cap_N_ = 0, cap_T_ = 0, cap_sets_ = 0;
 };
 

@@ -39,6 +39,7 @@ void download(float* host, const float* dev, int64_t n, cudaStream_t s) {
 TransformerCuda::TransformerCuda(const ParamLayout& layout, bool gradient_checkpointing,
                                  int64_t logit_chunk_bytes)
     : layout_(layout),
+      spec_(layer_spec(layout.config())),
       checkpointing_(gradient_checkpointing),
       logit_chunk_bytes_(logit_chunk_bytes) {
   RLHF_CHECK(logit_chunk_bytes > 0, "TransformerCuda: logit_chunk_bytes must be > 0, got {}",
@@ -54,8 +55,8 @@ TransformerCuda::TransformerCuda(const ParamLayout& layout, bool gradient_checkp
   const int64_t P = c.max_position_embeddings;
   rope_cos_.resize(P * D_ / 2, "RoPE cos table");
   rope_sin_.resize(P * D_ / 2, "RoPE sin table");
-  rope_tables_upload_cuda(rope_cos_.get(), rope_sin_.get(), P, D_, c.rope_theta);
-  packable_ = L_ > 0;
+  rope_tables_upload_cuda(rope_cos_.get(), rope_sin_.get(), P, D_, rope_inv_freq(c).data());
+  packable_ = L_ > 0 && !spec_.qk_norm;  // QK-norm sits between the projection and RoPE
   for (int64_t l = 0; l < L_; ++l)
     packable_ = packable_ && qkv_packed(layout_.unit(layout_.layer_unit(static_cast<int>(l))));
   fused_qkv_ = packable_;
@@ -67,14 +68,15 @@ void TransformerCuda::set_fused_qkv(bool on) {
 
 int64_t TransformerCuda::layer_bf16() const {
   const int64_t N = N_, Q = H_ * D_, KV = Hkv_ * D_;
-  return N * C_ + N * Q + 2 * N * KV + N * Q + N * C_ + N * C_ + 3 * N * F_;
+  const int64_t qk_norm = spec_.qk_norm ? N * (Q + KV) : 0;
+  return N * C_ + N * Q + 2 * N * KV + N * Q + N * C_ + N * C_ + 3 * N * F_ + qk_norm;
 }
 
 int64_t TransformerCuda::layer_f32() const {
-  return 2 * N_ + N_ * H_;
+  return 2 * N_ + N_ * H_ + (spec_.qk_norm ? N_ * (H_ + Hkv_) : 0);
 }
 
-void TransformerCuda::point_layer(LayerActs& a, int set) {
+void TransformerCuda::point_layer(Saved& s, int set) {
   const int64_t N = N_, Q = H_ * D_, KV = Hkv_ * D_;
   bf16* p = layers_.get() + set * layer_bf16();
   auto take = [&](int64_t n) {
@@ -82,6 +84,7 @@ void TransformerCuda::point_layer(LayerActs& a, int set) {
     p += n;
     return r;
   };
+  LayerActsCuda& a = s.acts;
   a.ln1 = take(N * C_);
   a.q = take(N * Q);
   a.k = take(N * KV);
@@ -95,7 +98,30 @@ void TransformerCuda::point_layer(LayerActs& a, int set) {
   float* f = layer_f32_.get() + set * layer_f32();
   a.rstd1 = f;
   a.rstd2 = f + N;
-  a.att_lse = f + 2 * N;
+  s.att_lse = f + 2 * N;
+  if (spec_.qk_norm) {
+    a.q_raw = take(N * Q);
+    a.k_raw = take(N * KV);
+    a.q_rstd = f + 2 * N + N * H_;
+    a.k_rstd = a.q_rstd + N * H_;
+  }
+}
+
+LayerRunCuda TransformerCuda::layer_run(const Saved& a, cudaStream_t s) const {
+  LayerRunCuda run;
+  run.N = N_;
+  run.pos = pos_.get();
+  run.rope_cos = rope_cos_.get();
+  run.rope_sin = rope_sin_.get();
+  run.fused_qkv = fused_qkv_;
+  run.stream = s;
+  float* lse = a.att_lse;
+  const int64_t B = B_, T = T_, H = H_, Hkv = Hkv_, D = D_;
+  run.attention = [lse, B, T, H, Hkv, D](bf16* atty, const bf16* q, const bf16* k, const bf16* v,
+                                         cudaStream_t st) {
+    attention_forward_cuda(atty, lse, q, k, v, B, T, H, Hkv, D, st);
+  };
+  return run;
 }
 
 void TransformerCuda::reserve(int64_t B, int64_t T_len, bool for_backward, cudaStream_t s) {
@@ -135,6 +161,10 @@ void TransformerCuda::reserve(int64_t B, int64_t T_len, bool for_backward, cudaS
     dq_.resize(N * Q, "activation gradients");
     dk_.resize(N * KV, "activation gradients");
     dv_.resize(N * KV, "activation gradients");
+    if (spec_.qk_norm) {
+      dq_raw_.resize(N * Q, "activation gradients");
+      dk_raw_.resize(N * KV, "activation gradients");
+    }
     dh_.resize(N * F_, "activation gradients");
     dgate_.resize(N * F_, "activation gradients");
     dup_.resize(N * F_, "activation gradients");
@@ -148,7 +178,7 @@ int64_t TransformerCuda::activation_bytes() const {
   int64_t n = 0;
   for (const DeviceArray<bf16>* a :
        {&res_, &layers_, &proj_, &qkv_, &lnf_, &logits_, &values_, &dres_, &dln_, &datty_, &dq_,
-        &dk_, &dv_, &dh_, &dgate_, &dup_, &dlnf_})
+        &dk_, &dv_, &dq_raw_, &dk_raw_, &dh_, &dgate_, &dup_, &dlnf_})
     n += a->bytes();
   for (const DeviceArray<float>* a :
        {&layer_f32_, &rstdf_, &lse_, &entropy_, &lp_, &dlp_, &dentropy_})
@@ -171,35 +201,10 @@ void TransformerCuda::upload_ids(const int32_t* tokens, const int32_t* targets, 
 // Forward
 
 void TransformerCuda::layer_forward(const bf16* params, int l, const bf16* x_in, bf16* x_out,
-                                    LayerActs& a, cudaStream_t s) {
-  const UnitLayout& u = layout_.unit(layout_.layer_unit(l));
-  LayerParams<const bf16> w(u, params);
-  const int64_t N = N_, Q = H_ * D_, KV = Hkv_ * D_;
-  const double eps = layout_.config().rms_norm_eps;
-  const RopeStyle style = layout_.config().rope_style;
-  rmsnorm_forward_cuda(a.ln1, a.rstd1, x_in, w.w_in, N, C_, eps, s);
-  if (fused_qkv_) {  // wq is the packed (Q + 2·KV, C) matrix, bq the packed bias
-    linear_forward_cuda(qkv_.get(), a.ln1, w.wq, w.bq, N, C_, Q + 2 * KV, s);
-    qkv_rope_split_cuda(a.q, a.k, a.v, qkv_.get(), pos_.get(), rope_cos_.get(), rope_sin_.get(), N,
-                        H_, Hkv_, D_, style, s);
-  } else {
-    linear_forward_cuda(a.q, a.ln1, w.wq, w.bq, N, C_, Q, s);
-    linear_forward_cuda(a.k, a.ln1, w.wk, w.bk, N, C_, KV, s);
-    linear_forward_cuda(a.v, a.ln1, w.wv, w.bv, N, C_, KV, s);
-    rope_forward_cuda(a.q, a.q, pos_.get(), rope_cos_.get(), rope_sin_.get(), N, H_, D_, style, s);
-    rope_forward_cuda(a.k, a.k, pos_.get(), rope_cos_.get(), rope_sin_.get(), N, Hkv_, D_, style,
-                      s);
-  }
-  attention_forward_cuda(a.atty, a.att_lse, a.q, a.k, a.v, B_, T_, H_, Hkv_, D_, s);
-  linear_forward_cuda(proj_.get(), a.atty, w.wo, w.bo, N, Q, C_, s);
-  // x_mid = x_in + o_proj(atty), fused with the post-attention RMSNorm.
-  rmsnorm_residual_forward_cuda(a.x_mid, a.ln2, a.rstd2, x_in, proj_.get(), w.w_post, N, C_, eps,
-                                s);
-  linear_forward_cuda(a.gate, a.ln2, w.wg, nullptr, N, C_, F_, s);
-  linear_forward_cuda(a.up, a.ln2, w.wu, nullptr, N, C_, F_, s);
-  swiglu_forward_cuda(a.h, a.gate, a.up, N, F_, s);
-  linear_forward_cuda(proj_.get(), a.h, w.wd, nullptr, N, F_, C_, s);
-  residual_forward_cuda(x_out, a.x_mid, proj_.get(), N * C_, s);
+                                    Saved& a, cudaStream_t s) {
+  const LayerParams<const bf16> w(layout_.unit(layout_.layer_unit(l)), params);
+  LayerScratchCuda scratch{proj_.get(), fused_qkv_ ? qkv_.get() : nullptr};
+  decoder_layer_forward_cuda(x_out, a.acts, scratch, x_in, w, spec_, layer_run(a, s));
 }
 
 void TransformerCuda::trunk_forward(DeviceUnitProvider& p, bool for_backward) {
@@ -215,7 +220,7 @@ void TransformerCuda::trunk_forward(DeviceUnitProvider& p, bool for_backward) {
   for (int l = 0; l < L_; ++l) {
     const bf16* x_in = res_.get() + (for_backward ? l : l % 2) * NC;
     bf16* x_out = res_.get() + (for_backward ? l + 1 : (l + 1) % 2) * NC;
-    LayerActs a;
+    Saved a;
     point_layer(a, (for_backward && !checkpointing_) ? l : 0);
     const int u = layout_.layer_unit(l);
     const bf16* params = p.acquire_params(u);
@@ -417,37 +422,32 @@ void TransformerCuda::backward_scalar(DeviceUnitProvider& p, const float* dvalue
 }
 
 void TransformerCuda::layer_backward(const bf16* params, float* grads, int l, const bf16* x_in,
-                                     LayerActs& a, bf16* dres, cudaStream_t s) {
+                                     Saved& a, bf16* dres, cudaStream_t s) {
   const UnitLayout& u = layout_.unit(layout_.layer_unit(l));
-  LayerParams<const bf16> w(u, params);
-  LayerParams<float> g(u, grads);
-  const int64_t N = N_, Q = H_ * D_, KV = Hkv_ * D_;
-  const RopeStyle style = layout_.config().rope_style;
-  // MLP: x_out = x_mid + down(h); dres is d x_out.
-  linear_backward_cuda(dh_.get(), g.wd, nullptr, dres, a.h, w.wd, N, F_, C_, false, s);
-  swiglu_backward_cuda(dgate_.get(), dup_.get(), dh_.get(), a.gate, a.up, N, F_, s);
-  linear_backward_cuda(dln_.get(), g.wg, nullptr, dgate_.get(), a.ln2, w.wg, N, C_, F_, false, s);
-  linear_backward_cuda(dln_.get(), g.wu, nullptr, dup_.get(), a.ln2, w.wu, N, C_, F_, true, s);
-  rmsnorm_backward_cuda(dres, g.w_post, dln_.get(), a.x_mid, w.w_post, a.rstd2, N, C_, s);
-  // Attention: x_mid = x_in + o_proj(atty); dres is now d x_mid.
-  linear_backward_cuda(datty_.get(), g.wo, g.bo, dres, a.atty, w.wo, N, Q, C_, false, s);
-  attention_backward_cuda(dq_.get(), dk_.get(), dv_.get(), datty_.get(), a.atty, a.att_lse, a.q,
-                          a.k, a.v, B_, T_, H_, Hkv_, D_, s);
-  if (fused_qkv_) {  // one GEMM pair over the packed q/k/v weights and gradients
-    qkv_rope_merge_backward_cuda(qkv_.get(), dq_.get(), dk_.get(), dv_.get(), pos_.get(),
-                                 rope_cos_.get(), rope_sin_.get(), N, H_, Hkv_, D_, style, s);
-    linear_backward_cuda(dln_.get(), g.wq, g.bq, qkv_.get(), a.ln1, w.wq, N, C_, Q + 2 * KV, false,
-                         s);
-  } else {
-    rope_backward_cuda(dq_.get(), dq_.get(), pos_.get(), rope_cos_.get(), rope_sin_.get(), N, H_,
-                       D_, style, s);
-    rope_backward_cuda(dk_.get(), dk_.get(), pos_.get(), rope_cos_.get(), rope_sin_.get(), N, Hkv_,
-                       D_, style, s);
-    linear_backward_cuda(dln_.get(), g.wq, g.bq, dq_.get(), a.ln1, w.wq, N, C_, Q, false, s);
-    linear_backward_cuda(dln_.get(), g.wk, g.bk, dk_.get(), a.ln1, w.wk, N, C_, KV, true, s);
-    linear_backward_cuda(dln_.get(), g.wv, g.bv, dv_.get(), a.ln1, w.wv, N, C_, KV, true, s);
-  }
-  rmsnorm_backward_cuda(dres, g.w_in, dln_.get(), x_in, w.w_in, a.rstd1, N, C_, s);
+  const LayerParams<const bf16> w(u, params);
+  const LayerParams<float> g(u, grads);
+  LayerGradScratchCuda d;
+  d.dln = dln_.get();
+  d.datty = datty_.get();
+  d.dq = dq_.get();
+  d.dk = dk_.get();
+  d.dv = dv_.get();
+  d.dq_raw = spec_.qk_norm ? dq_raw_.get() : nullptr;
+  d.dk_raw = spec_.qk_norm ? dk_raw_.get() : nullptr;
+  d.dh = dh_.get();
+  d.dgate = dgate_.get();
+  d.dup = dup_.get();
+  LayerScratchCuda scratch{proj_.get(), fused_qkv_ ? qkv_.get() : nullptr};
+  const LayerActsCuda& acts = a.acts;
+  const float* lse = a.att_lse;
+  const int64_t B = B_, T = T_, H = H_, Hkv = Hkv_, D = D_;
+  auto attention = [&acts, lse, B, T, H, Hkv, D](bf16* dq, bf16* dk, bf16* dv, const bf16* datty,
+                                                 cudaStream_t st) {
+    attention_backward_cuda(dq, dk, dv, datty, acts.atty, lse, acts.q, acts.k, acts.v, B, T, H, Hkv,
+                            D, st);
+  };
+  decoder_layer_backward_cuda(dres, g, d, scratch, acts, x_in, w, spec_, layer_run(a, s),
+                              attention);
 }
 
 void TransformerCuda::trunk_backward(DeviceUnitProvider& p, bf16* dres) {
@@ -457,7 +457,7 @@ void TransformerCuda::trunk_backward(DeviceUnitProvider& p, bf16* dres) {
     const int u = layout_.layer_unit(l);
     const bf16* params = p.acquire_params(u);
     float* grads = p.acquire_grads(u);
-    LayerActs a;
+    Saved a;
     const bf16* x_in = res_.get() + l * NC;
     if (checkpointing_) {
       point_layer(a, 0);

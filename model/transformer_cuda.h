@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/device_memory.h"
+#include "model/decoder_layer.h"
 #include "model/device_provider.h"
 #include "model/layout.h"
 
@@ -28,10 +29,12 @@ namespace rlhf::model {
 ///    one chunk; otherwise backward recomputes each chunk's logits (one more head GEMM);
 ///  - the post-attention residual add is fused into the following RMSNorm
 ///    (rmsnorm_residual_forward_cuda);
-///  - when the layout packs q/k/v (qkv_packed, model/layer_params.h), the three projections are
-///    one GEMM into a packed (N, q + 2·kv) buffer whose split applies RoPE
-///    (qkv_rope_split_cuda); backward packs dq, dk, dv with the inverse rotation
+///  - when the layout packs q/k/v (qkv_packed, model/layer_params.h) and the architecture has no
+///    QK-norm, the three projections are one GEMM into a packed (N, q + 2·kv) buffer whose split
+///    applies RoPE (qkv_rope_split_cuda); backward packs dq, dk, dv with the inverse rotation
 ///    (qkv_rope_merge_backward_cuda) for one input-gradient GEMM and one weight-gradient GEMM.
+/// Each layer is decoder_layer_forward_cuda / decoder_layer_backward_cuda (model/decoder_layer.h)
+/// with the causal flash attention over the B sequences.
 /// Inputs and outputs of the public methods are host arrays (tokens, targets, lp, entropy,
 /// values, their gradients): they are B·T elements, small next to the model, and the trainer's
 /// losses are computed on the host. Each public method synchronises the provider's stream before
@@ -83,19 +86,22 @@ class TransformerCuda {
   void set_fused_qkv(bool on);
 
  private:
-  struct LayerActs {
-    bf16 *ln1, *q, *k, *v, *atty, *x_mid, *ln2, *gate, *up, *h;
-    float *rstd1, *rstd2, *att_lse;
+  // One layer's saved forward: the routine's activations and the attention lse (B, H, T) the
+  // flash backward needs.
+  struct Saved {
+    LayerActsCuda acts;
+    float* att_lse = nullptr;
   };
   void reserve(int64_t B, int64_t T_, bool for_backward, cudaStream_t s);
   int64_t layer_bf16() const;
   int64_t layer_f32() const;
-  void point_layer(LayerActs& a, int set);
+  void point_layer(Saved& a, int set);
+  LayerRunCuda layer_run(const Saved& a, cudaStream_t s) const;
   void upload_ids(const int32_t* tokens, const int32_t* targets, cudaStream_t s);
   void trunk_forward(DeviceUnitProvider& p, bool for_backward);
-  void layer_forward(const bf16* params, int l, const bf16* x_in, bf16* x_out, LayerActs& a,
+  void layer_forward(const bf16* params, int l, const bf16* x_in, bf16* x_out, Saved& a,
                      cudaStream_t s);
-  void layer_backward(const bf16* params, float* grads, int l, const bf16* x_in, LayerActs& a,
+  void layer_backward(const bf16* params, float* grads, int l, const bf16* x_in, Saved& a,
                       bf16* dres, cudaStream_t s);
   void trunk_backward(DeviceUnitProvider& p, bf16* dres);
   void final_norm(const bf16* head_params, cudaStream_t s);
@@ -104,9 +110,10 @@ class TransformerCuda {
   void head_backward_common(DeviceUnitProvider& p, const bf16* head_params, float* head_grads);
 
   ParamLayout layout_;
+  LayerSpec spec_;
   bool checkpointing_;
   int64_t logit_chunk_bytes_;
-  bool packable_ = false;   // every layer's q/k/v are packed in the layout
+  bool packable_ = false;   // every layer's q/k/v are packed in the layout (and no QK-norm)
   bool fused_qkv_ = false;  // packable_ and not turned off
   int64_t C_, F_, H_, Hkv_, D_, V_, L_;
   DeviceArray<float> rope_cos_, rope_sin_;  // (max_pos, D/2)
@@ -127,7 +134,7 @@ class TransformerCuda {
   DeviceArray<float> rstdf_, lse_, entropy_, lp_, dlp_, dentropy_;
   DeviceArray<bf16> values_;
   // Backward scratch.
-  DeviceArray<bf16> dres_, dln_, datty_, dq_, dk_, dv_, dh_, dgate_, dup_, dlnf_;
+  DeviceArray<bf16> dres_, dln_, datty_, dq_, dk_, dv_, dq_raw_, dk_raw_, dh_, dgate_, dup_, dlnf_;
 };
 
 }  // namespace rlhf::model

@@ -33,7 +33,7 @@ void d2h(void* dst, const void* src, size_t bytes, cudaStream_t s) {
 
 DeviceZero3Store::DeviceZero3Store(const model::ParamLayout& layout, Comm* comm,
                                    DeviceStoreOptions options)
-    : layout_(layout), opt_(options) {
+    : layout_(layout), shard_layout_(layout, comm != nullptr ? comm->size() : 1), opt_(options) {
   if (comm != nullptr && comm->size() > 1) {
 #ifdef RLHF_NCCL
     nccl_ = dynamic_cast<NcclComm*>(comm);
@@ -44,9 +44,6 @@ DeviceZero3Store::DeviceZero3Store(const model::ParamLayout& layout, Comm* comm,
     nshards_ = comm->size();
     rank_ = comm->rank();
   }
-  RLHF_CHECK(layout.n_shards() == nshards_,
-             "ZeRO-3 (GPU): the layout is padded for {} shards but the store has {}",
-             layout.n_shards(), nshards_);
   if (opt_.adam_offload && !opt_.frozen) copy_ = std::make_unique<CudaStream>();
   shards_.resize(static_cast<size_t>(layout.num_units()));
   for (int u = 0; u < layout.num_units(); ++u) {
@@ -135,7 +132,7 @@ void DeviceZero3Store::post_gather(int u) {
 #ifdef RLHF_NCCL
   auto g = std::make_unique<Gathered>();
   const int64_t S = shard_numel(u);
-  g->buffer = take(free_params_, layout_.unit(u).numel_padded, comm_stream());
+  g->buffer = take(free_params_, shard_layout_.padded_numel(u), comm_stream());
   requests_.push_back(nccl_->iall_gather(shards_[size_t(u)].params16.get(), g->buffer->data.get(),
                                          S, DType::kBfloat16));
   g->ready.record(comm_stream());
@@ -181,7 +178,7 @@ float* DeviceZero3Store::acquire_grads(int u) {
   RLHF_CHECK(!opt_.frozen, "internal error: gradients requested from a frozen model");
   if (nshards_ == 1) return shards_[size_t(u)].grads.get();  // the shard is the unit
   RLHF_ASSERT(grads_out_.count(u) == 0);
-  auto b = take(free_grads_, layout_.unit(u).numel_padded, stream());
+  auto b = take(free_grads_, shard_layout_.padded_numel(u), stream());
   CUDA_CHECK(cudaMemsetAsync(b->data.get(), 0, size_t(b->data.size()) * sizeof(float), stream()));
   float* p = b->data.get();
   grads_out_[u] = std::move(b);
@@ -280,7 +277,7 @@ void DeviceZero3Store::adamw_step(const optim::AdamWConfig& cfg, double lr, int6
     for (int u = 0; u < nu; ++u) {
       Shard& s = shards_[size_t(u)];
       const int64_t S = shard_numel(u);
-      const auto segs = adamw_segments(layout_.unit(u), int64_t(rank_) * S, S);
+      const auto segs = adamw_segments(layout_.unit(u), shard_layout_.shard_offset(u, rank_), S);
       optim::adamw_step_segments_cuda(s.master.get(), s.m.get(), s.v.get(), s.grads.get(), S, segs,
                                       cfg, lr, step, grad_scale, stream());
       optim::cast_f32_to_bf16_cuda(s.params16.get(), s.master.get(), S, stream());
@@ -301,7 +298,7 @@ void DeviceZero3Store::adamw_step(const optim::AdamWConfig& cfg, double lr, int6
     Shard& s = shards_[size_t(u)];
     const int64_t S = shard_numel(u);
     s.d2h->sync();
-    const auto segs = adamw_segments(layout_.unit(u), int64_t(rank_) * S, S);
+    const auto segs = adamw_segments(layout_.unit(u), shard_layout_.shard_offset(u, rank_), S);
     optim::adamw_step_segments_cpu(s.master_host.get(), s.m_host.get(), s.v_host.get(),
                                    s.grads_host.get(), S, segs, cfg, lr, step, grad_scale);
     s.h2d->sync();  // the previous step's upload of this staging buffer is done
@@ -336,29 +333,37 @@ const float* DeviceZero3Store::master_host_view(int u) const {
 }
 
 UnitShard DeviceZero3Store::unit_shard(int u) const {
-  const int64_t S = shard_numel(u);
-  return {master_host_view(u), int64_t(rank_) * S, S};
+  return {master_host_view(u), shard_layout_.shard_offset(u, rank_), shard_numel(u)};
+}
+
+void DeviceZero3Store::gather_host(int u, const float* mine, float* out) {
+  const int64_t S = shard_numel(u), n = layout_.unit(u).numel;
+  if (nshards_ == 1) {
+    std::memcpy(out, mine, size_t(n) * sizeof(float));
+    return;
+  }
+#ifdef RLHF_NCCL
+  std::vector<float> full(static_cast<size_t>(shard_layout_.padded_numel(u)));
+  MPI_CHECK(MPI_Allgather(mine, static_cast<int>(S), MPI_FLOAT, full.data(), static_cast<int>(S),
+                          MPI_FLOAT, nccl_->mpi_comm()));
+  std::memcpy(out, full.data(), size_t(n) * sizeof(float));
+#else
+  (void)S;
+#endif
 }
 
 void DeviceZero3Store::gather_unit(int u, float* out) {
   sync_comm();
-  const int64_t S = shard_numel(u);
-  const float* mine = master_host_view(u);
-  if (nshards_ == 1) {
-    std::memcpy(out, mine, size_t(S) * sizeof(float));
-    return;
-  }
-#ifdef RLHF_NCCL
-  MPI_CHECK(MPI_Allgather(mine, static_cast<int>(S), MPI_FLOAT, out, static_cast<int>(S), MPI_FLOAT,
-                          nccl_->mpi_comm()));
-#endif
+  gather_host(u, master_host_view(u), out);
 }
 
 void DeviceZero3Store::load_unit(int u, const float* full) {
   sync_comm();
   Shard& s = shards_[size_t(u)];
   const int64_t S = shard_numel(u);
-  const float* mine = full + int64_t(rank_) * S;
+  std::vector<float> shard(static_cast<size_t>(S));
+  scatter_shard(shard.data(), full, layout_.unit(u).numel, shard_layout_.shard_offset(u, rank_), S);
+  const float* mine = shard.data();
   std::vector<model::bf16> b16(static_cast<size_t>(S));
   to_bf16_host(b16.data(), mine, S);
   h2d(s.params16.get(), b16.data(), b16.size() * sizeof(model::bf16), stream());
@@ -385,39 +390,32 @@ void DeviceZero3Store::gather_moments(int u, float* m, float* v) {
     d2h(vh.data(), s.v.get(), size_t(S) * sizeof(float), stream());
     compute_.sync();
   }
-  if (nshards_ == 1) {
-    std::memcpy(m, mh.data(), size_t(S) * sizeof(float));
-    std::memcpy(v, vh.data(), size_t(S) * sizeof(float));
-    return;
-  }
-#ifdef RLHF_NCCL
-  MPI_CHECK(MPI_Allgather(mh.data(), static_cast<int>(S), MPI_FLOAT, m, static_cast<int>(S),
-                          MPI_FLOAT, nccl_->mpi_comm()));
-  MPI_CHECK(MPI_Allgather(vh.data(), static_cast<int>(S), MPI_FLOAT, v, static_cast<int>(S),
-                          MPI_FLOAT, nccl_->mpi_comm()));
-#endif
+  gather_host(u, mh.data(), m);
+  gather_host(u, vh.data(), v);
 }
 
 void DeviceZero3Store::load_moments(int u, const float* m, const float* v) {
   RLHF_CHECK(!opt_.frozen, "internal error: moments of a frozen model");
   sync_comm();
   Shard& s = shards_[size_t(u)];
-  const int64_t S = shard_numel(u);
-  const int64_t off = int64_t(rank_) * S;
+  const int64_t S = shard_numel(u), off = shard_layout_.shard_offset(u, rank_);
+  const int64_t n = layout_.unit(u).numel;
+  std::vector<float> ms(static_cast<size_t>(S)), vs(static_cast<size_t>(S));
+  scatter_shard(ms.data(), m, n, off, S);
+  scatter_shard(vs.data(), v, n, off, S);
   if (opt_.adam_offload) {
-    std::memcpy(s.m_host.get(), m + off, size_t(S) * sizeof(float));
-    std::memcpy(s.v_host.get(), v + off, size_t(S) * sizeof(float));
+    std::memcpy(s.m_host.get(), ms.data(), size_t(S) * sizeof(float));
+    std::memcpy(s.v_host.get(), vs.data(), size_t(S) * sizeof(float));
   } else {
-    h2d(s.m.get(), m + off, size_t(S) * sizeof(float), stream());
-    h2d(s.v.get(), v + off, size_t(S) * sizeof(float), stream());
+    h2d(s.m.get(), ms.data(), size_t(S) * sizeof(float), stream());
+    h2d(s.v.get(), vs.data(), size_t(S) * sizeof(float), stream());
     compute_.sync();
   }
 }
 
 MemoryReport DeviceZero3Store::memory() const {
   MemoryReport r;
-  int64_t shard = 0;
-  for (int u = 0; u < layout_.num_units(); ++u) shard += shard_numel(u);
+  const int64_t shard = shard_layout_.total_shard();
   const int64_t f = shard * int64_t(sizeof(float));
   r.params_bytes = shard * int64_t(sizeof(model::bf16)) + (opt_.frozen ? 0 : f);  // + master
   r.grads_bytes = opt_.frozen ? 0 : f;

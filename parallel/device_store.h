@@ -19,6 +19,7 @@
 #include "model/device_provider.h"
 #include "parallel/comm.h"
 #include "parallel/param_store.h"
+#include "parallel/shard_layout.h"
 
 namespace rlhf::parallel {
 
@@ -53,10 +54,10 @@ struct DeviceStoreOptions {
 /// in the same order on every rank. Not thread-safe.
 class DeviceZero3Store final : public ParamStore, public model::DeviceUnitProvider {
  public:
-  /// `layout` must be padded for the shard count: comm->size() ranks, or 1 when comm is nullptr.
-  /// comm must be an NcclComm (device buffers) when given. Allocates every shard on the current
-  /// device (and pinned host memory with adam_offload). Throws rlhf::Error on a mismatch or when
-  /// memory runs out (naming the bytes).
+  /// Shards `layout` over comm->size() ranks (ShardLayout), or 1 when comm is nullptr. comm must
+  /// be an NcclComm (device buffers) when given. Allocates every shard on the current device
+  /// (and pinned host memory with adam_offload). Throws rlhf::Error on a mismatch or when memory
+  /// runs out (naming the bytes).
   DeviceZero3Store(const model::ParamLayout& layout, Comm* comm, DeviceStoreOptions options = {});
   ~DeviceZero3Store() override;
 
@@ -90,7 +91,8 @@ class DeviceZero3Store final : public ParamStore, public model::DeviceUnitProvid
   void end_pass(bool backward) override;
   cudaStream_t stream() const override { return compute_.get(); }
 
-  int64_t shard_numel(int u) const { return layout_.unit(u).shard_numel(nshards_); }
+  int64_t shard_numel(int u) const { return shard_layout_.shard_numel(u); }
+  const ShardLayout& shard_layout() const { return shard_layout_; }
   /// This rank's bf16 shard of unit u (device).
   const model::bf16* shard_params_bf16(int u) const { return shards_[size_t(u)].params16.get(); }
 
@@ -126,8 +128,12 @@ class DeviceZero3Store final : public ParamStore, public model::DeviceUnitProvid
   void sync_comm();
   cudaStream_t comm_stream() const;
   const float* master_host_view(int u) const;
+  // The host shards `mine` (this rank's, shard_numel(u) floats) of every rank, gathered over the
+  // NCCL communicator's MPI twin; the unit's numel elements into out.
+  void gather_host(int u, const float* mine, float* out);
 
   model::ParamLayout layout_;
+  ShardLayout shard_layout_;
   NcclComm* nccl_ = nullptr;
   int nshards_ = 1, rank_ = 0;
   DeviceStoreOptions opt_;

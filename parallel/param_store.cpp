@@ -34,15 +34,15 @@ double clip_and_step(ParamStore& store, const optim::AdamWConfig& cfg, double lr
 
 LocalParamStore::LocalParamStore(const model::ParamLayout& layout) : params_(layout) {
   for (const auto& u : layout.units()) {
-    m_.emplace_back(static_cast<size_t>(u.numel_padded), 0.0f);
-    v_.emplace_back(static_cast<size_t>(u.numel_padded), 0.0f);
+    m_.emplace_back(static_cast<size_t>(u.numel), 0.0f);
+    v_.emplace_back(static_cast<size_t>(u.numel), 0.0f);
   }
 }
 
 double LocalParamStore::grad_sq_norm() {
   double s = 0;
   for (int u = 0; u < layout().num_units(); ++u)
-    s += optim::sum_of_squares(params_.grads(u), layout().unit(u).numel_padded);
+    s += optim::sum_of_squares(params_.grads(u), layout().unit(u).numel);
   return s;
 }
 
@@ -50,41 +50,40 @@ void LocalParamStore::adamw_step(const optim::AdamWConfig& cfg, double lr, int64
                                  float grad_scale) {
   for (int u = 0; u < layout().num_units(); ++u) {
     const auto& un = layout().unit(u);
-    const auto segs = adamw_segments(un, 0, un.numel_padded);
+    const auto segs = adamw_segments(un, 0, un.numel);
     optim::adamw_step_segments_cpu(params_.params(u), m_[size_t(u)].data(), v_[size_t(u)].data(),
-                                   params_.grads(u), un.numel_padded, segs, cfg, lr, step,
-                                   grad_scale);
+                                   params_.grads(u), un.numel, segs, cfg, lr, step, grad_scale);
   }
 }
 
 void LocalParamStore::gather_unit(int u, float* out) {
-  std::memcpy(out, params_.params(u), sizeof(float) * size_t(layout().unit(u).numel_padded));
+  std::memcpy(out, params_.params(u), sizeof(float) * size_t(layout().unit(u).numel));
 }
 
 void LocalParamStore::load_unit(int u, const float* full) {
-  std::memcpy(params_.params(u), full, sizeof(float) * size_t(layout().unit(u).numel_padded));
+  std::memcpy(params_.params(u), full, sizeof(float) * size_t(layout().unit(u).numel));
 }
 
 void LocalParamStore::gather_moments(int u, float* m, float* v) {
-  const size_t n = size_t(layout().unit(u).numel_padded);
+  const size_t n = size_t(layout().unit(u).numel);
   std::memcpy(m, m_[size_t(u)].data(), sizeof(float) * n);
   std::memcpy(v, v_[size_t(u)].data(), sizeof(float) * n);
 }
 
 void LocalParamStore::load_moments(int u, const float* m, const float* v) {
-  const size_t n = size_t(layout().unit(u).numel_padded);
+  const size_t n = size_t(layout().unit(u).numel);
   std::memcpy(m_[size_t(u)].data(), m, sizeof(float) * n);
   std::memcpy(v_[size_t(u)].data(), v, sizeof(float) * n);
 }
 
 UnitShard LocalParamStore::unit_shard(int u) const {
   auto& p = const_cast<model::LocalParams<float>&>(params_);
-  return {p.params(u), 0, layout().unit(u).numel_padded};
+  return {p.params(u), 0, layout().unit(u).numel};
 }
 
 MemoryReport LocalParamStore::memory() const {
   MemoryReport r;
-  const int64_t n = layout().total_padded() * int64_t(sizeof(float));
+  const int64_t n = layout().total_numel() * int64_t(sizeof(float));
   r.params_bytes = n;
   r.grads_bytes = n;
   r.optimizer_bytes = 2 * n;

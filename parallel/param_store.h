@@ -22,8 +22,9 @@ struct MemoryReport {
 };
 
 /// This rank's part of a unit's master weights, as weight sync reads it: `count` elements at
-/// `offset` in the padded unit. ZeRO-3 ranks' parts tile the unit; a replicated or local store
-/// holds the whole unit (offset 0, count numel_padded) on every rank.
+/// `offset` in the unit. ZeRO-3 ranks' parts tile the unit padded as ShardLayout says (the last
+/// parts end in zero padding); a replicated or local store holds the whole unit (offset 0, count
+/// numel) on every rank.
 struct UnitShard {
   const float* data = nullptr;
   int64_t offset = 0;
@@ -48,14 +49,15 @@ class ParamStore {
   /// whose TensorInfo::weight_decay is false.
   virtual void adamw_step(const optim::AdamWConfig& cfg, double lr, int64_t step,
                           float grad_scale) = 0;
-  /// The consolidated parameters of unit u (numel_padded floats) into out on every rank.
-  /// Collective.
+  /// The consolidated parameters of unit u (layout().unit(u).numel floats) into out on every
+  /// rank. Collective.
   virtual void gather_unit(int u, float* out) = 0;
-  /// Sets the master weights of unit u from its full buffer (the same on every rank).
+  /// Sets the master weights of unit u from its full buffer (numel floats, the same on every
+  /// rank).
   virtual void load_unit(int u, const float* full) = 0;
-  /// Moments of unit u, consolidated (for checkpoints); m and v each numel_padded floats.
+  /// Moments of unit u, consolidated (for checkpoints); m and v each numel floats. Collective.
   virtual void gather_moments(int u, float* m, float* v) = 0;
-  /// Sets the moments of unit u from full buffers.
+  /// Sets the moments of unit u from full buffers (numel floats each).
   virtual void load_moments(int u, const float* m, const float* v) = 0;
   virtual MemoryReport memory() const = 0;
   /// This rank's part of unit u (see UnitShard).

@@ -39,7 +39,10 @@ std::vector<SyncBucket> plan_sync_buckets(const std::vector<int64_t>& part_numel
 
 WeightSync::WeightSync(const Topology& topo, Comm* train_comm, const model::ParamLayout& layout,
                        int64_t bucket_bytes)
-    : topo_(topo), train_comm_(train_comm), layout_(layout) {
+    : topo_(topo),
+      train_comm_(train_comm),
+      layout_(layout),
+      shard_layout_(layout, int(topo.placement().train_ranks.size())) {
   const Placement& pl = topo.placement();
   // Tensor-parallel engines need nothing special: every engine rank is a generation rank and
   // receives whole units (colocated: from the all-gather over train_comm; disaggregated: from the
@@ -49,13 +52,9 @@ WeightSync::WeightSync(const Topology& topo, Comm* train_comm, const model::Para
   trains_ = topo.trains();
   generates_ = topo.generates();
   n_train_ = static_cast<int>(pl.train_ranks.size());
-  RLHF_CHECK(layout.n_shards() == n_train_,
-             "weight sync: the layout is padded for {} shards but there are {} train ranks",
-             layout.n_shards(), n_train_);
   RLHF_CHECK(!trains_ || (train_comm && train_comm->size() == n_train_),
              "weight sync: a training rank needs train_comm");
-  for (int u = 0; u < layout.num_units(); ++u)
-    part_.push_back(layout.unit(u).shard_numel(n_train_));
+  for (int u = 0; u < layout.num_units(); ++u) part_.push_back(shard_layout_.shard_numel(u));
   buckets_ = plan_sync_buckets(part_, n_train_, bucket_bytes);
   if (!colocated_) {
     // Leaders: the first train rank and the first generation rank (world ranks).
@@ -78,7 +77,7 @@ SyncStats WeightSync::sync(const ParamStore* source, const std::vector<float*>& 
   st.mode = colocated_ ? "colocated" : "disaggregated";
   st.buckets = int64_t(buckets_.size());
   for (int u = 0; u < layout_.num_units(); ++u)
-    st.bytes += layout_.unit(u).numel_padded * int64_t(sizeof(float));
+    st.bytes += shard_layout_.padded_numel(u) * int64_t(sizeof(float));
   const double t0 = now_s();
   if (colocated_) {
     // Every rank trains and generates. ZeRO-3: gather each bucket straight into place.
@@ -118,8 +117,7 @@ SyncStats WeightSync::sync(const ParamStore* source, const std::vector<float*>& 
       const SyncBucket& b = buckets_[k];
       const int64_t part = part_[size_t(b.unit)];
       // Replicated trainers: rank 0 sends the whole unit as if it held every part.
-      const int64_t count =
-          replicated ? (b.begin == 0 ? layout_.unit(b.unit).numel_padded : 0) : b.count;
+      const int64_t count = replicated ? (b.begin == 0 ? layout_.unit(b.unit).numel : 0) : b.count;
       RLHF_CHECK(count <= std::numeric_limits<int>::max(), "weight sync: bucket too large");
       if (trains_) {
         const bool sends = !replicated || my_train_rank == 0;
@@ -160,8 +158,7 @@ SyncStats WeightSync::sync(const ParamStore* source, const std::vector<float*>& 
 }
 
 double WeightSync::reference_all_gather_seconds(int iters) {
-  int64_t total = 0;
-  for (int u = 0; u < layout_.num_units(); ++u) total += layout_.unit(u).numel_padded;
+  const int64_t total = shard_layout_.total_padded();
   const int64_t per_rank = total / n_train_;
   std::vector<float> send(static_cast<size_t>(per_rank), 1.0f);
   double best = std::numeric_limits<double>::infinity();
@@ -208,12 +205,12 @@ SyncStats WeightSync::sync_device(DeviceZero3Store& source,
   st.mode = "colocated";
   st.buckets = int64_t(buckets_.size());
   for (int u = 0; u < layout_.num_units(); ++u)
-    st.bytes += layout_.unit(u).numel_padded * int64_t(sizeof(model::bf16));
+    st.bytes += shard_layout_.padded_numel(u) * int64_t(sizeof(model::bf16));
   const double t0 = now_s();
   if (n_train_ == 1) {
     for (int u = 0; u < layout_.num_units(); ++u)
       CUDA_CHECK(cudaMemcpyAsync(engine_units[size_t(u)], source.shard_params_bf16(u),
-                                 size_t(layout_.unit(u).numel_padded) * sizeof(model::bf16),
+                                 size_t(layout_.unit(u).numel) * sizeof(model::bf16),
                                  cudaMemcpyDeviceToDevice, source.stream()));
     CUDA_CHECK(cudaStreamSynchronize(source.stream()));
   } else {
@@ -252,8 +249,7 @@ SyncStats WeightSync::sync_device(DeviceZero3Store& source,
 }
 
 double WeightSync::reference_device_all_gather_seconds(Comm* nccl, int iters) {
-  int64_t total = 0;
-  for (int u = 0; u < layout_.num_units(); ++u) total += layout_.unit(u).numel_padded;
+  const int64_t total = shard_layout_.total_padded();
   const int64_t per_rank = total / n_train_;
   if (nccl == nullptr || n_train_ == 1) return 0.0;
   DeviceArray<model::bf16> send(per_rank, "all-gather reference"),

@@ -11,6 +11,7 @@
 #include "model/layout.h"
 #include "parallel/comm.h"
 #include "parallel/param_store.h"
+#include "parallel/shard_layout.h"
 #include "parallel/topology.h"
 
 #ifdef RLHF_CUDA
@@ -25,7 +26,8 @@ class DeviceZero3Store;
 /// One sync's accounting (the same numbers on every rank).
 struct SyncStats {
   int64_t buckets = 0;
-  int64_t bytes = 0;   ///< bytes of weights each engine rank received (padded units, fp32)
+  int64_t bytes = 0;   ///< bytes of weights each engine rank received (fp32 units, padded for
+                       ///< the train ranks as ShardLayout pads them)
   double seconds = 0;  ///< wall time of the slowest rank
   /// Achieved bandwidth per engine rank: bytes / seconds (GB = 1e9); busbw applies nccl-tests'
   /// all-gather factor (n−1)/n with n = train ranks (colocated) or 1 (disaggregated: every byte
@@ -53,8 +55,9 @@ std::vector<SyncBucket> plan_sync_buckets(const std::vector<int64_t>& part_numel
 ///    a bucket is one MPI_Iallgatherv on it — every generation rank receives every train rank's
 ///    slice directly at its place in its engine buffer; two buckets in flight (k+1 is posted
 ///    before k is waited on).
-/// Engine unit buffers must have the layout's numel_padded elements (the layout padded for the
-/// train_comm size). Tensor-parallel engines (TP > 1): every rank of an engine receives the whole
+/// Engine unit buffers must have room for engine_unit_room()[u] elements: the unit padded for the
+/// train ranks (ShardLayout), since the gathered shards land whole; the engine reads the unit's
+/// numel of them. Tensor-parallel engines (TP > 1): every rank of an engine receives the whole
 /// units (bytes per engine rank as for TP 1) and the engine slices them itself (rollout::Engine).
 class WeightSync {
  public:
@@ -92,6 +95,15 @@ class WeightSync {
   bool colocated() const {
     return colocated_;
   }
+  /// Elements each engine unit buffer must hold (see the class comment); the same for host and
+  /// device engine buffers.
+  const std::vector<int64_t>& engine_unit_room() const {
+    return shard_layout_.padded_numels();
+  }
+  /// engine_unit_room() without building a WeightSync (an engine is made before the sync).
+  static std::vector<int64_t> engine_unit_room(const model::ParamLayout& layout, int n_train) {
+    return ShardLayout(layout, n_train).padded_numels();
+  }
   const std::vector<SyncBucket>& buckets() const {
     return buckets_;
   }
@@ -100,6 +112,7 @@ class WeightSync {
   const Topology& topo_;
   Comm* train_comm_;
   model::ParamLayout layout_;
+  ShardLayout shard_layout_;
   bool colocated_;
   bool trains_, generates_;
   int n_train_;

@@ -18,10 +18,7 @@ void copy_floats(float* dst, const float* src, int64_t n) {
 // Zero3Store
 
 Zero3Store::Zero3Store(const model::ParamLayout& layout, Comm& comm, Zero3Options options)
-    : layout_(layout), comm_(comm), opt_(options) {
-  RLHF_CHECK(layout.n_shards() == comm.size(),
-             "ZeRO-3: the layout is padded for {} shards but {} has {} ranks", layout.n_shards(),
-             comm.name(), comm.size());
+    : layout_(layout), shard_layout_(layout, comm.size()), comm_(comm), opt_(options) {
   shards_.resize(static_cast<size_t>(layout.num_units()));
   for (int u = 0; u < layout.num_units(); ++u) {
     const int64_t S = shard_numel(u);
@@ -68,7 +65,7 @@ void Zero3Store::give_back(Pool& free, std::vector<float>* b) {
 void Zero3Store::post_gather(int u) {
   Gathered& g = gathered_[u];
   RLHF_ASSERT(g.state == State::kNotAvailable);
-  g.buffer = take_buffer(free_params_, layout_.unit(u).numel_padded);
+  g.buffer = take_buffer(free_params_, shard_layout_.padded_numel(u));
   g.request = comm_.iall_gather(shards_[size_t(u)].params.data(), g.buffer->data(), shard_numel(u));
   g.state = g.request.done() ? State::kAvailable : State::kInflight;
 }
@@ -110,8 +107,8 @@ void Zero3Store::release_params(int u) {
 float* Zero3Store::acquire_grads(int u) {
   RLHF_CHECK(!opt_.frozen, "internal error: gradients requested from a frozen model");
   RLHF_ASSERT(grads_out_.count(u) == 0);
-  std::vector<float>* b = take_buffer(free_grads_, layout_.unit(u).numel_padded);
-  std::memset(b->data(), 0, sizeof(float) * size_t(layout_.unit(u).numel_padded));
+  std::vector<float>* b = take_buffer(free_grads_, shard_layout_.padded_numel(u));
+  std::memset(b->data(), 0, sizeof(float) * b->size());
   grads_out_[u] = b;
   return b->data();
 }
@@ -212,7 +209,8 @@ void Zero3Store::adamw_step(const optim::AdamWConfig& cfg, double lr, int64_t st
   for (int u = 0; u < layout_.num_units(); ++u) {
     Shard& s = shards_[size_t(u)];
     const int64_t S = shard_numel(u);
-    const auto segs = adamw_segments(layout_.unit(u), int64_t(comm_.rank()) * S, S);
+    const auto segs =
+        adamw_segments(layout_.unit(u), shard_layout_.shard_offset(u, comm_.rank()), S);
     if (opt_.adam_offload) {
       // Gradient shard down to the host, step on the host master, updated shard back up.
       copy_floats(s.grads_host.data(), s.grads.data(), S);
@@ -226,37 +224,42 @@ void Zero3Store::adamw_step(const optim::AdamWConfig& cfg, double lr, int64_t st
   }
 }
 
+void Zero3Store::gather_padded(int u, const float* shard, float* out) {
+  std::vector<float>* full = take_buffer(free_params_, shard_layout_.padded_numel(u));
+  comm_.all_gather(shard, full->data(), shard_numel(u));
+  copy_floats(out, full->data(), layout_.unit(u).numel);
+  give_back(free_params_, full);
+}
+
 void Zero3Store::gather_unit(int u, float* out) {
-  comm_.all_gather(shards_[size_t(u)].params.data(), out, shard_numel(u));
+  gather_padded(u, shards_[size_t(u)].params.data(), out);
 }
 
 void Zero3Store::load_unit(int u, const float* full) {
   Shard& s = shards_[size_t(u)];
   const int64_t S = shard_numel(u);
-  copy_floats(s.params.data(), full + int64_t(comm_.rank()) * S, S);
+  scatter_shard(s.params.data(), full, layout_.unit(u).numel,
+                shard_layout_.shard_offset(u, comm_.rank()), S);
   if (opt_.adam_offload) copy_floats(s.master_host.data(), s.params.data(), S);
 }
 
 void Zero3Store::gather_moments(int u, float* m, float* v) {
   Shard& s = shards_[size_t(u)];
-  const int64_t S = shard_numel(u);
-  comm_.all_gather(opt_.adam_offload ? s.m_host.data() : s.m.data(), m, S);
-  comm_.all_gather(opt_.adam_offload ? s.v_host.data() : s.v.data(), v, S);
+  gather_padded(u, opt_.adam_offload ? s.m_host.data() : s.m.data(), m);
+  gather_padded(u, opt_.adam_offload ? s.v_host.data() : s.v.data(), v);
 }
 
 void Zero3Store::load_moments(int u, const float* m, const float* v) {
   Shard& s = shards_[size_t(u)];
-  const int64_t S = shard_numel(u);
-  const int64_t off = int64_t(comm_.rank()) * S;
-  copy_floats(opt_.adam_offload ? s.m_host.data() : s.m.data(), m + off, S);
-  copy_floats(opt_.adam_offload ? s.v_host.data() : s.v.data(), v + off, S);
+  const int64_t S = shard_numel(u), off = shard_layout_.shard_offset(u, comm_.rank());
+  const int64_t n = layout_.unit(u).numel;
+  scatter_shard(opt_.adam_offload ? s.m_host.data() : s.m.data(), m, n, off, S);
+  scatter_shard(opt_.adam_offload ? s.v_host.data() : s.v.data(), v, n, off, S);
 }
 
 MemoryReport Zero3Store::memory() const {
   MemoryReport r;
-  int64_t shard = 0;
-  for (int u = 0; u < layout_.num_units(); ++u) shard += shard_numel(u);
-  const int64_t b = shard * int64_t(sizeof(float));
+  const int64_t b = shard_layout_.total_shard() * int64_t(sizeof(float));
   r.params_bytes = b;
   r.grads_bytes = opt_.frozen ? 0 : b;
   r.optimizer_bytes = opt_.frozen         ? 0
@@ -277,7 +280,7 @@ void ReplicatedStore::reduce_grads() {
   if (reduced_) return;
   for (int u = 0; u < layout().num_units(); ++u) {
     float* g = local_.local().grads(u);
-    comm_.all_reduce(g, g, layout().unit(u).numel_padded);
+    comm_.all_reduce(g, g, layout().unit(u).numel);
   }
   reduced_ = true;
 }

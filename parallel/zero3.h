@@ -13,6 +13,7 @@
 
 #include "parallel/comm.h"
 #include "parallel/param_store.h"
+#include "parallel/shard_layout.h"
 
 namespace rlhf::parallel {
 
@@ -37,7 +38,7 @@ struct Zero3Options {
 /// `comm`. Unit states follow DeepSpeed's names: NOT_AVAILABLE, INFLIGHT, AVAILABLE.
 class Zero3Store final : public ParamStore, public model::UnitProvider<float> {
  public:
-  /// `layout` must be padded for comm.size() shards (ParamLayout(config, head, comm.size())).
+  /// Shards every unit of `layout` over comm.size() ranks (ShardLayout).
   Zero3Store(const model::ParamLayout& layout, Comm& comm, Zero3Options options = {});
   ~Zero3Store() override;
 
@@ -54,7 +55,7 @@ class Zero3Store final : public ParamStore, public model::UnitProvider<float> {
   void load_moments(int u, const float* m, const float* v) override;
   MemoryReport memory() const override;
   UnitShard unit_shard(int u) const override {
-    return {shards_[size_t(u)].params.data(), int64_t(comm_.rank()) * shard_numel(u),
+    return {shards_[size_t(u)].params.data(), shard_layout_.shard_offset(u, comm_.rank()),
             shard_numel(u)};
   }
   bool replicated() const override { return false; }
@@ -68,10 +69,11 @@ class Zero3Store final : public ParamStore, public model::UnitProvider<float> {
   void end_pass(bool backward) override;
 
   /// This rank's shard of unit u: elements [rank·S, (rank+1)·S) of the padded unit, S =
-  /// numel_padded / N. (The working copy the gathers read.)
+  /// shard_numel(u) (ShardLayout). (The working copy the gathers read.)
   const float* shard_params(int u) const { return shards_[size_t(u)].params.data(); }
   const float* shard_grads(int u) const { return shards_[size_t(u)].grads.data(); }
-  int64_t shard_numel(int u) const { return layout_.unit(u).shard_numel(comm_.size()); }
+  int64_t shard_numel(int u) const { return shard_layout_.shard_numel(u); }
+  const ShardLayout& shard_layout() const { return shard_layout_; }
   Comm& comm() { return comm_; }
 
  private:
@@ -95,7 +97,7 @@ class Zero3Store final : public ParamStore, public model::UnitProvider<float> {
     CommRequest request;
   };
 
-  // Buffers are pooled by size (a unit's numel_padded, or a shard's), so a layer never holds an
+  // Buffers are pooled by size (a unit's padded size, or a shard's), so a layer never holds an
   // embedding-sized buffer.
   using Pool = std::map<int64_t, std::vector<std::unique_ptr<std::vector<float>>>>;
   std::vector<float>* take_buffer(Pool& free, int64_t n);
@@ -103,9 +105,13 @@ class Zero3Store final : public ParamStore, public model::UnitProvider<float> {
   void post_gather(int u);
   void prefetch_after(int u);
   void finish_pending_grad(PendingGrad& g);
+  // All-gathers the shards (one per rank, `shard` is this rank's) of unit u into a padded
+  // scratch buffer and copies the unit's numel elements to out.
+  void gather_padded(int u, const float* shard, float* out);
   void finish_all_pending_grads();
 
   model::ParamLayout layout_;
+  ShardLayout shard_layout_;
   Comm& comm_;
   Zero3Options opt_;
   std::vector<Shard> shards_;

@@ -65,7 +65,6 @@ std::vector<float> copy_cols(const float* m, int64_t rows, int64_t cols, int64_t
 struct Engine::Tp {
   parallel::Comm* comm = nullptr;
   int size = 1, rank = 0;
-  int64_t H = 0, Hkv = 0, F = 0;  // local heads, KV heads, MLP columns
   struct Layer {
     std::vector<float> wq, bq, wk, bk, wv, bv, wo, wg, wu, wd;
     LayerW w;  // the slices, with the full buffers' norms (and o_proj bias on rank 0)
@@ -80,9 +79,14 @@ const char* to_string(FinishReason r) {
 // ---------------------------------------------------------------------------------------------
 // Weights
 
-EngineWeights::EngineWeights(const model::ParamLayout& layout) {
-  for (const model::UnitLayout& u : layout.units())
-    units_.emplace_back(static_cast<size_t>(u.numel_padded), 0.0f);
+EngineWeights::EngineWeights(const model::ParamLayout& layout, const std::vector<int64_t>& room) {
+  RLHF_CHECK(room.empty() || int(room.size()) == layout.num_units(),
+             "engine weights: room for {} units, the model has {}", room.size(),
+             layout.num_units());
+  for (int u = 0; u < layout.num_units(); ++u) {
+    const int64_t n = std::max(layout.unit(u).numel, room.empty() ? 0 : room[size_t(u)]);
+    units_.emplace_back(static_cast<size_t>(n), 0.0f);
+  }
 }
 
 float* EngineWeights::acquire_grads(int u) {
@@ -105,27 +109,67 @@ struct Engine::Seq {
   GenerationResult result;
 };
 
-/// Activation buffers, grown on demand and reused across steps (first touch of fresh memory is
-/// expensive here).
+/// The activations of one forward over up to `rows` rows (one layer at a time), grown on demand
+/// and reused across steps (first touch of fresh memory is expensive here).
+struct Engine::Rows {
+  std::vector<float> x, ln, rstd, q, k, v, q_rstd, k_rstd, atty, xmid, ln2, rstd2, gate, up, h;
+  int64_t rows = 0;
+  /// Room for n rows of spec's (this rank's) shapes; the layer routine's view of them.
+  model::LayerActs<float> acts(int64_t n, const model::LayerSpec& s) {
+    if (n > rows) {
+      rows = n;
+      for (auto* b : {&x, &ln, &xmid, &ln2}) b->resize(size_t(n * s.C));
+      for (auto* b : {&rstd, &rstd2}) b->resize(size_t(n));
+      for (auto* b : {&q, &atty}) b->resize(size_t(n * s.q_dim()));
+      for (auto* b : {&k, &v}) b->resize(size_t(n * s.kv_dim()));
+      for (auto* b : {&gate, &up, &h}) b->resize(size_t(n * s.F));
+      if (s.qk_norm) {
+        q_rstd.resize(size_t(n * s.H));
+        k_rstd.resize(size_t(n * s.Hkv));
+      }
+    }
+    model::LayerActs<float> a;
+    a.ln1 = ln.data();
+    a.rstd1 = rstd.data();
+    a.q = q.data();
+    a.k = k.data();
+    a.v = v.data();
+    a.q_rstd = s.qk_norm ? q_rstd.data() : nullptr;
+    a.k_rstd = s.qk_norm ? k_rstd.data() : nullptr;
+    a.atty = atty.data();
+    a.x_mid = xmid.data();
+    a.ln2 = ln2.data();
+    a.rstd2 = rstd2.data();
+    a.gate = gate.data();
+    a.up = up.data();
+    a.h = h.data();
+    return a;
+  }
+};
+
+/// Buffers of the engine's forward passes.
 struct Engine::Work {
-  // Decode step, (B, ·) rows.
-  std::vector<float> x, ln, rstd, q, k, v, atty, xmid, gate, up, h, logits;
+  Rows decode, prefill;
+  std::vector<float> logits;  // (B, V) decode logits
   std::vector<int32_t> tokens, pos, lens, table;
   int64_t max_blocks = 0;
-  // Prefill, (P, ·) rows.
-  std::vector<float> px, pln, prstd, pq, pk, pv, patty, pxmid, pgate, pup, ph, patt, plogits;
+  std::vector<float> patt, plogits;  // prefill: attention probabilities, last row's logits
   std::vector<int32_t> ppos, plens, ptable;
   // One sampler per OpenMP thread.
   std::vector<Sampler> samplers;
 };
 
 Engine::Engine(const model::ParamLayout& layout, const EngineOptions& options)
-    : layout_(layout), opt_(options), weights_(layout), work_(std::make_unique<Work>()) {
+    : layout_(layout),
+      opt_(options),
+      weights_(layout, options.unit_room),
+      work_(std::make_unique<Work>()) {
   RLHF_CHECK(layout.head() == model::HeadKind::kLM,
              "the generation engine needs a model with an LM head, not '{}'",
              model::to_string(layout.head()));
   RLHF_CHECK(opt_.max_batch >= 1, "engine: max_batch must be >= 1, got {}", opt_.max_batch);
   const model::ModelConfig& c = layout.config();
+  spec_ = model::layer_spec(c);   // this rank's dims (narrowed below under tensor parallelism)
   model::ModelConfig kv_cfg = c;  // the KV heads this rank caches
   if (opt_.tp_comm != nullptr && opt_.tp_comm->size() > 1) {
     tp_ = std::make_unique<Tp>();
@@ -139,11 +183,11 @@ Engine::Engine(const model::ParamLayout& layout, const EngineOptions& options)
                "and intermediate_size ({})\nhint: use a --vllm_tensor_parallel_size that divides "
                "all three",
                T, c.num_attention_heads, c.num_key_value_heads, c.intermediate_size);
-    tp_->H = c.num_attention_heads / T;
-    tp_->Hkv = c.num_key_value_heads / T;
-    tp_->F = c.intermediate_size / T;
+    spec_.H /= T;
+    spec_.Hkv /= T;
+    spec_.F /= T;
     kv_cfg.head_dim = c.D();
-    kv_cfg.num_key_value_heads = tp_->Hkv;
+    kv_cfg.num_key_value_heads = spec_.Hkv;
   }
   if (opt_.cuda) {
 #ifdef RLHF_CUDA
@@ -160,7 +204,8 @@ Engine::Engine(const model::ParamLayout& layout, const EngineOptions& options)
         std::min(most, EngineCuda::kv_budget_bytes(layout, opt_.gpu_memory_utilization,
                                                    opt_.max_batch, opt_.block_size));
     cache_ = std::make_unique<KvCache>(kv_cfg, budget, opt_.block_size, 2, false);
-    cuda_ = std::make_unique<EngineCuda>(layout, *cache_, opt_.max_batch, opt_.cuda_graphs);
+    cuda_ = std::make_unique<EngineCuda>(layout, *cache_, opt_.max_batch, opt_.cuda_graphs,
+                                         opt_.unit_room);
 #else
     RLHF_FAIL("a GPU generation engine needs a build with CUDA");
 #endif
@@ -170,7 +215,7 @@ Engine::Engine(const model::ParamLayout& layout, const EngineOptions& options)
   const int64_t P = c.max_position_embeddings, D = c.D();
   rope_cos_.resize(static_cast<size_t>(P * D / 2));
   rope_sin_.resize(static_cast<size_t>(P * D / 2));
-  model::rope_tables_cpu(rope_cos_.data(), rope_sin_.data(), P, D, c.rope_theta);
+  model::rope_tables_cpu(rope_cos_.data(), rope_sin_.data(), P, D, model::rope_inv_freq(c).data());
 }
 
 Engine::~Engine() = default;
@@ -186,7 +231,7 @@ void Engine::slice_weights() {
   const model::ModelConfig& c = layout_.config();
   const int64_t C = c.hidden_size, D = c.D(), F = c.intermediate_size;
   const int64_t Q = c.num_attention_heads * D;
-  const int64_t Ql = tp_->H * D, KVl = tp_->Hkv * D, Fl = tp_->F, r = tp_->rank;
+  const int64_t Ql = spec_.q_dim(), KVl = spec_.kv_dim(), Fl = spec_.F, r = tp_->rank;
   tp_->layers.resize(static_cast<size_t>(c.num_hidden_layers));
   for (int l = 0; l < c.num_hidden_layers; ++l) {
     const int u = layout_.layer_unit(l);
@@ -249,27 +294,47 @@ int64_t Engine::weight_bytes_per_decode_step() const {
 // ---------------------------------------------------------------------------------------------
 // Forward passes
 
+model::LayerRun<float> Engine::layer_run(int64_t N, const int32_t* pos,
+                                         model::LinearFn<float> linear) const {
+  model::LayerRun<float> run;
+  run.N = N;
+  run.pos = pos;
+  run.rope_cos = rope_cos_.data();
+  run.rope_sin = rope_sin_.data();
+  run.linear = linear;
+  if (tp_) {
+    parallel::Comm* comm = tp_->comm;
+    run.partial_sum = [comm](float* y, int64_t n) { comm->all_reduce(y, y, n); };
+  }
+  return run;
+}
+
+model::LayerParams<const float> Engine::layer_weights(int l) const {
+  if (tp_) return tp_->layers[size_t(l)].w;
+  const int u = layout_.layer_unit(l);
+  return model::LayerParams<const float>(layout_.unit(u), weights_.unit_buffer(u));
+}
+
+// The last row's logits from the final hidden rows x (N, C): norm + LM head.
+const float* Engine::head_logits(const float* x, int64_t N, Rows& r, float* logits) {
+  const model::ModelConfig& c = layout_.config();
+  const int hu = layout_.head_unit();
+  model::rmsnorm_forward_cpu(
+      r.ln.data(), r.rstd.data(), x,
+      weights_.unit_buffer(hu) + layout_.unit(hu).at("model.norm.weight").offset, N, c.hidden_size,
+      c.rms_norm_eps);
+  model::linear_decode_cpu(logits, r.ln.data(), lm_head_weight(),
+                           static_cast<const float*>(nullptr), N, c.hidden_size, c.vocab_size);
+  return logits;
+}
+
 const float* Engine::prefill(const std::vector<int32_t>& prompt, const int32_t* blocks) {
   const model::ModelConfig& c = layout_.config();
   const int64_t P = static_cast<int64_t>(prompt.size());
-  // This rank's heads and MLP columns (all of them for TP 1).
-  const int64_t C = c.hidden_size, F = tp_ ? tp_->F : c.intermediate_size;
-  const int64_t H = tp_ ? tp_->H : c.num_attention_heads;
-  const int64_t Hkv = tp_ ? tp_->Hkv : c.num_key_value_heads, D = c.D(), V = c.vocab_size;
-  const int64_t Q = H * D, KV = Hkv * D;
-  const double eps = c.rms_norm_eps;
+  const int64_t C = c.hidden_size, H = spec_.H, Hkv = spec_.Hkv, D = spec_.D, V = c.vocab_size;
   Work& w = *work_;
-  grow(w.px, P * C);
-  grow(w.pln, P * C);
-  grow(w.prstd, P);
-  grow(w.pq, P * Q);
-  grow(w.pk, P * KV);
-  grow(w.pv, P * KV);
-  grow(w.patty, P * Q);
-  grow(w.pxmid, P * C);
-  grow(w.pgate, P * F);
-  grow(w.pup, P * F);
-  grow(w.ph, P * F);
+  Rows& r = w.prefill;
+  model::LayerActs<float> a = r.acts(P, spec_);
   grow(w.plogits, V);
   const bool att_direct = H * P * P <= kMaxPrefillAttFloats;
   if (att_direct) grow(w.patt, H * P * P);
@@ -284,95 +349,26 @@ const float* Engine::prefill(const std::vector<int32_t>& prompt, const int32_t* 
       std::copy(blocks, blocks + nb, w.ptable.begin() + t * nb);
     }
   }
-
   const int eu = layout_.embedding_unit();
   model::embedding_forward_cpu(
-      w.px.data(), prompt.data(),
+      r.x.data(), prompt.data(),
       weights_.unit_buffer(eu) + layout_.unit(eu).at("embed_tokens.weight").offset, P, C, V);
+  model::LayerRun<float> run = layer_run(P, w.ppos.data(), &model::linear_rows_cpu<float>);
   for (int l = 0; l < c.num_hidden_layers; ++l) {
-    const int u = layout_.layer_unit(l);
-    const LayerW lw =
-        tp_ ? tp_->layers[size_t(l)].w : LayerW(layout_.unit(u), weights_.unit_buffer(u));
-    model::rmsnorm_forward_cpu(w.pln.data(), w.prstd.data(), w.px.data(), lw.w_in, P, C, eps);
-    model::linear_rows_cpu(w.pq.data(), w.pln.data(), lw.wq, lw.bq, P, C, Q);
-    model::linear_rows_cpu(w.pk.data(), w.pln.data(), lw.wk, lw.bk, P, C, KV);
-    model::linear_rows_cpu(w.pv.data(), w.pln.data(), lw.wv, lw.bv, P, C, KV);
-    model::rope_forward_cpu(w.pq.data(), w.pq.data(), w.ppos.data(), rope_cos_.data(),
-                            rope_sin_.data(), P, H, D, c.rope_style);
-    model::rope_forward_cpu(w.pk.data(), w.pk.data(), w.ppos.data(), rope_cos_.data(),
-                            rope_sin_.data(), P, Hkv, D, c.rope_style);
-    cache_->write(l, blocks, 0, P, w.pk.data(), w.pv.data());
-    if (att_direct) {
-      model::attention_forward_cpu(w.patty.data(), w.patt.data(), w.pq.data(), w.pk.data(),
-                                   w.pv.data(), int64_t(1), P, H, Hkv, D);
-    } else {
-      model::attention_decode_cpu(w.patty.data(), w.pq.data(), cache_->k(l), cache_->v(l),
-                                  w.ptable.data(), w.plens.data(), P, H, Hkv, D,
-                                  cache_->num_blocks(), cache_->block_size(), nb);
-    }
-    model::linear_rows_cpu(w.pxmid.data(), w.patty.data(), lw.wo, lw.bo, P, Q, C);
-    if (tp_) tp_->comm->all_reduce(w.pxmid.data(), w.pxmid.data(), P * C);
-    model::residual_forward_cpu(w.pxmid.data(), w.pxmid.data(), w.px.data(), P * C);
-    model::rmsnorm_forward_cpu(w.pln.data(), w.prstd.data(), w.pxmid.data(), lw.w_post, P, C, eps);
-    model::linear_rows_cpu(w.pgate.data(), w.pln.data(), lw.wg, static_cast<const float*>(nullptr),
-                           P, C, F);
-    model::linear_rows_cpu(w.pup.data(), w.pln.data(), lw.wu, static_cast<const float*>(nullptr), P,
-                           C, F);
-    model::swiglu_forward_cpu(w.ph.data(), w.pgate.data(), w.pup.data(), P, F);
-    model::linear_rows_cpu(w.px.data(), w.ph.data(), lw.wd, static_cast<const float*>(nullptr), P,
-                           F, C);
-    if (tp_) tp_->comm->all_reduce(w.px.data(), w.px.data(), P * C);
-    model::residual_forward_cpu(w.px.data(), w.px.data(), w.pxmid.data(), P * C);
+    // The prompt attends to itself causally; its K/V go to the cache for the decode steps.
+    run.attention = [&, l](float* atty, const float* q, const float* k, const float* v) {
+      cache_->write(l, blocks, 0, P, k, v);
+      if (att_direct)
+        model::attention_forward_cpu(atty, w.patt.data(), q, k, v, int64_t(1), P, H, Hkv, D);
+      else
+        model::attention_decode_cpu(atty, q, cache_->k(l), cache_->v(l), w.ptable.data(),
+                                    w.plens.data(), P, H, Hkv, D, cache_->num_blocks(),
+                                    cache_->block_size(), nb);
+    };
+    model::decoder_layer_forward_cpu(r.x.data(), a, r.x.data(), layer_weights(l), spec_, run);
   }
   // Only the last position's logits are needed (the first generated token).
-  const int hu = layout_.head_unit();
-  model::rmsnorm_forward_cpu(
-      w.pln.data(), w.prstd.data(), w.px.data() + (P - 1) * C,
-      weights_.unit_buffer(hu) + layout_.unit(hu).at("model.norm.weight").offset, int64_t(1), C,
-      eps);
-  model::linear_decode_cpu(w.plogits.data(), w.pln.data(), lm_head_weight(),
-                           static_cast<const float*>(nullptr), int64_t(1), C, V);
-  return w.plogits.data();
-}
-
-void Engine::layer_decode(int l, int64_t B) {
-  const model::ModelConfig& c = layout_.config();
-  const int64_t C = c.hidden_size, F = tp_ ? tp_->F : c.intermediate_size;
-  const int64_t H = tp_ ? tp_->H : c.num_attention_heads;
-  const int64_t Hkv = tp_ ? tp_->Hkv : c.num_key_value_heads, D = c.D(), Q = H * D, KV = Hkv * D;
-  const double eps = c.rms_norm_eps;
-  Work& w = *work_;
-  const int u = layout_.layer_unit(l);
-  const LayerW lw =
-      tp_ ? tp_->layers[size_t(l)].w : LayerW(layout_.unit(u), weights_.unit_buffer(u));
-  model::rmsnorm_forward_cpu(w.ln.data(), w.rstd.data(), w.x.data(), lw.w_in, B, C, eps);
-  model::linear_decode_cpu(w.q.data(), w.ln.data(), lw.wq, lw.bq, B, C, Q);
-  model::linear_decode_cpu(w.k.data(), w.ln.data(), lw.wk, lw.bk, B, C, KV);
-  model::linear_decode_cpu(w.v.data(), w.ln.data(), lw.wv, lw.bv, B, C, KV);
-  // Each row at its own position.
-  model::rope_forward_cpu(w.q.data(), w.q.data(), w.pos.data(), rope_cos_.data(), rope_sin_.data(),
-                          B, H, D, c.rope_style);
-  model::rope_forward_cpu(w.k.data(), w.k.data(), w.pos.data(), rope_cos_.data(), rope_sin_.data(),
-                          B, Hkv, D, c.rope_style);
-  for (int64_t b = 0; b < B; ++b)
-    cache_->write(l, w.table.data() + b * w.max_blocks, w.pos[size_t(b)], 1, w.k.data() + b * KV,
-                  w.v.data() + b * KV);
-  model::attention_decode_cpu(w.atty.data(), w.q.data(), cache_->k(l), cache_->v(l), w.table.data(),
-                              w.lens.data(), B, H, Hkv, D, cache_->num_blocks(),
-                              cache_->block_size(), w.max_blocks);
-  model::linear_decode_cpu(w.xmid.data(), w.atty.data(), lw.wo, lw.bo, B, Q, C);
-  if (tp_) tp_->comm->all_reduce(w.xmid.data(), w.xmid.data(), B * C);
-  model::residual_forward_cpu(w.xmid.data(), w.xmid.data(), w.x.data(), B * C);
-  model::rmsnorm_forward_cpu(w.ln.data(), w.rstd.data(), w.xmid.data(), lw.w_post, B, C, eps);
-  model::linear_decode_cpu(w.gate.data(), w.ln.data(), lw.wg, static_cast<const float*>(nullptr), B,
-                           C, F);
-  model::linear_decode_cpu(w.up.data(), w.ln.data(), lw.wu, static_cast<const float*>(nullptr), B,
-                           C, F);
-  model::swiglu_forward_cpu(w.h.data(), w.gate.data(), w.up.data(), B, F);
-  model::linear_decode_cpu(w.x.data(), w.h.data(), lw.wd, static_cast<const float*>(nullptr), B, F,
-                           C);
-  if (tp_) tp_->comm->all_reduce(w.x.data(), w.x.data(), B * C);
-  model::residual_forward_cpu(w.x.data(), w.x.data(), w.xmid.data(), B * C);
+  return head_logits(r.x.data() + (P - 1) * C, 1, r, w.plogits.data());
 }
 
 void Engine::prepare_decode(const std::vector<Seq*>& active) {
@@ -404,33 +400,29 @@ const float* Engine::decode_step(const std::vector<Seq*>& active) {
     return cuda_->decode(w.tokens.data(), w.pos.data(), w.lens.data(), w.table.data(), B,
                          w.max_blocks);
 #endif
-  const int64_t C = c.hidden_size, F = tp_ ? tp_->F : c.intermediate_size, V = c.vocab_size;
-  const int64_t Q = (tp_ ? tp_->H : c.num_attention_heads) * c.D();
-  const int64_t KV = (tp_ ? tp_->Hkv : c.num_key_value_heads) * c.D();
-  grow(w.x, B * C);
-  grow(w.ln, B * C);
-  grow(w.rstd, B);
-  grow(w.q, B * Q);
-  grow(w.k, B * KV);
-  grow(w.v, B * KV);
-  grow(w.atty, B * Q);
-  grow(w.xmid, B * C);
-  grow(w.gate, B * F);
-  grow(w.up, B * F);
-  grow(w.h, B * F);
+  const int64_t C = c.hidden_size, V = c.vocab_size, H = spec_.H, Hkv = spec_.Hkv, D = spec_.D;
+  const int64_t KV = spec_.kv_dim();
+  Rows& r = w.decode;
+  model::LayerActs<float> a = r.acts(B, spec_);
   grow(w.logits, B * V);
-  const int eu = layout_.embedding_unit(), hu = layout_.head_unit();
+  const int eu = layout_.embedding_unit();
   model::embedding_forward_cpu(
-      w.x.data(), w.tokens.data(),
+      r.x.data(), w.tokens.data(),
       weights_.unit_buffer(eu) + layout_.unit(eu).at("embed_tokens.weight").offset, B, C, V);
-  for (int l = 0; l < c.num_hidden_layers; ++l) layer_decode(l, B);
-  model::rmsnorm_forward_cpu(
-      w.ln.data(), w.rstd.data(), w.x.data(),
-      weights_.unit_buffer(hu) + layout_.unit(hu).at("model.norm.weight").offset, B, C,
-      c.rms_norm_eps);
-  model::linear_decode_cpu(w.logits.data(), w.ln.data(), lm_head_weight(),
-                           static_cast<const float*>(nullptr), B, C, V);
-  return w.logits.data();
+  // Each row at its own position; the batch-invariant decode kernel for every linear.
+  model::LayerRun<float> run = layer_run(B, w.pos.data(), &model::linear_decode_cpu<float>);
+  for (int l = 0; l < c.num_hidden_layers; ++l) {
+    run.attention = [&, l](float* atty, const float* q, const float* k, const float* v) {
+      for (int64_t b = 0; b < B; ++b)
+        cache_->write(l, w.table.data() + b * w.max_blocks, w.pos[size_t(b)], 1, k + b * KV,
+                      v + b * KV);
+      model::attention_decode_cpu(atty, q, cache_->k(l), cache_->v(l), w.table.data(),
+                                  w.lens.data(), B, H, Hkv, D, cache_->num_blocks(),
+                                  cache_->block_size(), w.max_blocks);
+    };
+    model::decoder_layer_forward_cpu(r.x.data(), a, r.x.data(), layer_weights(l), spec_, run);
+  }
+  return head_logits(r.x.data(), B, r, w.logits.data());
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "model/decoder_layer.h"
 #include "model/layout.h"
 #include "model/ops/cuda_types.h"
 #include "model/provider.h"
@@ -39,6 +40,11 @@ struct EngineOptions {
   /// or size 1: TP 1, the fast path. Size T > 1: every rank of the group builds the engine with the
   /// same options and calls generate() with the same requests (collective); see Engine.
   parallel::Comm* tp_comm = nullptr;
+  /// Elements to allocate for each unit's weight buffer, host and device (at least the unit's
+  /// numel; empty = numel): room for a writer that delivers units in larger pieces — weight sync
+  /// lands the trainers' padded shards whole (parallel::WeightSync::engine_unit_room). The engine
+  /// reads only [0, numel) of each.
+  std::vector<int64_t> unit_room;
 };
 
 /// One prompt to complete n_samples times.
@@ -90,11 +96,13 @@ struct EngineStats {
 using ProgressFn =
     std::function<void(const EngineStats& stats, int64_t samples_done, int64_t samples_total)>;
 
-/// The weights of an engine: one full fp32 buffer per ZeRO unit (ParamLayout order,
-/// numel_padded elements, padding zero), as a read-only UnitProvider for the model code.
+/// The weights of an engine: one full fp32 buffer per unit (ParamLayout order, max(numel,
+/// room[u]) elements, zero-initialised), as a read-only UnitProvider for the model code.
 class EngineWeights : public model::UnitProvider<float> {
  public:
-  explicit EngineWeights(const model::ParamLayout& layout);
+  /// room: elements per unit (empty, or an entry below numel, means numel). Throws rlhf::Error
+  /// when room has an entry count other than the layout's units.
+  EngineWeights(const model::ParamLayout& layout, const std::vector<int64_t>& room = {});
   float* unit_buffer(int u) { return units_.at(size_t(u)).data(); }
   const float* unit_buffer(int u) const { return units_.at(size_t(u)).data(); }
   const float* acquire_params(int u) override { return unit_buffer(u); }
@@ -122,9 +130,8 @@ class EngineCuda;
 
 class Engine {
  public:
-  /// layout: an LM-head model (any n_shards: the padding of the buffers follows it, so weight
-  /// sync can write a trainer's gathered units as they are). Weights start at zero: fill
-  /// unit_buffer(u) (e.g. io::load_model_hdf5 into unit_buffers()). Allocates the KV cache
+  /// layout: an LM-head model; options.unit_room sizes the unit buffers. Weights start at zero:
+  /// fill unit_buffer(u) (e.g. io::load_model_hdf5 into unit_buffers()). Allocates the KV cache
   /// (throws if the budget holds no block).
   Engine(const model::ParamLayout& layout, const EngineOptions& options);
   ~Engine();
@@ -134,7 +141,8 @@ class Engine {
   const model::ParamLayout& layout() const { return layout_; }
   const EngineOptions& options() const { return opt_; }
   int num_units() const { return layout_.num_units(); }
-  /// Full fp32 buffer of unit u (layout().unit(u).numel_padded floats): what weight sync writes.
+  /// Full fp32 buffer of unit u (numel floats, or options().unit_room[u]): what weight sync
+  /// writes.
   float* unit_buffer(int u) { return weights_.unit_buffer(u); }
   /// unit_buffer(u) for every unit, in order.
   std::vector<float*> unit_buffers();
@@ -180,8 +188,9 @@ class Engine {
 
  private:
   struct Seq;
+  struct Rows;
   struct Work;
-  struct Tp;  // tensor-parallel slices and dims (null for TP 1)
+  struct Tp;  // tensor-parallel slices (null for TP 1)
   // TP > 1: copies this rank's slices out of the full unit buffers (every generate()).
   void slice_weights();
   // Prompt forward for positions [0, P) of `blocks`: writes K/V, returns the last row's logits.
@@ -190,10 +199,17 @@ class Engine {
   const float* decode_step(const std::vector<Seq*>& active);
   // Fills the decode inputs (tokens, positions, lengths, block table) of the active sequences.
   void prepare_decode(const std::vector<Seq*>& active);
-  void layer_decode(int l, int64_t B);
+  // The layer routine's run settings for N rows at `pos` with `linear` (attention set per layer).
+  model::LayerRun<float> layer_run(int64_t N, const int32_t* pos,
+                                   model::LinearFn<float> linear) const;
+  // Layer l's weights (this rank's slices under tensor parallelism).
+  model::LayerParams<const float> layer_weights(int l) const;
+  // Final norm + LM head of N hidden rows x (N, C) into logits (N, V).
+  const float* head_logits(const float* x, int64_t N, Rows& r, float* logits);
   const float* lm_head_weight() const;
 
   model::ParamLayout layout_;
+  model::LayerSpec spec_;  // this rank's layer dims (the heads and MLP columns it computes)
   EngineOptions opt_;
   EngineWeights weights_;
   std::unique_ptr<KvCache> cache_;

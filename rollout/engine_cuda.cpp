@@ -33,8 +33,10 @@ int64_t row_elems(const model::ModelConfig& c) {
   const int64_t C = c.hidden_size, F = c.intermediate_size, D = c.D();
   const int64_t Q = c.num_attention_heads * D, KV = c.num_key_value_heads * D;
   // x, x2, ln, xmid, proj; q, atty; k, v; gate, up, h; the packed q/k/v output (counted even
-  // when the layout does not pack them: an upper bound).
-  return 5 * C + 2 * Q + 2 * KV + 3 * F + (Q + 2 * KV);
+  // when the layout does not pack them: an upper bound); the QK-norm statistics (fp32, as two
+  // bf16 each).
+  return 5 * C + 2 * Q + 2 * KV + 3 * F + (Q + 2 * KV) +
+         2 * (c.num_attention_heads + c.num_key_value_heads);
 }
 
 }  // namespace
@@ -53,7 +55,7 @@ int64_t EngineCuda::fixed_bytes(const model::ParamLayout& layout, int64_t max_ba
                                 int64_t block_size) {
   const model::ModelConfig& c = layout.config();
   int64_t weights = 0;
-  for (const model::UnitLayout& u : layout.units()) weights += u.numel_padded;
+  for (const model::UnitLayout& u : layout.units()) weights += u.numel;
   const int64_t rows = std::max(max_batch, c.max_position_embeddings);
   const int64_t acts = rows * row_elems(c) * 2 + max_batch * c.vocab_size * 2 +
                        c.vocab_size * 6;  // + one prefill row of logits, widened
@@ -86,7 +88,7 @@ int64_t EngineCuda::kv_budget_bytes(const model::ParamLayout& layout, double uti
 }
 
 EngineCuda::EngineCuda(const model::ParamLayout& layout, const KvCache& kv, int64_t max_batch,
-                       bool use_graphs)
+                       bool use_graphs, const std::vector<int64_t>& unit_room)
     : layout_(layout),
       num_blocks_(kv.num_blocks()),
       block_size_(kv.block_size()),
@@ -102,27 +104,35 @@ EngineCuda::EngineCuda(const model::ParamLayout& layout, const KvCache& kv, int6
   L_ = c.num_hidden_layers;
   max_pos_ = c.max_position_embeddings;
   max_blocks_cap_ = (max_pos_ + block_size_ - 1) / block_size_;
-  for (const model::UnitLayout& u : layout.units()) {
-    units_.emplace_back(u.numel_padded, "engine weights");
-    weight_bytes_ += u.numel_padded * int64_t(sizeof(bf16));
+  RLHF_CHECK(unit_room.empty() || int(unit_room.size()) == layout.num_units(),
+             "GPU engine: room for {} units, the model has {}", unit_room.size(),
+             layout.num_units());
+  for (int u = 0; u < layout.num_units(); ++u) {
+    const int64_t n = std::max(layout.unit(u).numel, unit_room.empty() ? 0 : unit_room[size_t(u)]);
+    units_.emplace_back(n, "engine weights");
+    CUDA_CHECK(cudaMemsetAsync(units_.back().get(), 0, size_t(n) * sizeof(bf16), stream_.get()));
+    weight_bytes_ += n * int64_t(sizeof(bf16));
   }
   // One extra block: the scratch block that the padded rows of a captured batch write into.
   kv_.resize(2 * L_ * (num_blocks_ + 1) * Hkv_ * block_size_ * D_, "engine KV cache");
   rope_cos_.resize(max_pos_ * D_ / 2, "RoPE cos table");
   rope_sin_.resize(max_pos_ * D_ / 2, "RoPE sin table");
-  model::rope_tables_upload_cuda(rope_cos_.get(), rope_sin_.get(), max_pos_, D_, c.rope_theta);
+  model::rope_tables_upload_cuda(rope_cos_.get(), rope_sin_.get(), max_pos_, D_,
+                                 model::rope_inv_freq(c).data());
   const int64_t rows = std::max(max_batch_, max_pos_);
   const int64_t Q = H_ * D_, KV = Hkv_ * D_;
   for (DeviceArray<bf16>* a : {&x_, &x2_, &ln_, &xmid_, &proj_}) a->resize(rows * C_, "engine");
   for (DeviceArray<bf16>* a : {&q_, &atty_}) a->resize(rows * Q, "engine");
   for (DeviceArray<bf16>* a : {&k_, &v_}) a->resize(rows * KV, "engine");
   for (DeviceArray<bf16>* a : {&gate_, &up_, &h_}) a->resize(rows * F_, "engine");
-  fused_qkv_ = L_ > 0;
+  spec_ = model::layer_spec(c);
+  fused_qkv_ = L_ > 0 && !spec_.qk_norm;  // QK-norm sits between the projection and RoPE
   for (int l = 0; l < L_; ++l)
     fused_qkv_ = fused_qkv_ && model::qkv_packed(layout.unit(layout.layer_unit(l)));
   if (fused_qkv_) qkv_.resize(rows * (Q + 2 * KV), "engine");
   logits_.resize(max_batch_ * V_, "engine logits");
   rstd_.resize(rows);
+  if (spec_.qk_norm) qk_rstd_.resize(rows * (H_ + Hkv_), "engine");
   lse_.resize(H_ * max_pos_);
   attn_ws_.resize(static_cast<int64_t>(model::attention_decode_paged_cuda_workspace_bytes(
                       max_batch_, H_, D_, max_blocks_cap_, block_size_)) /
@@ -147,7 +157,7 @@ void EngineCuda::upload_weights(const std::vector<const float*>& units) {
              units_.size());
   std::vector<bf16> tmp;
   for (size_t u = 0; u < units.size(); ++u) {
-    const int64_t n = units_[u].size();
+    const int64_t n = layout_.unit(int(u)).numel;
     tmp.resize(static_cast<size_t>(n));
 #pragma omp parallel for simd schedule(static) if (n > 65536)
     for (int64_t i = 0; i < n; ++i) tmp[size_t(i)] = __float2bfloat16_rn(units[u][i]);
@@ -169,47 +179,47 @@ std::vector<bf16*> EngineCuda::device_units() {
 void EngineCuda::layer_forward(int l, int64_t N, const bf16* x_in, bf16* x_out, bool decode,
                                int64_t table_stride, int64_t max_blocks) {
   const cudaStream_t s = stream_.get();
-  const model::ModelConfig& c = layout_.config();
   const int u = layout_.layer_unit(l);
   const model::LayerParams<const bf16> w(layout_.unit(u), units_[size_t(u)].get());
-  const int64_t Q = H_ * D_, KV = Hkv_ * D_;
-  const double eps = c.rms_norm_eps;
   const int64_t plane = (num_blocks_ + 1) * Hkv_ * block_size_ * D_;
   bf16* kc = kv_.get() + (2 * l) * plane;
   bf16* vc = kv_.get() + (2 * l + 1) * plane;
   const int32_t* table = decode ? table_.get() : blocks_.get();
-  model::rmsnorm_forward_cuda(ln_.get(), rstd_.get(), x_in, w.w_in, N, C_, eps, s);
-  if (fused_qkv_) {  // one GEMM over the packed q/k/v weights, RoPE in the split
-    model::linear_forward_cuda(qkv_.get(), ln_.get(), w.wq, w.bq, N, C_, Q + 2 * KV, s);
-    model::qkv_rope_split_cuda(q_.get(), k_.get(), v_.get(), qkv_.get(), pos_.get(),
-                               rope_cos_.get(), rope_sin_.get(), N, H_, Hkv_, D_, c.rope_style, s);
-  } else {
-    model::linear_forward_cuda(q_.get(), ln_.get(), w.wq, w.bq, N, C_, Q, s);
-    model::linear_forward_cuda(k_.get(), ln_.get(), w.wk, w.bk, N, C_, KV, s);
-    model::linear_forward_cuda(v_.get(), ln_.get(), w.wv, w.bv, N, C_, KV, s);
-    model::rope_forward_cuda(q_.get(), q_.get(), pos_.get(), rope_cos_.get(), rope_sin_.get(), N,
-                             H_, D_, c.rope_style, s);
-    model::rope_forward_cuda(k_.get(), k_.get(), pos_.get(), rope_cos_.get(), rope_sin_.get(), N,
-                             Hkv_, D_, c.rope_style, s);
+  model::LayerActsCuda a;  // inference: one set of buffers, ln/rstd shared by both norms
+  a.ln1 = a.ln2 = ln_.get();
+  a.rstd1 = a.rstd2 = rstd_.get();
+  a.q = q_.get();
+  a.k = k_.get();
+  a.v = v_.get();
+  if (spec_.qk_norm) {
+    a.q_rstd = qk_rstd_.get();
+    a.k_rstd = qk_rstd_.get() + N * H_;
   }
-  model::kv_cache_write_cuda(kc, vc, k_.get(), v_.get(), table, table_stride, pos_.get(), N, Hkv_,
-                             D_, block_size_, s);
-  if (decode)
-    model::attention_decode_paged_cuda(atty_.get(), attn_ws_.get(), q_.get(), kc, vc, table,
-                                       lens_.get(), N, H_, Hkv_, D_, num_blocks_ + 1, block_size_,
-                                       max_blocks, s);
-  else  // the prompt attends to itself causally (the rows just written to the cache); always
-        // the flash kernels: a cuDNN plan per prompt length would compile at every new length
-    model::attention_forward_cuda(atty_.get(), lse_.get(), q_.get(), k_.get(), v_.get(), 1, N, H_,
-                                  Hkv_, D_, s, model::AttentionImpl::kFlash);
-  model::linear_forward_cuda(proj_.get(), atty_.get(), w.wo, w.bo, N, Q, C_, s);
-  model::rmsnorm_residual_forward_cuda(xmid_.get(), ln_.get(), rstd_.get(), x_in, proj_.get(),
-                                       w.w_post, N, C_, eps, s);
-  model::linear_forward_cuda(gate_.get(), ln_.get(), w.wg, nullptr, N, C_, F_, s);
-  model::linear_forward_cuda(up_.get(), ln_.get(), w.wu, nullptr, N, C_, F_, s);
-  model::swiglu_forward_cuda(h_.get(), gate_.get(), up_.get(), N, F_, s);
-  model::linear_forward_cuda(proj_.get(), h_.get(), w.wd, nullptr, N, F_, C_, s);
-  model::residual_forward_cuda(x_out, xmid_.get(), proj_.get(), N * C_, s);
+  a.atty = atty_.get();
+  a.x_mid = xmid_.get();
+  a.gate = gate_.get();
+  a.up = up_.get();
+  a.h = h_.get();
+  model::LayerScratchCuda scratch{proj_.get(), fused_qkv_ ? qkv_.get() : nullptr};
+  model::LayerRunCuda run;
+  run.N = N;
+  run.pos = pos_.get();
+  run.rope_cos = rope_cos_.get();
+  run.rope_sin = rope_sin_.get();
+  run.fused_qkv = fused_qkv_;
+  run.stream = s;
+  run.attention = [&](bf16* atty, const bf16* q, const bf16* k, const bf16* v, cudaStream_t st) {
+    model::kv_cache_write_cuda(kc, vc, k, v, table, table_stride, pos_.get(), N, Hkv_, D_,
+                               block_size_, st);
+    if (decode)
+      model::attention_decode_paged_cuda(atty, attn_ws_.get(), q, kc, vc, table, lens_.get(), N, H_,
+                                         Hkv_, D_, num_blocks_ + 1, block_size_, max_blocks, st);
+    else  // the prompt attends to itself causally (the rows just written to the cache); always
+          // the flash kernels: a cuDNN plan per prompt length would compile at every new length
+      model::attention_forward_cuda(atty, lse_.get(), q, k, v, 1, N, H_, Hkv_, D_, st,
+                                    model::AttentionImpl::kFlash);
+  };
+  model::decoder_layer_forward_cuda(x_out, a, scratch, x_in, w, spec_, run);
 }
 
 namespace {

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "core/device_memory.h"
+#include "model/decoder_layer.h"
 #include "model/layout.h"
 #include "model/ops/cuda_types.h"
 #include "rollout/kv_cache.h"
@@ -41,13 +42,14 @@ class EngineCuda {
                                  int64_t block_size);
 
   /// kv: the engine's block bookkeeping (its num_blocks and block_size size the device cache).
+  /// unit_room: elements per device unit buffer (EngineOptions::unit_room; empty = numel).
   EngineCuda(const model::ParamLayout& layout, const KvCache& kv, int64_t max_batch,
-             bool use_graphs);
+             bool use_graphs, const std::vector<int64_t>& unit_room = {});
   ~EngineCuda();
   EngineCuda(const EngineCuda&) = delete;
   EngineCuda& operator=(const EngineCuda&) = delete;
 
-  /// Uploads the full fp32 unit buffers (ParamLayout order, numel_padded each) as bf16.
+  /// Uploads the full fp32 unit buffers (ParamLayout order, numel each) as bf16.
   void upload_weights(const std::vector<const float*>& units);
   /// The bf16 device unit buffers (for a device-to-device weight sync).
   std::vector<model::bf16*> device_units();
@@ -80,6 +82,7 @@ class EngineCuda {
   int64_t bucket(int64_t B) const;
 
   model::ParamLayout layout_;
+  model::LayerSpec spec_;
   int64_t C_, F_, H_, Hkv_, D_, V_, L_, max_pos_;
   int64_t num_blocks_, block_size_, max_batch_, max_blocks_cap_;
   bool use_graphs_;
@@ -92,7 +95,7 @@ class EngineCuda {
   DeviceArray<model::bf16> x_, x2_, ln_, q_, k_, v_, atty_, xmid_, gate_, up_, h_, proj_, logits_;
   bool fused_qkv_ = false;        // every layer's q/k/v packed (model::qkv_packed): one GEMM
   DeviceArray<model::bf16> qkv_;  // (rows, q + 2·kv) packed QKV output when fused_qkv_
-  DeviceArray<float> rstd_, lse_, attn_ws_;
+  DeviceArray<float> rstd_, qk_rstd_, lse_, attn_ws_;
   DeviceArray<int32_t> tokens_, pos_, lens_, table_, blocks_, blocks2_;
   std::vector<float> logits_host_;
   std::vector<model::bf16> logits_bf16_host_;

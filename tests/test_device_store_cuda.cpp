@@ -29,14 +29,14 @@ std::vector<std::vector<float>> bf16_units(const model::ParamLayout& layout, uin
   test::round_params_bf16(P);
   std::vector<std::vector<float>> units;
   for (int u = 0; u < layout.num_units(); ++u)
-    units.emplace_back(P.params(u), P.params(u) + layout.unit(u).numel_padded);
+    units.emplace_back(P.params(u), P.params(u) + layout.unit(u).numel);
   return units;
 }
 
 std::vector<std::vector<float>> gather_all(parallel::ParamStore& s) {
   std::vector<std::vector<float>> out;
   for (int u = 0; u < s.layout().num_units(); ++u) {
-    out.emplace_back(size_t(s.layout().unit(u).numel_padded));
+    out.emplace_back(size_t(s.layout().unit(u).numel));
     s.gather_unit(u, out.back().data());
   }
   return out;
@@ -79,7 +79,7 @@ std::vector<double> sft_steps(parallel::TrainModel& m, double eps = 1e-8) {
 TEST_CASE("device store: weights and moments round-trip; unit_shard and memory") {
   RLHF_SKIP_WITHOUT_CUDA_DEVICE();
 #ifdef RLHF_CUDA
-  const model::ParamLayout layout(store_config(), HeadKind::kLM, 1);
+  const model::ParamLayout layout(store_config(), HeadKind::kLM);
   const auto units = bf16_units(layout, 1);
   for (bool offload : {false, true}) {
     parallel::DeviceStoreOptions o;
@@ -88,19 +88,22 @@ TEST_CASE("device store: weights and moments round-trip; unit_shard and memory")
     for (int u = 0; u < layout.num_units(); ++u) s.load_unit(u, units[size_t(u)].data());
     CHECK(gather_all(s) == units);
     const parallel::UnitShard sh = s.unit_shard(1);
+    const parallel::ShardLayout shards(layout, 1);
     CHECK(sh.offset == 0);
-    CHECK(sh.count == layout.unit(1).numel_padded);
-    CHECK(std::vector<float>(sh.data, sh.data + sh.count) == units[1]);
-    const auto m = test::random_vec<float>(layout.unit(2).numel_padded, 5);
-    const auto v = test::random_vec<float>(layout.unit(2).numel_padded, 6, 0, 1);
+    CHECK(sh.count == shards.padded_numel(1));  // one shard: the unit and its zero padding
+    std::vector<float> padded = units[1];
+    padded.resize(size_t(sh.count), 0.0f);
+    CHECK(std::vector<float>(sh.data, sh.data + sh.count) == padded);
+    const auto m = test::random_vec<float>(layout.unit(2).numel, 5);
+    const auto v = test::random_vec<float>(layout.unit(2).numel, 6, 0, 1);
     s.load_moments(2, m.data(), v.data());
     std::vector<float> m2(m.size()), v2(v.size());
     s.gather_moments(2, m2.data(), v2.data());
     CHECK(m2 == m);
     CHECK(v2 == v);
     const parallel::MemoryReport r = s.memory();
-    CHECK(r.grads_bytes == layout.total_padded() * 4);
-    CHECK(r.optimizer_bytes == 2 * layout.total_padded() * 4);
+    CHECK(r.grads_bytes == shards.total_padded() * 4);
+    CHECK(r.optimizer_bytes == 2 * shards.total_padded() * 4);
     CHECK(r.optimizer_on_host == offload);
     CHECK(s.replicated());
   }
@@ -110,13 +113,13 @@ TEST_CASE("device store: weights and moments round-trip; unit_shard and memory")
 TEST_CASE("device store: the gradient norm is the norm of the accumulated gradients") {
   RLHF_SKIP_WITHOUT_CUDA_DEVICE();
 #ifdef RLHF_CUDA
-  const model::ParamLayout layout(store_config(), HeadKind::kLM, 1);
+  const model::ParamLayout layout(store_config(), HeadKind::kLM);
   parallel::DeviceZero3Store s(layout, nullptr);
   std::vector<std::vector<float>> g;
   double ref = 0;
   s.zero_grads();
   for (int u = 0; u < layout.num_units(); ++u) {
-    g.push_back(test::random_vec<float>(layout.unit(u).numel_padded, 100 + u));
+    g.push_back(test::random_vec<float>(layout.unit(u).numel, 100 + u));
     float* dev = s.acquire_grads(u);
     // Gradients are written in the order of the store's stream (as the model's backward does).
     CUDA_CHECK(cudaMemcpyAsync(dev, g.back().data(), g.back().size() * 4, cudaMemcpyHostToDevice,
@@ -133,7 +136,7 @@ TEST_CASE("device store: the gradient norm is the norm of the accumulated gradie
 TEST_CASE("device store + GPU model: optimizer steps follow the CPU store + CPU model") {
   RLHF_SKIP_WITHOUT_CUDA_DEVICE();
 #ifdef RLHF_CUDA
-  const model::ParamLayout layout(store_config(), HeadKind::kLM, 1);
+  const model::ParamLayout layout(store_config(), HeadKind::kLM);
   const auto init = bf16_units(layout, 2);
   auto cpu =
       parallel::make_cpu_train_model(std::make_unique<parallel::LocalParamStore>(layout), false);
@@ -168,7 +171,7 @@ TEST_CASE("device store + GPU model: optimizer steps follow the CPU store + CPU 
 TEST_CASE("device store: --adam_offload steps like the device optimizer") {
   RLHF_SKIP_WITHOUT_CUDA_DEVICE();
 #ifdef RLHF_CUDA
-  const model::ParamLayout layout(store_config(), HeadKind::kLM, 1);
+  const model::ParamLayout layout(store_config(), HeadKind::kLM);
   const auto init = bf16_units(layout, 3);
   parallel::DeviceStoreOptions off;
   off.adam_offload = true;
@@ -185,8 +188,7 @@ TEST_CASE("device store: --adam_offload steps like the device optimizer") {
   for (int u = 0; u < layout.num_units(); ++u)
     test::check_nmse("offload weights of unit " + std::to_string(u), wb[size_t(u)], wa[size_t(u)],
                      1e-12);
-  std::vector<float> ma(size_t(layout.unit(1).numel_padded)), va(ma.size()), mb(ma.size()),
-      vb(ma.size());
+  std::vector<float> ma(size_t(layout.unit(1).numel)), va(ma.size()), mb(ma.size()), vb(ma.size());
   a->store().gather_moments(1, ma.data(), va.data());
   b->store().gather_moments(1, mb.data(), vb.data());
   test::check_nmse("offload first moment", mb, ma, 1e-12);
@@ -197,11 +199,11 @@ TEST_CASE("device store: --adam_offload steps like the device optimizer") {
 TEST_CASE("device store: a frozen store holds bf16 weights only") {
   RLHF_SKIP_WITHOUT_CUDA_DEVICE();
 #ifdef RLHF_CUDA
-  const model::ParamLayout layout(store_config(), HeadKind::kLM, 1);
+  const model::ParamLayout layout(store_config(), HeadKind::kLM);
   parallel::DeviceStoreOptions o;
   o.frozen = true;
   parallel::DeviceZero3Store s(layout, nullptr, o);
-  auto full = test::random_vec<float>(layout.unit(0).numel_padded, 9);
+  auto full = test::random_vec<float>(layout.unit(0).numel, 9);
   s.load_unit(0, full.data());
   std::vector<float> back(full.size());
   s.gather_unit(0, back.data());

@@ -74,7 +74,7 @@ void check_grads(const Fixture& fx, const model::ParamLayout& layout,
 void check_lm_fixture(const std::string& name) {
   Fixture fx = open_fixture(name);
   REQUIRE(fx.head == model::HeadKind::kLM);
-  model::ParamLayout layout(fx.cfg, fx.head, 1);
+  model::ParamLayout layout(fx.cfg, fx.head);
   parallel::LocalParamStore store(layout);
   auto& P = store.local();
   load_params(
@@ -151,7 +151,7 @@ TEST_CASE("PyTorch fixture: qwen2 with q/k/v bias") {
 TEST_CASE("PyTorch fixture: value head") {
   Fixture fx = open_fixture("value_head.h5");
   REQUIRE(fx.head == model::HeadKind::kValue);
-  model::ParamLayout layout(fx.cfg, fx.head, 1);
+  model::ParamLayout layout(fx.cfg, fx.head);
   model::LocalParams<float> P(layout);
   load_params(
       fx, layout, [&](int u) { return P.params(u); }, "/params");

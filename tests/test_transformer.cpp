@@ -39,7 +39,7 @@ struct Case {
 
 void check_model_grads(const Case& cs) {
   const int64_t B = 2, T = 5, N = B * T;
-  model::ParamLayout layout(cs.cfg, cs.head, 1);
+  model::ParamLayout layout(cs.cfg, cs.head);
   model::LocalParams<double> P(layout);
   P.init(123, 0.3);  // large std so the gradients are not tiny
   // Random (non-unit) norm weights and biases, so their gradients are exercised.
@@ -84,10 +84,13 @@ void check_model_grads(const Case& cs) {
       RLHF_CHECK_GRAD(cmp, cs.name + " " + t.name);
     }
   }
-  // Padding of every unit's gradient stays zero.
+  // The alignment gaps between tensors of every unit's gradient stay zero.
   for (int u = 0; u < layout.num_units(); ++u) {
-    const auto& un = layout.unit(u);
-    for (int64_t i = un.numel; i < un.numel_padded; ++i) REQUIRE(P.grads(u)[i] == 0.0);
+    int64_t end = 0;
+    for (const auto& t : layout.unit(u).tensors) {
+      for (int64_t i = end; i < t.offset; ++i) REQUIRE(P.grads(u)[i] == 0.0);
+      end = t.offset + t.numel;
+    }
   }
 }
 
@@ -112,7 +115,7 @@ TEST_CASE("transformer gradients vs finite differences") {
 
 TEST_CASE("gradient checkpointing gives identical gradients") {
   auto cfg = tiny_config(model::RopeStyle::kRotateHalf, true, false);
-  model::ParamLayout layout(cfg, HeadKind::kLM, 1);
+  model::ParamLayout layout(cfg, HeadKind::kLM);
   const int64_t B = 3, T = 7, N = B * T;
   auto tokens = test::random_tokens(N, cfg.vocab_size, 1);
   std::vector<int32_t> targets(tokens.begin() + 1, tokens.end());
@@ -127,14 +130,14 @@ TEST_CASE("gradient checkpointing gives identical gradients") {
     net.forward_lm(P, tokens.data(), targets.data(), B, T, lp.data(), nullptr, true);
     net.backward_lm(P, dlp.data(), nullptr);
     for (int u = 0; u < layout.num_units(); ++u)
-      grads[ck].emplace_back(P.grads(u), P.grads(u) + layout.unit(u).numel_padded);
+      grads[ck].emplace_back(P.grads(u), P.grads(u) + layout.unit(u).numel);
   }
   for (size_t u = 0; u < grads[0].size(); ++u) CHECK(grads[0][u] == grads[1][u]);
 }
 
 TEST_CASE("forward_logits agrees with forward_lm's log-probs") {
   auto cfg = tiny_config(model::RopeStyle::kInterleaved, false, false);
-  model::ParamLayout layout(cfg, HeadKind::kLM, 1);
+  model::ParamLayout layout(cfg, HeadKind::kLM);
   model::LocalParams<double> P(layout);
   P.init(3, 0.3);
   const int64_t B = 2, T = 6, N = B * T, V = cfg.vocab_size;

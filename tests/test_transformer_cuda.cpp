@@ -27,7 +27,7 @@ class TestDeviceParams : public model::DeviceUnitProvider {
   TestDeviceParams(model::LocalParams<float>& host, cudaStream_t s)
       : layout_(host.layout()), s_(s) {
     for (int u = 0; u < layout_.num_units(); ++u) {
-      const int64_t n = layout_.unit(u).numel_padded;
+      const int64_t n = layout_.unit(u).numel;
       std::vector<float> p(host.params(u), host.params(u) + n);
       params_.push_back(std::make_unique<test::DeviceBuffer<test::bf16>>(test::to_bf16(p)));
       grads_.push_back(
@@ -86,7 +86,7 @@ constexpr double kNmseGrads = 1e-3;
 
 void check_case(const Case& cs) {
   const int64_t B = 3, T = 13, N = B * T;
-  model::ParamLayout layout(cs.cfg, cs.head, 1);
+  model::ParamLayout layout(cs.cfg, cs.head);
   model::LocalParams<float> P(layout);
   P.init(7, 0.05);
   for (int u = 0; u < layout.num_units(); ++u)
@@ -127,7 +127,7 @@ void check_case(const Case& cs) {
     test::check_nmse(cs.name + " values", out, out_ref, kNmseOutputs);
   }
   for (int u = 0; u < layout.num_units(); ++u) {
-    const int64_t n = layout.unit(u).numel_padded;
+    const int64_t n = layout.unit(u).numel;
     std::vector<float> ref(P.grads(u), P.grads(u) + n);
     test::check_nmse(cs.name + " grads of unit " + std::to_string(u), D.grads(u), ref, kNmseGrads);
   }
@@ -186,7 +186,7 @@ TEST_CASE("transformer cuda: checkpointing and the chunked head change nothing")
   // The same GPU model three ways must give the same bits: recomputation repeats the forward
   // kernels on the same inputs, and a chunked head computes the same rows.
   const auto cfg = small_config(model::RopeStyle::kRotateHalf, true, false, 4, 2);
-  model::ParamLayout layout(cfg, HeadKind::kLM, 1);
+  model::ParamLayout layout(cfg, HeadKind::kLM);
   model::LocalParams<float> P(layout);
   P.init(3, 0.05);
   std::vector<std::vector<float>> lps;
@@ -221,11 +221,11 @@ TEST_CASE("transformer cuda: the packed q/k/v path follows the separate projecti
   // Packed when q·C, kv·C (and q, kv with biases) are multiples of the 64-element alignment.
   CHECK(model::TransformerCuda(
             model::ParamLayout(small_config(model::RopeStyle::kRotateHalf, false, true, 8, 2),
-                               HeadKind::kLM, 1))
+                               HeadKind::kLM))
             .fused_qkv() == false);  // kv = 16: the biases are not back to back
   for (bool bias : {false, true}) {
     const auto cfg = small_config(model::RopeStyle::kInterleaved, false, bias, 4, 4);
-    model::ParamLayout layout(cfg, HeadKind::kLM, 1);
+    model::ParamLayout layout(cfg, HeadKind::kLM);
     model::LocalParams<float> P(layout);
     P.init(4, 0.05);
     LmRun run[2];
@@ -257,7 +257,7 @@ TEST_CASE("transformer cuda: bad token ids are refused on the host") {
   RLHF_SKIP_WITHOUT_CUDA_DEVICE();
 #ifdef RLHF_CUDA
   const auto cfg = small_config(model::RopeStyle::kRotateHalf, false, false, 4, 2);
-  model::ParamLayout layout(cfg, HeadKind::kLM, 1);
+  model::ParamLayout layout(cfg, HeadKind::kLM);
   model::LocalParams<float> P(layout);
   P.init(3, 0.05);
   test::TestStream s;

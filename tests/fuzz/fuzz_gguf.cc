@@ -18,7 +18,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     });
     const rlhf::model::ModelConfig c = rlhf::io::gguf_model_config(*f);
     auto t = rlhf::io::open_gguf_tensors(f, c);
-    const rlhf::model::ParamLayout layout(c, rlhf::model::HeadKind::kLM, 1);
+    const rlhf::model::ParamLayout layout(c, rlhf::model::HeadKind::kLM);
     std::vector<float> buf;
     for (const auto& u : layout.units())
       for (const auto& ti : u.tensors) {

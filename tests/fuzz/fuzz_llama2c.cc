@@ -13,7 +13,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const rlhf::io::Llama2cHeader h = rlhf::io::parse_llama2c_header(b);
     auto t = rlhf::io::open_llama2c_tensors(b, h);
     const rlhf::model::ParamLayout layout(rlhf::io::llama2c_model_config(h),
-                                          rlhf::model::HeadKind::kLM, 1);
+                                          rlhf::model::HeadKind::kLM);
     std::vector<float> buf;
     for (const auto& u : layout.units())
       for (const auto& ti : u.tensors) {

@@ -32,7 +32,7 @@ void load_all(const std::string& bytes) {
       std::make_shared<io::GgufFile>(io::parse_gguf(io::blob_from_string(bytes, "mutant.gguf")));
   const model::ModelConfig c = io::gguf_model_config(*f);
   auto t = io::open_gguf_tensors(f, c);
-  const model::ParamLayout layout(c, model::HeadKind::kLM, 1);
+  const model::ParamLayout layout(c, model::HeadKind::kLM);
   std::vector<float> buf;
   for (const auto& u : layout.units())
     for (const auto& ti : u.tensors) {
@@ -116,7 +116,7 @@ TEST_CASE("gguf: llama-2-tiny-random loads with the README's metadata and shapes
   io::permute_qk_rows(hf.data(), 2, 4, 8, /*to_interleaved=*/true);
   CHECK(hf == raw);
   // The model runs: finite logits.
-  model::ParamLayout layout(c, m.head, 1);
+  model::ParamLayout layout(c, m.head);
   model::LocalParams<float> p(layout);
   for (int u = 0; u < layout.num_units(); ++u) io::load_pretrained_unit(m, layout, u, p.params(u));
   const auto ids = m.tokenizer->encode("Once upon a time", true, false);
@@ -136,7 +136,7 @@ TEST_CASE("gguf: a GGUF we write from a known model reads back identical") {
   }
   test::TempDir dir;
   const io::PretrainedModel m = io::open_pretrained(src);
-  const model::ParamLayout layout(m.config, m.head, 1);
+  const model::ParamLayout layout(m.config, m.head);
   for (io::DType dt : {io::DType::kF32, io::DType::kF16, io::DType::kBF16}) {
     INFO("dtype " << io::to_string(dt));
     const std::string out = dir.file(std::string("ts_") + io::to_string(dt) + ".gguf");

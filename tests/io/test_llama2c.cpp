@@ -34,7 +34,7 @@ void load_all(const std::string& bytes) {
   const io::Blob b = io::blob_from_string(bytes, "m.bin");
   const io::Llama2cHeader h = io::parse_llama2c_header(b);
   auto t = io::open_llama2c_tensors(b, h);
-  const model::ParamLayout layout(io::llama2c_model_config(h), model::HeadKind::kLM, 1);
+  const model::ParamLayout layout(io::llama2c_model_config(h), model::HeadKind::kLM);
   std::vector<float> buf;
   for (const auto& u : layout.units())
     for (const auto& ti : u.tensors) {

@@ -40,7 +40,7 @@ std::string data_path(const std::string& rel) {
 // Loads every unit of `m` into a LocalParams.
 std::unique_ptr<model::LocalParams<float>> load(const io::PretrainedModel& m,
                                                 std::unique_ptr<model::ParamLayout>& layout) {
-  layout = std::make_unique<model::ParamLayout>(m.config, m.head, 1);
+  layout = std::make_unique<model::ParamLayout>(m.config, m.head);
   auto p = std::make_unique<model::LocalParams<float>>(*layout);
   for (int u = 0; u < layout->num_units(); ++u)
     io::load_pretrained_unit(m, *layout, u, p->params(u));
@@ -58,7 +58,7 @@ std::vector<float> logits_of(const io::PretrainedModel& m, const std::vector<int
 
 // Every tensor of the layout, bitwise.
 void check_same_tensors(const io::PretrainedModel& a, const io::PretrainedModel& b) {
-  const model::ParamLayout layout(a.config, a.head, 1);
+  const model::ParamLayout layout(a.config, a.head);
   std::vector<float> x, y;
   int n = 0;
   for (const auto& u : layout.units()) {
@@ -241,10 +241,10 @@ TEST_CASE("pretrained: a rotate-half model equals its Q/K-permuted interleaved t
   auto p = load(m, layout);
   model::ModelConfig twin_cfg = m.config;
   twin_cfg.rope_style = model::RopeStyle::kInterleaved;
-  model::ParamLayout twin_layout(twin_cfg, m.head, 1);
+  model::ParamLayout twin_layout(twin_cfg, m.head);
   model::LocalParams<float> twin(twin_layout);
   for (int u = 0; u < layout->num_units(); ++u)
-    std::copy(p->params(u), p->params(u) + layout->unit(u).numel_padded, twin.params(u));
+    std::copy(p->params(u), p->params(u) + layout->unit(u).numel, twin.params(u));
   const int64_t C = m.config.hidden_size, D = m.config.D();
   for (int l = 0; l < m.config.num_hidden_layers; ++l) {
     const std::string pre = "model.layers." + std::to_string(l) + ".self_attn.";

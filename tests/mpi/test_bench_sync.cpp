@@ -9,6 +9,7 @@
 #include "bench/bench_sync.h"
 #include "model/layout.h"
 #include "parallel/mpi_check.h"
+#include "parallel/shard_layout.h"
 #include "tests/mpi/train_util.h"
 
 TEST_CASE("bench sync: tiny model, colocated and disaggregated, engines hold the weights") {
@@ -38,7 +39,7 @@ TEST_CASE("bench sync: tiny model, colocated and disaggregated, engines hold the
     CHECK(r["wrong"] == 0);
     CHECK(r["train_ranks"] == n_train);
     CHECK(r["engines"] == (G == 0 ? n : G));
-    const model::ParamLayout layout(cfg, model::HeadKind::kLM, n_train);
+    const parallel::ShardLayout layout(model::ParamLayout(cfg, model::HeadKind::kLM), n_train);
     CHECK(r["bytes"] == layout.total_padded() * 4);
     CHECK(r["buckets"].get<int64_t>() > layout.num_units());
     const double f = G == 0 ? (n_train - 1.0) / n_train : 1.0;

@@ -30,14 +30,14 @@ TEST_CASE("device store over NCCL: N ranks train like 1 rank") {
   for (bool tied : {false, true}) {
     const auto cfg = small_config(tied);
     // The single-rank reference on this rank's GPU: one store holding whole units.
-    model::ParamLayout layout1(cfg, model::HeadKind::kLM, 1);
+    model::ParamLayout layout1(cfg, model::HeadKind::kLM);
     auto ref = parallel::make_cuda_train_model(
         std::make_unique<parallel::DeviceZero3Store>(layout1, nullptr), false);
     init_store(ref->store(), 5);
     const auto ref_norms = train(*ref, cfg, 4, 0, kSeqs, kSeqs);
     const auto ref_w = full_weights(ref->store());
 
-    model::ParamLayout layoutN(cfg, model::HeadKind::kLM, N);
+    const model::ParamLayout& layoutN = layout1;  // the same units, sharded over N ranks
     struct Variant {
       const char* name;
       bool offload, keep;
@@ -54,7 +54,7 @@ TEST_CASE("device store over NCCL: N ranks train like 1 rank") {
       // Shards tile the unit: rank r owns [r·S, (r+1)·S).
       for (int u = 0; u < layoutN.num_units(); ++u) {
         const parallel::UnitShard sh = m->store().unit_shard(u);
-        CHECK(sh.count * N == layoutN.unit(u).numel_padded);
+        CHECK(sh.count * N == raw->shard_layout().padded_numel(u));
         CHECK(sh.offset == r * sh.count);
         CHECK(raw->shard_numel(u) == sh.count);
       }

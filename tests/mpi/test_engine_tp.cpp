@@ -39,7 +39,7 @@ model::ModelConfig tp_config(bool qwen2_bias, int64_t kv_heads) {
 }
 
 std::unique_ptr<rollout::Engine> make_engine(const model::ModelConfig& cfg, parallel::Comm* tp) {
-  model::ParamLayout layout(cfg, model::HeadKind::kLM, 1);
+  model::ParamLayout layout(cfg, model::HeadKind::kLM);
   rollout::EngineOptions o;
   o.tp_comm = tp;
   o.kv_cache_bytes = 4 << 20;

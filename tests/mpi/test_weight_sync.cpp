@@ -29,7 +29,7 @@ namespace {
 
 std::vector<int64_t> bucket_sizes(const model::ParamLayout& layout) {
   int64_t largest = 0;
-  for (const auto& u : layout.units()) largest = std::max(largest, u.numel_padded);
+  for (const auto& u : layout.units()) largest = std::max(largest, u.numel);
   return {1024, largest * 4, int64_t(64) << 20};  // smaller than, equal to, larger than a unit
 }
 
@@ -49,7 +49,8 @@ void check_sync(int gen_per_node, bool zero3, int tp = 1, int ranks_per_node = 0
   auto train_comm = parallel::make_comm(topo.train_comm(), "train_comm");
   const int n_train = int(topo.placement().train_ranks.size());
   const auto cfg = small_config(true);
-  model::ParamLayout layout(cfg, model::HeadKind::kLM, n_train);
+  model::ParamLayout layout(cfg, model::HeadKind::kLM);
+  const std::vector<int64_t> room = parallel::WeightSync::engine_unit_room(layout, n_train);
   std::unique_ptr<parallel::ParamStore> store;
   std::vector<std::vector<float>> consolidated;
   if (topo.trains()) {
@@ -68,7 +69,7 @@ void check_sync(int gen_per_node, bool zero3, int tp = 1, int ranks_per_node = 0
   const int root = topo.placement().train_ranks.front();
   std::vector<std::vector<float>> truth(size_t(layout.num_units()));
   for (int u = 0; u < layout.num_units(); ++u) {
-    truth[size_t(u)].resize(size_t(layout.unit(u).numel_padded));
+    truth[size_t(u)].resize(size_t(layout.unit(u).numel));
     if (topo.rank() == root) truth[size_t(u)] = consolidated[size_t(u)];
     MPI_Bcast(truth[size_t(u)].data(), int(truth[size_t(u)].size()), MPI_FLOAT, root,
               MPI_COMM_WORLD);
@@ -83,14 +84,14 @@ void check_sync(int gen_per_node, bool zero3, int tp = 1, int ranks_per_node = 0
         rollout::EngineOptions eo;
         eo.kv_cache_bytes = 1 << 20;
         eo.tp_comm = tp_comm.get();
+        eo.unit_room = room;
         tp_engine = std::make_unique<rollout::Engine>(layout, eo);
         REQUIRE(tp_engine->tp_size() == tp);
         ptrs = tp_engine->unit_buffers();
         for (float* p : ptrs) p[0] = std::numeric_limits<float>::quiet_NaN();
       } else {
         for (int u = 0; u < layout.num_units(); ++u) {
-          engine.emplace_back(size_t(layout.unit(u).numel_padded),
-                              std::numeric_limits<float>::quiet_NaN());
+          engine.emplace_back(size_t(room[size_t(u)]), std::numeric_limits<float>::quiet_NaN());
           ptrs.push_back(engine.back().data());
         }
       }
@@ -102,8 +103,7 @@ void check_sync(int gen_per_node, bool zero3, int tp = 1, int ranks_per_node = 0
     CHECK_MESSAGE(st.bytes > 0, name);
     if (topo.generates())
       for (int u = 0; u < layout.num_units(); ++u) {
-        const std::vector<float> got(ptrs[size_t(u)],
-                                     ptrs[size_t(u)] + layout.unit(u).numel_padded);
+        const std::vector<float> got(ptrs[size_t(u)], ptrs[size_t(u)] + layout.unit(u).numel);
         CHECK_MESSAGE(got == truth[size_t(u)], name << " unit " << u);
       }
     if (tp_engine) {
@@ -182,7 +182,8 @@ TEST_CASE("weight sync into GPU engines (device to device over NCCL) is bit-exac
   auto host = parallel::make_comm(topo.train_comm(), "train_comm");
   const auto cfg = small_config(true);
   const int N = nccl->size();
-  model::ParamLayout layout(cfg, model::HeadKind::kLM, N);
+  model::ParamLayout layout(cfg, model::HeadKind::kLM);
+  const parallel::ShardLayout shards(layout, N);
   parallel::DeviceStoreOptions so;
   auto model = parallel::make_cuda_train_model(
       std::make_unique<parallel::DeviceZero3Store>(layout, nccl.get(), so), false);
@@ -197,18 +198,19 @@ TEST_CASE("weight sync into GPU engines (device to device over NCCL) is bit-exac
   eo.cuda = true;
   eo.gpu_memory_utilization = 0.5;
   eo.max_batch = 2;
+  eo.unit_room = shards.padded_numels();
   rollout::Engine engine(layout, eo);
   for (int64_t bucket : bucket_sizes(layout)) {
     parallel::WeightSync sync(topo, host.get(), layout, bucket);
     const auto dev = engine.device_unit_buffers();
     for (int u = 0; u < layout.num_units(); ++u)  // poison, so a missed slice shows
-      CUDA_CHECK(cudaMemset(dev[size_t(u)], 0xFF,
-                            size_t(layout.unit(u).numel_padded) * sizeof(model::bf16)));
+      CUDA_CHECK(
+          cudaMemset(dev[size_t(u)], 0xFF, size_t(shards.padded_numel(u)) * sizeof(model::bf16)));
     CUDA_CHECK(cudaDeviceSynchronize());  // the sync's non-blocking streams do not wait for it
     const parallel::SyncStats st = sync.sync_device(store, dev, nccl.get());
-    CHECK(st.bytes == layout.total_padded() * 2);
+    CHECK(st.bytes == shards.total_padded() * 2);
     for (int u = 0; u < layout.num_units(); ++u) {
-      std::vector<model::bf16> got(size_t(layout.unit(u).numel_padded));
+      std::vector<model::bf16> got(size_t(layout.unit(u).numel));
       CUDA_CHECK(cudaMemcpy(got.data(), dev[size_t(u)], got.size() * sizeof(model::bf16),
                             cudaMemcpyDeviceToHost));
       int64_t wrong = 0;

@@ -20,13 +20,13 @@ TEST_CASE("zero3: N ranks train like 1 rank (ZeRO-3, ZeRO-3 + offload, keep para
   for (bool tied : {false, true}) {
     const auto cfg = small_config(tied);
     // The single-rank reference, computed locally on every rank: one micro-batch of all sequences.
-    model::ParamLayout layout1(cfg, model::HeadKind::kLM, 1);
+    model::ParamLayout layout1(cfg, model::HeadKind::kLM);
     parallel::LocalParamStore ref(layout1);
     init_store(ref, 5);
     const auto ref_norms = train(ref, cfg, 4, 0, kSeqs, kSeqs);
     const auto ref_w = full_weights(ref);
 
-    model::ParamLayout layoutN(cfg, model::HeadKind::kLM, N);
+    const model::ParamLayout& layoutN = layout1;  // the same units, sharded over N ranks
     struct Variant {
       const char* name;
       int stage;
@@ -78,25 +78,30 @@ TEST_CASE("zero3: shards concatenate to the unit; padding is zero and excluded f
   auto comm = parallel::make_comm(MPI_COMM_WORLD, "train_comm");
   const int N = comm->size();
   const auto cfg = small_config(false);
-  model::ParamLayout layout(cfg, model::HeadKind::kLM, N);
+  model::ParamLayout layout(cfg, model::HeadKind::kLM);
   parallel::Zero3Store store(layout, *comm);
+  const parallel::ShardLayout& shards = store.shard_layout();
   init_store(store, 9);
   for (int u = 0; u < layout.num_units(); ++u) {
     const auto& unit = layout.unit(u);
-    std::vector<float> full(size_t(unit.numel_padded)), back(size_t(unit.numel_padded));
+    std::vector<float> full(size_t(unit.numel)), back(size_t(unit.numel));
     model::init_unit_params(full.data(), unit, 9, 0.1);
     store.gather_unit(u, back.data());
     CHECK(full == back);
-    // This rank's shard is its slice, and slices of all ranks tile the padded unit exactly.
+    // This rank's shard is its slice of the zero-padded unit, and the slices of all ranks tile
+    // the padded unit exactly.
     const int64_t S = store.shard_numel(u);
-    CHECK(S * N == unit.numel_padded);
-    for (int64_t i = 0; i < S; ++i)
-      REQUIRE(store.shard_params(u)[i] == full[size_t(comm->rank() * S + i)]);
-    for (int64_t i = unit.numel; i < unit.numel_padded; ++i) REQUIRE(back[size_t(i)] == 0.0f);
+    CHECK(S * N == shards.padded_numel(u));
+    CHECK(shards.padded_numel(u) >= unit.numel);
+    CHECK(shards.padded_numel(u) % 128 == 0);
+    for (int64_t i = 0; i < S; ++i) {
+      const int64_t g = shards.shard_offset(u, comm->rank()) + i;
+      REQUIRE(store.shard_params(u)[i] == (g < unit.numel ? full[size_t(g)] : 0.0f));
+    }
   }
   // After a backward, the global gradient norm equals the single-rank one computed over real
   // elements only, and the padding of every gradient shard is zero.
-  model::ParamLayout layout1(cfg, model::HeadKind::kLM, 1);
+  model::ParamLayout layout1(cfg, model::HeadKind::kLM);
   parallel::LocalParamStore ref(layout1);
   init_store(ref, 9);
   const auto a = train(ref, cfg, 1, 0, kSeqs, kSeqs);

@@ -98,7 +98,7 @@ inline std::vector<double> train(parallel::TrainModel& m, const model::ModelConf
 inline std::vector<std::vector<float>> full_weights(parallel::ParamStore& store) {
   std::vector<std::vector<float>> w;
   for (int u = 0; u < store.layout().num_units(); ++u) {
-    w.emplace_back(size_t(store.layout().unit(u).numel_padded));
+    w.emplace_back(size_t(store.layout().unit(u).numel));
     store.gather_unit(u, w.back().data());
   }
   return w;
@@ -130,7 +130,7 @@ inline bool select_gpu_per_rank() {
 
 inline void init_store(parallel::ParamStore& store, uint64_t seed) {
   for (int u = 0; u < store.layout().num_units(); ++u) {
-    std::vector<float> full(size_t(store.layout().unit(u).numel_padded));
+    std::vector<float> full(size_t(store.layout().unit(u).numel));
     model::init_unit_params(full.data(), store.layout().unit(u), seed, 0.1);
     store.load_unit(u, full.data());
   }

@@ -192,7 +192,7 @@ inline model::ModelConfig small_gpu_config(int64_t H = 4, int64_t Hkv = 2, int64
 inline void round_params_bf16(model::LocalParams<float>& P) {
   for (int u = 0; u < P.layout().num_units(); ++u) {
     float* p = P.params(u);
-    for (int64_t i = 0; i < P.layout().unit(u).numel_padded; ++i) p[i] = to_f32(to_bf16(p[i]));
+    for (int64_t i = 0; i < P.layout().unit(u).numel; ++i) p[i] = to_f32(to_bf16(p[i]));
   }
 }
 

@@ -52,7 +52,7 @@ model::ModelConfig tiny(bool qwen2_bias, model::RopeStyle style, bool tied) {
 // biases random too, so the bias paths count).
 std::unique_ptr<Engine> make_engine(const model::ModelConfig& cfg, EngineOptions opt = {},
                                     uint64_t seed = 7) {
-  model::ParamLayout layout(cfg, model::HeadKind::kLM, 1);
+  model::ParamLayout layout(cfg, model::HeadKind::kLM);
   auto e = std::make_unique<Engine>(layout, opt);
   for (int u = 0; u < layout.num_units(); ++u) {
     model::init_unit_params(e->unit_buffer(u), layout.unit(u), seed, 0.1);
@@ -153,7 +153,7 @@ TEST_CASE("greedy decoding with the KV cache equals forward_logits on the whole 
   for (const Variant& v : {Variant{false, model::RopeStyle::kRotateHalf, true},
                            Variant{true, model::RopeStyle::kInterleaved, false}}) {
     const auto cfg = tiny(v.bias, v.style, v.tied);
-    model::ParamLayout layout(cfg, model::HeadKind::kLM, 1);
+    model::ParamLayout layout(cfg, model::HeadKind::kLM);
     model::Transformer<float> net(layout);
     for (int64_t batch : {1, 3, 8}) {
       auto probe = make_engine(cfg);
@@ -203,7 +203,7 @@ TEST_CASE("greedy decoding with the KV cache equals forward_logits on the whole 
 
 TEST_CASE("sampling log-probs equal the trainer's forward_lm log-probs at inv_temperature 1/T") {
   const auto cfg = tiny(false, model::RopeStyle::kRotateHalf, true);
-  model::ParamLayout layout(cfg, model::HeadKind::kLM, 1);
+  model::ParamLayout layout(cfg, model::HeadKind::kLM);
   model::Transformer<float> net(layout);
   auto engine = make_engine(cfg);
   for (double T : {0.6, 1.0, 1.4}) {
@@ -388,7 +388,7 @@ TEST_CASE("unit buffers are the weights the engine reads, and it has no gradient
   const auto ta = a->generate({r})[0].tokens;
   CHECK(b->generate({r})[0].tokens != ta);
   for (int u = 0; u < a->num_units(); ++u)  // what weight sync will do: overwrite the buffers
-    std::copy_n(a->unit_buffer(u), a->layout().unit(u).numel_padded, b->unit_buffer(u));
+    std::copy_n(a->unit_buffer(u), a->layout().unit(u).numel, b->unit_buffer(u));
   CHECK(b->generate({r})[0].tokens == ta);
   CHECK_THROWS_AS(a->provider().acquire_grads(0), Error);
 }

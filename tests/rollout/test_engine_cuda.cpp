@@ -73,7 +73,7 @@ TEST_CASE("engine cuda: prefill and batched decode logits match the CPU model") 
   RLHF_SKIP_WITHOUT_CUDA_DEVICE();
 #ifdef RLHF_CUDA
   const auto cfg = engine_config();
-  const model::ParamLayout layout(cfg, model::HeadKind::kLM, 1);
+  const model::ParamLayout layout(cfg, model::HeadKind::kLM);
   model::LocalParams<float> P(layout);
   init_bf16(P);
   const int64_t V = cfg.vocab_size, bs = 4;
@@ -135,7 +135,7 @@ TEST_CASE("engine cuda: CUDA-graph replays give the eager steps' bits") {
   RLHF_SKIP_WITHOUT_CUDA_DEVICE();
 #ifdef RLHF_CUDA
   const auto cfg = engine_config();
-  const model::ParamLayout layout(cfg, model::HeadKind::kLM, 1);
+  const model::ParamLayout layout(cfg, model::HeadKind::kLM);
   model::LocalParams<float> P(layout);
   init_bf16(P);
   const int64_t V = cfg.vocab_size, bs = 8;
@@ -170,7 +170,7 @@ TEST_CASE("engine cuda: generate() on the GPU completes every sample like the CP
   RLHF_SKIP_WITHOUT_CUDA_DEVICE();
 #ifdef RLHF_CUDA
   const auto cfg = engine_config();
-  const model::ParamLayout layout(cfg, model::HeadKind::kLM, 1);
+  const model::ParamLayout layout(cfg, model::HeadKind::kLM);
   model::LocalParams<float> P(layout);
   init_bf16(P);
   std::vector<rollout::GenerationRequest> reqs;
@@ -195,7 +195,7 @@ TEST_CASE("engine cuda: generate() on the GPU completes every sample like the CP
     rollout::Engine e(layout, o);
     CHECK(e.on_gpu() == cuda);
     for (int u = 0; u < layout.num_units(); ++u)
-      std::copy(P.params(u), P.params(u) + layout.unit(u).numel_padded, e.unit_buffer(u));
+      std::copy(P.params(u), P.params(u) + layout.unit(u).numel, e.unit_buffer(u));
     results.push_back(e.generate(reqs));
     CHECK(e.stats().decode_steps > 0);
   }
