@@ -24,7 +24,7 @@ namespace rlhf::app {
 int run_bench(const BenchArgs& args) {
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  const int threads = configure_threads(args.parallel.threads);
+  const int threads = parallel::configure_threads(args.parallel.threads);
   std::unique_ptr<std::ofstream> out;
   if (rank == 0 && !args.output.empty()) {
     out = std::make_unique<std::ofstream>(args.output, std::ios::app);
@@ -37,14 +37,14 @@ int run_bench(const BenchArgs& args) {
     if (out) *out << line << std::endl;
   };
   // --device: the GPU variants of train, generate and sync (bench/bench_cuda.h).
-  const bool cuda = resolve_device(args.parallel.device) == Device::kCuda;
+  const bool cuda = parallel::resolve_device(args.parallel.device) == parallel::Device::kCuda;
   int all_cuda = cuda ? 1 : 0;
   MPI_Allreduce(MPI_IN_PLACE, &all_cuda, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
   RLHF_CHECK(all_cuda == (cuda ? 1 : 0), "--device {}: some ranks found a GPU and others did not",
              args.parallel.device);
   std::vector<std::pair<std::string, model::ModelConfig>> gpu_models;
   if (cuda) {
-    select_node_local_cuda_device(MPI_COMM_WORLD);
+    parallel::select_node_local_cuda_device(MPI_COMM_WORLD);
     LOG0_INFO("bench: device cuda ({})", cuda_device_summary());
     if (!args.model_config.empty())
       gpu_models.emplace_back(args.model_config, io::load_model_config_file(args.model_config));

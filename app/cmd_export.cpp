@@ -35,7 +35,7 @@ int run_export(const ExportArgs& args) {
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   if (rank != 0) return 0;
-  const io::PretrainedModel m = open_pretrained_arg(args.pretrain, args.tokenizer);
+  const io::PretrainedModel m = io::open_pretrained_arg(args.pretrain, args.tokenizer);
   LOG0_INFO("export: {}", m.describe());
   LOG0_INFO("model: {} | {} parameters | {} layers, hidden {}, heads {}/{}, RoPE {}",
             m.config.model_type, m.config.num_parameters(m.head), m.config.num_hidden_layers,

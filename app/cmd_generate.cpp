@@ -50,7 +50,7 @@
 #include "parallel/mpi_check.h"
 #include "parallel/topology.h"
 #include "rollout/engine.h"
-#include "rollout/experience.h"
+#include "rollout/samples.h"
 
 namespace rlhf::app {
 
@@ -226,10 +226,7 @@ std::vector<rollout::Sample> gather_samples(const std::vector<rollout::Sample>& 
         rollout::deserialize_samples(all.data() + displs[size_t(j)], size_t(sizes[size_t(j)]));
     for (rollout::Sample& s : part) out.push_back(std::move(s));
   }
-  std::sort(out.begin(), out.end(), [](const rollout::Sample& a, const rollout::Sample& b) {
-    return a.prompt_pos != b.prompt_pos ? a.prompt_pos < b.prompt_pos
-                                        : a.sample_index < b.sample_index;
-  });
+  rollout::sort_samples(out);
   return out;
 }
 
@@ -244,8 +241,10 @@ std::pair<int64_t, int64_t> engine_prompt_range(int64_t n_prompts, int e, int n_
 int run_generate(const GenerateArgs& args) {
   const int tp = args.gen.vllm_tensor_parallel_size;
   int threads = 1;
-  const std::unique_ptr<parallel::Topology> topo = setup_topology(args.parallel, tp, &threads);
-  const Device device = setup_device(args.parallel, *topo, nullptr);
+  const std::unique_ptr<parallel::Topology> topo =
+      parallel::setup_topology(runtime_options(args.parallel, tp), &threads);
+  const parallel::Device device =
+      parallel::setup_device(runtime_options(args.parallel, tp), *topo, nullptr);
   const parallel::Placement& pl = topo->placement();
   const MPI_Comm world = topo->world();
   const int rank = topo->rank(), n_engines = pl.num_engines();
@@ -257,12 +256,12 @@ int run_generate(const GenerateArgs& args) {
   ModelArgs margs;
   margs.pretrain = args.pretrain;
   margs.tokenizer = args.tokenizer;
-  const ModelSource src = resolve_model_source(margs, model::HeadKind::kLM);
+  const io::ModelSource src = model_source(margs, model::HeadKind::kLM);
   const model::ModelConfig& cfg = src.config;
-  const auto tokenizer = model_tokenizer(src);  // the model's own, else bytes
+  const auto tokenizer = io::model_tokenizer(src);  // the model's own, else bytes
   RLHF_CHECK(!src.checkpoint.empty(),
              "rlhf generate needs a model to sample from\nhint: pass --pretrain CHECKPOINT");
-  model::ParamLayout layout(cfg, model::HeadKind::kLM, 1);
+  model::ParamLayout layout(cfg, model::HeadKind::kLM);
   LOG0_INFO("model: {} | {} parameters | {} layers, hidden {}, heads {}/{} | {}", cfg.model_type,
             layout.num_parameters(), cfg.num_hidden_layers, cfg.hidden_size,
             cfg.num_attention_heads, cfg.num_key_value_heads, src.describe());
@@ -312,8 +311,8 @@ int run_generate(const GenerateArgs& args) {
       "rank",
       n_engines,
       tp == 1 ? std::string("1 rank each") : fmt::format("{} ranks each, tensor parallel", tp),
-      device_name(device),
-      device == Device::kCuda
+      parallel::device_name(device),
+      device == parallel::Device::kCuda
           ? fmt::format("{:.0f}% of GPU memory", 100 * args.gen.vllm_gpu_memory_utilization)
           : fmt::format("{} MiB per rank", args.gen.gen_kv_cache_mb),
       args.gen.gen_max_num_seqs, threads);
@@ -337,7 +336,7 @@ int run_generate(const GenerateArgs& args) {
         tp > 1 ? parallel::make_comm(topo->engine_comm(), "engine_comm") : nullptr;
     rollout::Engine engine(layout,
                            engine_options(args.gen, device, tp_comm.get(), tokenizer->eos_id()));
-    load_model_weights(src, layout, engine.unit_buffers());  // any --pretrain format
+    io::load_model_weights(src, layout, engine.unit_buffers());  // any --pretrain format
     const rollout::KvCache& kv = engine.kv_cache();
     if (rank == 0)
       LOG0_INFO("engine {}: KV cache {} = {} blocks of {} positions ({} per position)", engine_id,

@@ -17,7 +17,7 @@ int run_import(const ImportArgs& args) {
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   if (rank != 0) return 0;
-  const io::PretrainedModel m = open_pretrained_arg(args.pretrain, args.tokenizer);
+  const io::PretrainedModel m = io::open_pretrained_arg(args.pretrain, args.tokenizer);
   LOG0_INFO("import: {}", m.describe());
   std::string out = args.output_path;
   if (std::filesystem::is_directory(out)) out = (std::filesystem::path(out) / "model.h5").string();

@@ -14,10 +14,12 @@
 #include "io/metrics.h"
 #include "io/preference_dataset.h"
 #include "io/tokenizer.h"
-#include "model/ops/rl_loss.h"
 #include "model/transformer.h"
 #include "optim/schedule.h"
 #include "parallel/failure_injection.h"
+#include "rl/epoch_order.h"
+#include "rl/losses.h"
+#include "rl/weights.h"
 
 namespace rlhf::app {
 
@@ -29,11 +31,12 @@ double since(Clock::time_point t) {
 }  // namespace
 
 int run_rm(const RmArgs& args) {
-  TrainRuntime rt = setup_train_runtime(args.parallel, 1, /*needs_generation=*/false);
+  parallel::TrainRuntime rt =
+      parallel::setup_train_runtime(runtime_options(args.parallel, 1), /*needs_generation=*/false);
   parallel::Comm& comm = *rt.train_comm;
   const int rank = comm.rank(), world = comm.size();
 
-  const ModelSource src = resolve_model_source(args.model, model::HeadKind::kReward);
+  const io::ModelSource src = model_source(args.model, model::HeadKind::kReward);
   const model::ModelConfig& cfg = src.config;
   auto tokenizer = io::make_tokenizer("byte");
   RLHF_CHECK(tokenizer->vocab_size() <= cfg.vocab_size,
@@ -42,10 +45,11 @@ int run_rm(const RmArgs& args) {
   RLHF_CHECK(args.max_len <= cfg.max_position_embeddings,
              "--max_len {} exceeds the model's max_position_embeddings {}", args.max_len,
              cfg.max_position_embeddings);
-  model::ParamLayout layout(cfg, model::HeadKind::kReward, world);
-  const std::unique_ptr<parallel::TrainModel> net = make_train_model(layout, rt, args.zero);
+  model::ParamLayout layout(cfg, model::HeadKind::kReward);
+  const std::unique_ptr<parallel::TrainModel> net =
+      parallel::make_train_model(layout, rt, zero_options(args.zero));
   parallel::ParamStore* store = &net->store();
-  initialize_weights(*store, src, static_cast<uint64_t>(args.common.seed));
+  rl::initialize_weights(*store, src, static_cast<uint64_t>(args.common.seed));
 
   io::PreferenceDatasetOptions dopt;
   dopt.chosen_key = args.chosen_key;
@@ -73,7 +77,7 @@ int run_rm(const RmArgs& args) {
 
   std::unique_ptr<io::MetricsWriter> metrics;
   if (rank == 0) metrics = std::make_unique<io::MetricsWriter>(args.ckpt.save_path, true);
-  EpochOrder order(n_pairs, static_cast<uint64_t>(args.common.seed));
+  rl::EpochOrder order(n_pairs, static_cast<uint64_t>(args.common.seed));
   const auto t_start = Clock::now();
   std::vector<int32_t> tokens;
   std::vector<float> values, dvalues;
@@ -105,7 +109,7 @@ int run_rm(const RmArgs& args) {
         const int64_t lr = (MB + i) * T + int64_t(seqs[size_t(MB + i)]->size()) - 1;
         const double delta = double(values[size_t(lc)]) - double(values[size_t(lr)]);
         double dl = 0;
-        loss_sum += model::bradley_terry_loss(delta, &dl);
+        loss_sum += rl::bradley_terry_loss(delta, &dl);
         const double g = dl / double(TB);
         dvalues[size_t(lc)] = float(g);
         dvalues[size_t(lr)] = float(-g);
@@ -141,7 +145,7 @@ int run_rm(const RmArgs& args) {
     }
   }
   const std::string path = (std::filesystem::path(args.ckpt.save_path) / "model.h5").string();
-  save_model(*store, path, rank);
+  rl::save_model(*store, path, rank);
   LOG0_INFO("done: {} steps in {:.1f}s | reward model {}", total_steps, since(t_start), path);
   return 0;
 }

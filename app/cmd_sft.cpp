@@ -29,6 +29,8 @@
 #include "optim/schedule.h"
 #include "parallel/failure_injection.h"
 #include "parallel/param_store.h"
+#include "rl/epoch_order.h"
+#include "rl/weights.h"
 
 namespace rlhf::app {
 
@@ -49,19 +51,21 @@ double allreduce_sum(parallel::Comm& comm, double x) {
 }  // namespace
 
 int run_sft(const SftArgs& args) {
-  TrainRuntime rt = setup_train_runtime(args.parallel, 1, /*needs_generation=*/false);
+  parallel::TrainRuntime rt =
+      parallel::setup_train_runtime(runtime_options(args.parallel, 1), /*needs_generation=*/false);
   parallel::Comm& comm = *rt.train_comm;
   const int rank = comm.rank(), world = comm.size();
   const int threads = rt.threads;
 
   // --- model and tokenizer
-  const ModelSource src = resolve_model_source(args.model, model::HeadKind::kLM);
+  const io::ModelSource src = model_source(args.model, model::HeadKind::kLM);
   const model::ModelConfig& cfg = src.config;
-  const std::shared_ptr<const io::Tokenizer> tokenizer = model_tokenizer(src);
-  model::ParamLayout layout(cfg, model::HeadKind::kLM, world);
-  const std::unique_ptr<parallel::TrainModel> net = make_train_model(layout, rt, args.zero);
+  const std::shared_ptr<const io::Tokenizer> tokenizer = io::model_tokenizer(src);
+  model::ParamLayout layout(cfg, model::HeadKind::kLM);
+  const std::unique_ptr<parallel::TrainModel> net =
+      parallel::make_train_model(layout, rt, zero_options(args.zero));
   parallel::ParamStore& store = net->store();
-  initialize_weights(store, src, static_cast<uint64_t>(args.common.seed));
+  rl::initialize_weights(store, src, static_cast<uint64_t>(args.common.seed));
 
   // --- data
   io::SftDatasetOptions dopt;
@@ -123,7 +127,7 @@ int run_sft(const SftArgs& args) {
 
   // --- loop
   const auto t_start = Clock::now();
-  EpochOrder order(n_samples, static_cast<uint64_t>(args.common.seed));
+  rl::EpochOrder order(n_samples, static_cast<uint64_t>(args.common.seed));
   std::vector<float> lp, dlp;
   int64_t epoch = 0;
   for (int64_t step = 0; step < total_steps; ++step) {
@@ -167,7 +171,7 @@ int run_sft(const SftArgs& args) {
     const double step_s = seconds_since(t_step);
     const double comm_s = comm.stats().seconds - comm_before.seconds;
     const double comm_gb = double(comm.stats().bytes - comm_before.bytes) / 1e9;
-    if (step == 0) log_memory(store, net->activation_bytes(), comm);
+    if (step == 0) parallel::log_memory(store, net->activation_bytes(), comm);
     const double tokens = allreduce_sum(comm, real_tokens);
     const double tok_s = tokens / step_s;
     const double gflops =
@@ -200,12 +204,12 @@ int run_sft(const SftArgs& args) {
       const std::string path =
           (std::filesystem::path(args.ckpt.save_path) / fmt::format("model_step{}.h5", step + 1))
               .string();
-      save_model(store, path, rank, tokenizer.get());
+      rl::save_model(store, path, rank, tokenizer.get());
       LOG0_INFO("saved {}", path);
     }
   }
   const std::string path = (std::filesystem::path(args.ckpt.save_path) / "model.h5").string();
-  save_model(store, path, rank, tokenizer.get());
+  rl::save_model(store, path, rank, tokenizer.get());
   LOG0_INFO("done: {} steps in {:.1f}s | final model {}", total_steps, seconds_since(t_start),
             path);
   return 0;

@@ -6,6 +6,7 @@
 #pragma once
 
 #include "app/cli.h"
+#include "rl/rl_run.h"
 
 namespace rlhf::app {
 
@@ -17,6 +18,8 @@ int run_rm(const RmArgs& args);
 int run_grpo(const GrpoArgs& args);
 /// `rlhf ppo`: PPO training.
 int run_ppo(const PpoArgs& args);
+/// The RL run of `rlhf ppo` / `rlhf grpo` (cmd = "ppo" | "grpo") from its flags.
+rl::RlRunConfig rl_run_config(const PpoArgs& args, const char* cmd);
 /// `rlhf generate`: sampling from a checkpoint.
 int run_generate(const GenerateArgs& args);
 /// `rlhf export`: any supported model -> Hugging Face folder (safetensors), HDF5 or GGUF.

@@ -6,8 +6,6 @@
 #include <fstream>
 #include <vector>
 
-#include "app/cli.h"
-#include "app/commands.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "io/hdf5_ckpt.h"
@@ -15,6 +13,8 @@
 #include "model/flops.h"
 #include "model/init.h"
 #include "model/layout.h"
+#include "parallel/comm.h"
+#include "rl/rl_run.h"
 
 namespace rlhf::bench {
 
@@ -23,28 +23,28 @@ namespace fs = std::filesystem;
 namespace {
 
 // A folder made on rank 0 and known to every rank.
-std::string shared_temp_dir(const std::string& parent, int rank) {
+std::string shared_temp_dir(const std::string& parent, parallel::Comm& comm) {
   std::string path;
-  if (rank == 0) {
+  if (comm.rank() == 0) {
     std::string tmpl = (fs::path(parent) / "rlhf_bench_rl_XXXXXX").string();
     RLHF_CHECK(mkdtemp(tmpl.data()) != nullptr, "bench rl: cannot create a folder in {}", parent);
     path = tmpl;
   }
   int64_t n = int64_t(path.size());
-  MPI_Bcast(&n, 1, MPI_INT64_T, 0, MPI_COMM_WORLD);
+  comm.broadcast(&n, 1, 0);
   path.resize(size_t(n));
-  MPI_Bcast(path.data(), int(n), MPI_CHAR, 0, MPI_COMM_WORLD);
+  comm.broadcast(reinterpret_cast<uint8_t*>(path.data()), n, 0);
   return path;
 }
 
 // A randomly initialised model of `cfg` with a scalar reward head, as an rlhf checkpoint.
 void write_random_reward_model(const model::ModelConfig& cfg, const std::string& path,
                                uint64_t seed) {
-  const model::ParamLayout layout(cfg, model::HeadKind::kReward, 1);
+  const model::ParamLayout layout(cfg, model::HeadKind::kReward);
   std::vector<std::vector<float>> units(size_t(layout.num_units()));
   std::vector<const float*> ptrs;
   for (int u = 0; u < layout.num_units(); ++u) {
-    units[size_t(u)].assign(size_t(layout.unit(u).numel_padded), 0.0f);
+    units[size_t(u)].assign(size_t(layout.unit(u).numel), 0.0f);
     model::init_unit_params(units[size_t(u)].data(), layout.unit(u), seed);
     ptrs.push_back(units[size_t(u)].data());
   }
@@ -56,18 +56,17 @@ void write_random_reward_model(const model::ModelConfig& cfg, const std::string&
 }  // namespace
 
 void run_bench_rl(const BenchRlOptions& opt, const Emit& emit) {
-  int rank = 0, world = 1;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  const auto comm = parallel::make_comm(MPI_COMM_WORLD, "bench_world");
+  const int rank = comm->rank(), world = comm->size();
   const model::ModelConfig& cfg = opt.config;
-  const std::string dir = shared_temp_dir(opt.work_dir, rank);
+  const std::string dir = shared_temp_dir(opt.work_dir, *comm);
   const std::string config_path = (fs::path(dir) / "config.json").string();
   const std::string rm_path = (fs::path(dir) / "reward_model.h5").string();
   if (rank == 0) {
     std::ofstream(config_path) << cfg.to_json().dump(2) << "\n";
     write_random_reward_model(cfg, rm_path, opt.seed + 1);
   }
-  MPI_Barrier(MPI_COMM_WORLD);
+  comm->barrier();
 
   // The same run's sgemm reference on the training GEMM shapes of one micro-batch, every rank at
   // once (as in the step), mean over ranks.
@@ -75,33 +74,41 @@ void run_bench_rl(const BenchRlOptions& opt, const Emit& emit) {
   const double sgemm_local =
       bench_sgemm_model_shapes(cfg, opt.micro_batch * T_est, Emit([](const nlohmann::json&) {}));
   double sgemm = 0;
-  MPI_Allreduce(&sgemm_local, &sgemm, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+  comm->all_reduce(&sgemm_local, &sgemm, 1);
   sgemm /= world;
 
-  app::GrpoArgs a;
-  a.common.seed = int64_t(opt.seed);
-  a.common.log_level = "info";
-  a.model.model_config = config_path;
+  // `rlhf grpo`'s defaults and presets (group_norm advantages, KL as a loss with k3).
+  rl::RlRunConfig a;
+  a.command = "bench rl";
+  a.seed = int64_t(opt.seed);
+  a.model_config = config_path;
   a.reward_pretrain = rm_path;
-  a.prompt_data = fmt::format("builtin:addition?n={}&digits=2&seed=1",
-                              std::max<int64_t>(100, opt.prompts_per_step * opt.steps));
-  a.input_key = "input";
-  a.rollout_batch_size = opt.prompts_per_step;
-  a.gen.n_samples_per_prompt = opt.samples_per_prompt;
-  a.gen.generate_max_len = opt.new_tokens;
-  a.train_batch_size = opt.prompts_per_step * opt.samples_per_prompt;
-  a.micro_train_batch_size = opt.micro_batch;
-  a.micro_rollout_batch_size = opt.micro_batch;
+  a.prompts.prompt_data = fmt::format("builtin:addition?n={}&digits=2&seed=1",
+                                      std::max<int64_t>(100, opt.prompts_per_step * opt.steps));
+  a.prompts.input_key = "input";
+  a.ppo.estimator = rl::AdvantageEstimator::kGroupNorm;
+  a.ppo.use_kl_loss = true;
+  a.ppo.kl_estimator = rl::KlEstimator::kK3;
+  a.ppo.n_samples_per_prompt = int(opt.samples_per_prompt);
+  a.ppo.train_batch_size = opt.prompts_per_step * opt.samples_per_prompt;
+  a.ppo.micro_train_batch_size = opt.micro_batch;
+  a.ppo.micro_rollout_batch_size = opt.micro_batch;
+  a.step.rollout_batch_size = opt.prompts_per_step;
+  a.step.n_samples_per_prompt = opt.samples_per_prompt;
+  a.step.generate_max_len = opt.new_tokens;
+  a.step.sampling.seed = opt.seed;
   a.max_steps = opt.steps;
-  a.actor_learning_rate = 1e-5;
-  a.ckpt.save_path = (fs::path(dir) / "run").string();
+  a.actor_adam.lr = 1e-5;
+  a.critic_adam.lr = 9e-6;
+  a.save_path = (fs::path(dir) / "run").string();
+  a.prompts.save_dir = a.save_path;
   a.ckpt_path = (fs::path(dir) / "run" / "checkpoints").string();
   LOG0_INFO("bench rl: {} GRPO steps | {} ranks | {} prompts x {} samples x {} new tokens",
             opt.steps, world, opt.prompts_per_step, opt.samples_per_prompt, opt.new_tokens);
-  app::run_grpo(a);
+  rl::run_rl(a);
 
   if (rank == 0) {
-    const auto recs = io::read_jsonl((fs::path(a.ckpt.save_path) / "metrics.jsonl").string());
+    const auto recs = io::read_jsonl((fs::path(a.save_path) / "metrics.jsonl").string());
     RLHF_CHECK(!recs.empty(), "bench rl: the run wrote no metrics");
     // Mean over steps 2..N (all of them with a single step).
     const size_t first = recs.size() > 1 ? 1 : 0;
@@ -111,12 +118,12 @@ void run_bench_rl(const BenchRlOptions& opt, const Emit& emit) {
       return s / double(recs.size() - first);
     };
     const double B = double(opt.prompts_per_step * opt.samples_per_prompt);
-    const double S = mean("train_tokens") / double(a.max_epochs);  // tokens of all sequences
+    const double S = mean("train_tokens") / double(a.ppo.max_epochs);  // tokens of all sequences
     const int64_t T = std::max<int64_t>(1, int64_t(S / B + 0.5));
     const double f_fwd = model::forward_flops_per_token(cfg, T);
     const double f_rm = model::forward_flops_per_token(cfg, T, model::HeadKind::kReward);
     const double f_train = model::training_flops_per_token(cfg, T);
-    const double ref = a.init_kl_coef > 0 ? 1.0 : 0.0;
+    const double ref = a.ppo.init_kl_coef > 0 ? 1.0 : 0.0;
     struct Phase {
       const char* name;
       double seconds, comm_s, flop;
@@ -125,7 +132,7 @@ void run_bench_rl(const BenchRlOptions& opt, const Emit& emit) {
         {"gen", mean("gen_s"), mean("gen_comm_s"), S * f_fwd},
         {"reward", mean("reward_s"), mean("reward_comm_s"), S * f_rm},
         {"logprob", mean("logprob_s"), mean("logprob_comm_s"), S * f_fwd * (1 + ref)},
-        {"train", mean("train_s"), mean("train_comm_s"), S * f_train * double(a.max_epochs)},
+        {"train", mean("train_s"), mean("train_comm_s"), S * f_train * double(a.ppo.max_epochs)},
         {"sync", mean("sync_s"), mean("sync_comm_s"), 0.0}};
     const double step_s = mean("step_s");
     double flop = 0;
@@ -148,7 +155,7 @@ void run_bench_rl(const BenchRlOptions& opt, const Emit& emit) {
     const double tps_last = recs.back().value("gen_tokens_per_s", 0.0);
     emit({{"bench", "rl"},
           {"ranks", world},
-          {"model_params", model::ParamLayout(cfg, model::HeadKind::kLM, 1).num_parameters()},
+          {"model_params", model::ParamLayout(cfg, model::HeadKind::kLM).num_parameters()},
           {"samples", int64_t(B)},
           {"new_tokens", opt.new_tokens},
           {"mean_seq_len", T},
@@ -164,7 +171,7 @@ void run_bench_rl(const BenchRlOptions& opt, const Emit& emit) {
     std::error_code ec;
     fs::remove_all(dir, ec);
   }
-  MPI_Barrier(MPI_COMM_WORLD);
+  comm->barrier();
 }
 
 }  // namespace rlhf::bench

@@ -1,4 +1,4 @@
-// `rlhf bench rl`: GRPO steps of the real RL loop (app::run_grpo) on a randomly initialised model
+// `rlhf bench rl`: GRPO steps of the real RL loop (rl::run_rl) on a randomly initialised model
 // of the stories15M shape, on every rank of MPI_COMM_WORLD: the time of each phase (gen, reward,
 // logprob, train, sync) and its share of the step, the step's achieved GFLOP/s against the same
 // run's sgemm on the training GEMM shapes, and generation tokens/s at the last step against the

@@ -109,4 +109,14 @@ void log0_table(const std::vector<std::pair<std::string, std::string>>& rows,
   for (const std::string& l : format_table(rows, left_header, right_header)) spdlog::info("{}", l);
 }
 
+std::string format_bytes(double bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int i = 0;
+  while (bytes >= 1024.0 && i < 4) {
+    bytes /= 1024.0;
+    ++i;
+  }
+  return fmt::format("{:.1f} {}", bytes, units[i]);
+}
+
 }  // namespace rlhf

@@ -49,6 +49,9 @@ std::vector<std::string> format_table(const std::vector<std::pair<std::string, s
                                       const std::string& left_header = "Parameter",
                                       const std::string& right_header = "Value");
 
+/// "12.3 MiB"-style byte count (binary units, one decimal).
+std::string format_bytes(double bytes);
+
 /// Logs format_table(rows, ...) at info, line by line, on rank 0 only.
 void log0_table(const std::vector<std::pair<std::string, std::string>>& rows,
                 const std::string& left_header = "Parameter",
@@ -65,15 +68,15 @@ void log0_table(const std::vector<std::pair<std::string, std::string>>& rows,
 #define LOG_CRITICAL(...) ::spdlog::critical(__VA_ARGS__)
 
 // Rank 0 only.
-#define LOG0_DEBUG(...)                                             \
-  do {                                                              \
+#define LOG0_DEBUG(...)                                        \
+  do {                                                         \
     if (::rlhf::log_rank() == 0) ::spdlog::debug(__VA_ARGS__); \
   } while (0)
-#define LOG0_INFO(...)                                             \
-  do {                                                             \
+#define LOG0_INFO(...)                                        \
+  do {                                                        \
     if (::rlhf::log_rank() == 0) ::spdlog::info(__VA_ARGS__); \
   } while (0)
-#define LOG0_WARN(...)                                             \
-  do {                                                             \
+#define LOG0_WARN(...)                                        \
+  do {                                                        \
     if (::rlhf::log_rank() == 0) ::spdlog::warn(__VA_ARGS__); \
   } while (0)

@@ -304,6 +304,32 @@ void Comm::barrier() {
   account(CollOp::kBarrier, 0, now_s() - t0);
 }
 
+std::vector<std::vector<uint8_t>> Comm::all_gather_bytes(const std::vector<uint8_t>& mine) {
+  const double t0 = now_s();
+  const int64_t my = int64_t(mine.size());
+  std::vector<int64_t> sizes(static_cast<size_t>(size_));
+  MPI_CHECK(MPI_Allgather(&my, 1, MPI_INT64_T, sizes.data(), 1, MPI_INT64_T, mpi_comm()));
+  std::vector<int> counts(static_cast<size_t>(size_)), displs(static_cast<size_t>(size_));
+  int64_t total = 0;
+  for (int j = 0; j < size_; ++j) {
+    RLHF_CHECK(total + sizes[size_t(j)] < std::numeric_limits<int>::max(),
+               "{}: all_gather_bytes of {} bytes or more (2 GiB is the limit)", name_,
+               total + sizes[size_t(j)]);
+    counts[size_t(j)] = int(sizes[size_t(j)]);
+    displs[size_t(j)] = int(total);
+    total += sizes[size_t(j)];
+  }
+  std::vector<uint8_t> all(static_cast<size_t>(total));
+  MPI_CHECK(MPI_Allgatherv(mine.data(), int(my), MPI_BYTE, all.data(), counts.data(), displs.data(),
+                           MPI_BYTE, mpi_comm()));
+  std::vector<std::vector<uint8_t>> out(static_cast<size_t>(size_));
+  for (int j = 0; j < size_; ++j)
+    out[size_t(j)].assign(all.begin() + displs[size_t(j)],
+                          all.begin() + displs[size_t(j)] + counts[size_t(j)]);
+  account(CollOp::kAllGather, total, now_s() - t0);
+  return out;
+}
+
 void Comm::all_gather_strided(const void* send, void* recv, int64_t count, int64_t stride,
                               DType dt) {
   check_args("all_gather_strided", send, recv, count);

@@ -186,6 +186,11 @@ class Comm {
   void broadcast(void* buf, int64_t count, DType dt, int root);
   /// Barrier (accounted with 0 bytes).
   void barrier();
+  /// Variable-size all-gather of bytes (MPI_Allgatherv on mpi_comm(), for host data of any
+  /// communicator kind): every rank contributes `mine` and receives every rank's bytes, in rank
+  /// order. Accounted as an all-gather of the total bytes. Throws rlhf::Error when the total
+  /// reaches 2 GiB (MPI's int counts).
+  std::vector<std::vector<uint8_t>> all_gather_bytes(const std::vector<uint8_t>& mine);
 
   /// Non-blocking forms: same contracts; complete the returned request before touching the buffers.
   /// MpiComm posts MPI_I* collectives (Open MPI progresses them inside MPI calls, i.e. in

@@ -1,5 +1,11 @@
 #include "parallel/train_model.h"
 
+#include <sys/resource.h>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "parallel/zero3.h"
+
 #include "model/transformer.h"
 
 #ifdef RLHF_CUDA
@@ -62,5 +68,69 @@ std::unique_ptr<TrainModel> make_cuda_train_model(std::unique_ptr<DeviceZero3Sto
       std::move(store), gradient_checkpointing, "cuda");
 }
 #endif
+
+std::unique_ptr<TrainModel> make_train_model(const model::ParamLayout& layout, TrainRuntime& rt,
+                                             const ZeroOptions& z, bool frozen) {
+  RLHF_ASSERT(rt.train_comm != nullptr);
+  const bool checkpointing = z.gradient_checkpointing && !frozen;
+  if (rt.device == Device::kCuda) {
+#ifdef RLHF_CUDA
+    RLHF_CHECK(z.zero_stage == 3,
+               "--zero_stage {} with --device cuda: the GPU path shards with ZeRO-3 (--zero_stage "
+               "3); the replicated ZeRO-0 baseline runs on the CPU only",
+               z.zero_stage);
+    DeviceStoreOptions o;
+    o.adam_offload = z.adam_offload && !frozen;
+    o.frozen = frozen;
+    o.keep_params_for_backward = z.zero_keep_params;
+    return make_cuda_train_model(
+        std::make_unique<DeviceZero3Store>(layout, rt.device_comm.get(), o), checkpointing);
+#endif
+  }
+  std::unique_ptr<ParamStore> store;
+  if (frozen) {
+    Zero3Options f;
+    f.frozen = true;
+    store = std::make_unique<Zero3Store>(layout, *rt.train_comm, f);
+  } else {
+    store = make_param_store(layout, *rt.train_comm, z);
+  }
+  return make_cpu_train_model(std::move(store), checkpointing);
+}
+
+std::unique_ptr<ParamStore> make_param_store(const model::ParamLayout& layout, Comm& comm,
+                                             const ZeroOptions& z) {
+  if (z.zero_stage == 0) {
+    RLHF_CHECK(!z.adam_offload, "--adam_offload needs --zero_stage 3");
+    if (comm.size() == 1) return std::make_unique<LocalParamStore>(layout);
+    return std::make_unique<ReplicatedStore>(layout, comm);
+  }
+  if (comm.size() == 1 && !z.adam_offload)
+    return std::make_unique<LocalParamStore>(layout);  // nothing to shard
+  Zero3Options o;
+  o.adam_offload = z.adam_offload;
+  o.keep_params_for_backward = z.zero_keep_params;
+  return std::make_unique<Zero3Store>(layout, comm, o);
+}
+
+int64_t peak_rss_bytes() {
+  struct rusage ru {};
+  getrusage(RUSAGE_SELF, &ru);
+  return static_cast<int64_t>(ru.ru_maxrss) * 1024;
+}
+
+void log_memory(const ParamStore& store, int64_t activation_bytes, Comm& comm) {
+  const auto m = store.memory();
+  int64_t v[6] = {m.params_bytes, m.grads_bytes,    m.optimizer_bytes,
+                  m.gather_bytes, activation_bytes, peak_rss_bytes()};
+  int64_t mx[6];
+  comm.all_reduce(v, mx, 6, ReduceOp::kMax);
+  LOG0_INFO(
+      "memory per rank (max over {} ranks): params {} | grads {} | optimizer {}{} | gather "
+      "buffers {} | activations {} | peak RSS {}",
+      comm.size(), format_bytes(double(mx[0])), format_bytes(double(mx[1])),
+      format_bytes(double(mx[2])), m.optimizer_on_host ? " (host)" : "",
+      format_bytes(double(mx[3])), format_bytes(double(mx[4])), format_bytes(double(mx[5])));
+}
 
 }  // namespace rlhf::parallel

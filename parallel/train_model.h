@@ -9,6 +9,7 @@
 
 #include "model/layout.h"
 #include "parallel/param_store.h"
+#include "parallel/runtime.h"
 
 namespace rlhf::parallel {
 
@@ -46,5 +47,33 @@ std::unique_ptr<TrainModel> make_cpu_train_model(std::unique_ptr<ParamStore> sto
 std::unique_ptr<TrainModel> make_cuda_train_model(std::unique_ptr<DeviceZero3Store> store,
                                                   bool gradient_checkpointing);
 #endif
+
+/// The ZeRO flags of a training command (DeepSpeed/OpenRLHF names), as plain values.
+struct ZeroOptions {
+  int zero_stage = 3;                   ///< --zero_stage: 0 (replicated) or 3 (sharded)
+  bool adam_offload = false;            ///< --adam_offload: Adam state + step on the host
+  bool gradient_checkpointing = false;  ///< --gradient_checkpointing: recompute activations
+  bool zero_keep_params = false;        ///< --zero_keep_params: keep forward's gathers
+};
+
+/// The training state for z.zero_stage: ZeRO-3 shards (with adam_offload, zero_keep_params), or
+/// ZeRO-0 replicas (all-reduced gradients), or whole local buffers on a single rank. Throws
+/// rlhf::Error for --adam_offload with --zero_stage 0.
+std::unique_ptr<ParamStore> make_param_store(const model::ParamLayout& layout, Comm& comm,
+                                             const ZeroOptions& z);
+
+/// The model a training command trains (or scores with, frozen) on rt's device: on the CPU the
+/// store of make_param_store (frozen: a weights-only ZeRO-3 store) with Transformer<float>; on
+/// the GPU a DeviceZero3Store over rt.device_comm with TransformerCuda. Call on training ranks
+/// only. Throws rlhf::Error for --zero_stage 0 on the GPU.
+std::unique_ptr<TrainModel> make_train_model(const model::ParamLayout& layout, TrainRuntime& rt,
+                                             const ZeroOptions& z, bool frozen = false);
+
+/// Logs this rank's memory (rank 0 prints the max over ranks of each part): params, grads,
+/// optimizer, gather buffers, activations and the process's peak resident size. Collective.
+void log_memory(const ParamStore& store, int64_t activation_bytes, Comm& comm);
+
+/// Peak resident set size of this process in bytes (getrusage).
+int64_t peak_rss_bytes();
 
 }  // namespace rlhf::parallel

@@ -1,11 +1,11 @@
-#include "rollout/advantages.h"
+#include "rl/advantages.h"
 
 #include <algorithm>
 #include <cmath>
 
 #include "core/error.h"
 
-namespace rlhf::rollout {
+namespace rlhf::rl {
 
 AdvantageEstimator advantage_estimator_from_string(const std::string& s) {
   if (s == "gae") return AdvantageEstimator::kGae;
@@ -168,4 +168,4 @@ void KlController::update(double current_kl, double n_steps) {
   beta_ *= 1.0 + err * n_steps / horizon_;
 }
 
-}  // namespace rlhf::rollout
+}  // namespace rlhf::rl

@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-namespace rlhf::rollout {
+namespace rlhf::rl {
 
 /// `--advantage_estimator`.
 enum class AdvantageEstimator { kGae, kReinforce, kReinforceBaseline, kRloo, kGroupNorm, kDrGrpo };
@@ -73,4 +73,4 @@ class KlController {
   double beta_, target_, horizon_;
 };
 
-}  // namespace rlhf::rollout
+}  // namespace rlhf::rl

@@ -1,4 +1,4 @@
-#include "app/checkpoint.h"
+#include "rl/checkpoint.h"
 
 #include <algorithm>
 #include <filesystem>
@@ -8,7 +8,7 @@
 #include "core/log.h"
 #include "io/hdf5_ckpt.h"
 
-namespace rlhf::app {
+namespace rlhf::rl {
 
 namespace fs = std::filesystem;
 
@@ -65,11 +65,11 @@ void save_train_checkpoint(const std::string& path, const std::vector<Checkpoint
     std::vector<float> full, m, v;
     for (int u = 0; u < layout.num_units(); ++u) {
       const model::UnitLayout& unit = layout.unit(u);
-      full.resize(size_t(unit.numel_padded));
+      full.resize(size_t(unit.numel));
       s.store->gather_unit(u, full.data());  // collective
       if (s.optimizer) {
-        m.resize(size_t(unit.numel_padded));
-        v.resize(size_t(unit.numel_padded));
+        m.resize(size_t(unit.numel));
+        v.resize(size_t(unit.numel));
         s.store->gather_moments(u, m.data(), v.data());  // collective
       }
       if (!w) continue;
@@ -113,20 +113,21 @@ nlohmann::json load_train_checkpoint(const std::string& path,
     const model::ParamLayout& layout = s.store->layout();
     const std::string g = "/" + s.group;
     RLHF_CHECK(r.exists(g), "{}: no {} group", path, g);
-    auto stored = model::ModelConfig::from_json(
-        nlohmann::json::parse(r.read_string_attr(g, "config")), path + ":" + g);
+    auto stored =
+        model::ModelConfig::from_json(nlohmann::json::parse(r.read_string_attr(g, "config")),
+                                      path + ":" + g, model::ConfigKeys::kHuggingFace);
     RLHF_CHECK(stored.to_json() == layout.config().to_json(),
                "{}: {} was saved for a different model config", path, g);
     std::vector<float> full, m, v;
     for (int u = 0; u < layout.num_units(); ++u) {
       const model::UnitLayout& unit = layout.unit(u);
-      full.assign(size_t(unit.numel_padded), 0.0f);
+      full.assign(size_t(unit.numel), 0.0f);
       for (const model::TensorInfo& t : unit.tensors)
         r.read_dataset<float>(g + "/" + t.name, full.data() + t.offset, t.shape);
       s.store->load_unit(u, full.data());
       if (!s.optimizer) continue;
-      m.assign(size_t(unit.numel_padded), 0.0f);
-      v.assign(size_t(unit.numel_padded), 0.0f);
+      m.assign(size_t(unit.numel), 0.0f);
+      v.assign(size_t(unit.numel), 0.0f);
       for (const model::TensorInfo& t : unit.tensors) {
         r.read_dataset<float>("/optimizer/" + s.group + "/m/" + t.name, m.data() + t.offset,
                               t.shape);
@@ -156,4 +157,4 @@ std::string latest_valid_checkpoint(const std::string& dir) {
   return "";
 }
 
-}  // namespace rlhf::app
+}  // namespace rlhf::rl

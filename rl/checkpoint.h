@@ -19,7 +19,7 @@
 
 #include "parallel/param_store.h"
 
-namespace rlhf::app {
+namespace rlhf::rl {
 
 /// One model in a checkpoint: its group ("model" for the policy), its store, and whether its
 /// optimizer moments are saved/loaded.
@@ -50,4 +50,4 @@ std::vector<std::string> list_checkpoints(const std::string& dir);
 /// damaged (a truncated write, a bad byte) is skipped with a warning naming it. "" if none.
 std::string latest_valid_checkpoint(const std::string& dir);
 
-}  // namespace rlhf::app
+}  // namespace rlhf::rl

@@ -1,33 +1,15 @@
-// Samples and experience of one RL step: what the engines generated, gathered to every rank in a
-// canonical order, and what the trainers derive from it (old/ref log-probs, values, advantages).
+// The experience of one RL step: the per-sample and per-token training data the trainers derive
+// from the generated samples (old/ref log-probs, values, KL, advantages).
 #pragma once
-
-#include <mpi.h>
 
 #include <cstdint>
 #include <vector>
 
-namespace rlhf::rollout {
+#include "rollout/samples.h"
 
-/// One generated sample.
-struct Sample {
-  int64_t prompt_pos = 0;    ///< global position of its prompt in the step (0..rollout_batch−1)
-  int64_t sample_index = 0;  ///< 0..n_samples_per_prompt−1
-  std::vector<int32_t> prompt;      ///< prompt token ids (BOS included)
-  std::vector<int32_t> response;    ///< generated ids (ends with EOS when stopped)
-  std::vector<float> gen_logprobs;  ///< the engine's sampling log-probs, one per response token
-  bool stopped = false;             ///< ended with EOS
-};
+namespace rlhf::rl {
 
-/// Bytes of a sample list (for MPI); deserialize(serialize(x)) == x.
-std::vector<uint8_t> serialize_samples(const std::vector<Sample>& samples);
-/// Throws rlhf::Error on a malformed buffer.
-std::vector<Sample> deserialize_samples(const uint8_t* data, size_t size);
-
-/// Gathers every rank's samples to every rank of `comm` (MPI_Allgatherv of the serialized bytes)
-/// and sorts them by (prompt_pos, sample_index): the result does not depend on which engine made
-/// which sample. Collective.
-std::vector<Sample> allgather_samples(const std::vector<Sample>& local, MPI_Comm comm);
+using rollout::Sample;
 
 /// Per-sample and per-token training data of one RL step, in the canonical sample order.
 /// Per-token arrays are (B, Tr) row-major with Tr = the longest response; entries past a
@@ -38,7 +20,12 @@ struct Experience {
   std::vector<int32_t> resp_len;  ///< (B)
   std::vector<double> score;      ///< (B) reward per sample (after normalisation if asked)
   std::vector<float> lp_old, lp_ref, values, kl, advantages, returns;  ///< (B, Tr)
-  int64_t response_tokens() const;
+  /// Σ resp_len: the response (action) tokens of the step.
+  int64_t response_tokens() const {
+    int64_t n = 0;
+    for (int32_t l : resp_len) n += l;
+    return n;
+  }
 };
 
-}  // namespace rlhf::rollout
+}  // namespace rlhf::rl

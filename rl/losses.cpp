@@ -1,11 +1,11 @@
-#include "model/ops/rl_loss.h"
+#include "rl/losses.h"
 
 #include <algorithm>
 #include <cmath>
 
 #include "core/error.h"
 
-namespace rlhf::model {
+namespace rlhf::rl {
 
 namespace {
 
@@ -175,4 +175,4 @@ RLHF_INSTANTIATE(float)
 RLHF_INSTANTIATE(double)
 #undef RLHF_INSTANTIATE
 
-}  // namespace rlhf::model
+}  // namespace rlhf::rl

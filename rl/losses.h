@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <string>
 
-namespace rlhf::model {
+namespace rlhf::rl {
 
 /// PPO clipped surrogate (Schulman et al. 2017, eq. 7) with asymmetric clip (eps_low, eps_high)
 /// and optional dual clip (Ye et al. 2020, eq. 5; dual_clip <= 1 disables it):
@@ -63,4 +63,4 @@ void value_loss_backward_cpu(T* dv, const T* weight, const T* v, const T* v_old,
 /// the loss and writes dloss/dΔ = −σ(−Δ) to *dloss_ddelta.
 double bradley_terry_loss(double delta, double* dloss_ddelta);
 
-}  // namespace rlhf::model
+}  // namespace rlhf::rl

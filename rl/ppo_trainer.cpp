@@ -1,4 +1,4 @@
-#include "rollout/ppo_trainer.h"
+#include "rl/ppo_trainer.h"
 
 #include <algorithm>
 #include <cmath>
@@ -7,7 +7,7 @@
 
 #include "core/error.h"
 
-namespace rlhf::rollout {
+namespace rlhf::rl {
 
 void RunningMoments::update(const std::vector<double>& xs) {
   if (xs.empty()) return;
@@ -26,7 +26,7 @@ double RunningMoments::std() const {
 }
 
 PpoTrainer::PpoTrainer(const PpoModels& models, const PpoOptions& options,
-                       parallel::Comm& train_comm)
+                       const PpoOptimizers& optimizers, parallel::Comm& train_comm)
     : m_(models),
       opt_(options),
       comm_(train_comm),
@@ -36,6 +36,11 @@ PpoTrainer::PpoTrainer(const PpoModels& models, const PpoOptions& options,
              "--advantage_estimator gae needs a critic");
   RLHF_CHECK(opt_.init_kl_coef <= 0 || m_.ref != nullptr,
              "a KL term (--init_kl_coef > 0) needs the reference model");
+  actor_opt_ = std::make_unique<Optimizer>(m_.actor->store(), optimizers.actor_adam,
+                                           optimizers.actor_schedule, opt_.max_norm);
+  if (m_.critic && uses_critic(opt_.estimator))
+    critic_opt_ = std::make_unique<Optimizer>(m_.critic->store(), optimizers.critic_adam,
+                                              optimizers.critic_schedule, opt_.max_norm);
 }
 
 PpoTrainer::Batch PpoTrainer::make_batch(const std::vector<const Sample*>& s) const {
@@ -58,10 +63,9 @@ PpoTrainer::Batch PpoTrainer::make_batch(const std::vector<const Sample*>& s) co
   return b;
 }
 
-std::vector<float> PpoTrainer::allgather_rows(const std::vector<float>& local, int64_t row_floats) {
+std::vector<float> PpoTrainer::allgather_rows(const std::vector<float>& local) {
   std::vector<float> all(size_t(comm_.size()) * local.size());
   comm_.all_gather(local.data(), all.data(), int64_t(local.size()));
-  (void)row_floats;
   return all;
 }
 
@@ -85,7 +89,7 @@ std::vector<double> PpoTrainer::reward_model_scores(const std::vector<Sample>& s
       local[size_t(a + r)] = values[size_t(last)];
     }
   }
-  const auto all = allgather_rows(local, 1);
+  const auto all = allgather_rows(local);
   return std::vector<double>(all.begin(), all.end());
 }
 
@@ -135,13 +139,13 @@ Experience PpoTrainer::make_experience(const std::vector<Sample>& samples,
       scatter(values, buf);
     }
   }
-  e.lp_old = allgather_rows(lp_old, Tr);
-  e.lp_ref = m_.ref ? allgather_rows(lp_ref, Tr) : e.lp_old;
-  e.values = uses_critic(opt_.estimator) ? allgather_rows(values, Tr)
+  e.lp_old = allgather_rows(lp_old);
+  e.lp_ref = m_.ref ? allgather_rows(lp_ref) : e.lp_old;
+  e.values = uses_critic(opt_.estimator) ? allgather_rows(values)
                                          : std::vector<float>(size_t(e.B * Tr), 0.0f);
   // Per-token KL estimate of π_old against π_ref.
   e.kl.assign(size_t(e.B * Tr), 0.0f);
-  model::kl_forward_cpu(e.kl.data(), e.lp_old.data(), e.lp_ref.data(), e.B * Tr, opt_.kl_estimator);
+  rl::kl_forward_cpu(e.kl.data(), e.lp_old.data(), e.lp_ref.data(), e.B * Tr, opt_.kl_estimator);
   for (int64_t i = 0; i < e.B; ++i)
     for (int64_t t = e.resp_len[size_t(i)]; t < Tr; ++t) e.kl[size_t(i * Tr + t)] = 0.0f;
   // Scores: optional running normalisation.
@@ -171,11 +175,80 @@ Experience PpoTrainer::make_experience(const std::vector<Sample>& samples,
   return e;
 }
 
-PpoStats PpoTrainer::train(const Experience& e, int64_t rl_step,
-                           const optim::AdamWConfig& actor_adam,
-                           const optim::LrSchedule& actor_sched,
-                           const optim::AdamWConfig& critic_adam,
-                           const optim::LrSchedule* critic_sched) {
+PpoTrainer::MicroBatch PpoTrainer::micro_batch(const Experience& e, const std::vector<int64_t>& ids,
+                                               double w) const {
+  std::vector<const Sample*> samples;
+  for (int64_t i : ids) samples.push_back(e.samples[size_t(i)]);
+  MicroBatch mb;
+  mb.b = make_batch(samples);
+  const size_t NT = size_t(mb.b.B * mb.b.T);
+  for (auto* v : {&mb.old_lp, &mb.ref_lp, &mb.adv, &mb.ret, &mb.vold, &mb.weight})
+    v->assign(NT, 0.0f);
+  for (int64_t r = 0; r < mb.b.B; ++r)
+    for (int64_t k = 0; k < e.resp_len[size_t(ids[size_t(r)])]; ++k) {
+      const size_t p = size_t(mb.b.resp_pos[size_t(r)] + k), q = size_t(ids[size_t(r)] * e.Tr + k);
+      mb.old_lp[p] = e.lp_old[q];
+      mb.ref_lp[p] = e.lp_ref[q];
+      mb.adv[p] = e.advantages[q];
+      mb.ret[p] = e.returns[q];
+      mb.vold[p] = e.values[q];
+      mb.weight[p] = float(w);
+      mb.tok_pos.push_back(int64_t(p));
+    }
+  return mb;
+}
+
+void PpoTrainer::actor_micro_batch(const MicroBatch& mb, double w, Sums& sums) {
+  const Batch& b = mb.b;
+  const int64_t NT = b.B * b.T;
+  const float inv_temp = float(1.0 / std::max(opt_.temperature, 1e-6));
+  const bool with_ent = opt_.entropy_loss_coef != 0;
+  std::vector<float> lp(size_t(NT), 0.0f), ent(size_t(NT), 0.0f), dlp(size_t(NT), 0.0f);
+  m_.actor->forward_lm(b.tokens.data(), b.targets.data(), b.B, b.T, lp.data(), ent.data(), true,
+                       inv_temp);
+  std::vector<float> tok_loss(size_t(NT), 0.0f);
+  std::vector<uint8_t> clipped(size_t(NT), 0);
+  ppo_clip_loss_forward_cpu(tok_loss.data(), clipped.data(), (float*)nullptr, lp.data(),
+                            mb.old_lp.data(), mb.adv.data(), NT, opt_.eps_clip_low,
+                            opt_.eps_clip_high, opt_.dual_clip);
+  ppo_clip_loss_backward_cpu(dlp.data(), mb.weight.data(), lp.data(), mb.old_lp.data(),
+                             mb.adv.data(), NT, opt_.eps_clip_low, opt_.eps_clip_high,
+                             opt_.dual_clip);
+  std::vector<float> kl_tok(size_t(NT), 0.0f), dkl(size_t(NT), 0.0f);
+  if (opt_.use_kl_loss && m_.ref) {
+    kl_forward_cpu(kl_tok.data(), lp.data(), mb.ref_lp.data(), NT, opt_.kl_estimator);
+    std::vector<float> wk(mb.weight);
+    for (float& x : wk) x *= float(kl_.value());
+    kl_backward_cpu(dkl.data(), wk.data(), lp.data(), mb.ref_lp.data(), NT, opt_.kl_estimator);
+  }
+  std::vector<float> dent(size_t(NT), 0.0f);
+  for (int64_t p : mb.tok_pos) {
+    dlp[size_t(p)] += dkl[size_t(p)];
+    if (with_ent) dent[size_t(p)] = float(-opt_.entropy_loss_coef * w);
+    sums.policy += w * tok_loss[size_t(p)];
+    sums.kl_loss += w * kl_tok[size_t(p)];
+    sums.entropy += w * ent[size_t(p)];
+    sums.clip += w * clipped[size_t(p)];
+    const double d = double(lp[size_t(p)]) - double(mb.old_lp[size_t(p)]);
+    sums.approx_kl += w * (std::exp(-d) - 1.0 + d);
+  }
+  m_.actor->backward_lm(dlp.data(), with_ent ? dent.data() : nullptr);
+}
+
+void PpoTrainer::critic_micro_batch(const MicroBatch& mb, double w, Sums& sums) {
+  const Batch& b = mb.b;
+  const int64_t NT = b.B * b.T;
+  std::vector<float> v(size_t(NT), 0.0f), vl(size_t(NT), 0.0f), dv(size_t(NT), 0.0f);
+  m_.critic->forward_scalar(b.tokens.data(), b.B, b.T, v.data(), true);
+  value_loss_forward_cpu(vl.data(), (uint8_t*)nullptr, v.data(), mb.vold.data(), mb.ret.data(), NT,
+                         opt_.value_clip);
+  value_loss_backward_cpu(dv.data(), mb.weight.data(), v.data(), mb.vold.data(), mb.ret.data(), NT,
+                          opt_.value_clip);
+  for (int64_t p : mb.tok_pos) sums.value += w * vl[size_t(p)];
+  m_.critic->backward_scalar(dv.data());
+}
+
+PpoStats PpoTrainer::train(const Experience& e, int64_t rl_step) {
   PpoStats st;
   const int64_t TB = opt_.train_batch_size, MB = opt_.micro_train_batch_size, N = comm_.size();
   RLHF_CHECK(e.B % TB == 0,
@@ -187,15 +260,11 @@ PpoStats PpoTrainer::train(const Experience& e, int64_t rl_step,
              "training rank(s)",
              TB, MB, N);
   const bool train_actor = rl_step >= opt_.freezing_actor_steps;
-  const bool train_critic = m_.critic && uses_critic(opt_.estimator);
-  const float inv_temp = float(1.0 / std::max(opt_.temperature, 1e-6));
-  const int64_t Tr = e.Tr;
+  const bool train_critic = critic_opt_ != nullptr;
   const parallel::CommStats c0 = comm_.stats();
-  // Sums over this rank's tokens (each weighted by 1 / N_tokens of its optimizer step).
-  double s_pol = 0, s_val = 0, s_kll = 0, s_ent = 0, s_clip = 0, s_akl = 0, s_an = 0, s_cn = 0;
+  Sums sums;
+  double s_an = 0, s_cn = 0;
   int64_t n_opt = 0;
-  std::vector<float> lp, ent, dlp, dent, v, dv, w_tok;
-  std::vector<uint8_t> clipped;
   for (int64_t epoch = 0; epoch < opt_.max_epochs; ++epoch) {
     std::vector<int64_t> order(static_cast<size_t>(e.B));
     std::iota(order.begin(), order.end(), 0);
@@ -206,99 +275,32 @@ PpoStats PpoTrainer::train(const Experience& e, int64_t rl_step,
       double n_tok = 0;  // response tokens of this optimizer step, all ranks
       for (int64_t i = s0; i < s0 + TB; ++i) n_tok += e.resp_len[size_t(order[size_t(i)])];
       const double w = 1.0 / std::max(n_tok, 1.0);
-      if (train_actor) m_.actor->store().zero_grads();
-      if (train_critic) m_.critic->store().zero_grads();
+      if (train_actor) actor_opt_->zero_grad();
+      if (train_critic) critic_opt_->zero_grad();
       const int64_t mine = s0 + comm_.rank() * (TB / N);
       for (int64_t a = 0; a < TB / N; a += MB) {
-        std::vector<const Sample*> mb;
-        std::vector<int64_t> ids;
-        for (int64_t i = 0; i < MB; ++i) {
-          ids.push_back(order[size_t(mine + a + i)]);
-          mb.push_back(e.samples[size_t(ids.back())]);
-        }
-        Batch b = make_batch(mb);
-        const int64_t NT = b.B * b.T;
-        // Gather the per-token experience of these samples in batch positions.
-        std::vector<float> old_lp(size_t(NT), 0.0f), ref_lp(size_t(NT), 0.0f),
-            adv(size_t(NT), 0.0f), ret(size_t(NT), 0.0f), vold(size_t(NT), 0.0f),
-            wt(size_t(NT), 0.0f);
-        std::vector<int64_t> tok_pos;
-        for (int64_t r = 0; r < b.B; ++r)
-          for (int64_t k = 0; k < e.resp_len[size_t(ids[size_t(r)])]; ++k) {
-            const int64_t p = b.resp_pos[size_t(r)] + k, q = ids[size_t(r)] * Tr + k;
-            old_lp[size_t(p)] = e.lp_old[size_t(q)];
-            ref_lp[size_t(p)] = e.lp_ref[size_t(q)];
-            adv[size_t(p)] = e.advantages[size_t(q)];
-            ret[size_t(p)] = e.returns[size_t(q)];
-            vold[size_t(p)] = e.values[size_t(q)];
-            wt[size_t(p)] = float(w);
-            tok_pos.push_back(p);
-          }
-        if (train_actor) {
-          lp.assign(size_t(NT), 0.0f);
-          const bool with_ent = opt_.entropy_loss_coef != 0;
-          ent.assign(size_t(NT), 0.0f);
-          m_.actor->forward_lm(b.tokens.data(), b.targets.data(), b.B, b.T, lp.data(), ent.data(),
-                               true, inv_temp);
-          dlp.assign(size_t(NT), 0.0f);
-          std::vector<float> tok_loss(size_t(NT), 0.0f);
-          clipped.assign(size_t(NT), 0);
-          model::ppo_clip_loss_forward_cpu(tok_loss.data(), clipped.data(), (float*)nullptr,
-                                           lp.data(), old_lp.data(), adv.data(), NT,
-                                           opt_.eps_clip_low, opt_.eps_clip_high, opt_.dual_clip);
-          model::ppo_clip_loss_backward_cpu(dlp.data(), wt.data(), lp.data(), old_lp.data(),
-                                            adv.data(), NT, opt_.eps_clip_low, opt_.eps_clip_high,
-                                            opt_.dual_clip);
-          std::vector<float> kl_tok(size_t(NT), 0.0f), dkl(size_t(NT), 0.0f);
-          if (opt_.use_kl_loss && m_.ref) {
-            model::kl_forward_cpu(kl_tok.data(), lp.data(), ref_lp.data(), NT, opt_.kl_estimator);
-            std::vector<float> wk(wt);
-            for (float& x : wk) x *= float(kl_.value());
-            model::kl_backward_cpu(dkl.data(), wk.data(), lp.data(), ref_lp.data(), NT,
-                                   opt_.kl_estimator);
-          }
-          dent.assign(size_t(NT), 0.0f);
-          for (int64_t p : tok_pos) {
-            dlp[size_t(p)] += dkl[size_t(p)];
-            if (with_ent) dent[size_t(p)] = float(-opt_.entropy_loss_coef * w);
-            s_pol += w * tok_loss[size_t(p)];
-            s_kll += w * kl_tok[size_t(p)];
-            s_ent += w * ent[size_t(p)];
-            s_clip += w * clipped[size_t(p)];
-            const double d = double(lp[size_t(p)]) - double(old_lp[size_t(p)]);
-            s_akl += w * (std::exp(-d) - 1.0 + d);
-          }
-          m_.actor->backward_lm(dlp.data(), with_ent ? dent.data() : nullptr);
-        }
-        if (train_critic) {
-          v.assign(size_t(NT), 0.0f);
-          m_.critic->forward_scalar(b.tokens.data(), b.B, b.T, v.data(), true);
-          std::vector<float> vl(size_t(NT), 0.0f);
-          model::value_loss_forward_cpu(vl.data(), (uint8_t*)nullptr, v.data(), vold.data(),
-                                        ret.data(), NT, opt_.value_clip);
-          dv.assign(size_t(NT), 0.0f);
-          model::value_loss_backward_cpu(dv.data(), wt.data(), v.data(), vold.data(), ret.data(),
-                                         NT, opt_.value_clip);
-          for (int64_t p : tok_pos) s_val += w * vl[size_t(p)];
-          m_.critic->backward_scalar(dv.data());
-        }
+        const std::vector<int64_t> ids(order.begin() + mine + a, order.begin() + mine + a + MB);
+        const MicroBatch mb = micro_batch(e, ids, w);
+        if (train_actor) actor_micro_batch(mb, w, sums);
+        if (train_critic) critic_micro_batch(mb, w, sums);
       }
       if (train_actor) {
-        st.actor_lr = actor_sched.lr_at(actor_steps_);
-        s_an += parallel::clip_and_step(m_.actor->store(), actor_adam, st.actor_lr, ++actor_steps_,
-                                        opt_.max_norm);
+        const Optimizer::StepResult r = actor_opt_->step();
+        st.actor_lr = r.lr;
+        s_an += r.grad_norm;
       }
       if (train_critic) {
-        RLHF_CHECK(critic_sched != nullptr, "internal error: a critic without a schedule");
-        st.critic_lr = critic_sched->lr_at(critic_steps_);
-        s_cn += parallel::clip_and_step(m_.critic->store(), critic_adam, st.critic_lr,
-                                        ++critic_steps_, opt_.max_norm);
+        const Optimizer::StepResult r = critic_opt_->step();
+        st.critic_lr = r.lr;
+        s_cn += r.grad_norm;
       }
       ++n_opt;
     }
   }
-  double sums[8] = {s_pol, s_val, s_kll, s_ent, s_clip, s_akl, 0, 0}, tot[8];
-  comm_.all_reduce(sums, tot, 8);
+  double local[6] = {sums.policy,  sums.value, sums.kl_loss,
+                     sums.entropy, sums.clip,  sums.approx_kl},
+         tot[6];
+  comm_.all_reduce(local, tot, 6);
   const double steps = double(std::max<int64_t>(n_opt, 1));
   st.policy_loss = tot[0] / steps;
   st.value_loss = tot[1] / steps;
@@ -311,7 +313,7 @@ PpoStats PpoTrainer::train(const Experience& e, int64_t rl_step,
   st.optimizer_steps = n_opt;
   double kl_sum = 0;
   for (int64_t i = 0; i < e.B; ++i)
-    for (int64_t t = 0; t < e.resp_len[size_t(i)]; ++t) kl_sum += e.kl[size_t(i * Tr + t)];
+    for (int64_t t = 0; t < e.resp_len[size_t(i)]; ++t) kl_sum += e.kl[size_t(i * e.Tr + t)];
   st.kl = kl_sum / double(std::max<int64_t>(e.response_tokens(), 1));
   st.kl_coef = kl_.value();
   st.comm_seconds = comm_.stats().seconds - c0.seconds;
@@ -321,4 +323,4 @@ PpoStats PpoTrainer::train(const Experience& e, int64_t rl_step,
   return st;
 }
 
-}  // namespace rlhf::rollout
+}  // namespace rlhf::rl

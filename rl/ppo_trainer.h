@@ -7,23 +7,26 @@
 #include <string>
 #include <vector>
 
-#include "model/ops/rl_loss.h"
+#include <memory>
+
 #include "optim/adamw.h"
 #include "optim/schedule.h"
 #include "parallel/comm.h"
 #include "parallel/param_store.h"
 #include "parallel/train_model.h"
-#include "rollout/advantages.h"
-#include "rollout/experience.h"
+#include "rl/advantages.h"
+#include "rl/experience.h"
+#include "rl/losses.h"
+#include "rl/optimizer.h"
 
-namespace rlhf::rollout {
+namespace rlhf::rl {
 
 /// Algorithm options (OpenRLHF's flags and defaults).
 struct PpoOptions {
   AdvantageEstimator estimator = AdvantageEstimator::kGae;
   double gamma = 1.0, lambd = 1.0;
   double init_kl_coef = 0.01;
-  model::KlEstimator kl_estimator = model::KlEstimator::kK1;
+  rl::KlEstimator kl_estimator = rl::KlEstimator::kK1;
   bool use_kl_loss = false;  ///< KL as a loss term (GRPO) instead of in the reward
   double kl_target = 0, kl_horizon = 10000;
   double eps_clip_low = 0.2, eps_clip_high = 0.2, dual_clip = 0, value_clip = 0.5;
@@ -49,6 +52,15 @@ struct PpoModels {
   parallel::TrainModel* ref = nullptr;
   parallel::TrainModel* critic = nullptr;
   parallel::TrainModel* reward = nullptr;
+};
+
+/// How the trainable models step: AdamW and the learning-rate schedule of the actor and (with a
+/// critic) the critic; max_norm is in PpoOptions.
+struct PpoOptimizers {
+  optim::AdamWConfig actor_adam;
+  optim::LrSchedule actor_schedule{"constant", 0.0, 0, 1};
+  optim::AdamWConfig critic_adam;
+  optim::LrSchedule critic_schedule{"constant", 0.0, 0, 1};
 };
 
 /// Metrics of one RL step's training (means over the step's response tokens unless noted).
@@ -78,8 +90,10 @@ struct RunningMoments {
 /// beyond fp32 summation order.
 class PpoTrainer {
  public:
-  PpoTrainer(const PpoModels& models, const PpoOptions& options, parallel::Comm& train_comm);
+  PpoTrainer(const PpoModels& models, const PpoOptions& options, const PpoOptimizers& optimizers,
+             parallel::Comm& train_comm);
 
+  bool has_reward_model() const { return m_.reward != nullptr; }
   /// Reward-model scores of the samples (value of the last token). Collective.
   std::vector<double> reward_model_scores(const std::vector<Sample>& samples);
 
@@ -87,21 +101,19 @@ class PpoTrainer {
   /// in canonical order); scores one per sample. Collective.
   Experience make_experience(const std::vector<Sample>& samples, std::vector<double> scores);
 
-  /// Trains on the experience. The learning rate of each optimizer step is the schedule's value
-  /// at that optimizer step (the trainer counts them across RL steps). critic_sched may be null
-  /// when there is no critic.
-  PpoStats train(const Experience& exp, int64_t rl_step, const optim::AdamWConfig& actor_adam,
-                 const optim::LrSchedule& actor_sched, const optim::AdamWConfig& critic_adam,
-                 const optim::LrSchedule* critic_sched);
+  /// Trains on the experience of RL step `rl_step` (0-based): --max_epochs passes in optimizer
+  /// steps of --train_batch_size, each at its schedule's learning rate (the optimizers count
+  /// their steps across RL steps). Collective.
+  PpoStats train(const Experience& exp, int64_t rl_step);
 
   KlController& kl_controller() { return kl_; }
   RunningMoments& reward_moments() { return reward_moments_; }
   /// Optimizer steps taken so far (AdamW's t), for checkpoints.
-  int64_t actor_steps() const { return actor_steps_; }
-  int64_t critic_steps() const { return critic_steps_; }
+  int64_t actor_steps() const { return actor_opt_->steps(); }
+  int64_t critic_steps() const { return critic_opt_ ? critic_opt_->steps() : 0; }
   void set_steps(int64_t actor, int64_t critic) {
-    actor_steps_ = actor;
-    critic_steps_ = critic;
+    actor_opt_->set_steps(actor);
+    if (critic_opt_) critic_opt_->set_steps(critic);
   }
 
  private:
@@ -110,15 +122,29 @@ class PpoTrainer {
     std::vector<int64_t> resp_pos;  ///< per sample in the batch: position of response token 0
     int64_t B = 0, T = 0;
   };
+  // The per-token experience of one micro-batch in batch positions (B, T), and its weights.
+  struct MicroBatch {
+    Batch b;
+    std::vector<float> old_lp, ref_lp, adv, ret, vold, weight;  // (B·T)
+    std::vector<int64_t> tok_pos;                               // positions of the response tokens
+  };
+  // Sums over this rank's tokens of one RL step's training (each weighted by 1/N_tokens of its
+  // optimizer step): the loss metrics.
+  struct Sums {
+    double policy = 0, value = 0, kl_loss = 0, entropy = 0, clip = 0, approx_kl = 0;
+  };
   Batch make_batch(const std::vector<const Sample*>& s) const;
-  std::vector<float> allgather_rows(const std::vector<float>& local, int64_t row_floats);
+  std::vector<float> allgather_rows(const std::vector<float>& local);
+  MicroBatch micro_batch(const Experience& e, const std::vector<int64_t>& ids, double w) const;
+  void actor_micro_batch(const MicroBatch& mb, double w, Sums& sums);
+  void critic_micro_batch(const MicroBatch& mb, double w, Sums& sums);
 
   PpoModels m_;
   PpoOptions opt_;
   parallel::Comm& comm_;
   KlController kl_;
   RunningMoments reward_moments_;
-  int64_t actor_steps_ = 0, critic_steps_ = 0;
+  std::unique_ptr<Optimizer> actor_opt_, critic_opt_;
 };
 
-}  // namespace rlhf::rollout
+}  // namespace rlhf::rl

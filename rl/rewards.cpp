@@ -1,4 +1,4 @@
-#include "rollout/rewards.h"
+#include "rl/rewards.h"
 
 #include <fcntl.h>
 #include <poll.h>
@@ -15,7 +15,7 @@
 
 #include "core/error.h"
 
-namespace rlhf::rollout {
+namespace rlhf::rl {
 
 namespace {
 
@@ -602,4 +602,4 @@ std::unique_ptr<RewardFn> make_reward(const std::string& spec, const RewardOptio
   return sum;
 }
 
-}  // namespace rlhf::rollout
+}  // namespace rlhf::rl

@@ -10,7 +10,7 @@
 #include <string_view>
 #include <vector>
 
-namespace rlhf::rollout {
+namespace rlhf::rl {
 
 /// What a reward function sees of one sample.
 struct RewardInput {
@@ -88,4 +88,4 @@ std::optional<double> eval_arithmetic(std::string_view expr);
 std::vector<double> run_reward_command(const std::string& command,
                                        const std::vector<RewardInput>& batch, double timeout_s);
 
-}  // namespace rlhf::rollout
+}  // namespace rlhf::rl

@@ -1,8 +1,7 @@
-#include "rollout/experience.h"
+#include "rollout/samples.h"
 
 #include <algorithm>
 #include <cstring>
-#include <limits>
 
 #include "core/error.h"
 
@@ -83,41 +82,22 @@ std::vector<Sample> deserialize_samples(const uint8_t* data, size_t size) {
   return out;
 }
 
-std::vector<Sample> allgather_samples(const std::vector<Sample>& local, MPI_Comm comm) {
-  int n = 0;
-  MPI_Comm_size(comm, &n);
-  const std::vector<uint8_t> mine = serialize_samples(local);
-  RLHF_CHECK(mine.size() < size_t(std::numeric_limits<int>::max()),
-             "a rank generated more than 2 GiB of samples in one step");
-  int my = int(mine.size());
-  std::vector<int> sizes(static_cast<size_t>(n)), displs(static_cast<size_t>(n));
-  MPI_Allgather(&my, 1, MPI_INT, sizes.data(), 1, MPI_INT, comm);
-  int64_t total = 0;
-  for (int j = 0; j < n; ++j) {
-    RLHF_CHECK(total + sizes[size_t(j)] < std::numeric_limits<int>::max(),
-               "the samples of one step exceed 2 GiB");
-    displs[size_t(j)] = int(total);
-    total += sizes[size_t(j)];
-  }
-  std::vector<uint8_t> all(static_cast<size_t>(total));
-  MPI_Allgatherv(mine.data(), my, MPI_BYTE, all.data(), sizes.data(), displs.data(), MPI_BYTE,
-                 comm);
-  std::vector<Sample> out;
-  for (int j = 0; j < n; ++j) {
-    auto part = deserialize_samples(all.data() + displs[size_t(j)], size_t(sizes[size_t(j)]));
-    for (Sample& s : part) out.push_back(std::move(s));
-  }
-  std::sort(out.begin(), out.end(), [](const Sample& a, const Sample& b) {
+void sort_samples(std::vector<Sample>& samples) {
+  std::sort(samples.begin(), samples.end(), [](const Sample& a, const Sample& b) {
     return a.prompt_pos != b.prompt_pos ? a.prompt_pos < b.prompt_pos
                                         : a.sample_index < b.sample_index;
   });
-  return out;
 }
 
-int64_t Experience::response_tokens() const {
-  int64_t n = 0;
-  for (int32_t l : resp_len) n += l;
-  return n;
+std::vector<Sample> gather_samples(const std::vector<Sample>& local, parallel::Comm& comm) {
+  const auto parts = comm.all_gather_bytes(serialize_samples(local));
+  std::vector<Sample> out;
+  for (const auto& bytes : parts) {
+    auto part = deserialize_samples(bytes.data(), bytes.size());
+    for (Sample& s : part) out.push_back(std::move(s));
+  }
+  sort_samples(out);
+  return out;
 }
 
 }  // namespace rlhf::rollout

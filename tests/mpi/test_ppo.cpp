@@ -2,7 +2,7 @@
 // 1 rank: the 1-rank reference runs in-process on every rank (local stores over MPI_COMM_SELF),
 // the N-rank run shards everything with ZeRO-3 over the world. Samples are synthetic and fixed,
 // so generation plays no part.
-#include "rollout/ppo_trainer.h"
+#include "rl/ppo_trainer.h"
 
 #include <mpi.h>
 
@@ -44,7 +44,7 @@ std::vector<rollout::Sample> synthetic_samples(int64_t V) {
 
 struct Run {
   std::vector<std::vector<float>> actor, critic;
-  rollout::PpoStats stats;
+  rl::PpoStats stats;
   std::vector<float> lp_old, lp_ref, values, advantages;  // the experience
 };
 
@@ -53,8 +53,8 @@ struct Run {
 Run run(parallel::Comm& comm, bool ppo, const model::ModelConfig& cfg, bool gpu = false,
         parallel::Comm* nccl = nullptr, double adam_eps = 1e-8) {
   const int N = comm.size();
-  model::ParamLayout layout(cfg, model::HeadKind::kLM, N);
-  model::ParamLayout vlayout(cfg, model::HeadKind::kValue, N);
+  model::ParamLayout layout(cfg, model::HeadKind::kLM);
+  model::ParamLayout vlayout(cfg, model::HeadKind::kValue);
   auto make = [&](const model::ParamLayout& l, bool frozen) {
 #ifdef RLHF_CUDA
     if (gpu) {
@@ -75,14 +75,14 @@ Run run(parallel::Comm& comm, bool ppo, const model::ModelConfig& cfg, bool gpu 
   init_store(actor->store(), 11);
   init_store(ref->store(), 11);
   init_store(critic->store(), 12);
-  rollout::PpoModels m;
+  rl::PpoModels m;
   m.actor = actor.get();
   m.ref = ref.get();
   if (ppo) m.critic = critic.get();
-  rollout::PpoOptions o;
-  o.estimator = ppo ? rollout::AdvantageEstimator::kGae : rollout::AdvantageEstimator::kGroupNorm;
+  rl::PpoOptions o;
+  o.estimator = ppo ? rl::AdvantageEstimator::kGae : rl::AdvantageEstimator::kGroupNorm;
   o.use_kl_loss = !ppo;
-  o.kl_estimator = ppo ? model::KlEstimator::kK1 : model::KlEstimator::kK3;
+  o.kl_estimator = ppo ? rl::KlEstimator::kK1 : rl::KlEstimator::kK3;
   o.init_kl_coef = 0.05;
   o.entropy_loss_coef = 0.01;
   o.n_samples_per_prompt = 4;
@@ -91,21 +91,22 @@ Run run(parallel::Comm& comm, bool ppo, const model::ModelConfig& cfg, bool gpu 
   o.micro_train_batch_size = 8 / N;
   o.max_epochs = 2;
   o.temperature = 0.8;
-  rollout::PpoTrainer tr(m, o, comm);
+  rl::PpoOptimizers opts;
+  opts.actor_adam.lr = 1e-2;
+  opts.actor_adam.eps = adam_eps;
+  opts.critic_adam = opts.actor_adam;
+  opts.actor_schedule = opts.critic_schedule = optim::LrSchedule("constant", 1e-2, 0, 100);
+  rl::PpoTrainer tr(m, o, opts, comm);
   const auto samples = synthetic_samples(cfg.vocab_size);
   std::vector<double> scores;
   for (size_t i = 0; i < samples.size(); ++i) scores.push_back(double((i * 7) % 3 == 0));
   auto exp = tr.make_experience(samples, scores);
-  optim::AdamWConfig adam;
-  adam.lr = 1e-2;
-  adam.eps = adam_eps;
-  const optim::LrSchedule sched("constant", 1e-2, 0, 100);
   Run r;
   r.lp_old = exp.lp_old;
   r.lp_ref = exp.lp_ref;
   r.values = exp.values;
   r.advantages = exp.advantages;
-  r.stats = tr.train(exp, 0, adam, sched, adam, ppo ? &sched : nullptr);
+  r.stats = tr.train(exp, 0);
   r.actor = full_weights(actor->store());
   if (ppo) r.critic = full_weights(critic->store());
   return r;
@@ -150,7 +151,7 @@ TEST_CASE("ppo/grpo: one RL step on N ranks == on 1 rank") {
     const Run many = run(*world, ppo, cfg);
     CHECK_MESSAGE(one.stats.optimizer_steps == 4, name);  // 16 samples / 8 × 2 epochs
     // The step did something: the weights moved away from the initial ones.
-    model::ParamLayout l1(cfg, model::HeadKind::kLM, 1);
+    model::ParamLayout l1(cfg, model::HeadKind::kLM);
     parallel::LocalParamStore init(l1);
     init_store(init, 11);
     const auto w0 = full_weights(init);
@@ -201,7 +202,7 @@ TEST_CASE("ppo/grpo on the device: one RL step over NCCL follows the CPU step") 
           name);
     // Weight updates (after − initial): as the gradients, nmse <= 1e-3; a wrong reduction, a lost
     // rank or a wrong sample split gives nmse ~1.
-    model::ParamLayout l1(cfg, model::HeadKind::kLM, 1), v1(cfg, model::HeadKind::kValue, 1);
+    model::ParamLayout l1(cfg, model::HeadKind::kLM), v1(cfg, model::HeadKind::kValue);
     parallel::LocalParamStore a0(l1), c0(v1);
     init_store(a0, 11);
     init_store(c0, 12);

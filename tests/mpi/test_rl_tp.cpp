@@ -15,10 +15,11 @@
 
 #include "app/cli.h"
 #include "app/commands.h"
-#include "app/runtime.h"
 #include "core/log.h"
 #include "io/hdf5_ckpt.h"
+#include "io/model_source.h"
 #include "model/layout.h"
+#include "rl/weights.h"
 
 using namespace rlhf;
 
@@ -30,7 +31,7 @@ std::vector<std::vector<float>> load_weights(const std::string& path,
   std::vector<std::vector<float>> w;
   std::vector<float*> ptrs;
   for (int u = 0; u < layout.num_units(); ++u) {
-    w.emplace_back(size_t(layout.unit(u).numel_padded), 0.0f);
+    w.emplace_back(size_t(layout.unit(u).numel), 0.0f);
     ptrs.push_back(w.back().data());
   }
   io::load_model_hdf5(path, layout, ptrs);
@@ -108,15 +109,14 @@ void check_tp_equals_tp1(const std::string& cmd, const std::vector<std::string>&
   const std::string m1 = run_rl(cmd, dir, "tp1", args("1"));
   const std::string m2 = run_rl(cmd, dir, "tp2", args("2"));
   if (rank == 0) {
-    app::ModelArgs ma;
-    ma.model_config = std::string(RLHF_SOURCE_DIR) + "/examples/models/tiny.toml";
-    const app::ModelSource src = app::resolve_model_source(ma, model::HeadKind::kLM);
-    const model::ParamLayout layout(src.config, model::HeadKind::kLM, 1);
+    const io::ModelSource src = io::resolve_model_source(
+        std::string(RLHF_SOURCE_DIR) + "/examples/models/tiny.toml", "", "", model::HeadKind::kLM);
+    const model::ParamLayout layout(src.config, model::HeadKind::kLM);
     const auto w1 = load_weights(m1, layout);
     const auto w2 = load_weights(m2, layout);
     // The initial policy (random init from --seed): the runs must have moved away from it.
     parallel::LocalParamStore init(layout);
-    app::initialize_weights(init, src, 5);
+    rl::initialize_weights(init, src, 5);
     bool moved = false;
     for (int u = 0; u < layout.num_units(); ++u) {
       CHECK_MESSAGE(w1[size_t(u)] == w2[size_t(u)], cmd << ": TP 2 != TP 1 in unit " << u);

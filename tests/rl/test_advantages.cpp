@@ -1,6 +1,6 @@
 // Advantage estimators, per-token rewards, whitening and the adaptive KL controller on small
 // hand-computed cases (the expected numbers are written here), with masks and ragged lengths.
-#include "rollout/advantages.h"
+#include "rl/advantages.h"
 
 #include <cmath>
 
@@ -8,14 +8,14 @@
 #include "tests/test_util.h"
 
 using namespace rlhf;
-using rollout::AdvantageEstimator;
+using rl::AdvantageEstimator;
 
 TEST_CASE("gae: hand-computed, gamma = lambda = 1 and gamma 0.9, lambda 0.8") {
   // One sample, 3 response tokens, score 1 at the last token, no KL, V = [0.5, 0.4, 0.3], Tr = 4.
   const int32_t len[1] = {3};
   const double score[1] = {1.0};
   const double V[4] = {0.5, 0.4, 0.3, 9.0};  // the padding value must be ignored
-  rollout::AdvantageInput in;
+  rl::AdvantageInput in;
   in.B = 1;
   in.Tr = 4;
   in.resp_len = len;
@@ -24,7 +24,7 @@ TEST_CASE("gae: hand-computed, gamma = lambda = 1 and gamma 0.9, lambda 0.8") {
   // Whitening would hide the raw numbers; a 1-sample batch is whitened, so read raw returns:
   // δ2 = 1 − 0.3 = 0.7, δ1 = 0.3 − 0.4 = −0.1, δ0 = 0.4 − 0.5 = −0.1;
   // A = [0.5, 0.6, 0.7], R = A + V = [1, 1, 1].
-  auto out = rollout::compute_advantages(in, AdvantageEstimator::kGae);
+  auto out = rl::compute_advantages(in, AdvantageEstimator::kGae);
   CHECK(out.returns[0] == doctest::Approx(1.0));
   CHECK(out.returns[1] == doctest::Approx(1.0));
   CHECK(out.returns[2] == doctest::Approx(1.0));
@@ -40,7 +40,7 @@ TEST_CASE("gae: hand-computed, gamma = lambda = 1 and gamma 0.9, lambda 0.8") {
   // R = A + V = [0.62928, 0.774, 1.0].
   in.gamma = 0.9;
   in.lambd = 0.8;
-  out = rollout::compute_advantages(in, AdvantageEstimator::kGae);
+  out = rl::compute_advantages(in, AdvantageEstimator::kGae);
   CHECK(out.returns[0] == doctest::Approx(0.62928).epsilon(1e-12));
   CHECK(out.returns[1] == doctest::Approx(0.774).epsilon(1e-12));
   CHECK(out.returns[2] == doctest::Approx(1.0).epsilon(1e-12));
@@ -51,14 +51,14 @@ TEST_CASE("reinforce with a KL reward: rewards and reward-to-go") {
   const int32_t len[2] = {3, 1};
   const double score[2] = {1.0, 25.0};  // the second is clipped to 10
   const double kl[6] = {0.2, 0.1, 0.3, 0.5, 7.0, 7.0};
-  rollout::AdvantageInput in;
+  rl::AdvantageInput in;
   in.B = 2;
   in.Tr = 3;
   in.resp_len = len;
   in.score = score;
   in.kl = kl;
   in.kl_coef = 0.1;
-  auto out = rollout::compute_advantages(in, AdvantageEstimator::kReinforce);
+  auto out = rl::compute_advantages(in, AdvantageEstimator::kReinforce);
   CHECK(out.reward[0] == doctest::Approx(-0.02));
   CHECK(out.reward[2] == doctest::Approx(0.97));
   CHECK(out.returns[0] == doctest::Approx(0.94));
@@ -78,14 +78,14 @@ TEST_CASE("group estimators: group_norm, rloo, dr_grpo, reinforce_baseline") {
   // Two prompts × 4 samples; scores [1, 0, 0, 1] and [1, 1, 1, 1]; ragged lengths.
   const int32_t len[8] = {2, 1, 3, 2, 1, 2, 3, 3};
   const double score[8] = {1, 0, 0, 1, 1, 1, 1, 1};
-  rollout::AdvantageInput in;
+  rl::AdvantageInput in;
   in.B = 8;
   in.Tr = 3;
   in.group_size = 4;
   in.resp_len = len;
   in.score = score;
   // group_norm: mean 0.5, unbiased std sqrt(1/3) → ±0.5·sqrt(3) = ±0.8660254; equal scores → 0.
-  auto gn = rollout::compute_advantages(in, AdvantageEstimator::kGroupNorm);
+  auto gn = rl::compute_advantages(in, AdvantageEstimator::kGroupNorm);
   CHECK(gn.shaped_score[0] == doctest::Approx(0.8660254038).epsilon(1e-9));
   CHECK(gn.shaped_score[1] == doctest::Approx(-0.8660254038).epsilon(1e-9));
   CHECK(gn.shaped_score[4] == 0.0);
@@ -95,15 +95,15 @@ TEST_CASE("group estimators: group_norm, rloo, dr_grpo, reinforce_baseline") {
   CHECK(gn.advantages[0 * 3 + 2] == 0.0);  // beyond the 2-token response
   CHECK(gn.advantages[2 * 3 + 2] == doctest::Approx(-0.8660254038).epsilon(1e-9));
   // rloo: 1 − (2 − 1)/3 = 2/3; 0 − 2/3.
-  auto rl = rollout::compute_advantages(in, AdvantageEstimator::kRloo);
+  auto rl = rl::compute_advantages(in, AdvantageEstimator::kRloo);
   CHECK(rl.shaped_score[0] == doctest::Approx(2.0 / 3));
   CHECK(rl.shaped_score[1] == doctest::Approx(-2.0 / 3));
   // dr_grpo: ±0.5, no std division.
-  auto dr = rollout::compute_advantages(in, AdvantageEstimator::kDrGrpo);
+  auto dr = rl::compute_advantages(in, AdvantageEstimator::kDrGrpo);
   CHECK(dr.shaped_score[0] == doctest::Approx(0.5));
   CHECK(dr.shaped_score[2] == doctest::Approx(-0.5));
   // reinforce_baseline: the same baseline, then whitened over the batch.
-  auto rb = rollout::compute_advantages(in, AdvantageEstimator::kReinforceBaseline);
+  auto rb = rl::compute_advantages(in, AdvantageEstimator::kReinforceBaseline);
   CHECK(rb.returns[0] == doctest::Approx(0.5));
   double s = 0, c = 0;
   for (int i = 0; i < 8; ++i)
@@ -117,7 +117,7 @@ TEST_CASE("group estimators: group_norm, rloo, dr_grpo, reinforce_baseline") {
 TEST_CASE("advantages: bad configurations are clear errors") {
   const int32_t len[2] = {1, 1};
   const double score[2] = {1, 0};
-  rollout::AdvantageInput in;
+  rl::AdvantageInput in;
   in.B = 2;
   in.Tr = 1;
   in.resp_len = len;
@@ -125,7 +125,7 @@ TEST_CASE("advantages: bad configurations are clear errors") {
   in.group_size = 1;
   auto err = [&](AdvantageEstimator e) {
     try {
-      rollout::compute_advantages(in, e);
+      rl::compute_advantages(in, e);
     } catch (const rlhf::Error& x) {
       return std::string(x.what());
     }
@@ -136,14 +136,14 @@ TEST_CASE("advantages: bad configurations are clear errors") {
   CHECK(err(AdvantageEstimator::kGae).find("critic") != std::string::npos);
   in.group_size = 3;
   CHECK(err(AdvantageEstimator::kRloo).find("whole groups") != std::string::npos);
-  CHECK_THROWS_AS(rollout::advantage_estimator_from_string("ppo"), rlhf::Error);
+  CHECK_THROWS_AS(rl::advantage_estimator_from_string("ppo"), rlhf::Error);
 }
 
 TEST_CASE("adaptive KL controller (Ziegler et al. 2019)") {
-  rollout::KlController fixed(0.05, 0.0, 10000);
+  rl::KlController fixed(0.05, 0.0, 10000);
   fixed.update(1.0, 128);
   CHECK(fixed.value() == 0.05);
-  rollout::KlController kl(0.1, 6.0, 10000);
+  rl::KlController kl(0.1, 6.0, 10000);
   kl.update(12.0, 100);  // error clipped to +0.2 → β·(1 + 0.2·100/10000) = 0.1002
   CHECK(kl.value() == doctest::Approx(0.1002).epsilon(1e-12));
   kl.update(3.0, 100);  // error −0.5 → clipped −0.2 → β·(1 − 0.002)

@@ -1,6 +1,6 @@
 // PPO clipped surrogate, KL estimators and value loss: hand-computed cases (the numbers written
 // here) and finite differences in double away from the kinks.
-#include "model/ops/rl_loss.h"
+#include "rl/losses.h"
 
 #include <cmath>
 
@@ -8,7 +8,7 @@
 #include "tests/test_util.h"
 
 using namespace rlhf;
-using model::KlEstimator;
+using rl::KlEstimator;
 
 namespace {
 struct PpoCase {
@@ -38,12 +38,12 @@ TEST_CASE("ppo_clip_loss: hand-computed cases") {
     const double lp = -1.0 + c.dlogp, lp_old = -1.0, w = 1.0;
     double loss = 0, ratio = 0, dlp = 0;
     uint8_t clipped = 9;
-    model::ppo_clip_loss_forward_cpu(&loss, &clipped, &ratio, &lp, &lp_old, &c.adv, 1, c.eps_low,
-                                     c.eps_high, c.dual);
+    rl::ppo_clip_loss_forward_cpu(&loss, &clipped, &ratio, &lp, &lp_old, &c.adv, 1, c.eps_low,
+                                  c.eps_high, c.dual);
     CHECK(loss == doctest::Approx(c.loss).epsilon(1e-12));
     CHECK(int(clipped) == c.clipped);
-    model::ppo_clip_loss_backward_cpu(&dlp, &w, &lp, &lp_old, &c.adv, 1, c.eps_low, c.eps_high,
-                                      c.dual);
+    rl::ppo_clip_loss_backward_cpu(&dlp, &w, &lp, &lp_old, &c.adv, 1, c.eps_low, c.eps_high,
+                                   c.dual);
     CHECK(dlp == doctest::Approx(c.dlp).epsilon(1e-12));
   }
 }
@@ -58,24 +58,24 @@ TEST_CASE("kl estimators: hand-computed values, gradients and the clamp") {
                {KlEstimator::kK2, 0.125, 0.5},
                {KlEstimator::kK3, std::exp(-0.5) - 0.5, 1.0 - std::exp(-0.5)}};
   for (auto& c : cases) {
-    CAPTURE(model::to_string(c.e));
+    CAPTURE(rl::to_string(c.e));
     double k = 0, d = 0;
-    model::kl_forward_cpu(&k, &lp, &lp_ref, 1, c.e);
-    model::kl_backward_cpu(&d, &w, &lp, &lp_ref, 1, c.e);
+    rl::kl_forward_cpu(&k, &lp, &lp_ref, 1, c.e);
+    rl::kl_backward_cpu(&d, &w, &lp, &lp_ref, 1, c.e);
     CHECK(k == doctest::Approx(c.k).epsilon(1e-14));
     CHECK(d == doctest::Approx(w * c.g).epsilon(1e-14));
   }
   // Clamped to [−10, 10], and then no gradient.
   const double far = 29.0, ref = -1.0, near = -13.0;  // δ = 30 and δ = −12
   double k = 0, d = 1;
-  model::kl_forward_cpu(&k, &far, &ref, 1, KlEstimator::kK2);
+  rl::kl_forward_cpu(&k, &far, &ref, 1, KlEstimator::kK2);
   CHECK(k == 10.0);
-  model::kl_backward_cpu(&d, &w, &far, &ref, 1, KlEstimator::kK2);
+  rl::kl_backward_cpu(&d, &w, &far, &ref, 1, KlEstimator::kK2);
   CHECK(d == 0.0);
-  model::kl_forward_cpu(&k, &near, &ref, 1, KlEstimator::kK1);
+  rl::kl_forward_cpu(&k, &near, &ref, 1, KlEstimator::kK1);
   CHECK(k == -10.0);
-  CHECK(model::kl_estimator_from_string("k3") == KlEstimator::kK3);
-  CHECK_THROWS_AS(model::kl_estimator_from_string("k4"), rlhf::Error);
+  CHECK(rl::kl_estimator_from_string("k3") == KlEstimator::kK3);
+  CHECK_THROWS_AS(rl::kl_estimator_from_string("k4"), rlhf::Error);
 }
 
 TEST_CASE("value loss: hand-computed cases") {
@@ -92,8 +92,8 @@ TEST_CASE("value loss: hand-computed cases") {
   for (auto& c : cases) {
     double loss = 0, dv = 0, w = 1.0;
     uint8_t clipped = 9;
-    model::value_loss_forward_cpu(&loss, &clipped, &c.v, &c.v_old, &c.ret, 1, c.clip);
-    model::value_loss_backward_cpu(&dv, &w, &c.v, &c.v_old, &c.ret, 1, c.clip);
+    rl::value_loss_forward_cpu(&loss, &clipped, &c.v, &c.v_old, &c.ret, 1, c.clip);
+    rl::value_loss_backward_cpu(&dv, &w, &c.v, &c.v_old, &c.ret, 1, c.clip);
     CHECK(loss == doctest::Approx(c.loss).epsilon(1e-12));
     CHECK(int(clipped) == c.clipped);
     CHECK(dv == doctest::Approx(c.dv).epsilon(1e-12));
@@ -116,24 +116,24 @@ TEST_CASE("rl losses: backward vs finite differences (double, away from kinks)")
     if (std::fabs(r - 0.8) < 2e-3 || std::fabs(r - 1.2) < 2e-3) lp_old[i] += 0.01;
   }
   auto ppo = [&]() {
-    model::ppo_clip_loss_forward_cpu(tmp.data(), (uint8_t*)nullptr, (double*)nullptr, lp.data(),
-                                     lp_old.data(), adv.data(), N, 0.2, 0.2, 3.0);
+    rl::ppo_clip_loss_forward_cpu(tmp.data(), (uint8_t*)nullptr, (double*)nullptr, lp.data(),
+                                  lp_old.data(), adv.data(), N, 0.2, 0.2, 3.0);
     return test::dot(tmp.data(), w.data(), N);
   };
-  model::ppo_clip_loss_backward_cpu(g.data(), w.data(), lp.data(), lp_old.data(), adv.data(), N,
-                                    0.2, 0.2, 3.0);
+  rl::ppo_clip_loss_backward_cpu(g.data(), w.data(), lp.data(), lp_old.data(), adv.data(), N, 0.2,
+                                 0.2, 3.0);
   auto c1 = test::fd_check(ppo, lp.data(), g.data(), N, 1e-6);
   RLHF_CHECK_GRAD(c1, "ppo_clip_loss dlp");
 
   auto ref = test::random_vec<double>(N, 5, -3.0, -0.5);
   for (KlEstimator e : {KlEstimator::kK1, KlEstimator::kK2, KlEstimator::kK3}) {
     auto kl = [&]() {
-      model::kl_forward_cpu(tmp.data(), lp.data(), ref.data(), N, e);
+      rl::kl_forward_cpu(tmp.data(), lp.data(), ref.data(), N, e);
       return test::dot(tmp.data(), w.data(), N);
     };
-    model::kl_backward_cpu(g.data(), w.data(), lp.data(), ref.data(), N, e);
+    rl::kl_backward_cpu(g.data(), w.data(), lp.data(), ref.data(), N, e);
     auto c2 = test::fd_check(kl, lp.data(), g.data(), N, 1e-6);
-    RLHF_CHECK_GRAD(c2, std::string("kl ") + model::to_string(e));
+    RLHF_CHECK_GRAD(c2, std::string("kl ") + rl::to_string(e));
   }
 
   auto v = test::random_vec<double>(N, 6, -1, 1);
@@ -142,30 +142,29 @@ TEST_CASE("rl losses: backward vs finite differences (double, away from kinks)")
   for (int64_t i = 0; i < N; ++i)
     if (std::fabs(std::fabs(v[i] - vold[i]) - 0.2) < 1e-3) v[i] += 0.01;
   auto vl = [&]() {
-    model::value_loss_forward_cpu(tmp.data(), (uint8_t*)nullptr, v.data(), vold.data(), ret.data(),
-                                  N, 0.2);
+    rl::value_loss_forward_cpu(tmp.data(), (uint8_t*)nullptr, v.data(), vold.data(), ret.data(), N,
+                               0.2);
     return test::dot(tmp.data(), w.data(), N);
   };
-  model::value_loss_backward_cpu(g.data(), w.data(), v.data(), vold.data(), ret.data(), N, 0.2);
+  rl::value_loss_backward_cpu(g.data(), w.data(), v.data(), vold.data(), ret.data(), N, 0.2);
   auto c3 = test::fd_check(vl, v.data(), g.data(), N, 1e-6);
   RLHF_CHECK_GRAD(c3, "value_loss dv");
 }
 
 TEST_CASE("Bradley-Terry loss: closed form, stability, derivative") {
   double d = 0;
-  CHECK(model::bradley_terry_loss(0.0, &d) == doctest::Approx(std::log(2.0)));
+  CHECK(rl::bradley_terry_loss(0.0, &d) == doctest::Approx(std::log(2.0)));
   CHECK(d == doctest::Approx(-0.5));
-  CHECK(model::bradley_terry_loss(2.0, &d) == doctest::Approx(std::log1p(std::exp(-2.0))));
+  CHECK(rl::bradley_terry_loss(2.0, &d) == doctest::Approx(std::log1p(std::exp(-2.0))));
   CHECK(d == doctest::Approx(-1.0 / (1.0 + std::exp(2.0))));
-  CHECK(model::bradley_terry_loss(-800.0, &d) == doctest::Approx(800.0));  // no overflow
+  CHECK(rl::bradley_terry_loss(-800.0, &d) == doctest::Approx(800.0));  // no overflow
   CHECK(d == doctest::Approx(-1.0));
-  CHECK(model::bradley_terry_loss(800.0, &d) == doctest::Approx(0.0).epsilon(1e-12));
+  CHECK(rl::bradley_terry_loss(800.0, &d) == doctest::Approx(0.0).epsilon(1e-12));
   const double h = 1e-6;
   for (double x : {-3.0, -0.3, 0.7, 4.0}) {
-    model::bradley_terry_loss(x, &d);
+    rl::bradley_terry_loss(x, &d);
     const double fd =
-        (model::bradley_terry_loss(x + h, nullptr) - model::bradley_terry_loss(x - h, nullptr)) /
-        (2 * h);
+        (rl::bradley_terry_loss(x + h, nullptr) - rl::bradley_terry_loss(x - h, nullptr)) / (2 * h);
     CHECK(d == doctest::Approx(fd).epsilon(1e-7));
   }
 }

@@ -1,0 +1,297 @@
+#include "rl/rl_run.h"
+
+#include <nlohmann/json.hpp>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "io/metrics.h"
+#include "io/model_source.h"
+#include "optim/schedule.h"
+#include "parallel/weight_sync.h"
+#include "rl/checkpoint.h"
+#include "rl/weights.h"
+
+#ifdef RLHF_CUDA
+#include "parallel/device_store.h"
+#endif
+
+namespace rlhf::rl {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+// The models of a run (training ranks only).
+struct Models {
+  std::unique_ptr<parallel::TrainModel> actor, ref, critic, reward;
+};
+
+Models build_models(const RlRunConfig& c, parallel::TrainRuntime& rt, const io::ModelSource& src,
+                    const model::ParamLayout& layout, bool with_ref, bool with_critic) {
+  const uint64_t seed = uint64_t(c.seed);
+  Models m;
+  m.actor = parallel::make_train_model(layout, rt, c.zero);
+  initialize_weights(m.actor->store(), src, seed);
+  if (with_ref) {
+    m.ref = parallel::make_train_model(layout, rt, c.zero, /*frozen=*/true);
+    initialize_weights(m.ref->store(), src, seed);
+  }
+  if (!c.reward_pretrain.empty()) {
+    const io::ModelSource rsrc =
+        io::resolve_model_source("", c.reward_pretrain, "", model::HeadKind::kReward);
+    RLHF_CHECK(!rsrc.checkpoint.empty(), "--reward_pretrain {} is not a checkpoint",
+               c.reward_pretrain);
+    const model::ParamLayout rl(rsrc.config, model::HeadKind::kReward);
+    m.reward = parallel::make_train_model(rl, rt, c.zero, /*frozen=*/true);
+    initialize_weights(m.reward->store(), rsrc, seed);
+  }
+  if (with_critic) {
+    // OpenRLHF: the critic starts from --critic_pretrain, else the reward model, else the policy.
+    const std::string pre = !c.critic_pretrain.empty()   ? c.critic_pretrain
+                            : !c.reward_pretrain.empty() ? c.reward_pretrain
+                                                         : c.pretrain;
+    const io::ModelSource csrc = io::resolve_model_source(pre.empty() ? c.model_config : "", pre,
+                                                          "", model::HeadKind::kValue);
+    const model::ParamLayout cl(csrc.config, model::HeadKind::kValue);
+    m.critic = parallel::make_train_model(cl, rt, c.zero);
+    initialize_weights(m.critic->store(), csrc, seed + 1);
+  }
+  return m;
+}
+
+// A resumed run continues metrics.jsonl from the checkpoint's step: records after it (steps the
+// interrupted run did after its last checkpoint, and a half-written last line) are dropped, so the
+// file holds each step once. Rewritten through a temporary file and a rename.
+void trim_metrics(const std::string& dir, int64_t last_step) {
+  const std::filesystem::path path = std::filesystem::path(dir) / "metrics.jsonl";
+  if (!std::filesystem::exists(path)) return;
+  std::ifstream in(path);
+  std::string line, kept;
+  int64_t dropped = 0;
+  while (std::getline(in, line)) {
+    const nlohmann::json r = nlohmann::json::parse(line, nullptr, false);
+    if (!r.is_discarded() && r.is_object() && r.value("step", int64_t(0)) <= last_step &&
+        r.value("step", int64_t(0)) >= 1) {
+      kept += line + "\n";
+    } else {
+      ++dropped;
+    }
+  }
+  in.close();
+  if (dropped == 0) return;
+  const std::string tmp = path.string() + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << kept;
+    RLHF_CHECK(out.good(), "cannot write {}", tmp);
+  }
+  std::filesystem::rename(tmp, path);
+  LOG0_INFO("{}: dropped {} records after step {} (the resumed run writes them again)",
+            path.string(), dropped, last_step);
+}
+
+// The step counts of a run: checks that a step's samples split into optimizer steps and
+// micro-batches over the training ranks. Returns {total steps, steps per episode}.
+std::pair<int64_t, int64_t> step_arithmetic(const RlRunConfig& c, int64_t n_prompts, int n_train) {
+  const int64_t RB = c.step.rollout_batch_size, n = c.step.n_samples_per_prompt;
+  const int64_t MB = c.ppo.micro_train_batch_size, TB = c.ppo.train_batch_size;
+  RLHF_CHECK(RB <= n_prompts, "--rollout_batch_size {} is larger than the {} usable prompts of {}",
+             RB, n_prompts, c.prompts.prompt_data);
+  RLHF_CHECK((RB * n) % (int64_t(n_train) * MB) == 0 && TB % (int64_t(n_train) * MB) == 0,
+             "--train_batch_size {} and the {} samples of a step must split into "
+             "--micro_train_batch_size {} x {} training ranks",
+             TB, RB * n, MB, n_train);
+  RLHF_CHECK((RB * n) % n_train == 0,
+             "the {} samples of a step do not split over {} training ranks", RB * n, n_train);
+  const int64_t per_episode = n_prompts / RB;
+  // --max_steps, when given, is the step count: more than the episodes hold cycles the prompts
+  // again (a new permutation per pass), fewer stops early.
+  const int64_t total = c.max_steps > 0 ? c.max_steps : per_episode * c.num_episodes;
+  return {total, per_episode};
+}
+
+// The step line of DESIGN.md §3 on rank 0.
+void log_step(const nlohmann::json& r, int64_t total_steps) {
+  const double elapsed = r["elapsed_s"].get<double>();
+  const int64_t step = r["step"].get<int64_t>();
+  LOG0_INFO(
+      "step {}/{} | reward {:.3f} | kl {:.4f} | loss {:.4f} | len {:.1f} | gen {:.2f}s (comm "
+      "{:.2f}s) | reward {:.2f}s | logprob {:.2f}s (comm {:.2f}s) | train {:.2f}s (comm {:.2f}s) | "
+      "sync {:.2f}s busbw {:.2f} GB/s | {:.0f} gen tok/s | {:.0f} train tok/s | {:.1f}s/step | "
+      "elapsed {:.0f}s | eta {:.0f}s",
+      step, total_steps, r["reward_mean"].get<double>(), r["kl_mean"].get<double>(),
+      r["policy_loss"].get<double>(), r["response_length_mean"].get<double>(),
+      r["gen_s"].get<double>(), r["gen_comm_s"].get<double>(), r["reward_s"].get<double>(),
+      r["logprob_s"].get<double>(), r["logprob_comm_s"].get<double>(), r["train_s"].get<double>(),
+      r["train_comm_s"].get<double>(), r["sync_s"].get<double>(),
+      r["sync_busbw_GBps"].get<double>(), r["gen_tokens_per_s"].get<double>(),
+      r["train_tokens_per_s"].get<double>(), r["step_s"].get<double>(), elapsed,
+      elapsed / double(step) * double(total_steps - step));
+}
+
+}  // namespace
+
+int run_rl(const RlRunConfig& c) {
+  parallel::TrainRuntime rt = parallel::setup_train_runtime(c.runtime, true);
+  const parallel::Topology& topo = *rt.topology;
+  const parallel::Placement& pl = topo.placement();
+  const int n_train = int(pl.train_ranks.size()), world_rank = topo.rank();
+  const int train_root = pl.train_ranks.front();  // world rank of train rank 0
+  const bool trains = topo.trains();
+  const auto t_start = Clock::now();
+  std::unique_ptr<parallel::Comm> world = parallel::make_comm(topo.world(), "world");
+
+  // --- models
+  const io::ModelSource src =
+      io::resolve_model_source(c.model_config, c.pretrain, c.tokenizer, model::HeadKind::kLM);
+  const auto tokenizer = io::model_tokenizer(src);  // the model's own, else bytes
+  const model::ParamLayout layout(src.config, model::HeadKind::kLM);
+  const bool with_critic = uses_critic(c.ppo.estimator), with_ref = c.ppo.init_kl_coef > 0;
+  Models m;
+  if (trains) m = build_models(c, rt, src, layout, with_ref, with_critic);
+  // Tensor-parallel engines: the engine's group (collective over engine_comm; TP 1: none).
+  const std::unique_ptr<parallel::Comm> tp_comm =
+      c.runtime.tensor_parallel > 1 ? parallel::make_comm(topo.engine_comm(), "engine_comm")
+                                    : nullptr;
+  std::unique_ptr<rollout::Engine> engine;
+  if (topo.generates()) {
+    rollout::EngineOptions eo = c.engine;
+    eo.cuda = rt.device == parallel::Device::kCuda;
+    eo.tp_comm = tp_comm.get();
+    eo.eos_token_id = tokenizer->eos_id();
+    eo.unit_room = parallel::WeightSync::engine_unit_room(layout, n_train);
+    engine = std::make_unique<rollout::Engine>(layout, eo);
+  }
+  parallel::WeightSync sync(topo, rt.train_comm.get(), layout,
+                            c.sync_bucket_mb * (int64_t(1) << 20));
+
+  // --- prompts, step arithmetic, optimizers, rewards, trainer
+  PromptSource prompts(load_prompts(c.prompts, *tokenizer, src.config, world_rank),
+                       uint64_t(c.seed));
+  const auto [total_steps, steps_per_episode] = step_arithmetic(c, prompts.size(), n_train);
+  const int64_t RB = c.step.rollout_batch_size, n = c.step.n_samples_per_prompt;
+  const int64_t opt_steps_per_rl = c.ppo.max_epochs * (RB * n / c.ppo.train_batch_size);
+  PpoOptimizers po;
+  po.actor_adam = c.actor_adam;
+  po.critic_adam = c.critic_adam;
+  po.actor_schedule = optim::LrSchedule::openrlhf(
+      c.lr_scheduler, c.actor_adam.lr, total_steps * opt_steps_per_rl, c.lr_warmup_ratio);
+  po.critic_schedule = optim::LrSchedule::openrlhf(
+      c.lr_scheduler, c.critic_adam.lr, total_steps * opt_steps_per_rl, c.lr_warmup_ratio);
+  std::unique_ptr<RewardFn> reward =
+      c.reward.empty() ? nullptr : make_reward(c.reward, c.reward_options);
+  std::unique_ptr<PpoTrainer> trainer;
+  if (trains) {
+    PpoOptions o = c.ppo;
+    o.pad_id = tokenizer->pad_id();
+    o.seed = uint64_t(c.seed);
+    trainer = std::make_unique<PpoTrainer>(
+        PpoModels{m.actor.get(), m.ref.get(), m.critic.get(), m.reward.get()}, o, po,
+        *rt.train_comm);
+  }
+
+  // --- the step and its weight sync
+  RlStepParts parts;
+  parts.topology = &topo;
+  parts.world = world.get();
+  parts.trainer = trainer.get();
+  parts.train_comm = rt.train_comm.get();
+  parts.engine = engine.get();
+  parts.reward = reward.get();
+  parts.prompts = &prompts;
+  parts.tokenizer = tokenizer.get();
+  // Colocated GPU ranks sync device to device (NCCL gathers of the bf16 shards straight into the
+  // engines' device weights); every other placement goes through the engines' host buffers.
+  const bool device_sync = rt.device == parallel::Device::kCuda && pl.colocated();
+  parts.sync_weights = [&]() -> parallel::SyncStats {
+    if (device_sync) {
+#ifdef RLHF_CUDA
+      auto* store = dynamic_cast<parallel::DeviceZero3Store*>(&m.actor->store());
+      RLHF_ASSERT(store != nullptr && engine != nullptr && engine->on_gpu());
+      const parallel::SyncStats ss =
+          sync.sync_device(*store, engine->device_unit_buffers(), rt.device_comm.get());
+      engine->device_weights_updated();
+      return ss;
+#endif
+    }
+    return sync.sync(m.actor ? &m.actor->store() : nullptr,
+                     engine ? engine->unit_buffers() : std::vector<float*>());
+  };
+  RlStep step(parts, c.step, steps_per_episode);
+
+  // --- resume
+  std::vector<CheckpointSlot> slots;
+  if (trains) {
+    slots.push_back({"model", &m.actor->store(), true});
+    if (m.critic) slots.push_back({"critic", &m.critic->store(), true});
+  }
+  nlohmann::json resumed;
+  if (c.load_checkpoint && trains) {
+    const std::string path = latest_valid_checkpoint(c.ckpt_path);
+    if (path.empty()) {
+      LOG0_WARN("--load_checkpoint: no checkpoint in {}; starting from step 0", c.ckpt_path);
+    } else {
+      resumed = load_train_checkpoint(path, slots);
+      RLHF_CHECK(resumed.value("seed", int64_t(-1)) == c.seed,
+                 "{} was made with --seed {}, this run has --seed {}", path,
+                 resumed.value("seed", int64_t(-1)), c.seed);
+      LOG0_INFO("resumed from {} at step {}", path, resumed.at("step").get<int64_t>());
+    }
+  }
+  resumed = RlStep::broadcast_json(resumed, train_root, *world);
+  if (!resumed.is_null()) step.load_state(resumed);
+  const int64_t start_step = step.steps_done();
+
+  LOG0_INFO("{}: {} | {} parameters | {} | critic {} | reference {} | reward {}{}", c.command,
+            src.config.model_type, layout.num_parameters(), src.describe(),
+            with_critic ? "yes" : "no", with_ref ? "yes" : "no", c.reward,
+            c.reward_pretrain.empty() ? "" : " + model " + c.reward_pretrain);
+  LOG0_INFO(
+      "{} engines, {} training ranks | {} prompts, {} per step x {} samples | {} steps "
+      "({} per episode) | {} optimizer steps per RL step",
+      pl.num_engines(), n_train, prompts.size(), RB, n, total_steps, steps_per_episode,
+      opt_steps_per_rl);
+  if (trains) parallel::log_memory(m.actor->store(), 0, *rt.train_comm);
+  std::unique_ptr<io::MetricsWriter> metrics;
+  if (world_rank == 0) {
+    if (start_step > 0) trim_metrics(c.save_path, start_step);
+    metrics = std::make_unique<io::MetricsWriter>(c.save_path, start_step == 0);
+  }
+
+  parts.sync_weights();  // the initial (or resumed) policy into every engine
+  while (step.steps_done() < total_steps) {
+    nlohmann::json rec = step.step();
+    rec["elapsed_s"] = since(t_start);
+    const int64_t done = step.steps_done();
+    if (world_rank == 0) {
+      if (done % c.logging_steps == 0 || done == total_steps) log_step(rec, total_steps);
+      metrics->write(rec);
+    }
+    if (trains && c.save_steps > 0 && done % c.save_steps == 0) {
+      nlohmann::json state = step.state();
+      state["seed"] = c.seed;
+      state["train_ranks"] = n_train;
+      const std::string path = checkpoint_path(c.ckpt_path, done);
+      save_train_checkpoint(path, slots, state, rt.train_comm->rank() == 0, int(c.max_ckpt_num));
+      LOG0_INFO("checkpoint {}", path);
+    }
+  }
+  if (trains) {
+    const std::string path = (std::filesystem::path(c.save_path) / "model.h5").string();
+    save_model(m.actor->store(), path, rt.train_comm->rank(), tokenizer.get());
+    LOG0_INFO("done: {} steps in {:.1f}s | policy {} | metrics {}/metrics.jsonl", total_steps,
+              since(t_start), path, c.save_path);
+  }
+  world->barrier();
+  return 0;
+}
+
+}  // namespace rlhf::rl

@@ -1,0 +1,58 @@
+// A whole PPO/GRPO run, one mpirun for everything (DESIGN.md §3): builds the models (actor, and
+// where the algorithm needs them the reference, critic and reward model), the generation engines,
+// the weight sync, the prompts and the rewards from plain options; resumes from a checkpoint if
+// asked; runs RlStep until done with a step line, metrics.jsonl and periodic checkpoints; saves the
+// final policy. `rlhf ppo`, `rlhf grpo` and `rlhf bench rl` call it.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "optim/adamw.h"
+#include "parallel/runtime.h"
+#include "parallel/train_model.h"
+#include "rl/ppo_trainer.h"
+#include "rl/prompts.h"
+#include "rl/rewards.h"
+#include "rl/rl_step.h"
+#include "rollout/engine.h"
+
+namespace rlhf::rl {
+
+/// Everything a run needs, as plain values (the CLI's flags: app/cli.h maps them one to one).
+struct RlRunConfig {
+  std::string command = "ppo";  ///< "ppo" | "grpo" | "bench": names the run in logs
+  int64_t seed = 42;            ///< --seed
+  parallel::RuntimeOptions runtime;
+  parallel::ZeroOptions zero;
+  // Models: the policy from model_config (random init) or pretrain; the others as OpenRLHF.
+  std::string model_config, pretrain, tokenizer;  ///< --model_config, --pretrain, --tokenizer
+  std::string reward_pretrain;  ///< --reward_pretrain: a reward model checkpoint ("" = none)
+  std::string critic_pretrain;  ///< --critic_pretrain ("" = reward_pretrain, else the policy's)
+  PromptOptions prompts;
+  std::string reward;  ///< --reward: rule reward spec ("" = none; make_reward)
+  RewardOptions reward_options;
+  PpoOptions ppo;      ///< algorithm, batch sizes, epochs (ppo.seed, ppo.pad_id are set by the run)
+  RlStepOptions step;  ///< rollout batch, samples per prompt, generation
+  optim::AdamWConfig actor_adam, critic_adam;       ///< lr = --actor/critic_learning_rate
+  std::string lr_scheduler = "cosine_with_min_lr";  ///< --lr_scheduler
+  double lr_warmup_ratio = 0.03;                    ///< --lr_warmup_ratio
+  /// Engine settings; the run fills cuda (from the device), tp_comm, eos_token_id, unit_room.
+  rollout::EngineOptions engine;
+  int64_t sync_bucket_mb = 64;       ///< --sync_bucket_mb
+  int64_t num_episodes = 1;          ///< --num_episodes
+  int64_t max_steps = -1;            ///< --max_steps (> 0: the step count, cycling the prompts)
+  std::string save_path = "./ckpt";  ///< --save_path: metrics.jsonl and the final model.h5
+  int64_t save_steps = -1;           ///< --save_steps: a training checkpoint every N steps
+  int64_t logging_steps = 1;         ///< --logging_steps: a step line every N steps
+  std::string ckpt_path = "./ckpt/checkpoints_ppo";  ///< --ckpt_path
+  int64_t max_ckpt_num = 3;                          ///< --max_ckpt_num
+  bool load_checkpoint = false;                      ///< --load_checkpoint
+};
+
+/// Runs the whole RL job on every rank of MPI_COMM_WORLD (collective). Returns 0; throws
+/// rlhf::Error with a message naming the flag, file or key at fault (batch sizes that do not
+/// split, a missing prompt file, a checkpoint made with another seed, ...).
+int run_rl(const RlRunConfig& config);
+
+}  // namespace rlhf::rl

@@ -1,0 +1,100 @@
+// One RL step (DESIGN.md §3) as a type: generation on the engines, rewards, experience,
+// advantages, the PPO/GRPO updates, and the weight sync into the engines — each phase timed with
+// its communication. The caller builds the parts (models, engine, sync, prompts, rewards: see
+// rl/rl_run.h) and calls step() until done; state() and load_state() are what a checkpoint keeps
+// besides the weights and moments.
+//
+// Determinism: sampling uses a counter-based stream keyed by (seed, the prompt's global
+// position), the prompt order is a seeded permutation per episode, and the experience is put in a
+// canonical order — so a run does not depend on how many engines there are, and resuming from a
+// checkpoint continues bit for bit.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "io/tokenizer.h"
+#include "parallel/comm.h"
+#include "parallel/topology.h"
+#include "parallel/weight_sync.h"
+#include "rl/ppo_trainer.h"
+#include "rl/prompts.h"
+#include "rl/rewards.h"
+#include "rollout/engine.h"
+#include "rollout/samples.h"
+#include "rollout/sampling.h"
+
+namespace rlhf::rl {
+
+/// What one RL step does, beyond the trainer's own options (OpenRLHF flag names).
+struct RlStepOptions {
+  int64_t rollout_batch_size = 1024;  ///< --rollout_batch_size: prompts per step
+  int64_t n_samples_per_prompt = 1;   ///< --n_samples_per_prompt
+  int64_t generate_max_len = 1024;    ///< --generate_max_len (capped by the model's context)
+  rollout::SamplingParams sampling;   ///< --temperature, --top_p, --top_k, --greedy; seed
+  int64_t max_epochs = 1;             ///< --max_epochs (for the trained-token count)
+};
+
+/// The parts a step drives, built by the caller. A pointer is null on ranks without that role.
+struct RlStepParts {
+  const parallel::Topology* topology = nullptr;  ///< every rank
+  parallel::Comm* world = nullptr;       ///< every rank: the sample gather and the metrics record
+  PpoTrainer* trainer = nullptr;         ///< training ranks (collective over train_comm)
+  parallel::Comm* train_comm = nullptr;  ///< training ranks
+  rollout::Engine* engine = nullptr;     ///< ranks with a generation engine
+  /// Rule or command reward (run on train rank 0); null: none. A reward model of the trainer
+  /// scores too (added to it).
+  RewardFn* reward = nullptr;
+  PromptSource* prompts = nullptr;           ///< every rank (all read the same prompts)
+  const io::Tokenizer* tokenizer = nullptr;  ///< decodes completions for the rule rewards
+  /// Puts the trainer's weights into every engine; collective over the world.
+  std::function<parallel::SyncStats()> sync_weights;
+};
+
+/// The RL loop's step. Collective over the world: every rank constructs it and calls step(),
+/// state() and load_state() in the same order.
+class RlStep {
+ public:
+  /// steps_per_episode: whole rollout batches in one pass over the prompts (the prompts left
+  /// over at the end of a pass are not used in it).
+  RlStep(const RlStepParts& parts, const RlStepOptions& options, int64_t steps_per_episode);
+
+  /// Runs the next step: generation, rewards, experience, training, weight sync. Returns its
+  /// metrics record (the same on every rank; the field names and units of metrics.jsonl).
+  /// Throws rlhf::Error from any phase (a reward command failing, a non-finite gradient, ...).
+  nlohmann::json step();
+
+  /// Steps done so far (0-based index of the next step).
+  int64_t steps_done() const { return step_; }
+
+  /// What a checkpoint keeps of the loop (meaningful on training ranks): the step, the KL
+  /// coefficient, the optimizers' step counts, the running reward moments, the prompt position.
+  nlohmann::json state() const;
+  /// Restores state(): every rank passes the same record (from train rank 0). Throws rlhf::Error
+  /// naming a missing key.
+  void load_state(const nlohmann::json& state);
+
+  /// Broadcasts a JSON value from rank `root` of `comm` to every rank (a value or a record).
+  static nlohmann::json broadcast_json(const nlohmann::json& j, int root, parallel::Comm& comm);
+
+ private:
+  // The global prompt position of prompt i (0..rollout_batch_size−1) of step `step`.
+  int64_t prompt_position(int64_t step, int64_t i) const;
+  // Phase 1: this engine's share of the step's prompts, all samples of them; gathered to all.
+  std::vector<rollout::Sample> generate(nlohmann::json& rec);
+  // Phase 2: one score per sample (rule reward + reward model), on training ranks.
+  std::vector<double> score(const std::vector<rollout::Sample>& samples, nlohmann::json& rec);
+  // Phases 3 and 4: experience and the updates, on training ranks.
+  void train(const std::vector<rollout::Sample>& samples, const std::vector<double>& scores,
+             nlohmann::json& rec);
+
+  RlStepParts p_;
+  RlStepOptions opt_;
+  int64_t steps_per_episode_;
+  int64_t step_ = 0;
+};
+
+}  // namespace rlhf::rl

@@ -1,0 +1,63 @@
+#include "rl/weights.h"
+
+#include "core/error.h"
+#include "core/log.h"
+#include "io/hdf5_ckpt.h"
+#include "io/tokenizer_hdf5.h"
+#include "model/init.h"
+
+namespace rlhf::rl {
+
+void initialize_weights(parallel::ParamStore& store, const io::ModelSource& src, uint64_t seed) {
+  const model::ParamLayout& layout = store.layout();
+  const io::PretrainedModel* m = src.pretrained.get();
+  std::vector<float> full;
+  for (int u = 0; u < layout.num_units(); ++u) {
+    const model::UnitLayout& unit = layout.unit(u);
+    full.assign(static_cast<size_t>(unit.numel), 0.0f);
+    // A pretrained LM supplies the trunk of a value/reward model; its new head is random.
+    // A reward model's score head starts a critic's value head (same shape and name).
+    const bool same_head =
+        m && (m->head == layout.head() ||
+              (layout.head() == model::HeadKind::kValue && m->head == model::HeadKind::kReward));
+    const bool from_ckpt = m && (unit.kind != model::UnitKind::kHead || same_head);
+    if (from_ckpt) {
+      io::load_pretrained_unit(*m, layout, u, full.data());
+    } else {
+      model::init_unit_params(full.data(), unit, seed);
+      if (m && unit.kind == model::UnitKind::kHead) {
+        // Keep the pretrained final norm; only score.weight is new.
+        const auto& norm = unit.at("model.norm.weight");
+        m->tensors->read_checked("model.norm.weight", full.data() + norm.offset, norm.shape);
+      }
+    }
+    store.load_unit(u, full.data());
+  }
+}
+
+uint64_t save_model(parallel::ParamStore& store, const std::string& path, int rank,
+                    const io::Tokenizer* tokenizer) {
+  const model::ParamLayout& layout = store.layout();
+  std::vector<std::vector<float>> units(static_cast<size_t>(layout.num_units()));
+  std::vector<const float*> ptrs;
+  uint64_t h = 1469598103934665603ull;  // FNV-1a over the real elements' bytes, in unit order
+  for (int u = 0; u < layout.num_units(); ++u) {
+    units[size_t(u)].resize(static_cast<size_t>(layout.unit(u).numel));
+    store.gather_unit(u, units[size_t(u)].data());
+    ptrs.push_back(units[size_t(u)].data());
+    for (const model::TensorInfo& t : layout.unit(u).tensors) {
+      const auto* b = reinterpret_cast<const unsigned char*>(units[size_t(u)].data() + t.offset);
+      for (size_t i = 0; i < size_t(t.numel) * sizeof(float); ++i)
+        h = (h ^ b[i]) * 1099511628211ull;
+    }
+  }
+  if (rank != 0) return h;
+  io::CheckpointWriter w(path);
+  io::write_model_hdf5(w, layout, ptrs);
+  if (tokenizer != nullptr) io::write_tokenizer_hdf5(w, *tokenizer);
+  w.commit();
+  LOG0_INFO("saved {} | weights fingerprint {:016x}", path, h);
+  return h;
+}
+
+}  // namespace rlhf::rl

@@ -1,0 +1,28 @@
+// A trainer's weights from and to files: the initial weights of a store (a pretrained model of any
+// format, or a deterministic random init), and the consolidated model written as an HDF5
+// checkpoint.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "io/model_source.h"
+#include "io/tokenizer.h"
+#include "parallel/param_store.h"
+
+namespace rlhf::rl {
+
+/// Fills the store's master weights: from the pretrained model (shapes checked) or a deterministic
+/// random init with `seed` (the same weights for any rank count). A value/reward model started
+/// from an LM keeps the trunk and the final norm and initialises score.weight randomly.
+/// Collective over the store's communicator.
+void initialize_weights(parallel::ParamStore& store, const io::ModelSource& src, uint64_t seed);
+
+/// Writes the store's consolidated model to `path` (HDF5, .tmp + rename) from rank 0; collective.
+/// With a tokenizer, its files go under /tokenizer so the checkpoint restores it.
+/// Returns (and rank 0 logs) a fingerprint of the weights: FNV-1a 64 over the fp32 bytes of every
+/// tensor in layout order — equal fingerprints mean bit-identical weights.
+uint64_t save_model(parallel::ParamStore& store, const std::string& path, int rank,
+                    const io::Tokenizer* tokenizer = nullptr);
+
+}  // namespace rlhf::rl

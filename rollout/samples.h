@@ -1,0 +1,36 @@
+// The samples of one generation round: what the engines produced, as plain records that travel
+// between ranks (serialized bytes through a parallel::Comm) and are put in a canonical order, so
+// the result does not depend on which engine made which sample.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "parallel/comm.h"
+
+namespace rlhf::rollout {
+
+/// One generated sample.
+struct Sample {
+  int64_t prompt_pos = 0;           ///< position of its prompt in the round (0..prompts−1)
+  int64_t sample_index = 0;         ///< 0..n_samples_per_prompt−1
+  std::vector<int32_t> prompt;      ///< prompt token ids (BOS included)
+  std::vector<int32_t> response;    ///< generated ids (ends with EOS when stopped)
+  std::vector<float> gen_logprobs;  ///< the engine's sampling log-probs, one per response token
+  bool stopped = false;             ///< ended with EOS
+};
+
+/// Bytes of a sample list; deserialize_samples(serialize_samples(x)) == x.
+std::vector<uint8_t> serialize_samples(const std::vector<Sample>& samples);
+/// Throws rlhf::Error on a malformed buffer.
+std::vector<Sample> deserialize_samples(const uint8_t* data, size_t size);
+
+/// Sorts by (prompt_pos, sample_index): the canonical order.
+void sort_samples(std::vector<Sample>& samples);
+
+/// Gathers every rank's samples to every rank of `comm` (Comm::all_gather_bytes, accounted to
+/// comm) in the canonical order. Collective. Throws rlhf::Error when one round's samples reach
+/// 2 GiB.
+std::vector<Sample> gather_samples(const std::vector<Sample>& local, parallel::Comm& comm);
+
+}  // namespace rlhf::rollout
