@@ -51,4 +51,24 @@ optim::AdamWConfig make_adamw(const OptimArgs& args, double lr) {
   return adam;
 }
 
+rl::SupervisedOptions supervised_options(const char* name, const CommonArgs& common,
+                                         const TrainLoopArgs& loop, const OptimArgs& optim,
+                                         const CheckpointArgs& ckpt) {
+  rl::SupervisedOptions t;
+  t.name = name;
+  t.seed = common.seed;
+  t.train_batch_size = loop.train_batch_size;
+  t.micro_train_batch_size = loop.micro_train_batch_size;
+  t.max_epochs = loop.max_epochs;
+  t.max_steps = loop.max_steps;
+  t.adam = make_adamw(optim, optim.learning_rate);
+  t.lr_scheduler = optim.lr_scheduler;
+  t.lr_warmup_ratio = optim.lr_warmup_ratio;
+  t.max_norm = optim.max_norm;
+  t.save_path = ckpt.save_path;
+  t.save_steps = ckpt.save_steps;
+  t.logging_steps = ckpt.logging_steps;
+  return t;
+}
+
 }  // namespace rlhf::app

@@ -8,6 +8,7 @@
 #include "parallel/comm.h"
 #include "parallel/runtime.h"
 #include "parallel/train_model.h"
+#include "rl/supervised.h"
 #include "rollout/engine.h"
 
 namespace rlhf::app {
@@ -29,5 +30,10 @@ rollout::EngineOptions engine_options(const GenerationArgs& gen, parallel::Devic
 
 /// AdamW hyper-parameters from --learning_rate (or `lr`), --adam_betas, --l2 (validated).
 optim::AdamWConfig make_adamw(const OptimArgs& args, double lr);
+
+/// The loop, optimizer and checkpoint flags of `rlhf sft` and `rlhf rm` (name: "sft" | "rm").
+rl::SupervisedOptions supervised_options(const char* name, const CommonArgs& common,
+                                         const TrainLoopArgs& loop, const OptimArgs& optim,
+                                         const CheckpointArgs& ckpt);
 
 }  // namespace rlhf::app

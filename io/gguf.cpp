@@ -281,7 +281,8 @@ constexpr NamePair kLayerNames[] = {
     {"attn_k", "self_attn.k_proj"},      {"attn_v", "self_attn.v_proj"},
     {"attn_output", "self_attn.o_proj"}, {"ffn_norm", "post_attention_layernorm"},
     {"ffn_gate", "mlp.gate_proj"},       {"ffn_up", "mlp.up_proj"},
-    {"ffn_down", "mlp.down_proj"},
+    {"ffn_down", "mlp.down_proj"},       {"attn_q_norm", "self_attn.q_norm"},
+    {"attn_k_norm", "self_attn.k_norm"},
 };
 constexpr NamePair kGlobalNames[] = {
     {"token_embd.weight", "model.embed_tokens.weight"},
@@ -355,9 +356,9 @@ model::ModelConfig gguf_model_config(const GgufFile& f) {
   RLHF_CHECK(m.contains("general.architecture") && m["general.architecture"].is_string(),
              "{}: no general.architecture in the GGUF metadata", src);
   const std::string arch = m["general.architecture"].get<std::string>();
-  RLHF_CHECK(arch == "llama" || arch == "qwen2",
+  RLHF_CHECK(arch == "llama" || arch == "qwen2" || arch == "qwen3",
              "{}: GGUF architecture '{}' is not supported\nhint: llama (also Mistral, SmolLM, "
-             "TinyLlama) and qwen2 are",
+             "TinyLlama), qwen2 and qwen3 are",
              src, arch);
   auto num = [&](const std::string& key, bool required, double def) -> double {
     const std::string k = arch + "." + key;

@@ -465,9 +465,15 @@ void export_gguf(const std::string& path, const PretrainedModel& m, DType dtype)
              "{}: GGUF export needs a language model; this one has a '{}' head", m.path,
              model::to_string(m.head));
   const model::ModelConfig& c = m.config;
-  const std::string arch = c.model_type == "qwen2" ? "qwen2" : "llama";
-  RLHF_CHECK(!(arch == "llama" && c.attention_bias),
-             "{}: GGUF export of a llama model with attention_bias is not supported", m.path);
+  // llama.cpp's architecture names; Mistral and SmolLM run as "llama".
+  const std::string arch =
+      c.model_type == "qwen2" || c.model_type == "qwen3" ? c.model_type : "llama";
+  RLHF_CHECK(arch == "qwen2" || !c.attention_bias,
+             "{}: GGUF export of a {} model with attention_bias is not supported", m.path, arch);
+  RLHF_CHECK(c.rope_scaling.rope_type == "default",
+             "{}: GGUF export of a model with {} RoPE scaling is not supported (the GGUF would "
+             "run with unscaled frequencies)\nhint: export to safetensors",
+             m.path, c.rope_scaling.rope_type);
   GgufWriter w;
   w.add_string("general.architecture", arch);
   w.add_string("general.name", fs::path(m.path).filename().string());

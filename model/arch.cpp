@@ -7,13 +7,13 @@
 namespace rlhf::model {
 
 const std::vector<ArchInfo>& architectures() {
-  // Sources: transformers' modeling_llama.py, modeling_mistral.py (bias = attention_bias on all
-  // four projections), modeling_qwen2.py (q/k/v bias = True, o_proj bias = False),
-  // modeling_qwen3.py (bias = attention_bias; q_norm/k_norm = Qwen3RMSNorm(head_dim)).
+  // Sources: transformers' modeling_llama.py (bias = attention_bias on all four projections),
+  // modeling_mistral.py (no biases; ModelConfig::validate refuses attention_bias),
+  // modeling_qwen2.py (q/k/v bias = True, o_proj bias = False), modeling_qwen3.py (bias =
+  // attention_bias; q_norm/k_norm = Qwen3RMSNorm(head_dim)).
   static const std::vector<ArchInfo> table = {
       {"llama", "LlamaForCausalLM", BiasRule::kIfAttentionBias, BiasRule::kIfAttentionBias, false},
-      {"mistral", "MistralForCausalLM", BiasRule::kIfAttentionBias, BiasRule::kIfAttentionBias,
-       false},
+      {"mistral", "MistralForCausalLM", BiasRule::kNever, BiasRule::kNever, false},
       {"qwen2", "Qwen2ForCausalLM", BiasRule::kAlways, BiasRule::kNever, false},
       {"qwen3", "Qwen3ForCausalLM", BiasRule::kIfAttentionBias, BiasRule::kIfAttentionBias, true},
   };

@@ -17,7 +17,7 @@ namespace rlhf::model {
 enum class BiasRule {
   kNever,            ///< no bias (Qwen2's o_proj)
   kAlways,           ///< always (Qwen2's q/k/v)
-  kIfAttentionBias,  ///< when config.json's `attention_bias` is true (Llama, Mistral, Qwen3)
+  kIfAttentionBias,  ///< when config.json's `attention_bias` is true (Llama, Qwen3)
 };
 
 /// One row of the architecture table.

@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "model/arch.h"
 
 namespace rlhf::model {
 
@@ -84,10 +85,11 @@ void ModelConfig::validate(const std::string& source) const {
              num_attention_heads, num_key_value_heads);
   RLHF_CHECK(rms_norm_eps > 0, "{}: rms_norm_eps must be > 0, got {}", source, rms_norm_eps);
   RLHF_CHECK(rope_theta > 0, "{}: rope_theta must be > 0, got {}", source, rope_theta);
-  RLHF_CHECK(model_type == "llama" || model_type == "mistral" || model_type == "qwen2" ||
-                 model_type == "qwen3",
-             "{}: model_type '{}' is not supported\nhint: llama, mistral, qwen2 or qwen3", source,
-             model_type);
+  try {
+    arch_info(model_type);  // the architecture table names the supported types
+  } catch (const Error& e) {
+    RLHF_FAIL("{}: {}", source, e.what());
+  }
   RLHF_CHECK(!(model_type == "mistral" && attention_bias),
              "{}: attention_bias = true is not supported for model_type 'mistral' (Mistral has no "
              "attention biases)\nhint: use model_type 'llama' for a Llama with attention biases",
@@ -104,10 +106,10 @@ void ModelConfig::validate(const std::string& source) const {
 
 nlohmann::json ModelConfig::to_json() const {
   nlohmann::json j;
-  j["architectures"] = {model_type == "qwen2"     ? "Qwen2ForCausalLM"
-                        : model_type == "qwen3"   ? "Qwen3ForCausalLM"
-                        : model_type == "mistral" ? "MistralForCausalLM"
-                                                  : "LlamaForCausalLM"};
+  std::string lm_class = "LlamaForCausalLM";
+  for (const ArchInfo& a : architectures())
+    if (a.model_type == model_type) lm_class = a.causal_lm_class;
+  j["architectures"] = {lm_class};
   j["model_type"] = model_type;
   j["hidden_size"] = hidden_size;
   j["intermediate_size"] = intermediate_size;
@@ -479,12 +481,22 @@ ModelConfig ModelConfig::from_json(const nlohmann::json& j, const std::string& s
   return c;
 }
 
+bool ModelConfig::qkv_bias() const {
+  return layer_spec(*this).qkv_bias;
+}
+
+bool ModelConfig::o_bias() const {
+  return layer_spec(*this).o_bias;
+}
+
 int64_t ModelConfig::num_parameters(HeadKind head) const {
-  const int64_t C = hidden_size, F = intermediate_size, D = this->D();
-  const int64_t q = num_attention_heads * D, kv = num_key_value_heads * D;
+  const LayerSpec s = layer_spec(*this);
+  const int64_t C = hidden_size, F = intermediate_size, D = s.D;
+  const int64_t q = s.q_dim(), kv = s.kv_dim();
   int64_t layer = C * q + 2 * C * kv + q * C + 3 * C * F + 2 * C;
-  if (qkv_bias()) layer += q + 2 * kv;
-  if (o_bias()) layer += C;
+  if (s.qkv_bias) layer += q + 2 * kv;
+  if (s.o_bias) layer += C;
+  if (s.qk_norm) layer += 2 * D;
   int64_t n = vocab_size * C + num_hidden_layers * layer + C;
   if (head == HeadKind::kLM) {
     if (!tie_word_embeddings) n += vocab_size * C;

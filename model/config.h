@@ -64,8 +64,8 @@ struct RopeScaling {
 /// C = hidden_size, F = intermediate_size, L = num_hidden_layers, H = num_attention_heads,
 /// Hkv = num_key_value_heads, D = head_dim, V = vocab_size.
 struct ModelConfig {
-  /// "llama" | "mistral" (no biases) | "qwen2" (q/k/v bias) | "qwen3" (config only: the q/k norms
-  /// of Qwen3 are not computed by this field's readers yet)
+  /// "llama" | "mistral" | "qwen2" (q/k/v bias) | "qwen3" (q/k norms): a row of the architecture
+  /// table (model/arch.h)
   std::string model_type = "llama";
   int64_t hidden_size = 288;
   int64_t intermediate_size = 768;
@@ -86,10 +86,11 @@ struct ModelConfig {
   int64_t pad_token_id = 0;
 
   int64_t D() const { return head_dim > 0 ? head_dim : hidden_size / num_attention_heads; }
-  /// q/k/v projections carry a bias (Llama with attention_bias, or Qwen2 always).
-  bool qkv_bias() const { return attention_bias || model_type == "qwen2"; }
-  /// o_proj carries a bias (Llama with attention_bias; never Qwen2).
-  bool o_bias() const { return attention_bias && model_type != "qwen2"; }
+  /// q/k/v projections carry a bias (the architecture table: Llama/Qwen3 with attention_bias,
+  /// Qwen2 always).
+  bool qkv_bias() const;
+  /// o_proj carries a bias (Llama/Qwen3 with attention_bias; never Qwen2 or Mistral).
+  bool o_bias() const;
 
   /// Throws rlhf::Error naming the field when a value is out of range or inconsistent
   /// (e.g. heads not divisible by KV heads, a rope_scaling type other than default/llama3, a

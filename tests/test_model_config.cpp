@@ -46,7 +46,7 @@ struct Expected {
   double eps, theta;
   bool tied, qkv_bias, o_bias;
   int64_t bos, eos;
-  int64_t params;  ///< published parameter count (Qwen3: ours, without its q/k norms)
+  int64_t params;  ///< published parameter count
 };
 
 Expected expected(const std::string& m) {
@@ -66,25 +66,10 @@ Expected expected(const std::string& m) {
     return {"qwen2", 896, 4864, 24,   14,    2,      64,     151936,   32768,
             1e-6,    1e6, true, true, false, 151643, 151643, 494032768};
   if (m == "qwen3_0_6b")
-    // V·C + L·(C·2048 + 2·C·1024 + 2048·C + 3·C·3072 + 2·C) + C, no q/k norms (2·128 per layer).
-    return {"qwen3",
-            1024,
-            3072,
-            28,
-            16,
-            8,
-            128,
-            151936,
-            40960,
-            1e-6,
-            1e6,
-            true,
-            false,
-            false,
-            151643,
-            151645,
-            151936LL * 1024 +
-                28LL * (1024 * 2048 * 2 + 2LL * 1024 * 1024 + 3LL * 1024 * 3072 + 2 * 1024) + 1024};
+    // V·C + L·(C·2048 + 2·C·1024 + 2048·C + 3·C·3072 + 2·C + 2·128 q/k norms) + C = 596,049,920,
+    // the Hub's safetensors total of Qwen3-0.6B.
+    return {"qwen3", 1024, 3072, 28,    16,    8,      128,    151936,   40960,
+            1e-6,    1e6,  true, false, false, 151643, 151645, 596049920};
   if (m == "smollm2_135m")
     return {"llama", 576, 1536, 30,    9,     3, 64, 49152,    8192,
             1e-5,    1e5, true, false, false, 0, 0,  134515008};

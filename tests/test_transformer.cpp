@@ -28,6 +28,15 @@ model::ModelConfig tiny_config(model::RopeStyle style, bool tied, bool bias) {
   return c;
 }
 
+// Qwen3: RMSNorm over each head of q and k before RoPE, head_dim 6 (H·D = 24 != hidden 16: the
+// projections change width).
+model::ModelConfig qwen3_config() {
+  model::ModelConfig c = tiny_config(model::RopeStyle::kRotateHalf, true, false);
+  c.model_type = "qwen3";
+  c.head_dim = 6;
+  return c;
+}
+
 // Loss used for the checks: Σ a·lp + Σ b·entropy (LM) or Σ a·value (scalar head), which makes
 // dlp = a, dentropy = b, dvalues = a.
 struct Case {
@@ -105,6 +114,7 @@ TEST_CASE("transformer gradients vs finite differences") {
        false},
       {"qwen2(qkv bias)", tiny_config(RopeStyle::kRotateHalf, false, true), HeadKind::kLM, false},
       {"value head", tiny_config(RopeStyle::kRotateHalf, false, false), HeadKind::kValue, false},
+      {"qwen3(q/k norm, head_dim 6)", qwen3_config(), HeadKind::kLM, true},
   };
   for (const auto& cs : cases) {
     SUBCASE(cs.name.c_str()) {

@@ -177,6 +177,12 @@ TEST_CASE("transformer cuda vs cpu: lp, entropy, values and every gradient") {
               HeadKind::kLM, false, 2 * 256 * 2});
   check_case(
       {"value head", small_config(RopeStyle::kRotateHalf, false, false, 4, 2), HeadKind::kValue});
+  // Qwen3: q_norm/k_norm between the (unpacked) projections and RoPE, head_dim 32 != C / H.
+  model::ModelConfig q3 = small_config(RopeStyle::kRotateHalf, true, false, 4, 2);
+  q3.model_type = "qwen3";
+  q3.head_dim = 32;
+  check_case({"lm(qwen3 q/k norm, head_dim 32)", q3, HeadKind::kLM});
+  check_case({"lm(qwen3, checkpointing)", q3, HeadKind::kLM, true});
 #endif
 }
 

@@ -72,60 +72,67 @@ constexpr double kNmseLogitsGpu = 1e-5;
 TEST_CASE("engine cuda: prefill and batched decode logits match the CPU model") {
   RLHF_SKIP_WITHOUT_CUDA_DEVICE();
 #ifdef RLHF_CUDA
-  const auto cfg = engine_config();
-  const model::ParamLayout layout(cfg, model::HeadKind::kLM);
-  model::LocalParams<float> P(layout);
-  init_bf16(P);
-  const int64_t V = cfg.vocab_size, bs = 4;
-  // Two sequences (prompt lengths 5 and 9) plus a copy of the first one's prefix as a second
-  // sample; decoding 6 tokens each, batched, with block lists that interleave.
-  const std::vector<std::vector<int32_t>> seqs = {test::random_tokens(11, V, 1),
-                                                  test::random_tokens(15, V, 2)};
-  const std::vector<int64_t> prompt_len = {5, 9};
-  for (bool graphs : {false, true}) {
-    rollout::KvCache kv(cfg, 64 * 2 * 2 * 2 * 2 * bs * 32, bs, 2, false);
-    rollout::EngineCuda e(layout, kv, 8, graphs);
-    e.upload_weights(units_of(P));
-    // Blocks: sequence 0 gets odd ids, sequence 1 even ids, the copy high ids.
-    const int64_t nb = 4;  // 16 positions each
-    std::vector<std::vector<int32_t>> blocks = {{1, 3, 5, 7}, {0, 2, 4, 6}, {9, 11, 13, 15}};
-    std::vector<std::vector<float>> got(3);  // logits rows per sequence, from its prompt end on
-    for (int s = 0; s < 2; ++s) {
-      const float* lg =
-          e.prefill(seqs[size_t(s)].data(), prompt_len[size_t(s)], blocks[size_t(s)].data());
-      got[size_t(s)].assign(lg, lg + V);
-    }
-    e.copy_prefix(blocks[0].data(), blocks[2].data(), prompt_len[0]);
-    got[2] = got[0];
-    const std::vector<int> which = {0, 1, 0};  // sequence 2 replays sequence 0's tokens
-    for (int step = 0; step < 6; ++step) {
-      std::vector<int32_t> tokens, pos, lens, table;
-      for (int b = 0; b < 3; ++b) {
-        const int64_t p = prompt_len[size_t(which[size_t(b)])] + step;
-        tokens.push_back(seqs[size_t(which[size_t(b)])][size_t(p)]);
-        pos.push_back(int32_t(p));
-        lens.push_back(int32_t(p + 1));
-        table.insert(table.end(), blocks[size_t(b)].begin(), blocks[size_t(b)].end());
+  // Llama, and Qwen3 (q_norm/k_norm in the shared layer routine, head_dim 32 != C / H).
+  model::ModelConfig qwen3 = engine_config();
+  qwen3.model_type = "qwen3";
+  qwen3.head_dim = 32;
+  for (const model::ModelConfig& cfg : {engine_config(), qwen3}) {
+    CAPTURE(cfg.model_type);
+    const model::ParamLayout layout(cfg, model::HeadKind::kLM);
+    model::LocalParams<float> P(layout);
+    init_bf16(P);
+    const int64_t V = cfg.vocab_size, bs = 4;
+    // Two sequences (prompt lengths 5 and 9) plus a copy of the first one's prefix as a second
+    // sample; decoding 6 tokens each, batched, with block lists that interleave.
+    const std::vector<std::vector<int32_t>> seqs = {test::random_tokens(11, V, 1),
+                                                    test::random_tokens(15, V, 2)};
+    const std::vector<int64_t> prompt_len = {5, 9};
+    for (bool graphs : {false, true}) {
+      rollout::KvCache kv(cfg, 64 * 2 * 2 * 2 * 2 * bs * 32, bs, 2, false);
+      rollout::EngineCuda e(layout, kv, 8, graphs);
+      e.upload_weights(units_of(P));
+      // Blocks: sequence 0 gets odd ids, sequence 1 even ids, the copy high ids.
+      const int64_t nb = 4;  // 16 positions each
+      std::vector<std::vector<int32_t>> blocks = {{1, 3, 5, 7}, {0, 2, 4, 6}, {9, 11, 13, 15}};
+      std::vector<std::vector<float>> got(3);  // logits rows per sequence, from its prompt end on
+      for (int s = 0; s < 2; ++s) {
+        const float* lg =
+            e.prefill(seqs[size_t(s)].data(), prompt_len[size_t(s)], blocks[size_t(s)].data());
+        got[size_t(s)].assign(lg, lg + V);
       }
-      const float* lg = e.decode(tokens.data(), pos.data(), lens.data(), table.data(), 3, nb);
-      for (int b = 0; b < 3; ++b)
-        got[size_t(b)].insert(got[size_t(b)].end(), lg + b * V, lg + (b + 1) * V);
-    }
-    if (graphs) {
-      CHECK(e.graphs_captured() == 1);  // bucket 4 (3 sequences)
-      CHECK(e.graph_replays() == 5);
-    }
-    for (int b = 0; b < 3; ++b) {
-      const auto& seq = seqs[size_t(which[size_t(b)])];
-      const int64_t p0 = prompt_len[size_t(which[size_t(b)])];
-      const std::vector<int32_t> whole(seq.begin(), seq.begin() + p0 + 6);
-      const auto cpu_all = cpu_logits(layout, P, whole), gpu_all = gpu_logits(layout, P, whole);
-      const std::vector<float> cpu(cpu_all.begin() + (p0 - 1) * V, cpu_all.end());
-      const std::vector<float> gpu(gpu_all.begin() + (p0 - 1) * V, gpu_all.end());
-      test::check_nmse(fmt::format("engine cuda logits seq {} graphs={} vs cpu", b, graphs),
-                       got[size_t(b)], cpu, kNmseLogitsCpu);
-      test::check_nmse(fmt::format("engine cuda logits seq {} graphs={} vs gpu forward", b, graphs),
-                       got[size_t(b)], gpu, kNmseLogitsGpu);
+      e.copy_prefix(blocks[0].data(), blocks[2].data(), prompt_len[0]);
+      got[2] = got[0];
+      const std::vector<int> which = {0, 1, 0};  // sequence 2 replays sequence 0's tokens
+      for (int step = 0; step < 6; ++step) {
+        std::vector<int32_t> tokens, pos, lens, table;
+        for (int b = 0; b < 3; ++b) {
+          const int64_t p = prompt_len[size_t(which[size_t(b)])] + step;
+          tokens.push_back(seqs[size_t(which[size_t(b)])][size_t(p)]);
+          pos.push_back(int32_t(p));
+          lens.push_back(int32_t(p + 1));
+          table.insert(table.end(), blocks[size_t(b)].begin(), blocks[size_t(b)].end());
+        }
+        const float* lg = e.decode(tokens.data(), pos.data(), lens.data(), table.data(), 3, nb);
+        for (int b = 0; b < 3; ++b)
+          got[size_t(b)].insert(got[size_t(b)].end(), lg + b * V, lg + (b + 1) * V);
+      }
+      if (graphs) {
+        CHECK(e.graphs_captured() == 1);  // bucket 4 (3 sequences)
+        CHECK(e.graph_replays() == 5);
+      }
+      for (int b = 0; b < 3; ++b) {
+        const auto& seq = seqs[size_t(which[size_t(b)])];
+        const int64_t p0 = prompt_len[size_t(which[size_t(b)])];
+        const std::vector<int32_t> whole(seq.begin(), seq.begin() + p0 + 6);
+        const auto cpu_all = cpu_logits(layout, P, whole), gpu_all = gpu_logits(layout, P, whole);
+        const std::vector<float> cpu(cpu_all.begin() + (p0 - 1) * V, cpu_all.end());
+        const std::vector<float> gpu(gpu_all.begin() + (p0 - 1) * V, gpu_all.end());
+        test::check_nmse(fmt::format("engine cuda logits seq {} graphs={} vs cpu", b, graphs),
+                         got[size_t(b)], cpu, kNmseLogitsCpu);
+        test::check_nmse(
+            fmt::format("engine cuda logits seq {} graphs={} vs gpu forward", b, graphs),
+            got[size_t(b)], gpu, kNmseLogitsGpu);
+      }
     }
   }
 #endif

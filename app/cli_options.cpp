@@ -1,0 +1,373 @@
+// The option groups and subcommands of the command line: one registration line per option
+// (flag, TOML key, help text, check) and the cross-option checks of each command. The registry
+// and the parser they use are in app/cli.cpp.
+#include <CLI/CLI.hpp>
+
+#include <filesystem>
+#include <utility>
+
+#include "app/cli.h"
+#include "core/log.h"
+
+namespace rlhf::app {
+
+namespace {
+
+template <class... Args>
+[[noreturn]] void usage_fail(fmt::format_string<Args...> f, Args&&... args) {
+  throw UsageError(fmt::format(f, std::forward<Args>(args)...));
+}
+
+}  // namespace
+
+// -------------------------------------------------------------------------------------------------
+// Option groups: one line per option.
+
+void CommonArgs::bind(OptionSet& o) {
+  // --config is the only option that is not a TOML key; the parser reads it specially.
+  o.app()
+      ->add_option("--config", config, "TOML file with option values (keys = flag names)")
+      ->type_name("PATH");
+  o.add("seed", seed, "Random seed (data order, init, sampling)").check(ge(0));
+  o.add("log_level", log_level, "Console log level on rank 0")
+      .check(one_of({"trace", "debug", "info", "warn", "error", "critical", "off"}));
+  o.add("log_dir", log_dir, "Directory of per-rank log files (\"\" = <save_path>/logs)");
+  o.add("disable_progress", disable_progress, "Do not print progress lines");
+}
+
+void BenchArgs::bind(OptionSet& o) {
+  common.bind(o);
+  o.app()
+      ->add_option("suite", suites,
+                   "Benchmarks to run: train, generate, comm, sync, all (default all); rl "
+                   "(minutes: not in all)")
+      ->type_name("SUITE");
+  o.add("model_config", model_config, "Model config for train (\"\" = stories15M shape)");
+  o.add("tokens_per_step", tokens_per_step, "Tokens per optimizer step (global)").check(ge(1));
+  o.add("seq_len", seq_len, "Sequence length of the training benchmark").check(ge(1));
+  o.add("micro_train_batch_size", micro_train_batch_size,
+        "Sequences per forward/backward (0 = the whole step at once)")
+      .check(ge(0));
+  o.add("steps", steps, "Timed steps").check(ge(1));
+  o.add("warmup", warmup, "Untimed warm-up steps").check(ge(0));
+  zero.bind(o);
+  parallel.bind(o);
+  o.add("output", output, "Also append the JSON lines to this file");
+  o.add("min_bytes", min_bytes, "comm: smallest message (bytes)").check(ge(4));
+  o.add("max_bytes", max_bytes, "comm: largest message (bytes)").check(ge(4));
+  o.add("step_factor", step_factor, "comm: size multiplier between rows").check(ge(2));
+  o.add("iters", iters, "comm: timed calls per size").check(ge(1));
+}
+
+void BenchArgs::validate() {
+  if (suites.empty()) suites = {"all"};
+  for (const std::string& s : suites)
+    if (s != "train" && s != "generate" && s != "comm" && s != "sync" && s != "rl" && s != "all")
+      usage_fail("unknown benchmark suite '{}'\nhint: train, generate, comm, sync, rl or all", s);
+}
+
+void ModelArgs::bind(OptionSet& o) {
+  o.add("model_config", model_config, "Model config (JSON/TOML) for random init");
+  o.add("pretrain", pretrain,
+        "Model to start from: rlhf HDF5 checkpoint, Hugging Face folder (safetensors), llama2.c "
+        ".bin or GGUF file");
+  o.add("tokenizer", tokenizer,
+        "Tokenizer file or folder (tokenizer.json, tokenizer.model, llama2.c tokenizer.bin, GGUF) "
+        "when the model has none (\"\" = the model's own, else bytes)");
+}
+
+void ModelArgs::validate() const {
+  if (model_config.empty() == pretrain.empty())
+    usage_fail(
+        "exactly one of --model_config (random init) and --pretrain (checkpoint) is required, "
+        "got {}",
+        model_config.empty() ? "neither" : "both");
+}
+
+void ExportArgs::bind(OptionSet& o) {
+  common.bind(o);
+  o.add("pretrain", pretrain,
+        "Model to export: rlhf HDF5 checkpoint, Hugging Face folder, llama2.c .bin or GGUF file")
+      .required();
+  o.add("tokenizer", tokenizer, "Tokenizer to ship with the model (\"\" = the model's own)");
+  o.add("format", format, "Output format").check(one_of({"safetensors", "hdf5", "gguf"}));
+  o.add("output_path", output_path,
+        "Output: a folder for safetensors, a file for hdf5 (a folder means <folder>/model.h5) "
+        "and gguf")
+      .required();
+  o.add("dtype", dtype, "Element type of the written tensors (hdf5 is always float32)")
+      .check(one_of({"float32", "bfloat16", "float16"}));
+}
+
+void ExportArgs::validate() {
+  if (format == "hdf5" && dtype != "float32")
+    usage_fail("--dtype {} with --format hdf5: checkpoints store float32\nhint: drop --dtype",
+               dtype);
+}
+
+void ImportArgs::bind(OptionSet& o) {
+  common.bind(o);
+  o.add("pretrain", pretrain,
+        "Model to import: Hugging Face folder, llama2.c .bin, GGUF file or rlhf HDF5 checkpoint")
+      .required();
+  o.add("tokenizer", tokenizer, "Tokenizer to store with it (\"\" = the model's own)");
+  o.add("output_path", output_path, "The rlhf HDF5 checkpoint to write (.h5)").required();
+}
+
+void DatasetArgs::bind(OptionSet& o) {
+  o.add("dataset", dataset, "Training data: JSONL (prompt/response) or plain text").required();
+  o.add("max_len", max_len, "Max tokens per sample (prompt + response)").check(ge(1));
+  o.add("truncation", truncation, "What to do with samples longer than max_len")
+      .check(one_of({"truncate", "skip"}));
+  o.add("max_samples", max_samples, "Use at most this many samples").check(ge(1));
+}
+
+void TrainLoopArgs::bind(OptionSet& o) {
+  o.add("micro_train_batch_size", micro_train_batch_size, "Samples per rank per forward pass")
+      .check(ge(1));
+  o.add("train_batch_size", train_batch_size, "Global samples per optimizer step").check(ge(1));
+  o.add("max_epochs", max_epochs, "Passes over the dataset").check(ge(1));
+  o.add("max_steps", max_steps, "Optimizer steps (-1 = from max_epochs)").check(minus_one_or_ge(1));
+}
+
+void OptimArgs::bind(OptionSet& o) {
+  o.add("learning_rate", learning_rate, "Peak learning rate").check(gt(0));
+  o.add("lr_scheduler", lr_scheduler, "Learning-rate schedule")
+      .check(one_of({"cosine_with_min_lr", "constant", "constant_with_warmup", "linear"}));
+  o.add("lr_warmup_ratio", lr_warmup_ratio, "Warm-up steps as a fraction of all steps")
+      .check(range(0, 1));
+  o.add("adam_betas", adam_betas, "AdamW beta1 beta2").check(ge(0)).check(below(1));
+  o.add("l2", l2, "AdamW weight decay").check(ge(0));
+  o.add("max_norm", max_norm, "Clip the global gradient norm to this (0 = off)").check(ge(0));
+}
+
+void ZeroArgs::bind(OptionSet& o) {
+  o.add("zero_stage", zero_stage, "ZeRO stage: 0 = replicated, 3 = sharded")
+      .check(one_of_int({0, 3}));
+  o.add("adam_offload", adam_offload, "Keep Adam state in host memory and step on the host");
+  o.add("gradient_checkpointing", gradient_checkpointing, "Recompute activations in backward");
+  o.add("zero_keep_params", zero_keep_params,
+        "ZeRO-3: keep the units gathered in forward for backward (no second all-gather)");
+}
+
+void ParallelArgs::bind(OptionSet& o) {
+  o.add("ranks_per_node", ranks_per_node, "Ranks per node (0 = detect from shared memory)")
+      .check(ge(0))
+      .env("RLHF_RANKS_PER_NODE");
+  o.add("gen_ranks_per_node", gen_ranks_per_node, "Generation-only ranks per node (0 = colocated)")
+      .check(ge(0));
+  o.add("threads", threads, "OpenMP threads per rank (0 = cores / ranks on the node)").check(ge(0));
+  o.add("comm_backend", comm_backend,
+        "Collectives: auto (shared memory inside a node, else MPI), mpi, shm")
+      .check(one_of({"auto", "mpi", "shm"}))
+      .env("RLHF_COMM_KIND");
+  o.add("device", device,
+        "Where the models train: auto (cuda when built with CUDA and a GPU is visible), cpu, "
+        "cuda")
+      .check(one_of({"auto", "cpu", "cuda"}))
+      .env("RLHF_DEVICE");
+  o.add("attn_implementation", attn_implementation,
+        "GPU attention: flash (this project's flash-attention kernels, deterministic) or cudnn "
+        "(cuDNN's fused attention where it can serve the shape; not yet verified on a GPU)")
+      .check(one_of({"flash", "cudnn"}));
+  o.add("nccl_timeout", nccl_timeout,
+        "Seconds a GPU (NCCL) collective may take before the watchdog aborts the job (0 = none)")
+      .check(ge(0));
+}
+
+void CheckpointArgs::bind(OptionSet& o) {
+  o.add("save_path", save_path, "Checkpoint directory");
+  o.add("save_steps", save_steps, "Checkpoint every N steps (-1 = at the end only)")
+      .check(minus_one_or_ge(1));
+  o.add("logging_steps", logging_steps, "Log a step line every N steps").check(ge(1));
+}
+
+void SftArgs::bind(OptionSet& o) {
+  common.bind(o);
+  model.bind(o);
+  data.bind(o);
+  o.add("input_key", input_key, "JSON key of the prompt");
+  o.add("output_key", output_key, "JSON key of the response");
+  loop.bind(o);
+  optim.bind(o);
+  zero.bind(o);
+  parallel.bind(o);
+  ckpt.bind(o);
+}
+
+void SftArgs::validate() {
+  model.validate();
+  if (common.log_dir.empty())
+    common.log_dir = (std::filesystem::path(ckpt.save_path) / "logs").string();
+}
+
+void RmArgs::bind(OptionSet& o) {
+  common.bind(o);
+  model.bind(o);
+  o.add("dataset", dataset, "Preference pairs (JSONL)").required();
+  o.add("chosen_key", chosen_key, "JSON key of the preferred response (or transcript)");
+  o.add("rejected_key", rejected_key, "JSON key of the rejected response (or transcript)");
+  o.add("prompt_key", prompt_key, "JSON key of the prompt (\"\" = the texts are transcripts)");
+  o.add("max_len", max_len, "Max tokens per side (longer sides are cut, EOS kept)").check(ge(3));
+  o.add("max_samples", max_samples, "Use at most this many pairs").check(ge(1));
+  loop.bind(o);
+  optim.bind(o);
+  zero.bind(o);
+  parallel.bind(o);
+  ckpt.bind(o);
+}
+
+void RmArgs::validate() {
+  model.validate();
+  if (common.log_dir.empty())
+    common.log_dir = (std::filesystem::path(ckpt.save_path) / "logs").string();
+}
+
+// -------------------------------------------------------------------------------------------------
+// rlhf generate
+
+void GenerationArgs::bind(OptionSet& o) {
+  o.add("generate_max_len", generate_max_len, "Max new tokens per sample").check(ge(1));
+  o.add("temperature", temperature, "Sampling temperature (0 = greedy)").check(ge(0));
+  o.add("top_p", top_p, "Nucleus sampling: smallest set with probability >= top_p (1 = off)")
+      .check(gt(0))
+      .check(le(1));
+  o.add("top_k", top_k, "Sample from the k most likely tokens (-1 = off)").check(ge(-1));
+  o.add("greedy", greedy, "Greedy decoding (argmax)");
+  o.add("n_samples_per_prompt", n_samples_per_prompt, "Completions per prompt").check(ge(1));
+  o.add("gen_kv_cache_mb", gen_kv_cache_mb, "KV cache budget of a generation engine (MiB)")
+      .check(ge(1));
+  o.add("gen_max_num_seqs", gen_max_num_seqs, "Most sequences a generation engine decodes at once")
+      .check(ge(1));
+  o.add("vllm_tensor_parallel_size", vllm_tensor_parallel_size,
+        "Ranks per generation engine (tensor parallel, inside one node)")
+      .check(ge(1));
+  o.add("vllm_gpu_memory_utilization", vllm_gpu_memory_utilization,
+        "GPU engines: share of the GPU's memory the engine may hold (weights, buffers, KV "
+        "cache; capped by what is free); --gen_kv_cache_mb sizes CPU engines")
+      .check(gt(0))
+      .check(le(1));
+  o.add("enforce_eager", enforce_eager,
+        "GPU engines: launch every decode step's kernels instead of replaying CUDA graphs");
+}
+
+void GenerateArgs::bind(OptionSet& o) {
+  common.bind(o);
+  o.add("pretrain", pretrain,
+        "Model to sample from: rlhf HDF5 checkpoint, Hugging Face folder, llama2.c .bin or GGUF "
+        "file")
+      .required();
+  o.add("tokenizer", tokenizer,
+        "Tokenizer file or folder when the model has none (\"\" = the model's own, else bytes)");
+  o.add("dataset", dataset, "Prompts: JSONL, one object per line").required();
+  o.add("input_key", input_key, "JSON key of the prompt text");
+  o.add("output_path", output_path, "Completions out: JSONL, one object per sample").required();
+  o.add("max_samples", max_samples, "Use at most this many prompts").check(ge(1));
+  gen.bind(o);
+  parallel.bind(o);
+}
+
+void PpoArgs::bind(OptionSet& o) {
+  common.bind(o);
+  model.bind(o);
+  o.add("reward_pretrain", reward_pretrain, "Reward model checkpoint (rlhf rm)");
+  o.add("critic_pretrain", critic_pretrain,
+        "Critic initialisation (\"\" = --reward_pretrain, else --pretrain)");
+  o.add("prompt_data", prompt_data, "Prompts: JSONL, or builtin:<task>").required();
+  o.add("input_key", input_key, "JSON key of the prompt text");
+  o.add("label_key", label_key, "JSON key of the reference answer (rule rewards)");
+  o.add("apply_chat_template", apply_chat_template, "Wrap prompts in the chat template");
+  o.add("prompt_max_len", prompt_max_len, "Longer prompts (tokens) are skipped").check(ge(1));
+  o.add("max_samples", max_samples, "Use at most this many prompts").check(ge(1));
+  o.add("reward", reward,
+        "Rule reward: math, countdown, format, length, keyword, command, or a weighted sum "
+        "\"math:1,format:0.2\"");
+  o.add("reward_command", reward_command,
+        "External scorer: reads JSON lines {prompt, completion, label}, writes one score per line");
+  o.add("reward_command_timeout", reward_command_timeout, "Seconds per scoring batch").check(gt(0));
+  o.add("reward_format_pattern", reward_format_pattern, "Regex of the format reward");
+  o.add("reward_keywords", reward_keywords, "Comma-separated keywords of the keyword reward");
+  o.add("reward_length_target", reward_length_target, "Target tokens of the length reward")
+      .check(ge(1));
+  o.add("normalize_reward", normalize_reward, "Normalise scores by their running mean and std");
+  o.add("rollout_batch_size", rollout_batch_size, "Prompts per RL step").check(ge(1));
+  o.add("micro_rollout_batch_size", micro_rollout_batch_size,
+        "Samples per rank per forward-only pass (log-probs, values)")
+      .check(ge(1));
+  o.add("train_batch_size", train_batch_size, "Samples per optimizer step (global)").check(ge(1));
+  o.add("micro_train_batch_size", micro_train_batch_size, "Samples per rank per forward/backward")
+      .check(ge(1));
+  o.add("max_epochs", max_epochs, "Training passes over each rollout").check(ge(1));
+  o.add("num_episodes", num_episodes, "Passes over the prompt data").check(ge(1));
+  o.add("max_steps", max_steps, "RL steps (-1 = --num_episodes passes over the prompts)")
+      .check(minus_one_or_ge(1));
+  o.add("advantage_estimator", advantage_estimator, "Advantage estimator")
+      .check(one_of({"gae", "reinforce", "reinforce_baseline", "rloo", "group_norm", "dr_grpo"}));
+  o.add("gamma", gamma, "Discount").check(ge(0)).check(le(1));
+  o.add("lambd", lambd, "GAE lambda").check(ge(0)).check(le(1));
+  o.add("init_kl_coef", init_kl_coef, "KL coefficient beta (0 = no KL, no reference model)")
+      .check(ge(0));
+  o.add("kl_estimator", kl_estimator, "KL estimator").check(one_of({"k1", "k2", "k3"}));
+  o.add("use_kl_loss", use_kl_loss, "KL as a loss term instead of in the reward (GRPO)");
+  o.add("kl_target", kl_target, "Adaptive KL target (0 = fixed coefficient)").check(ge(0));
+  o.add("kl_horizon", kl_horizon, "Adaptive KL horizon").check(gt(0));
+  o.add("eps_clip", eps_clip, "PPO clip range").check(gt(0));
+  o.add("eps_clip_low_high", eps_clip_low_high,
+        "Asymmetric clip: eps_low eps_high (0 0 = --eps_clip both)")
+      .check(ge(0));
+  o.add("dual_clip", dual_clip, "Dual-clip bound c > 1 for negative advantages (0 = off)")
+      .check(ge(0));
+  o.add("value_clip", value_clip, "Critic value clip (0 = off)").check(ge(0));
+  o.add("entropy_loss_coef", entropy_loss_coef, "Entropy bonus coefficient").check(ge(0));
+  o.add("freezing_actor_steps", freezing_actor_steps, "RL steps that train only the critic");
+  o.add("actor_learning_rate", actor_learning_rate, "Actor learning rate").check(gt(0));
+  o.add("critic_learning_rate", critic_learning_rate, "Critic learning rate").check(gt(0));
+  o.add("lr_scheduler", optim.lr_scheduler, "Learning-rate schedule")
+      .check(one_of({"cosine_with_min_lr", "constant", "constant_with_warmup", "linear"}));
+  o.add("lr_warmup_ratio", optim.lr_warmup_ratio, "Warm-up steps as a fraction of all steps")
+      .check(ge(0))
+      .check(le(1));
+  o.add("adam_betas", optim.adam_betas, "AdamW beta1 beta2").check(ge(0)).check(below(1));
+  o.add("l2", optim.l2, "AdamW weight decay").check(ge(0));
+  o.add("max_norm", optim.max_norm, "Clip the global gradient norm to this (0 = off)").check(ge(0));
+  gen.bind(o);
+  o.add("sync_bucket_mb", sync_bucket_mb, "Weight-sync bucket size (MiB)").check(ge(1));
+  zero.bind(o);
+  parallel.bind(o);
+  ckpt.bind(o);
+  o.add("ckpt_path", ckpt_path, "Directory of training checkpoints (resume)");
+  o.add("max_ckpt_num", max_ckpt_num, "Keep the last K training checkpoints (0 = all)")
+      .check(ge(0));
+  o.add("load_checkpoint", load_checkpoint, "Resume from the newest valid checkpoint in ckpt_path");
+}
+
+void PpoArgs::validate() {
+  model.validate();
+  if (common.log_dir.empty())
+    common.log_dir = (std::filesystem::path(ckpt.save_path) / "logs").string();
+  if (reward.empty() && reward_pretrain.empty())
+    usage_fail("no reward: give --reward (a rule: math, countdown, ...) or --reward_pretrain");
+  if ((reward == "math" || reward == "countdown") && label_key.empty())
+    usage_fail("--reward {} needs --label_key (the reference answer in the prompt data)", reward);
+  const bool group = advantage_estimator != "gae" && advantage_estimator != "reinforce";
+  if (group && gen.n_samples_per_prompt < 2)
+    usage_fail(
+        "--advantage_estimator {} needs --n_samples_per_prompt > 1 (got {})\nhint: e.g. "
+        "--n_samples_per_prompt 8",
+        advantage_estimator, gen.n_samples_per_prompt);
+  if ((rollout_batch_size * gen.n_samples_per_prompt) % train_batch_size != 0)
+    usage_fail(
+        "--rollout_batch_size {} x --n_samples_per_prompt {} = {} samples is not a multiple of "
+        "--train_batch_size {}",
+        rollout_batch_size, gen.n_samples_per_prompt, rollout_batch_size * gen.n_samples_per_prompt,
+        train_batch_size);
+  if (train_batch_size % micro_train_batch_size != 0)
+    usage_fail("--train_batch_size {} is not a multiple of --micro_train_batch_size {}",
+               train_batch_size, micro_train_batch_size);
+  if (dual_clip != 0 && dual_clip <= 1)
+    usage_fail("--dual_clip must be > 1 (or 0 = off), got {}", dual_clip);
+}
+
+void GenerateArgs::validate() {}
+
+}  // namespace rlhf::app

@@ -1,0 +1,116 @@
+#include "rl/rm.h"
+
+#include <algorithm>
+#include <memory>
+#include <vector>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "io/model_source.h"
+#include "io/tokenizer.h"
+#include "rl/losses.h"
+#include "rl/weights.h"
+
+namespace rlhf::rl {
+
+namespace {
+
+// Bradley–Terry on (chosen, rejected) pairs. Metric sums: [0] Σ loss, [1] pairs ranked right
+// (Δ > 0), [2] Σ Δ; each divided by TB for the step's loss, acc and reward_margin.
+class RmTask final : public SupervisedTask {
+ public:
+  RmTask(parallel::TrainModel& net, const io::PreferenceDataset& data, int32_t pad_id,
+         int64_t train_batch_size)
+      : net_(net), data_(data), pad_id_(pad_id), TB_(train_batch_size) {}
+
+  int num_metrics() const override { return 3; }
+
+  // 2·MB sequences, right-padded to the longest: chosen of pair i at row i, rejected at row
+  // MB + i. The reward of a sequence is the head's value at its last token; dloss/dr_chosen =
+  // dloss/dΔ / TB, dloss/dr_rejected = −dloss/dΔ / TB, 0 at every other token.
+  void micro_batch(std::span<const int64_t> samples, std::span<double> sums) override {
+    const int64_t MB = int64_t(samples.size()), B = 2 * MB;
+    std::vector<const std::vector<int32_t>*> seqs;
+    for (const int64_t s : samples) seqs.push_back(&data_.pairs[size_t(s)].chosen);
+    for (const int64_t s : samples) seqs.push_back(&data_.pairs[size_t(s)].rejected);
+    int64_t T = 0;
+    for (auto* s : seqs) T = std::max<int64_t>(T, int64_t(s->size()));
+    tokens_.assign(size_t(B * T), pad_id_);
+    for (int64_t r = 0; r < B; ++r)
+      std::copy(seqs[size_t(r)]->begin(), seqs[size_t(r)]->end(), tokens_.begin() + r * T);
+    values_.resize(size_t(B * T));
+    dvalues_.assign(size_t(B * T), 0.0f);
+    net_.forward_scalar(tokens_.data(), B, T, values_.data(), true);
+    for (int64_t i = 0; i < MB; ++i) {
+      const int64_t lc = i * T + int64_t(seqs[size_t(i)]->size()) - 1;
+      const int64_t lr = (MB + i) * T + int64_t(seqs[size_t(MB + i)]->size()) - 1;
+      const double delta = double(values_[size_t(lc)]) - double(values_[size_t(lr)]);
+      double dl = 0;
+      sums[0] += bradley_terry_loss(delta, &dl);
+      const double g = dl / double(TB_);
+      dvalues_[size_t(lc)] = float(g);
+      dvalues_[size_t(lr)] = float(-g);
+      sums[1] += delta > 0;
+      sums[2] += delta;
+    }
+    net_.backward_scalar(dvalues_.data());
+  }
+
+  double loss(std::span<const double> sums) const override { return sums[0] / double(TB_); }
+
+  std::string step_line(const StepReport& r) const override {
+    return fmt::format(
+        "step {}/{} ({:.1f}%) | loss {:.4f} | acc {:.3f} | margin {:.3f} | lr {:.3e} | "
+        "grad_norm {:.3f} | {:.2f}s/step",
+        r.step, r.total_steps, 100.0 * double(r.step) / double(r.total_steps), r.loss,
+        r.sums[1] / double(TB_), r.sums[2] / double(TB_), r.lr, r.grad_norm, r.step_s);
+  }
+
+  void add_metrics(const StepReport& r, nlohmann::json& rec) const override {
+    rec["acc"] = r.sums[1] / double(TB_);
+    rec["reward_margin"] = r.sums[2] / double(TB_);
+  }
+
+ private:
+  parallel::TrainModel& net_;
+  const io::PreferenceDataset& data_;
+  int32_t pad_id_;
+  int64_t TB_;
+  std::vector<int32_t> tokens_;
+  std::vector<float> values_, dvalues_;
+};
+
+}  // namespace
+
+int run_rm(const RmConfig& c) {
+  parallel::TrainRuntime rt = parallel::setup_train_runtime(c.runtime, /*needs_generation=*/false);
+  parallel::Comm& comm = *rt.train_comm;
+  const int world = comm.size();
+
+  const io::ModelSource src =
+      io::resolve_model_source(c.model_config, c.pretrain, c.tokenizer, model::HeadKind::kReward);
+  const model::ModelConfig& cfg = src.config;
+  const std::unique_ptr<io::Tokenizer> tokenizer = io::make_tokenizer("byte");
+  RLHF_CHECK(tokenizer->vocab_size() <= cfg.vocab_size,
+             "the tokenizer has {} tokens but the model's vocab_size is {}",
+             tokenizer->vocab_size(), cfg.vocab_size);
+  RLHF_CHECK(c.data.max_len <= cfg.max_position_embeddings,
+             "--max_len {} exceeds the model's max_position_embeddings {}", c.data.max_len,
+             cfg.max_position_embeddings);
+  const model::ParamLayout layout(cfg, model::HeadKind::kReward);
+  const std::unique_ptr<parallel::TrainModel> net = parallel::make_train_model(layout, rt, c.zero);
+  initialize_weights(net->store(), src, static_cast<uint64_t>(c.train.seed));
+
+  const io::PreferenceDataset data = io::build_preference_dataset(c.dataset, *tokenizer, c.data);
+  const BatchPlan plan =
+      plan_batches(c.train, int64_t(data.pairs.size()), world, c.dataset, "pairs");
+  LOG0_INFO("reward model: {} parameters, {} | data: {} | {} steps", layout.num_parameters(),
+            src.describe(), data.stats.summary(), plan.total_steps);
+
+  RmTask task(*net, data, tokenizer->pad_id(), plan.train_batch_size);
+  const SupervisedResult res = train_supervised(c.train, plan, task, *net, comm);
+  LOG0_INFO("done: {} steps in {:.1f}s | reward model {}", res.steps, res.seconds, res.model_path);
+  return 0;
+}
+
+}  // namespace rlhf::rl
