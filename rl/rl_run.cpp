@@ -118,6 +118,23 @@ std::pair<int64_t, int64_t> step_arithmetic(const RlRunConfig& c, int64_t n_prom
   return {total, per_episode};
 }
 
+// --load_checkpoint on a training rank: the weights and moments of the newest valid checkpoint
+// into the slots' stores; returns its RL state (null when there is none). Collective over the
+// training ranks.
+nlohmann::json resume(const RlRunConfig& c, const std::vector<CheckpointSlot>& slots) {
+  const std::string path = latest_valid_checkpoint(c.ckpt_path);
+  if (path.empty()) {
+    LOG0_WARN("--load_checkpoint: no checkpoint in {}; starting from step 0", c.ckpt_path);
+    return nullptr;
+  }
+  nlohmann::json st = load_train_checkpoint(path, slots);
+  RLHF_CHECK(st.value("seed", int64_t(-1)) == c.seed,
+             "{} was made with --seed {}, this run has --seed {}", path,
+             st.value("seed", int64_t(-1)), c.seed);
+  LOG0_INFO("resumed from {} at step {}", path, st.at("step").get<int64_t>());
+  return st;
+}
+
 // The step line of DESIGN.md §3 on rank 0.
 void log_step(const nlohmann::json& r, int64_t total_steps) {
   const double elapsed = r["elapsed_s"].get<double>();
@@ -234,18 +251,7 @@ int run_rl(const RlRunConfig& c) {
     if (m.critic) slots.push_back({"critic", &m.critic->store(), true});
   }
   nlohmann::json resumed;
-  if (c.load_checkpoint && trains) {
-    const std::string path = latest_valid_checkpoint(c.ckpt_path);
-    if (path.empty()) {
-      LOG0_WARN("--load_checkpoint: no checkpoint in {}; starting from step 0", c.ckpt_path);
-    } else {
-      resumed = load_train_checkpoint(path, slots);
-      RLHF_CHECK(resumed.value("seed", int64_t(-1)) == c.seed,
-                 "{} was made with --seed {}, this run has --seed {}", path,
-                 resumed.value("seed", int64_t(-1)), c.seed);
-      LOG0_INFO("resumed from {} at step {}", path, resumed.at("step").get<int64_t>());
-    }
-  }
+  if (c.load_checkpoint && trains) resumed = resume(c, slots);
   resumed = RlStep::broadcast_json(resumed, train_root, *world);
   if (!resumed.is_null()) step.load_state(resumed);
   const int64_t start_step = step.steps_done();

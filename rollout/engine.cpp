@@ -21,6 +21,10 @@
 
 #ifdef RLHF_CUDA
 #include "rollout/engine_cuda.h"
+#else
+namespace rlhf::rollout {
+class EngineCuda {};  // a build without CUDA has no GPU engine (Engine::cuda_ stays null)
+}  // namespace rlhf::rollout
 #endif
 
 namespace rlhf::rollout {
