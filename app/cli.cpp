@@ -500,10 +500,12 @@ void add_commands(CLI::App& app, CommandArgs (&args)[kCommandNames.size()],
         "GRPO: group-normalised advantages, no critic",
         "PPO with a critic (GAE)",
         "Sample from a checkpoint",
+        "Evaluate a checkpoint: sample, score with a rule reward, accuracy and pass@k",
         "Export a model as a Hugging Face folder (safetensors), HDF5 or GGUF",
         "Import a Hugging Face / llama2.c / GGUF model into an HDF5 checkpoint",
         "Benchmarks (JSON lines on stdout)",
     };
+    static_assert(std::size(kDescriptions) == kCommandNames.size());
     CLI::App* sub = app.add_subcommand(kCommandNames[I], kDescriptions[I]);
     sub->allow_extras();  // unknown flags are reported by us, with a did-you-mean hint
     args[I].template emplace<I>();

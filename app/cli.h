@@ -272,6 +272,20 @@ struct GenerationArgs {
   void bind(OptionSet& o);
 };
 
+/// The rule rewards (`--reward` and its options), shared by `ppo`, `grpo` and `eval`.
+struct RewardArgs {
+  std::string reward;          ///< --reward: math|countdown|format|length|keyword|command|sum
+  std::string reward_command;  ///< --reward_command: external scorer (JSON lines in/out)
+  double reward_command_timeout = 60;  ///< --reward_command_timeout (s)
+  std::string reward_format_pattern = R"(<think>[\s\S]*</think>\s*<answer>[\s\S]*</answer>)";
+  std::string reward_keywords;        ///< --reward_keywords: comma-separated
+  int64_t reward_length_target = 64;  ///< --reward_length_target (tokens)
+
+  void bind(OptionSet& o);
+  /// Throws UsageError for --reward math or countdown without --label_key.
+  void validate(const std::string& label_key) const;
+};
+
 /// `rlhf ppo`: PPO with a critic (GAE), reference model, reward model or rule reward; the RL loop
 /// of DESIGN.md §3. Flag names and defaults follow OpenRLHF's train_ppo.
 struct PpoArgs {
@@ -287,13 +301,8 @@ struct PpoArgs {
   int64_t prompt_max_len = 1024;     ///< --prompt_max_len: longer prompts are skipped, counted
   int64_t max_samples = 100000000;   ///< --max_samples: prompts used
   // rewards
-  std::string reward;          ///< --reward: math|countdown|format|length|keyword|command|sum
-  std::string reward_command;  ///< --reward_command: external scorer (JSON lines in/out)
-  double reward_command_timeout = 60;  ///< --reward_command_timeout (s)
-  std::string reward_format_pattern = R"(<think>[\s\S]*</think>\s*<answer>[\s\S]*</answer>)";
-  std::string reward_keywords;        ///< --reward_keywords: comma-separated
-  int64_t reward_length_target = 64;  ///< --reward_length_target (tokens)
-  bool normalize_reward = false;      ///< --normalize_reward: running mean/std of the scores
+  RewardArgs rewards;             ///< --reward, --reward_command, ... (rule rewards)
+  bool normalize_reward = false;  ///< --normalize_reward: running mean/std of the scores
   // batches
   int64_t rollout_batch_size = 1024;     ///< --rollout_batch_size: prompts per RL step
   int64_t micro_rollout_batch_size = 8;  ///< --micro_rollout_batch_size: per rank, forward-only
@@ -318,7 +327,24 @@ struct PpoArgs {
   int64_t freezing_actor_steps = -1;                 ///< --freezing_actor_steps
   double actor_learning_rate = 1e-6;                 ///< --actor_learning_rate
   double critic_learning_rate = 9e-6;                ///< --critic_learning_rate
-  OptimArgs optim;  ///< schedule, betas, l2, max_norm (not learning_rate)
+  // reasoning-RL additions (docs/algorithms.md "Reasoning-RL additions")
+  bool dynamic_filtering = false;  ///< --dynamic_filtering: DAPO dynamic sampling
+  /// --dynamic_filtering_reward_range lo hi: a group is kept iff lo < mean score < hi
+  std::array<double, 2> dynamic_filtering_reward_range = {0.0, 1.0};
+  int64_t max_num_gen_batches = 4;           ///< --max_num_gen_batches: rounds per step (veRL)
+  int64_t overlong_buffer_len = 0;           ///< --overlong_buffer_len: DAPO L_c (0 = off)
+  double overlong_penalty_factor = 1.0;      ///< --overlong_penalty_factor: DAPO f
+  std::string policy_loss_type = "ppo";      ///< --policy_loss_type: ppo | gspo
+  std::string loss_agg_mode = "token-mean";  ///< --loss_agg_mode (veRL's names)
+  bool no_advantage_std_norm = false;        ///< --no_advantage_std_norm: group_norm without std
+  // evaluation and sample logging
+  std::string eval_dataset;               ///< --eval_dataset: held-out prompts ("" = none)
+  int64_t eval_steps = -1;                ///< --eval_steps: every N steps (-1 = at the end)
+  double eval_temperature = 0.6;          ///< --eval_temperature
+  int64_t eval_n_samples_per_prompt = 4;  ///< --eval_n_samples_per_prompt
+  bool eval_before_training = false;      ///< --eval_before_training: also at step 0
+  int64_t log_completions = 0;  ///< --log_completions N: samples.jsonl every N steps (0 = off)
+  OptimArgs optim;              ///< schedule, betas, l2, max_norm (not learning_rate)
   GenerationArgs gen;
   int64_t sync_bucket_mb = 64;  ///< --sync_bucket_mb: weight-sync bucket size
   ZeroArgs zero;
@@ -352,6 +378,28 @@ struct GenerateArgs {
   std::string input_key = "input";  ///< --input_key: JSON key of the prompt text
   std::string output_path;          ///< --output_path: completions, JSONL (required)
   int64_t max_samples = 100000000;  ///< --max_samples: use at most this many prompts
+  GenerationArgs gen;
+  ParallelArgs parallel;  ///< --threads, --ranks_per_node, --gen_ranks_per_node
+
+  void bind(OptionSet& o);
+  void validate();
+};
+
+/// `rlhf eval`: sample completions of held-out prompts from a checkpoint, score them with a rule
+/// reward (the answer checking of training) and report accuracy and pass@k. Generation flags and
+/// placement as `rlhf generate`; prompt flags as `rlhf ppo`'s.
+struct EvalArgs {
+  CommonArgs common;
+  std::string pretrain;             ///< --pretrain: any format ModelArgs::pretrain takes (required)
+  std::string tokenizer;            ///< --tokenizer: as ModelArgs::tokenizer
+  std::string dataset;              ///< --dataset: prompts, JSONL or builtin:<task> (required)
+  std::string input_key = "input";  ///< --input_key
+  std::string label_key;            ///< --label_key: the reference answer
+  bool apply_chat_template = false;  ///< --apply_chat_template
+  int64_t prompt_max_len = 1024;     ///< --prompt_max_len: longer prompts are skipped, counted
+  int64_t max_samples = 100000000;   ///< --max_samples: use at most this many prompts
+  RewardArgs rewards;                ///< --reward (required) and its options
+  std::string output_path;           ///< --output_path: per-sample JSONL + summary (required)
   GenerationArgs gen;
   ParallelArgs parallel;  ///< --threads, --ranks_per_node, --gen_ranks_per_node
 
@@ -404,12 +452,12 @@ struct BenchArgs {
 
 /// The arguments of the selected subcommand; the alternative's index is the subcommand's position
 /// in kCommandNames.
-using CommandArgs = std::variant<SftArgs, RmArgs, GrpoArgs, PpoArgs, GenerateArgs, ExportArgs,
-                                 ImportArgs, BenchArgs>;
+using CommandArgs = std::variant<SftArgs, RmArgs, GrpoArgs, PpoArgs, GenerateArgs, EvalArgs,
+                                 ExportArgs, ImportArgs, BenchArgs>;
 
 /// Subcommand names, in CommandArgs order.
-inline constexpr std::array<const char*, 8> kCommandNames = {
-    "sft", "rm", "grpo", "ppo", "generate", "export", "import", "bench"};
+inline constexpr std::array<const char*, 9> kCommandNames = {
+    "sft", "rm", "grpo", "ppo", "generate", "eval", "export", "import", "bench"};
 
 /// One row of the resolved configuration: option key, its value as text, and where it came from.
 struct ConfigRow {

@@ -267,6 +267,27 @@ void GenerateArgs::bind(OptionSet& o) {
   parallel.bind(o);
 }
 
+// -------------------------------------------------------------------------------------------------
+// rlhf ppo / grpo / eval
+
+void RewardArgs::bind(OptionSet& o) {
+  o.add("reward", reward,
+        "Rule reward: math, countdown, format, length, keyword, command, or a weighted sum "
+        "\"math:1,format:0.2\"");
+  o.add("reward_command", reward_command,
+        "External scorer: reads JSON lines {prompt, completion, label}, writes one score per line");
+  o.add("reward_command_timeout", reward_command_timeout, "Seconds per scoring batch").check(gt(0));
+  o.add("reward_format_pattern", reward_format_pattern, "Regex of the format reward");
+  o.add("reward_keywords", reward_keywords, "Comma-separated keywords of the keyword reward");
+  o.add("reward_length_target", reward_length_target, "Target tokens of the length reward")
+      .check(ge(1));
+}
+
+void RewardArgs::validate(const std::string& label_key) const {
+  if ((reward == "math" || reward == "countdown") && label_key.empty())
+    usage_fail("--reward {} needs --label_key (the reference answer in the prompt data)", reward);
+}
+
 void PpoArgs::bind(OptionSet& o) {
   common.bind(o);
   model.bind(o);
@@ -279,16 +300,7 @@ void PpoArgs::bind(OptionSet& o) {
   o.add("apply_chat_template", apply_chat_template, "Wrap prompts in the chat template");
   o.add("prompt_max_len", prompt_max_len, "Longer prompts (tokens) are skipped").check(ge(1));
   o.add("max_samples", max_samples, "Use at most this many prompts").check(ge(1));
-  o.add("reward", reward,
-        "Rule reward: math, countdown, format, length, keyword, command, or a weighted sum "
-        "\"math:1,format:0.2\"");
-  o.add("reward_command", reward_command,
-        "External scorer: reads JSON lines {prompt, completion, label}, writes one score per line");
-  o.add("reward_command_timeout", reward_command_timeout, "Seconds per scoring batch").check(gt(0));
-  o.add("reward_format_pattern", reward_format_pattern, "Regex of the format reward");
-  o.add("reward_keywords", reward_keywords, "Comma-separated keywords of the keyword reward");
-  o.add("reward_length_target", reward_length_target, "Target tokens of the length reward")
-      .check(ge(1));
+  rewards.bind(o);
   o.add("normalize_reward", normalize_reward, "Normalise scores by their running mean and std");
   o.add("rollout_batch_size", rollout_batch_size, "Prompts per RL step").check(ge(1));
   o.add("micro_rollout_batch_size", micro_rollout_batch_size,
@@ -322,6 +334,32 @@ void PpoArgs::bind(OptionSet& o) {
   o.add("freezing_actor_steps", freezing_actor_steps, "RL steps that train only the critic");
   o.add("actor_learning_rate", actor_learning_rate, "Actor learning rate").check(gt(0));
   o.add("critic_learning_rate", critic_learning_rate, "Critic learning rate").check(gt(0));
+  o.add("dynamic_filtering", dynamic_filtering,
+        "DAPO dynamic sampling: drop groups whose mean score is not strictly inside "
+        "--dynamic_filtering_reward_range, generate for more prompts until the rollout batch is "
+        "full");
+  o.add("dynamic_filtering_reward_range", dynamic_filtering_reward_range,
+        "With --dynamic_filtering: lo hi; a group is kept iff lo < mean score < hi");
+  o.add("max_num_gen_batches", max_num_gen_batches,
+        "With --dynamic_filtering: most generation rounds per step (the first included); when "
+        "reached, the step trains on the groups kept")
+      .check(ge(1));
+  o.add("overlong_buffer_len", overlong_buffer_len,
+        "DAPO overlong shaping: the last L_c tokens before --generate_max_len are penalised "
+        "linearly (0 = off)")
+      .check(ge(0));
+  o.add("overlong_penalty_factor", overlong_penalty_factor,
+        "DAPO overlong shaping: the penalty at --generate_max_len (and beyond)")
+      .check(ge(0));
+  o.add("policy_loss_type", policy_loss_type,
+        "Policy loss: ppo (token ratios) or gspo (sequence ratios, GSPO)")
+      .check(one_of({"ppo", "gspo"}));
+  o.add("loss_agg_mode", loss_agg_mode,
+        "How token losses are aggregated over the optimizer step (veRL's names)")
+      .check(one_of(
+          {"token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"}));
+  o.add("no_advantage_std_norm", no_advantage_std_norm,
+        "group_norm without the division by the group's std (Dr. GRPO)");
   o.add("lr_scheduler", optim.lr_scheduler, "Learning-rate schedule")
       .check(one_of({"cosine_with_min_lr", "constant", "constant_with_warmup", "linear"}));
   o.add("lr_warmup_ratio", optim.lr_warmup_ratio, "Warm-up steps as a fraction of all steps")
@@ -339,16 +377,31 @@ void PpoArgs::bind(OptionSet& o) {
   o.add("max_ckpt_num", max_ckpt_num, "Keep the last K training checkpoints (0 = all)")
       .check(ge(0));
   o.add("load_checkpoint", load_checkpoint, "Resume from the newest valid checkpoint in ckpt_path");
+  o.add("eval_dataset", eval_dataset,
+        "Held-out prompts to evaluate on: JSONL (same --input_key/--label_key) or builtin:<task> "
+        "(\"\" = no evaluation)");
+  o.add("eval_steps", eval_steps,
+        "Evaluate every N steps (-1 = only at the end when --eval_dataset is set)")
+      .check(minus_one_or_ge(1));
+  o.add("eval_temperature", eval_temperature, "Sampling temperature of evaluation (0 = greedy)")
+      .check(ge(0));
+  o.add("eval_n_samples_per_prompt", eval_n_samples_per_prompt,
+        "Completions per evaluation prompt (pass@k up to this k)")
+      .check(ge(1));
+  o.add("eval_before_training", eval_before_training, "Also evaluate before the first step");
+  o.add("log_completions", log_completions,
+        "Every N steps, the step's prompts, completions, scores and advantages to "
+        "<save_path>/samples.jsonl (0 = off)")
+      .check(ge(0));
 }
 
 void PpoArgs::validate() {
   model.validate();
   if (common.log_dir.empty())
     common.log_dir = (std::filesystem::path(ckpt.save_path) / "logs").string();
-  if (reward.empty() && reward_pretrain.empty())
+  if (rewards.reward.empty() && reward_pretrain.empty())
     usage_fail("no reward: give --reward (a rule: math, countdown, ...) or --reward_pretrain");
-  if ((reward == "math" || reward == "countdown") && label_key.empty())
-    usage_fail("--reward {} needs --label_key (the reference answer in the prompt data)", reward);
+  rewards.validate(label_key);
   const bool group = advantage_estimator != "gae" && advantage_estimator != "reinforce";
   if (group && gen.n_samples_per_prompt < 2)
     usage_fail(
@@ -366,8 +419,55 @@ void PpoArgs::validate() {
                train_batch_size, micro_train_batch_size);
   if (dual_clip != 0 && dual_clip <= 1)
     usage_fail("--dual_clip must be > 1 (or 0 = off), got {}", dual_clip);
+  const auto& [lo, hi] = dynamic_filtering_reward_range;
+  if (!(lo < hi))
+    usage_fail(
+        "--dynamic_filtering_reward_range {} {}: lo must be < hi (a group is kept iff lo < "
+        "its mean score < hi)",
+        lo, hi);
+  if (overlong_buffer_len >= gen.generate_max_len)
+    usage_fail(
+        "--overlong_buffer_len {} must be < --generate_max_len {} (the buffer is the last "
+        "L_c tokens before the limit)",
+        overlong_buffer_len, gen.generate_max_len);
+  if (eval_before_training && eval_dataset.empty())
+    usage_fail("--eval_before_training needs --eval_dataset (the prompts to evaluate on)");
+  if (!eval_dataset.empty() && rewards.reward.empty())
+    usage_fail(
+        "--eval_dataset needs a rule --reward (evaluation checks answers with it; a reward model "
+        "from --reward_pretrain cannot say what is correct)\nhint: e.g. --reward math "
+        "--label_key label");
 }
 
 void GenerateArgs::validate() {}
+
+void EvalArgs::bind(OptionSet& o) {
+  common.bind(o);
+  o.add("pretrain", pretrain,
+        "Model to evaluate: rlhf HDF5 checkpoint, Hugging Face folder, llama2.c .bin or GGUF file")
+      .required();
+  o.add("tokenizer", tokenizer,
+        "Tokenizer file or folder when the model has none (\"\" = the model's own, else bytes)");
+  o.add("dataset", dataset, "Prompts with reference answers: JSONL, or builtin:<task>").required();
+  o.add("input_key", input_key, "JSON key of the prompt text");
+  o.add("label_key", label_key, "JSON key of the reference answer (rule rewards)");
+  o.add("apply_chat_template", apply_chat_template, "Wrap prompts in the chat template");
+  o.add("prompt_max_len", prompt_max_len, "Longer prompts (tokens) are skipped").check(ge(1));
+  o.add("max_samples", max_samples, "Use at most this many prompts").check(ge(1));
+  rewards.bind(o);
+  o.add("output_path", output_path,
+        "Scored completions out: JSONL, one object per sample, then a summary line")
+      .required();
+  gen.bind(o);
+  parallel.bind(o);
+}
+
+void EvalArgs::validate() {
+  if (rewards.reward.empty())
+    usage_fail(
+        "--reward is required: rlhf eval scores every completion with a rule reward\nhint: e.g. "
+        "--reward math --label_key label");
+  rewards.validate(label_key);
+}
 
 }  // namespace rlhf::app

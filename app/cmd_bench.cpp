@@ -179,6 +179,15 @@ int run_bench(const BenchArgs& args) {
                   row["phase"].get<std::string>(), row["seconds"].get<double>(),
                   100 * row["share"].get<double>(), row["comm_s"].get<double>(),
                   row["gflops_per_s_per_rank"].get<double>());
+      else if (row["bench"] == "rl_filter")
+        LOG0_INFO(
+            "bench rl: {} | {:.3f}s/step | {} of {} samples trained | {:.4f}s per trained "
+            "sample | reward {:.3f} -> {:.3f}",
+            row["dynamic_filtering"].get<bool>() ? "dynamic filtering" : "plain GRPO       ",
+            row["step_s"].get<double>(), row["samples_trained"].get<int64_t>(),
+            row["samples_generated"].get<int64_t>(),
+            row["seconds_per_trained_sample"].get<double>(),
+            row["reward_first_tenth"].get<double>(), row["reward_last_tenth"].get<double>());
       else
         LOG0_INFO(
             "bench rl: step {:.2f}s | {:.2f} GFLOP/s per rank = {:.2f} x sgemm ({:.1f}) | gen "

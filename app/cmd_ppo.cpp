@@ -9,22 +9,6 @@
 
 namespace rlhf::app {
 
-namespace {
-
-std::vector<std::string> split_commas(const std::string& s) {
-  std::vector<std::string> out;
-  size_t pos = 0;
-  while (pos <= s.size()) {
-    size_t c = s.find(',', pos);
-    if (c == std::string::npos) c = s.size();
-    if (c > pos) out.push_back(s.substr(pos, c - pos));
-    pos = c + 1;
-  }
-  return out;
-}
-
-}  // namespace
-
 rl::RlRunConfig rl_run_config(const PpoArgs& a, const char* cmd) {
   rl::RlRunConfig c;
   c.command = cmd;
@@ -43,12 +27,8 @@ rl::RlRunConfig rl_run_config(const PpoArgs& a, const char* cmd) {
   c.prompts.prompt_max_len = a.prompt_max_len;
   c.prompts.max_samples = a.max_samples;
   c.prompts.save_dir = a.ckpt.save_path;
-  c.reward = a.reward;
-  c.reward_options.format_pattern = a.reward_format_pattern;
-  c.reward_options.keywords = split_commas(a.reward_keywords);
-  c.reward_options.length_target = a.reward_length_target;
-  c.reward_options.command = a.reward_command;
-  c.reward_options.command_timeout_s = a.reward_command_timeout;
+  c.reward = a.rewards.reward;
+  c.reward_options = reward_options(a.rewards);
   rl::PpoOptions& po = c.ppo;
   po.estimator = rl::advantage_estimator_from_string(a.advantage_estimator);
   po.gamma = a.gamma;
@@ -74,6 +54,10 @@ rl::RlRunConfig rl_run_config(const PpoArgs& a, const char* cmd) {
   po.freezing_actor_steps = a.freezing_actor_steps;
   po.normalize_reward = a.normalize_reward;
   po.max_norm = a.optim.max_norm;
+  po.policy_loss = rl::policy_loss_type_from_string(a.policy_loss_type);
+  po.loss_agg_mode = rl::loss_agg_mode_from_string(a.loss_agg_mode);
+  po.generate_max_len = a.gen.generate_max_len;
+  po.advantage_std_norm = !a.no_advantage_std_norm;
   c.step.rollout_batch_size = a.rollout_batch_size;
   c.step.n_samples_per_prompt = a.gen.n_samples_per_prompt;
   c.step.generate_max_len = a.gen.generate_max_len;
@@ -83,12 +67,24 @@ rl::RlRunConfig rl_run_config(const PpoArgs& a, const char* cmd) {
   c.step.sampling.greedy = a.gen.greedy;
   c.step.sampling.seed = uint64_t(a.common.seed);
   c.step.max_epochs = a.max_epochs;
+  c.step.dynamic_filtering = a.dynamic_filtering;
+  c.step.filter_lo = a.dynamic_filtering_reward_range[0];
+  c.step.filter_hi = a.dynamic_filtering_reward_range[1];
+  c.step.max_num_gen_batches = a.max_num_gen_batches;
+  c.step.overlong_buffer_len = a.overlong_buffer_len;
+  c.step.overlong_penalty_factor = a.overlong_penalty_factor;
+  c.step.log_completions = a.log_completions;
   c.actor_adam = make_adamw(a.optim, a.actor_learning_rate);
   c.critic_adam = make_adamw(a.optim, a.critic_learning_rate);
   c.lr_scheduler = a.optim.lr_scheduler;
   c.lr_warmup_ratio = a.optim.lr_warmup_ratio;
   c.engine = engine_options(a.gen, parallel::Device::kCpu, nullptr, -1);
   c.sync_bucket_mb = a.sync_bucket_mb;
+  c.eval_dataset = a.eval_dataset;
+  c.eval_steps = a.eval_steps;
+  c.eval_temperature = a.eval_temperature;
+  c.eval_n_samples_per_prompt = a.eval_n_samples_per_prompt;
+  c.eval_before_training = a.eval_before_training;
   c.num_episodes = a.num_episodes;
   c.max_steps = a.max_steps;
   c.save_path = a.ckpt.save_path;

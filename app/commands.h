@@ -22,6 +22,8 @@ int run_ppo(const PpoArgs& args);
 rl::RlRunConfig rl_run_config(const PpoArgs& args, const char* cmd);
 /// `rlhf generate`: sampling from a checkpoint.
 int run_generate(const GenerateArgs& args);
+/// `rlhf eval`: sampling from a checkpoint, scored by a rule reward (accuracy, pass@k).
+int run_eval(const EvalArgs& args);
 /// `rlhf export`: any supported model -> Hugging Face folder (safetensors), HDF5 or GGUF.
 int run_export(const ExportArgs& args);
 /// `rlhf import`: any supported model -> HDF5 checkpoint.

@@ -41,6 +41,28 @@ rollout::EngineOptions engine_options(const GenerationArgs& gen, parallel::Devic
   return o;
 }
 
+std::vector<std::string> split_commas(const std::string& s) {
+  std::vector<std::string> out;
+  size_t pos = 0;
+  while (pos <= s.size()) {
+    size_t c = s.find(',', pos);
+    if (c == std::string::npos) c = s.size();
+    if (c > pos) out.push_back(s.substr(pos, c - pos));
+    pos = c + 1;
+  }
+  return out;
+}
+
+rl::RewardOptions reward_options(const RewardArgs& args) {
+  rl::RewardOptions o;
+  o.format_pattern = args.reward_format_pattern;
+  o.keywords = split_commas(args.reward_keywords);
+  o.length_target = args.reward_length_target;
+  o.command = args.reward_command;
+  o.command_timeout_s = args.reward_command_timeout;
+  return o;
+}
+
 optim::AdamWConfig make_adamw(const OptimArgs& args, double lr) {
   optim::AdamWConfig adam;
   adam.lr = lr;

@@ -2,12 +2,16 @@
 // (placement, ZeRO, model source, generation engine, AdamW).
 #pragma once
 
+#include <string>
+#include <vector>
+
 #include "app/cli.h"
 #include "io/model_source.h"
 #include "optim/adamw.h"
 #include "parallel/comm.h"
 #include "parallel/runtime.h"
 #include "parallel/train_model.h"
+#include "rl/rewards.h"
 #include "rl/supervised.h"
 #include "rollout/engine.h"
 
@@ -27,6 +31,14 @@ io::ModelSource model_source(const ModelArgs& args, model::HeadKind want_head);
 /// (CPU), --vllm_gpu_memory_utilization and --enforce_eager (GPU), --gen_max_num_seqs.
 rollout::EngineOptions engine_options(const GenerationArgs& gen, parallel::Device device,
                                       parallel::Comm* tp_comm, int32_t eos_token_id);
+
+/// The rule rewards' options from --reward_format_pattern, --reward_keywords (comma-separated),
+/// --reward_length_target, --reward_command, --reward_command_timeout (--reward itself is the spec
+/// given to rl::make_reward).
+rl::RewardOptions reward_options(const RewardArgs& args);
+
+/// The non-empty comma-separated items of `s` ("a,,b" → {"a", "b"}).
+std::vector<std::string> split_commas(const std::string& s);
 
 /// AdamW hyper-parameters from --learning_rate (or `lr`), --adam_betas, --l2 (validated).
 optim::AdamWConfig make_adamw(const OptimArgs& args, double lr);

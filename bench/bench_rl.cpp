@@ -15,6 +15,7 @@
 #include "model/layout.h"
 #include "parallel/comm.h"
 #include "rl/rl_run.h"
+#include "rl/sft.h"
 
 namespace rlhf::bench {
 
@@ -51,6 +52,96 @@ void write_random_reward_model(const model::ModelConfig& cfg, const std::string&
   io::CheckpointWriter w(path);
   io::write_model_hdf5(w, layout, ptrs);
   w.commit();
+}
+
+// The byte-level tiny model of examples/models/tiny.toml (0.77M parameters).
+model::ModelConfig tiny_config() {
+  model::ModelConfig c;
+  c.vocab_size = 259;
+  c.hidden_size = 128;
+  c.intermediate_size = 352;
+  c.num_hidden_layers = 4;
+  c.num_attention_heads = 4;
+  c.num_key_value_heads = 2;
+  c.max_position_embeddings = 512;
+  c.tie_word_embeddings = true;
+  c.bos_token_id = 256;
+  c.eos_token_id = 257;
+  c.pad_token_id = 258;
+  return c;
+}
+
+// DAPO's dynamic filtering against the plain step on a task where groups do go all-right or
+// all-wrong: the tiny model warm-started by SFT on 1-digit additions, then GRPO with the math
+// reward, the same seed with and without --dynamic_filtering. Emits one row per run.
+void bench_filtering(const BenchRlOptions& opt, const std::string& dir, parallel::Comm& comm,
+                     const Emit& emit) {
+  const std::string task = "builtin:addition?n=2000&digits=1&seed=1";
+  const std::string config_path = (fs::path(dir) / "tiny.json").string();
+  if (comm.rank() == 0) std::ofstream(config_path) << tiny_config().to_json().dump(2) << "\n";
+  comm.barrier();
+  rl::SftConfig sft;
+  sft.model_config = config_path;
+  sft.dataset = task;
+  sft.data.max_len = 16;
+  sft.train.train_batch_size = 32;
+  sft.train.micro_train_batch_size = 32 / comm.size();
+  sft.train.max_steps = 150;
+  sft.train.max_epochs = 100;
+  sft.train.adam.lr = 3e-3;
+  sft.train.seed = int64_t(opt.seed);
+  sft.train.save_path = (fs::path(dir) / "sft").string();
+  sft.train.logging_steps = 1000;
+  rl::run_sft(sft);
+  for (bool filter : {false, true}) {
+    rl::RlRunConfig a;
+    a.command = filter ? "bench rl (dynamic filtering)" : "bench rl (plain)";
+    a.seed = int64_t(opt.seed);
+    a.pretrain = (fs::path(sft.train.save_path) / "model.h5").string();
+    a.prompts.prompt_data = task;
+    a.prompts.label_key = "label";
+    a.reward = "math";
+    a.ppo.estimator = rl::AdvantageEstimator::kGroupNorm;
+    a.ppo.use_kl_loss = true;
+    a.ppo.kl_estimator = rl::KlEstimator::kK3;
+    a.ppo.n_samples_per_prompt = 8;
+    a.ppo.train_batch_size = 32;
+    a.ppo.micro_train_batch_size = 8;
+    a.ppo.micro_rollout_batch_size = 8;
+    a.step.rollout_batch_size = 16;
+    a.step.n_samples_per_prompt = 8;
+    a.step.generate_max_len = 8;
+    a.step.sampling.seed = opt.seed;
+    a.step.dynamic_filtering = filter;
+    a.max_steps = opt.filter_steps;
+    a.actor_adam.lr = 3e-4;
+    a.save_path = (fs::path(dir) / (filter ? "filtered" : "plain")).string();
+    a.prompts.save_dir = a.save_path;
+    a.ckpt_path = (fs::path(a.save_path) / "checkpoints").string();
+    a.logging_steps = opt.filter_steps;
+    rl::run_rl(a);
+    if (comm.rank() != 0) continue;
+    const auto recs = io::read_jsonl((fs::path(a.save_path) / "metrics.jsonl").string());
+    double step_s = 0, reward_first = 0, reward_last = 0;
+    int64_t trained = 0, generated = 0;
+    const size_t n = recs.size(), tenth = std::max<size_t>(1, n / 10);
+    for (size_t i = 0; i < n; ++i) {
+      step_s += recs[i].value("step_s", 0.0);
+      trained += recs[i].value("trained_samples", int64_t(0));
+      generated += int64_t(8 * recs[i].value("filter_groups_generated", int64_t(16)));
+      if (i < tenth) reward_first += recs[i].value("reward_mean", 0.0) / double(tenth);
+      if (i + tenth >= n) reward_last += recs[i].value("reward_mean", 0.0) / double(tenth);
+    }
+    emit({{"bench", "rl_filter"},
+          {"dynamic_filtering", filter},
+          {"steps", int64_t(n)},
+          {"step_s", step_s / double(n)},
+          {"samples_generated", generated},
+          {"samples_trained", trained},
+          {"seconds_per_trained_sample", step_s / double(std::max<int64_t>(trained, 1))},
+          {"reward_first_tenth", reward_first},
+          {"reward_last_tenth", reward_last}});
+  }
 }
 
 }  // namespace
@@ -168,6 +259,10 @@ void run_bench_rl(const BenchRlOptions& opt, const Emit& emit) {
           {"gen_tokens_per_s_first", tps_first},
           {"gen_tokens_per_s_last", tps_last},
           {"gen_tokens_per_s_ratio", tps_last / std::max(tps_first, 1e-12)}});
+  }
+  comm->barrier();
+  if (opt.filter_steps > 0) bench_filtering(opt, dir, *comm, emit);
+  if (rank == 0) {
     std::error_code ec;
     fs::remove_all(dir, ec);
   }

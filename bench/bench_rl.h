@@ -22,6 +22,9 @@ struct BenchRlOptions {
   int64_t new_tokens = 128;        ///< --generate_max_len
   int64_t micro_batch = 4;         ///< --micro_train_batch_size and --micro_rollout_batch_size
   int64_t steps = 10;              ///< RL steps (tokens/s compared at the last vs the first)
+  /// GRPO steps of the dynamic-filtering comparison (the tiny model on 1-digit additions, with
+  /// and without --dynamic_filtering); 0 skips it.
+  int64_t filter_steps = 60;
   uint64_t seed = 42;
   std::string work_dir = "/tmp";  ///< a fresh rlhf_bench_rl_XXXXXX folder in it, removed after
 };
@@ -34,7 +37,12 @@ struct BenchRlOptions {
 ///     2..N (step 1 warms caches); "step" is the whole step;
 ///   {"bench":"rl", ranks, samples, new_tokens, step_s, gflop_per_step, gflops_per_s_per_rank,
 ///    sgemm_gflops_per_s, ratio_to_sgemm, gen_tokens_per_s_first, gen_tokens_per_s_last,
-///    gen_tokens_per_s_ratio}.
+///    gen_tokens_per_s_ratio};
+/// then (filter_steps > 0) a 150-step SFT warm start of the tiny byte-level model on 1-digit
+/// additions and filter_steps GRPO steps with the math reward without and with
+/// --dynamic_filtering, each a row
+///   {"bench":"rl_filter", dynamic_filtering, steps, step_s, samples_generated,
+///    samples_trained, seconds_per_trained_sample, reward_first_tenth, reward_last_tenth}.
 /// FLOPs per step, with S the tokens of all sequences (prompt + response) and T their mean length:
 /// S·F_fwd(T) for generation (prefill and decode), S·F_fwd,reward(T) for the reward model,
 /// S·F_fwd(T)·(1 + reference) for the old and reference log-probs, S·F_train(T)·max_epochs for the

@@ -10,12 +10,12 @@
 
 namespace rlhf::io {
 
-MetricsWriter::MetricsWriter(const std::string& dir, bool truncate) {
+MetricsWriter::MetricsWriter(const std::string& dir, bool truncate, const std::string& file) {
   RLHF_CHECK(!dir.empty(), "empty metrics directory");
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   RLHF_CHECK(!ec, "cannot create directory {}: {}", dir, ec.message());
-  path_ = (std::filesystem::path(dir) / "metrics.jsonl").string();
+  path_ = (std::filesystem::path(dir) / file).string();
   file_ = std::fopen(path_.c_str(), truncate ? "wb" : "ab");
   RLHF_CHECK(file_ != nullptr, "cannot open {}: {}", path_, std::strerror(errno));
 }

@@ -12,10 +12,11 @@ namespace rlhf::io {
 /// Each write() is one line, flushed at once, so a crashed run keeps every finished step.
 class MetricsWriter {
  public:
-  /// Creates `dir` (and parents) if needed and opens `<dir>/metrics.jsonl` for appending (a
-  /// resumed run continues the file) or, with `truncate`, empty (a fresh run).
+  /// Creates `dir` (and parents) if needed and opens `<dir>/<file>` for appending (a resumed run
+  /// continues the file) or, with `truncate`, empty (a fresh run).
   /// Throws rlhf::Error "cannot create directory <dir>: ..." / "cannot open <file>: <strerror>".
-  explicit MetricsWriter(const std::string& dir, bool truncate = false);
+  explicit MetricsWriter(const std::string& dir, bool truncate = false,
+                         const std::string& file = "metrics.jsonl");
   ~MetricsWriter();
   MetricsWriter(const MetricsWriter&) = delete;
   MetricsWriter& operator=(const MetricsWriter&) = delete;
@@ -23,7 +24,7 @@ class MetricsWriter {
   /// Appends `record` (a JSON object; NaN/Inf become null) as one line and flushes.
   /// Throws rlhf::Error if `record` is not an object or the write fails.
   void write(const nlohmann::json& record);
-  /// `<dir>/metrics.jsonl`.
+  /// `<dir>/<file>`.
   const std::string& path() const { return path_; }
 
  private:

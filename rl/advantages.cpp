@@ -98,7 +98,7 @@ AdvantageOutput compute_advantages(const AdvantageInput& in, AdvantageEstimator 
           y = x - (sum - x) / (n - 1);
           break;
         case AdvantageEstimator::kGroupNorm:
-          y = (x - mean) / (std_unbiased + 1e-9);
+          y = in.std_norm ? (x - mean) / (std_unbiased + 1e-9) : x - mean;
           break;
       }
       out.shaped_score[size_t(g * n + j)] = y;

@@ -1,5 +1,5 @@
 // Advantage estimators, per-token rewards and the adaptive KL controller, exactly as
-// ALGORITHMS.md defines them (OpenRLHF's defaults).
+// docs/algorithms.md defines them (OpenRLHF's defaults).
 #pragma once
 
 #include <cstdint>
@@ -35,6 +35,8 @@ struct AdvantageInput {
   const double* values = nullptr;     ///< (B, Tr) critic values V_t (GAE only)
   double gamma = 1.0, lambd = 1.0;    ///< --gamma, --lambd
   double score_clip = 10.0;           ///< s_i is clipped to [−clip, clip] first
+  /// group_norm divides by the group's std; false: --no_advantage_std_norm (= dr_grpo's s − mean).
+  bool std_norm = true;
 };
 
 /// Per-token results, (B, Tr) each (zero beyond each response).
@@ -45,7 +47,7 @@ struct AdvantageOutput {
   std::vector<double> shaped_score;  ///< (B) s'_i after clipping and the group transform
 };
 
-/// Computes rewards, advantages and returns (ALGORITHMS.md):
+/// Computes rewards, advantages and returns (docs/algorithms.md):
 ///   s'_i: gae, reinforce: s_i; reinforce_baseline, dr_grpo: s_i − mean(group); rloo:
 ///   s_i − (Σ_j s_j − s_i)/(n−1); group_norm: (s_i − mean)/(std + 1e-9), std unbiased (n−1).
 ///   gae: δ_t = r_t + γV_{t+1} − V_t (V after the last token = 0), A_t = δ_t + γλA_{t+1},

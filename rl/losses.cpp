@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <memory>
+#include <vector>
 
 #include "core/error.h"
 
@@ -174,5 +176,130 @@ double bradley_terry_loss(double delta, double* dloss_ddelta) {
 RLHF_INSTANTIATE(float)
 RLHF_INSTANTIATE(double)
 #undef RLHF_INSTANTIATE
+
+PolicyLossType policy_loss_type_from_string(const std::string& s) {
+  if (s == "ppo") return PolicyLossType::kPpo;
+  if (s == "gspo") return PolicyLossType::kGspo;
+  RLHF_FAIL("--policy_loss_type must be ppo or gspo, got '{}'", s);
+}
+
+const char* to_string(PolicyLossType t) {
+  return t == PolicyLossType::kGspo ? "gspo" : "ppo";
+}
+
+namespace {
+
+// The clamped mean log-ratio of every sequence: (n_seq) out.
+template <typename T>
+std::vector<double> seq_log_ratios(const T* lp, const T* lp_old, const int32_t* seq, int64_t N,
+                                   int64_t n_seq, bool* clamped) {
+  std::vector<double> sum(size_t(n_seq), 0.0), cnt(size_t(n_seq), 0.0);
+  for (int64_t t = 0; t < N; ++t) {
+    if (seq[t] < 0) continue;
+    RLHF_CHECK(seq[t] < n_seq, "GSPO: sequence index {} of token {} outside [0, {})", seq[t], t,
+               n_seq);
+    sum[size_t(seq[t])] += double(lp[t]) - double(lp_old[t]);
+    cnt[size_t(seq[t])] += 1.0;
+  }
+  for (int64_t i = 0; i < n_seq; ++i) {
+    const double m = cnt[size_t(i)] > 0 ? sum[size_t(i)] / cnt[size_t(i)] : 0.0;
+    sum[size_t(i)] = std::clamp(m, -kLogRatioClamp, kLogRatioClamp);
+    clamped[i] = sum[size_t(i)] != m;
+  }
+  return sum;
+}
+
+}  // namespace
+
+template <typename T>
+void gspo_loss_forward_cpu(T* loss, uint8_t* clipped, T* seq_ratio, const T* lp, const T* lp_old,
+                           const T* adv, const int32_t* seq, int64_t N, int64_t n_seq,
+                           double eps_low, double eps_high) {
+  std::unique_ptr<bool[]> sat(new bool[size_t(std::max<int64_t>(n_seq, 1))]);
+  const std::vector<double> m = seq_log_ratios(lp, lp_old, seq, N, n_seq, sat.get());
+  for (int64_t i = 0; i < n_seq; ++i)
+    if (seq_ratio) seq_ratio[i] = T(std::exp(m[size_t(i)]));
+  for (int64_t t = 0; t < N; ++t) {
+    if (seq[t] < 0) {
+      loss[t] = T(0);
+      if (clipped) clipped[t] = 0;
+      continue;
+    }
+    const double s = std::exp(m[size_t(seq[t])]), a = double(adv[t]);
+    const double s1 = s * a, s2 = std::clamp(s, 1.0 - eps_low, 1.0 + eps_high) * a;
+    loss[t] = T(-std::min(s1, s2));
+    if (clipped) clipped[t] = s2 < s1 ? 1 : 0;
+  }
+}
+
+template <typename T>
+void gspo_loss_backward_cpu(T* dlp, const T* weight, const T* lp, const T* lp_old, const T* adv,
+                            const int32_t* seq, int64_t N, int64_t n_seq, double eps_low,
+                            double eps_high) {
+  std::unique_ptr<bool[]> sat(new bool[size_t(std::max<int64_t>(n_seq, 1))]);
+  const std::vector<double> m = seq_log_ratios(lp, lp_old, seq, N, n_seq, sat.get());
+  for (int64_t t = 0; t < N; ++t) {
+    dlp[t] = T(0);
+    if (seq[t] < 0 || sat[size_t(seq[t])]) continue;
+    const double s = std::exp(m[size_t(seq[t])]), a = double(adv[t]);
+    const double s1 = s * a, s2 = std::clamp(s, 1.0 - eps_low, 1.0 + eps_high) * a;
+    if (s2 < s1) continue;  // the clipped branch: constant in lp
+    dlp[t] = T(double(weight[t]) * -s * a);
+  }
+}
+
+#define RLHF_GSPO(T)                                                                        \
+  template void gspo_loss_forward_cpu<T>(T*, uint8_t*, T*, const T*, const T*, const T*,    \
+                                         const int32_t*, int64_t, int64_t, double, double); \
+  template void gspo_loss_backward_cpu<T>(T*, const T*, const T*, const T*, const T*,       \
+                                          const int32_t*, int64_t, int64_t, double, double);
+RLHF_GSPO(float)
+RLHF_GSPO(double)
+#undef RLHF_GSPO
+
+LossAggMode loss_agg_mode_from_string(const std::string& s) {
+  if (s == "token-mean") return LossAggMode::kTokenMean;
+  if (s == "seq-mean-token-mean") return LossAggMode::kSeqMeanTokenMean;
+  if (s == "seq-mean-token-sum") return LossAggMode::kSeqMeanTokenSum;
+  if (s == "seq-mean-token-sum-norm") return LossAggMode::kSeqMeanTokenSumNorm;
+  RLHF_FAIL(
+      "--loss_agg_mode must be token-mean, seq-mean-token-mean, seq-mean-token-sum or "
+      "seq-mean-token-sum-norm, got '{}'",
+      s);
+}
+
+const char* to_string(LossAggMode m) {
+  switch (m) {
+    case LossAggMode::kTokenMean:
+      return "token-mean";
+    case LossAggMode::kSeqMeanTokenMean:
+      return "seq-mean-token-mean";
+    case LossAggMode::kSeqMeanTokenSum:
+      return "seq-mean-token-sum";
+    case LossAggMode::kSeqMeanTokenSumNorm:
+      return "seq-mean-token-sum-norm";
+  }
+  return "?";
+}
+
+double loss_agg_weight(LossAggMode mode, int64_t seq_len, int64_t step_tokens, int64_t step_seqs,
+                       int64_t max_len) {
+  switch (mode) {
+    case LossAggMode::kTokenMean:
+      return 1.0 / double(std::max<int64_t>(step_tokens, 1));
+    case LossAggMode::kSeqMeanTokenMean:
+      RLHF_CHECK(step_seqs > 0, "loss aggregation over {} sequences", step_seqs);
+      return seq_len > 0 ? 1.0 / (double(step_seqs) * double(seq_len)) : 0.0;
+    case LossAggMode::kSeqMeanTokenSum:
+      RLHF_CHECK(step_seqs > 0, "loss aggregation over {} sequences", step_seqs);
+      return 1.0 / double(step_seqs);
+    case LossAggMode::kSeqMeanTokenSumNorm:
+      RLHF_CHECK(step_seqs > 0 && max_len > 0,
+                 "seq-mean-token-sum-norm needs sequences ({}) and --generate_max_len ({}) > 0",
+                 step_seqs, max_len);
+      return 1.0 / (double(step_seqs) * double(max_len));
+  }
+  return 0.0;
+}
 
 }  // namespace rlhf::rl

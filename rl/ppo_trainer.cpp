@@ -36,6 +36,18 @@ PpoTrainer::PpoTrainer(const PpoModels& models, const PpoOptions& options,
              "--advantage_estimator gae needs a critic");
   RLHF_CHECK(opt_.init_kl_coef <= 0 || m_.ref != nullptr,
              "a KL term (--init_kl_coef > 0) needs the reference model");
+  if (opt_.policy_loss == PolicyLossType::kGspo) {
+    // GSPO's ratio is per sequence, so its advantage must be one number per sequence.
+    RLHF_CHECK(opt_.estimator == AdvantageEstimator::kGroupNorm ||
+                   opt_.estimator == AdvantageEstimator::kDrGrpo ||
+                   opt_.estimator == AdvantageEstimator::kRloo,
+               "--policy_loss_type gspo needs a sequence-level advantage: --advantage_estimator "
+               "group_norm, dr_grpo or rloo, not {}",
+               to_string(opt_.estimator));
+    RLHF_CHECK(opt_.use_kl_loss || opt_.init_kl_coef <= 0,
+               "--policy_loss_type gspo: a KL penalty in the reward makes the advantage vary "
+               "along the sequence\nhint: add --use_kl_loss, or set --init_kl_coef 0");
+  }
   actor_opt_ = std::make_unique<Optimizer>(m_.actor->store(), optimizers.actor_adam,
                                            optimizers.actor_schedule, opt_.max_norm);
   if (m_.critic && uses_critic(opt_.estimator))
@@ -169,6 +181,7 @@ Experience PpoTrainer::make_experience(const std::vector<Sample>& samples,
   in.values = uses_critic(opt_.estimator) ? v_d.data() : nullptr;
   in.gamma = opt_.gamma;
   in.lambd = opt_.lambd;
+  in.std_norm = opt_.advantage_std_norm;
   const AdvantageOutput out = compute_advantages(in, opt_.estimator);
   e.advantages.assign(out.advantages.begin(), out.advantages.end());
   e.returns.assign(out.returns.begin(), out.returns.end());
@@ -176,16 +189,21 @@ Experience PpoTrainer::make_experience(const std::vector<Sample>& samples,
 }
 
 PpoTrainer::MicroBatch PpoTrainer::micro_batch(const Experience& e, const std::vector<int64_t>& ids,
-                                               double w) const {
+                                               int64_t step_tokens) const {
   std::vector<const Sample*> samples;
   for (int64_t i : ids) samples.push_back(e.samples[size_t(i)]);
   MicroBatch mb;
   mb.b = make_batch(samples);
   const size_t NT = size_t(mb.b.B * mb.b.T);
-  for (auto* v : {&mb.old_lp, &mb.ref_lp, &mb.adv, &mb.ret, &mb.vold, &mb.weight})
+  for (auto* v : {&mb.old_lp, &mb.ref_lp, &mb.adv, &mb.ret, &mb.vold, &mb.weight, &mb.weight_tok})
     v->assign(NT, 0.0f);
-  for (int64_t r = 0; r < mb.b.B; ++r)
-    for (int64_t k = 0; k < e.resp_len[size_t(ids[size_t(r)])]; ++k) {
+  mb.seq.assign(NT, -1);
+  const double w_tok = 1.0 / double(std::max<int64_t>(step_tokens, 1));
+  for (int64_t r = 0; r < mb.b.B; ++r) {
+    const int64_t len = e.resp_len[size_t(ids[size_t(r)])];
+    const double w = loss_agg_weight(opt_.loss_agg_mode, len, step_tokens, opt_.train_batch_size,
+                                     opt_.generate_max_len);
+    for (int64_t k = 0; k < len; ++k) {
       const size_t p = size_t(mb.b.resp_pos[size_t(r)] + k), q = size_t(ids[size_t(r)] * e.Tr + k);
       mb.old_lp[p] = e.lp_old[q];
       mb.ref_lp[p] = e.lp_ref[q];
@@ -193,12 +211,15 @@ PpoTrainer::MicroBatch PpoTrainer::micro_batch(const Experience& e, const std::v
       mb.ret[p] = e.returns[q];
       mb.vold[p] = e.values[q];
       mb.weight[p] = float(w);
+      mb.weight_tok[p] = float(w_tok);
+      mb.seq[p] = int32_t(r);
       mb.tok_pos.push_back(int64_t(p));
     }
+  }
   return mb;
 }
 
-void PpoTrainer::actor_micro_batch(const MicroBatch& mb, double w, Sums& sums) {
+void PpoTrainer::actor_micro_batch(const MicroBatch& mb, Sums& sums) {
   const Batch& b = mb.b;
   const int64_t NT = b.B * b.T;
   const float inv_temp = float(1.0 / std::max(opt_.temperature, 1e-6));
@@ -208,12 +229,20 @@ void PpoTrainer::actor_micro_batch(const MicroBatch& mb, double w, Sums& sums) {
                        inv_temp);
   std::vector<float> tok_loss(size_t(NT), 0.0f);
   std::vector<uint8_t> clipped(size_t(NT), 0);
-  ppo_clip_loss_forward_cpu(tok_loss.data(), clipped.data(), (float*)nullptr, lp.data(),
-                            mb.old_lp.data(), mb.adv.data(), NT, opt_.eps_clip_low,
-                            opt_.eps_clip_high, opt_.dual_clip);
-  ppo_clip_loss_backward_cpu(dlp.data(), mb.weight.data(), lp.data(), mb.old_lp.data(),
-                             mb.adv.data(), NT, opt_.eps_clip_low, opt_.eps_clip_high,
-                             opt_.dual_clip);
+  if (opt_.policy_loss == PolicyLossType::kGspo) {
+    gspo_loss_forward_cpu(tok_loss.data(), clipped.data(), (float*)nullptr, lp.data(),
+                          mb.old_lp.data(), mb.adv.data(), mb.seq.data(), NT, b.B,
+                          opt_.eps_clip_low, opt_.eps_clip_high);
+    gspo_loss_backward_cpu(dlp.data(), mb.weight.data(), lp.data(), mb.old_lp.data(), mb.adv.data(),
+                           mb.seq.data(), NT, b.B, opt_.eps_clip_low, opt_.eps_clip_high);
+  } else {
+    ppo_clip_loss_forward_cpu(tok_loss.data(), clipped.data(), (float*)nullptr, lp.data(),
+                              mb.old_lp.data(), mb.adv.data(), NT, opt_.eps_clip_low,
+                              opt_.eps_clip_high, opt_.dual_clip);
+    ppo_clip_loss_backward_cpu(dlp.data(), mb.weight.data(), lp.data(), mb.old_lp.data(),
+                               mb.adv.data(), NT, opt_.eps_clip_low, opt_.eps_clip_high,
+                               opt_.dual_clip);
+  }
   std::vector<float> kl_tok(size_t(NT), 0.0f), dkl(size_t(NT), 0.0f);
   if (opt_.use_kl_loss && m_.ref) {
     kl_forward_cpu(kl_tok.data(), lp.data(), mb.ref_lp.data(), NT, opt_.kl_estimator);
@@ -223,8 +252,9 @@ void PpoTrainer::actor_micro_batch(const MicroBatch& mb, double w, Sums& sums) {
   }
   std::vector<float> dent(size_t(NT), 0.0f);
   for (int64_t p : mb.tok_pos) {
+    const double w = mb.weight_tok[size_t(p)];  // metrics: token means of the step
     dlp[size_t(p)] += dkl[size_t(p)];
-    if (with_ent) dent[size_t(p)] = float(-opt_.entropy_loss_coef * w);
+    if (with_ent) dent[size_t(p)] = float(-opt_.entropy_loss_coef * mb.weight[size_t(p)]);
     sums.policy += w * tok_loss[size_t(p)];
     sums.kl_loss += w * kl_tok[size_t(p)];
     sums.entropy += w * ent[size_t(p)];
@@ -235,16 +265,16 @@ void PpoTrainer::actor_micro_batch(const MicroBatch& mb, double w, Sums& sums) {
   m_.actor->backward_lm(dlp.data(), with_ent ? dent.data() : nullptr);
 }
 
-void PpoTrainer::critic_micro_batch(const MicroBatch& mb, double w, Sums& sums) {
+void PpoTrainer::critic_micro_batch(const MicroBatch& mb, Sums& sums) {
   const Batch& b = mb.b;
   const int64_t NT = b.B * b.T;
   std::vector<float> v(size_t(NT), 0.0f), vl(size_t(NT), 0.0f), dv(size_t(NT), 0.0f);
   m_.critic->forward_scalar(b.tokens.data(), b.B, b.T, v.data(), true);
   value_loss_forward_cpu(vl.data(), (uint8_t*)nullptr, v.data(), mb.vold.data(), mb.ret.data(), NT,
                          opt_.value_clip);
-  value_loss_backward_cpu(dv.data(), mb.weight.data(), v.data(), mb.vold.data(), mb.ret.data(), NT,
-                          opt_.value_clip);
-  for (int64_t p : mb.tok_pos) sums.value += w * vl[size_t(p)];
+  value_loss_backward_cpu(dv.data(), mb.weight_tok.data(), v.data(), mb.vold.data(), mb.ret.data(),
+                          NT, opt_.value_clip);
+  for (int64_t p : mb.tok_pos) sums.value += mb.weight_tok[size_t(p)] * vl[size_t(p)];
   m_.critic->backward_scalar(dv.data());
 }
 
@@ -272,17 +302,16 @@ PpoStats PpoTrainer::train(const Experience& e, int64_t rl_step) {
                         uint64_t(epoch));
     std::shuffle(order.begin(), order.end(), rng);
     for (int64_t s0 = 0; s0 < e.B; s0 += TB) {
-      double n_tok = 0;  // response tokens of this optimizer step, all ranks
+      int64_t n_tok = 0;  // response tokens of this optimizer step, all ranks
       for (int64_t i = s0; i < s0 + TB; ++i) n_tok += e.resp_len[size_t(order[size_t(i)])];
-      const double w = 1.0 / std::max(n_tok, 1.0);
       if (train_actor) actor_opt_->zero_grad();
       if (train_critic) critic_opt_->zero_grad();
       const int64_t mine = s0 + comm_.rank() * (TB / N);
       for (int64_t a = 0; a < TB / N; a += MB) {
         const std::vector<int64_t> ids(order.begin() + mine + a, order.begin() + mine + a + MB);
-        const MicroBatch mb = micro_batch(e, ids, w);
-        if (train_actor) actor_micro_batch(mb, w, sums);
-        if (train_critic) critic_micro_batch(mb, w, sums);
+        const MicroBatch mb = micro_batch(e, ids, n_tok);
+        if (train_actor) actor_micro_batch(mb, sums);
+        if (train_critic) critic_micro_batch(mb, sums);
       }
       if (train_actor) {
         const Optimizer::StepResult r = actor_opt_->step();

@@ -1,6 +1,7 @@
-// The trainer side of one PPO/GRPO step (ALGORITHMS.md): experience (old and reference log-probs,
-// values, KL, rewards, advantages) from generated samples, then --max_epochs passes of clipped
-// policy (+ KL loss, entropy bonus) and value updates in optimizer steps of --train_batch_size.
+// The trainer side of one PPO/GRPO step (docs/algorithms.md): experience (old and reference
+// log-probs, values, KL, rewards, advantages) from generated samples, then --max_epochs passes of
+// clipped policy (+ KL loss, entropy bonus) and value updates in optimizer steps of
+// --train_batch_size.
 #pragma once
 
 #include <cstdint>
@@ -31,6 +32,10 @@ struct PpoOptions {
   double kl_target = 0, kl_horizon = 10000;
   double eps_clip_low = 0.2, eps_clip_high = 0.2, dual_clip = 0, value_clip = 0.5;
   double entropy_loss_coef = 0;
+  PolicyLossType policy_loss = PolicyLossType::kPpo;    ///< --policy_loss_type
+  LossAggMode loss_agg_mode = LossAggMode::kTokenMean;  ///< --loss_agg_mode
+  int64_t generate_max_len = 1024;  ///< L_max of seq-mean-token-sum-norm (--generate_max_len)
+  bool advantage_std_norm = true;   ///< false: --no_advantage_std_norm
   int n_samples_per_prompt = 1;
   int64_t micro_rollout_batch_size = 8;  ///< per rank, forward-only passes
   int64_t train_batch_size = 128;        ///< global samples per optimizer step
@@ -94,6 +99,7 @@ class PpoTrainer {
              parallel::Comm& train_comm);
 
   bool has_reward_model() const { return m_.reward != nullptr; }
+  const PpoOptions& options() const { return opt_; }
   /// Reward-model scores of the samples (value of the last token). Collective.
   std::vector<double> reward_model_scores(const std::vector<Sample>& samples);
 
@@ -125,8 +131,12 @@ class PpoTrainer {
   // The per-token experience of one micro-batch in batch positions (B, T), and its weights.
   struct MicroBatch {
     Batch b;
-    std::vector<float> old_lp, ref_lp, adv, ret, vold, weight;  // (B·T)
-    std::vector<int64_t> tok_pos;                               // positions of the response tokens
+    std::vector<float> old_lp, ref_lp, adv, ret, vold;  // (B·T)
+    // (B·T) per-token weights: of the policy, KL and entropy terms (--loss_agg_mode), and the
+    // token mean of the step (the value loss and every reported metric).
+    std::vector<float> weight, weight_tok;
+    std::vector<int32_t> seq;      // (B·T) the row of each response token, −1 elsewhere (GSPO)
+    std::vector<int64_t> tok_pos;  // positions of the response tokens
   };
   // Sums over this rank's tokens of one RL step's training (each weighted by 1/N_tokens of its
   // optimizer step): the loss metrics.
@@ -135,9 +145,11 @@ class PpoTrainer {
   };
   Batch make_batch(const std::vector<const Sample*>& s) const;
   std::vector<float> allgather_rows(const std::vector<float>& local);
-  MicroBatch micro_batch(const Experience& e, const std::vector<int64_t>& ids, double w) const;
-  void actor_micro_batch(const MicroBatch& mb, double w, Sums& sums);
-  void critic_micro_batch(const MicroBatch& mb, double w, Sums& sums);
+  // ids: the samples of the micro-batch; step_tokens: response tokens of the whole optimizer step.
+  MicroBatch micro_batch(const Experience& e, const std::vector<int64_t>& ids,
+                         int64_t step_tokens) const;
+  void actor_micro_batch(const MicroBatch& mb, Sums& sums);
+  void critic_micro_batch(const MicroBatch& mb, Sums& sums);
 
   PpoModels m_;
   PpoOptions opt_;

@@ -602,4 +602,14 @@ std::unique_ptr<RewardFn> make_reward(const std::string& spec, const RewardOptio
   return sum;
 }
 
+double overlong_penalty(int64_t length, int64_t max_len, int64_t buffer_len, double factor) {
+  RLHF_CHECK(buffer_len >= 0 && buffer_len < max_len,
+             "--overlong_buffer_len {} must be in [0, --generate_max_len {})", buffer_len, max_len);
+  if (buffer_len == 0) return 0.0;
+  const int64_t expected = max_len - buffer_len;
+  if (length <= expected) return 0.0;
+  if (length <= max_len) return factor * double(expected - length) / double(buffer_len);
+  return -factor;
+}
+
 }  // namespace rlhf::rl

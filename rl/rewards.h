@@ -46,6 +46,13 @@ class RewardFn {
 /// options.command. Throws rlhf::Error naming --reward for an unknown name or bad weight.
 std::unique_ptr<RewardFn> make_reward(const std::string& spec, const RewardOptions& options);
 
+/// DAPO's soft overlong punishment (Yu et al. 2025, eq. 13), added to the score of a response of
+/// `length` tokens with L_max = max_len (--generate_max_len), L_c = buffer_len
+/// (--overlong_buffer_len), f = factor (--overlong_penalty_factor):
+///   0 if length <= L_max − L_c;  f·((L_max − L_c) − length)/L_c if L_max − L_c < length <= L_max;
+///   −f beyond. buffer_len 0 gives 0. Throws rlhf::Error unless 0 <= buffer_len < max_len.
+double overlong_penalty(int64_t length, int64_t max_len, int64_t buffer_len, double factor);
+
 // --- the pieces, exposed for tests ---------------------------------------------------------------
 
 /// Parses a number as written in math answers: optional sign, digits with thousands commas,

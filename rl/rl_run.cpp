@@ -14,6 +14,7 @@
 #include "optim/schedule.h"
 #include "parallel/weight_sync.h"
 #include "rl/checkpoint.h"
+#include "rl/evaluate.h"
 #include "rl/weights.h"
 
 #ifdef RLHF_CUDA
@@ -67,19 +68,19 @@ Models build_models(const RlRunConfig& c, parallel::TrainRuntime& rt, const io::
   return m;
 }
 
-// A resumed run continues metrics.jsonl from the checkpoint's step: records after it (steps the
-// interrupted run did after its last checkpoint, and a half-written last line) are dropped, so the
-// file holds each step once. Rewritten through a temporary file and a rename.
-void trim_metrics(const std::string& dir, int64_t last_step) {
-  const std::filesystem::path path = std::filesystem::path(dir) / "metrics.jsonl";
+// A resumed run continues metrics.jsonl (and samples.jsonl) from the checkpoint's step: records
+// after it (steps the interrupted run did after its last checkpoint, and a half-written last line)
+// are dropped, so the file holds each step once. Rewritten through a temporary file and a rename.
+void trim_records(const std::string& dir, const char* file, int64_t last_step) {
+  const std::filesystem::path path = std::filesystem::path(dir) / file;
   if (!std::filesystem::exists(path)) return;
   std::ifstream in(path);
   std::string line, kept;
   int64_t dropped = 0;
   while (std::getline(in, line)) {
     const nlohmann::json r = nlohmann::json::parse(line, nullptr, false);
-    if (!r.is_discarded() && r.is_object() && r.value("step", int64_t(0)) <= last_step &&
-        r.value("step", int64_t(0)) >= 1) {
+    if (!r.is_discarded() && r.is_object() && r.value("step", int64_t(-1)) <= last_step &&
+        r.value("step", int64_t(-1)) >= 0) {
       kept += line + "\n";
     } else {
       ++dropped;
@@ -135,6 +136,26 @@ nlohmann::json resume(const RlRunConfig& c, const std::vector<CheckpointSlot>& s
   return st;
 }
 
+// The held-out prompts and how they are evaluated (eval_dataset set).
+struct Eval {
+  std::vector<Prompt> prompts;
+  EvalOptions options;
+};
+
+Eval load_eval(const RlRunConfig& c, const io::Tokenizer& tok, const model::ModelConfig& cfg,
+               int world_rank) {
+  Eval e;
+  PromptOptions po = c.prompts;
+  po.prompt_data = c.eval_dataset;
+  e.prompts = load_prompts(po, tok, cfg, world_rank);
+  e.options.n_samples_per_prompt = c.eval_n_samples_per_prompt;
+  e.options.generate_max_len = c.step.generate_max_len;
+  e.options.sampling = c.step.sampling;
+  e.options.sampling.temperature = c.eval_temperature;
+  e.options.sampling.greedy = c.eval_temperature == 0;
+  return e;
+}
+
 // The step line of DESIGN.md §3 on rank 0.
 void log_step(const nlohmann::json& r, int64_t total_steps) {
   const double elapsed = r["elapsed_s"].get<double>();
@@ -152,6 +173,10 @@ void log_step(const nlohmann::json& r, int64_t total_steps) {
       r["sync_busbw_GBps"].get<double>(), r["gen_tokens_per_s"].get<double>(),
       r["train_tokens_per_s"].get<double>(), r["step_s"].get<double>(), elapsed,
       elapsed / double(step) * double(total_steps - step));
+  if (r.contains("eval_accuracy"))
+    LOG0_INFO("eval after step {} | reward {:.3f} | accuracy {:.3f} | len {:.1f} | {:.1f}s", step,
+              r["eval_reward_mean"].get<double>(), r["eval_accuracy"].get<double>(),
+              r["eval_response_length_mean"].get<double>(), r["eval_seconds"].get<double>());
 }
 
 }  // namespace
@@ -205,6 +230,16 @@ int run_rl(const RlRunConfig& c) {
       c.lr_scheduler, c.critic_adam.lr, total_steps * opt_steps_per_rl, c.lr_warmup_ratio);
   std::unique_ptr<RewardFn> reward =
       c.reward.empty() ? nullptr : make_reward(c.reward, c.reward_options);
+  RLHF_CHECK(c.eval_dataset.empty() || reward != nullptr,
+             "--eval_dataset {} needs a rule reward to score the answers\nhint: set --reward "
+             "(e.g. math) and --label_key",
+             c.eval_dataset);
+  Eval eval;
+  if (!c.eval_dataset.empty()) eval = load_eval(c, *tokenizer, src.config, world_rank);
+  const auto evaluate_now = [&]() {
+    return evaluate(engine.get(), topo, *world, eval.prompts, *reward, *tokenizer, eval.options)
+        .to_json("eval_");
+  };
   std::unique_ptr<PpoTrainer> trainer;
   if (trains) {
     PpoOptions o = c.ppo;
@@ -225,6 +260,19 @@ int run_rl(const RlRunConfig& c) {
   parts.reward = reward.get();
   parts.prompts = &prompts;
   parts.tokenizer = tokenizer.get();
+  std::unique_ptr<io::MetricsWriter> samples_log;
+  parts.log_samples = [&](const StepSamples& s) {
+    if (!samples_log)
+      samples_log = std::make_unique<io::MetricsWriter>(c.save_path, false, "samples.jsonl");
+    for (size_t i = 0; i < s.prompts.size(); ++i)
+      samples_log->write({{"step", s.step},
+                          {"prompt", s.prompts[i]},
+                          {"completion", s.completions[i]},
+                          {"score", s.scores[i]},
+                          {"advantage", s.advantages[i]},
+                          {"response_length", s.response_lengths[i]},
+                          {"stopped", bool(s.stopped[i])}});
+  };
   // Colocated GPU ranks sync device to device (NCCL gathers of the bf16 shards straight into the
   // engines' device weights); every other placement goes through the engines' host buffers.
   const bool device_sync = rt.device == parallel::Device::kCuda && pl.colocated();
@@ -268,15 +316,31 @@ int run_rl(const RlRunConfig& c) {
   if (trains) parallel::log_memory(m.actor->store(), 0, *rt.train_comm);
   std::unique_ptr<io::MetricsWriter> metrics;
   if (world_rank == 0) {
-    if (start_step > 0) trim_metrics(c.save_path, start_step);
+    if (start_step > 0) {
+      trim_records(c.save_path, "metrics.jsonl", start_step);
+      trim_records(c.save_path, "samples.jsonl", start_step);
+    } else if (c.step.log_completions > 0) {  // a fresh run starts a fresh sample log
+      std::filesystem::remove(std::filesystem::path(c.save_path) / "samples.jsonl");
+    }
     metrics = std::make_unique<io::MetricsWriter>(c.save_path, start_step == 0);
   }
 
   parts.sync_weights();  // the initial (or resumed) policy into every engine
+  if (!eval.prompts.empty() && c.eval_before_training && start_step == 0) {
+    nlohmann::json rec = evaluate_now();
+    rec["step"] = 0;
+    LOG0_INFO("eval before training | reward {:.3f} | accuracy {:.3f} | len {:.1f}",
+              rec["eval_reward_mean"].get<double>(), rec["eval_accuracy"].get<double>(),
+              rec["eval_response_length_mean"].get<double>());
+    if (metrics) metrics->write(rec);
+  }
   while (step.steps_done() < total_steps) {
     nlohmann::json rec = step.step();
-    rec["elapsed_s"] = since(t_start);
     const int64_t done = step.steps_done();
+    if (!eval.prompts.empty() && ((c.eval_steps > 0 && done % c.eval_steps == 0) ||
+                                  (c.eval_steps <= 0 && done == total_steps)))
+      rec.update(evaluate_now());
+    rec["elapsed_s"] = since(t_start);
     if (world_rank == 0) {
       if (done % c.logging_steps == 0 || done == total_steps) log_step(rec, total_steps);
       metrics->write(rec);

@@ -11,6 +11,7 @@
 #include "optim/adamw.h"
 #include "parallel/runtime.h"
 #include "parallel/train_model.h"
+#include "rl/evaluate.h"
 #include "rl/ppo_trainer.h"
 #include "rl/prompts.h"
 #include "rl/rewards.h"
@@ -39,8 +40,15 @@ struct RlRunConfig {
   double lr_warmup_ratio = 0.03;                    ///< --lr_warmup_ratio
   /// Engine settings; the run fills cuda (from the device), tp_comm, eos_token_id, unit_room.
   rollout::EngineOptions engine;
-  int64_t sync_bucket_mb = 64;       ///< --sync_bucket_mb
-  int64_t num_episodes = 1;          ///< --num_episodes
+  int64_t sync_bucket_mb = 64;  ///< --sync_bucket_mb
+  /// Evaluation on held-out prompts (same --input_key/--label_key, the rule reward): every
+  /// eval_steps steps (-1: at the end only), and before training if asked. "" = none.
+  std::string eval_dataset;
+  int64_t eval_steps = -1;                ///< --eval_steps
+  double eval_temperature = 0.6;          ///< --eval_temperature (0 = greedy)
+  int64_t eval_n_samples_per_prompt = 4;  ///< --eval_n_samples_per_prompt
+  bool eval_before_training = false;      ///< --eval_before_training
+  int64_t num_episodes = 1;               ///< --num_episodes
   int64_t max_steps = -1;            ///< --max_steps (> 0: the step count, cycling the prompts)
   std::string save_path = "./ckpt";  ///< --save_path: metrics.jsonl and the final model.h5
   int64_t save_steps = -1;           ///< --save_steps: a training checkpoint every N steps

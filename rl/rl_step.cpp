@@ -5,7 +5,9 @@
 #include <cmath>
 
 #include "core/error.h"
+#include "core/log.h"
 #include "parallel/failure_injection.h"
+#include "rl/evaluate.h"
 
 namespace rlhf::rl {
 
@@ -37,16 +39,25 @@ nlohmann::json RlStep::broadcast_json(const nlohmann::json& j, int root, paralle
   return nlohmann::json::parse(s);
 }
 
-int64_t RlStep::prompt_position(int64_t step, int64_t i) const {
-  const int64_t episode = step / steps_per_episode_;
-  return episode * p_.prompts->size() + (step % steps_per_episode_) * opt_.rollout_batch_size + i;
+int64_t RlStep::prompt_position(int64_t round, int64_t i) const {
+  const int64_t episode = round / steps_per_episode_;
+  return episode * p_.prompts->size() + (round % steps_per_episode_) * opt_.rollout_batch_size + i;
 }
 
-std::vector<rollout::Sample> RlStep::generate(nlohmann::json& rec) {
+namespace {
+
+// Adds x to the number at rec[key] (0 when absent).
+void add(nlohmann::json& rec, const char* key, double x) {
+  rec[key] = rec.value(key, 0.0) + x;
+}
+
+}  // namespace
+
+std::vector<rollout::Sample> RlStep::generate(int64_t round, nlohmann::json& totals) {
   const auto t = Clock::now();
   std::vector<rollout::Sample> local;
   if (p_.engine) {
-    // Engine e samples prompts [e·RB/E, (e+1)·RB/E) of this step (all ranks of a
+    // Engine e samples prompts [e·RB/E, (e+1)·RB/E) of this round (all ranks of a
     // tensor-parallel engine together; its rank 0 alone contributes the samples).
     const int e = p_.topology->me().engine, E = p_.topology->placement().num_engines();
     const int64_t RB = opt_.rollout_batch_size;
@@ -54,7 +65,7 @@ std::vector<rollout::Sample> RlStep::generate(nlohmann::json& rec) {
     const int64_t max_pos = p_.engine->layout().config().max_position_embeddings;
     std::vector<rollout::GenerationRequest> reqs;
     for (int64_t i = lo; i < hi; ++i) {
-      const int64_t pos = prompt_position(step_, i);
+      const int64_t pos = prompt_position(round, i);
       const Prompt& prompt = p_.prompts->at(pos);
       rollout::GenerationRequest r;
       r.id = uint64_t(pos);
@@ -84,18 +95,16 @@ std::vector<rollout::Sample> RlStep::generate(nlohmann::json& rec) {
   std::vector<rollout::Sample> samples = rollout::gather_samples(local, *p_.world);
   int64_t tokens = 0;
   for (const auto& s : samples) tokens += int64_t(s.response.size());
-  const double gen_s = since(t);
-  rec["gen_s"] = gen_s;
-  rec["gen_compute_s"] = compute_s;
-  rec["gen_comm_s"] = p_.world->stats().seconds - c0.seconds;
-  rec["gen_comm_bytes"] = p_.world->stats().bytes - c0.bytes;
-  rec["gen_tokens"] = tokens;
-  rec["gen_tokens_per_s"] = double(tokens) / std::max(gen_s, 1e-9);
+  add(totals, "gen_s", since(t));
+  add(totals, "gen_compute_s", compute_s);
+  add(totals, "gen_comm_s", p_.world->stats().seconds - c0.seconds);
+  add(totals, "gen_comm_bytes", double(p_.world->stats().bytes - c0.bytes));
+  add(totals, "gen_tokens", double(tokens));
   return samples;
 }
 
-std::vector<double> RlStep::score(const std::vector<rollout::Sample>& samples,
-                                  nlohmann::json& rec) {
+std::vector<double> RlStep::score(int64_t round, const std::vector<rollout::Sample>& samples,
+                                  nlohmann::json& totals) {
   const auto t = Clock::now();
   parallel::Comm& comm = *p_.train_comm;
   const parallel::CommStats c0 = comm.stats();
@@ -103,23 +112,13 @@ std::vector<double> RlStep::score(const std::vector<rollout::Sample>& samples,
   std::vector<double> scores(size_t(B), 0.0);
   if (p_.reward) {
     std::vector<double> rule(size_t(B), 0.0);
-    if (comm.rank() == 0) {
-      std::vector<std::string> completions(static_cast<size_t>(B));
-      std::vector<RewardInput> in(static_cast<size_t>(B));
-      for (int64_t i = 0; i < B; ++i) {
-        const rollout::Sample& s = samples[size_t(i)];
-        const Prompt& prompt = p_.prompts->at(prompt_position(step_, s.prompt_pos));
-        completions[size_t(i)] = p_.tokenizer->decode(s.response, true);
-        RewardInput& r = in[size_t(i)];
-        r.prompt = prompt.text;
-        r.completion = completions[size_t(i)];
-        r.label = prompt.label.is_null() ? nullptr : &prompt.label;
-        r.record = &prompt.record;
-        r.completion_tokens = int64_t(s.response.size());
-        r.stopped = s.stopped;
-      }
-      rule = p_.reward->score(in);
-    }
+    if (comm.rank() == 0)
+      rule = score_samples(
+          *p_.reward, samples,
+          [&](const rollout::Sample& x) -> const Prompt& {
+            return p_.prompts->at(prompt_position(round, x.prompt_pos));
+          },
+          *p_.tokenizer);
     comm.broadcast(rule.data(), B, 0);
     for (int64_t i = 0; i < B; ++i) scores[size_t(i)] += rule[size_t(i)];
   }
@@ -127,15 +126,80 @@ std::vector<double> RlStep::score(const std::vector<rollout::Sample>& samples,
     const auto r = p_.trainer->reward_model_scores(samples);
     for (int64_t i = 0; i < B; ++i) scores[size_t(i)] += r[size_t(i)];
   }
+  if (opt_.overlong_buffer_len > 0)
+    for (int64_t i = 0; i < B; ++i)
+      scores[size_t(i)] +=
+          overlong_penalty(int64_t(samples[size_t(i)].response.size()), opt_.generate_max_len,
+                           opt_.overlong_buffer_len, opt_.overlong_penalty_factor);
+  add(totals, "reward_s", since(t));
+  add(totals, "reward_comm_s", comm.stats().seconds - c0.seconds);
+  add(totals, "reward_comm_bytes", double(comm.stats().bytes - c0.bytes));
+  return scores;
+}
+
+void RlStep::collect(std::vector<rollout::Sample>& kept, std::vector<double>& kept_scores,
+                     nlohmann::json& rec) {
+  const bool trains = p_.topology->trains();
+  const int train_root = p_.topology->placement().train_ranks.front();
+  const int64_t RB = opt_.rollout_batch_size, n = opt_.n_samples_per_prompt;
+  std::vector<double> all_scores;
+  int64_t rounds = 0, groups = 0, len_max = 0, stops = 0, resp_tokens = 0;
+  for (;;) {
+    const int64_t round = round_++;
+    ++rounds;
+    std::vector<rollout::Sample> samples = generate(round, rec);
+    groups += int64_t(samples.size()) / n;
+    int need_more = 0;
+    if (trains) {
+      const std::vector<double> scores = score(round, samples, rec);
+      for (size_t g = 0; g * size_t(n) < samples.size(); ++g) {
+        double mean = 0;
+        for (int64_t j = 0; j < n; ++j) mean += scores[g * size_t(n) + size_t(j)] / double(n);
+        // DAPO keeps a group iff lo < mean < hi: a group whose samples all scored the same has
+        // zero advantage everywhere and would train on nothing.
+        const bool keep =
+            !opt_.dynamic_filtering || (mean > opt_.filter_lo && mean < opt_.filter_hi);
+        if (!keep || int64_t(kept.size()) >= RB * n) continue;
+        const int64_t pos = int64_t(kept.size()) / n;
+        for (int64_t j = 0; j < n; ++j) {
+          rollout::Sample s = samples[g * size_t(n) + size_t(j)];
+          s.prompt_pos = pos;
+          kept.push_back(std::move(s));
+          kept_scores.push_back(scores[g * size_t(n) + size_t(j)]);
+        }
+      }
+      all_scores.insert(all_scores.end(), scores.begin(), scores.end());
+      for (const auto& s : samples) {
+        len_max = std::max<int64_t>(len_max, int64_t(s.response.size()));
+        stops += s.stopped;
+        resp_tokens += int64_t(s.response.size());
+      }
+      need_more = opt_.dynamic_filtering && int64_t(kept.size()) < RB * n &&
+                  rounds < opt_.max_num_gen_batches;
+    }
+    // The training ranks decide; generation-only ranks follow.
+    p_.world->broadcast(&need_more, 1, train_root);
+    if (!need_more) break;
+  }
+  rec["gen_tokens_per_s"] =
+      rec["gen_tokens"].get<double>() / std::max(rec["gen_s"].get<double>(), 1e-9);
+  for (const char* k : {"gen_tokens", "gen_comm_bytes", "reward_comm_bytes"})
+    if (rec.contains(k)) rec[k] = int64_t(rec[k].get<double>());
+  if (!trains) return;
+  const double B = double(all_scores.size());
   double mean = 0, var = 0;
-  for (double s : scores) mean += s / double(B);
-  for (double s : scores) var += (s - mean) * (s - mean) / double(std::max<int64_t>(B - 1, 1));
+  for (double s : all_scores) mean += s / B;
+  for (double s : all_scores) var += (s - mean) * (s - mean) / std::max(B - 1, 1.0);
   rec["reward_mean"] = mean;
   rec["reward_std"] = std::sqrt(var);
-  rec["reward_s"] = since(t);
-  rec["reward_comm_s"] = comm.stats().seconds - c0.seconds;
-  rec["reward_comm_bytes"] = comm.stats().bytes - c0.bytes;
-  return scores;
+  rec["response_length_mean"] = double(resp_tokens) / B;
+  rec["response_length_max"] = len_max;
+  rec["stop_fraction"] = double(stops) / B;
+  if (opt_.dynamic_filtering) {
+    rec["filter_rounds"] = rounds;
+    rec["filter_groups_generated"] = groups;
+    rec["filter_groups_kept"] = int64_t(kept.size()) / n;
+  }
 }
 
 void RlStep::train(const std::vector<rollout::Sample>& samples, const std::vector<double>& scores,
@@ -150,19 +214,11 @@ void RlStep::train(const std::vector<rollout::Sample>& samples, const std::vecto
   t = Clock::now();
   const PpoStats st = p_.trainer->train(exp, step_);
   const double train_s = since(t);
-  int64_t len_max = 0, stops = 0, seq_tokens = 0, resp_tokens = 0;
-  for (const auto& s : samples) {
-    len_max = std::max<int64_t>(len_max, int64_t(s.response.size()));
-    stops += s.stopped;
-    seq_tokens += int64_t(s.prompt.size() + s.response.size());
-    resp_tokens += int64_t(s.response.size());
-  }
-  const double B = double(samples.size());
+  int64_t seq_tokens = 0;
+  for (const auto& s : samples) seq_tokens += int64_t(s.prompt.size() + s.response.size());
   // Tokens through forward+backward in the training phase (every epoch passes them all).
   const int64_t train_tokens = seq_tokens * opt_.max_epochs;
-  rec["response_length_mean"] = double(resp_tokens) / B;
-  rec["response_length_max"] = len_max;
-  rec["stop_fraction"] = double(stops) / B;
+  rec["trained_samples"] = int64_t(samples.size());
   rec["kl_mean"] = st.kl;
   rec["kl_coef"] = st.kl_coef;
   rec["policy_loss"] = st.policy_loss;
@@ -181,27 +237,59 @@ void RlStep::train(const std::vector<rollout::Sample>& samples, const std::vecto
   rec["train_comm_bytes"] = st.comm_bytes;
   rec["train_tokens"] = train_tokens;
   rec["train_tokens_per_s"] = double(train_tokens) / std::max(train_s, 1e-9);
+  if (p_.log_samples && opt_.log_completions > 0 && (step_ + 1) % opt_.log_completions == 0 &&
+      comm.rank() == 0) {
+    StepSamples log;
+    log.step = step_ + 1;
+    for (size_t i = 0; i < samples.size(); ++i) {
+      const rollout::Sample& s = samples[i];
+      log.prompts.push_back(p_.tokenizer->decode(s.prompt, false));
+      log.completions.push_back(p_.tokenizer->decode(s.response, true));
+      log.scores.push_back(scores[i]);
+      log.advantages.push_back(s.response.empty() ? 0.0
+                                                  : double(exp.advantages[i * size_t(exp.Tr)]));
+      log.response_lengths.push_back(int64_t(s.response.size()));
+      log.stopped.push_back(s.stopped);
+    }
+    p_.log_samples(log);
+  }
 }
 
 nlohmann::json RlStep::step() {
   const auto t_step = Clock::now();
   const parallel::Topology& topo = *p_.topology;
   parallel::maybe_inject_failure("rl_step", topo.rank());
-  nlohmann::json gen;
-  const std::vector<rollout::Sample> samples = generate(gen);
-  nlohmann::json rec;
+  nlohmann::json rec = {{"step", step_ + 1}, {"episode", step_ / steps_per_episode_}};
+  std::vector<rollout::Sample> kept;
+  std::vector<double> kept_scores;
+  collect(kept, kept_scores, rec);
   if (topo.trains()) {
-    rec = {{"step", step_ + 1}, {"episode", step_ / steps_per_episode_}};
-    const std::vector<double> scores = score(samples, rec);
-    train(samples, scores, rec);
+    // Train on whole optimizer steps of whole groups: with dynamic filtering a capped step may
+    // hold fewer groups than --rollout_batch_size.
+    const int64_t n = opt_.n_samples_per_prompt, TB = p_.trainer->options().train_batch_size;
+    int64_t groups = int64_t(kept.size()) / n;
+    while (groups > 0 && (groups * n) % TB != 0) --groups;
+    kept.resize(size_t(groups * n));
+    kept_scores.resize(kept.size());
+    if (groups > 0) {
+      train(kept, kept_scores, rec);
+    } else {
+      LOG0_WARN("step {}: no group kept by dynamic filtering after {} round(s): nothing to train",
+                step_ + 1, rec.value("filter_rounds", int64_t(1)));
+      rec["trained_samples"] = 0;
+      for (const char* k :
+           {"kl_mean", "policy_loss", "value_loss", "kl_loss", "clip_frac", "approx_kl", "entropy",
+            "logprob_s", "logprob_comm_s", "train_s", "train_comm_s", "train_tokens_per_s"})
+        rec[k] = 0.0;
+    }
   }
   const auto t_sync = Clock::now();
   const parallel::SyncStats ss = p_.sync_weights();
   const double sync_s = since(t_sync);
-  // Train rank 0 knows the training metrics; every rank gets them.
+  // Train rank 0 knows the training metrics; every rank gets them (generation totals included:
+  // they are the same on every rank).
   const int train_root = topo.placement().train_ranks.front();
   rec = broadcast_json(rec, train_root, *p_.world);
-  rec.update(gen);
   rec["sync_s"] = sync_s;
   rec["sync_comm_s"] = ss.seconds;  // the sync is communication only
   rec["sync_bytes"] = ss.bytes;
@@ -213,7 +301,8 @@ nlohmann::json RlStep::step() {
 
 nlohmann::json RlStep::state() const {
   nlohmann::json st = {{"step", step_},
-                       {"prompt_position", prompt_position(step_, 0)},
+                       {"rounds", round_},
+                       {"prompt_position", prompt_position(round_, 0)},
                        {"rng", "counter-based: (seed, prompt position); no state"}};
   if (p_.trainer) {
     const RunningMoments& m = p_.trainer->reward_moments();
@@ -233,6 +322,7 @@ void RlStep::load_state(const nlohmann::json& st) {
     return st.at(key);
   };
   step_ = need("step").get<int64_t>();
+  round_ = st.value("rounds", step_);  // checkpoints from before dynamic filtering: one per step
   if (!p_.trainer) return;
   p_.trainer->kl_controller().set_value(need("kl_coef").get<double>());
   p_.trainer->set_steps(need("actor_steps").get<int64_t>(), need("critic_steps").get<int64_t>());

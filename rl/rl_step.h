@@ -36,6 +36,25 @@ struct RlStepOptions {
   int64_t generate_max_len = 1024;    ///< --generate_max_len (capped by the model's context)
   rollout::SamplingParams sampling;   ///< --temperature, --top_p, --top_k, --greedy; seed
   int64_t max_epochs = 1;             ///< --max_epochs (for the trained-token count)
+  /// DAPO dynamic sampling (Yu et al. 2025, §3.2; --dynamic_filtering): a group of samples is
+  /// kept iff lo < mean(its scores) < hi (--dynamic_filtering_reward_range); dropped groups are
+  /// replaced by generating for further prompts, up to max_num_gen_batches rounds per step.
+  bool dynamic_filtering = false;
+  double filter_lo = 0.0, filter_hi = 1.0;
+  int64_t max_num_gen_batches = 4;  ///< --max_num_gen_batches (veRL's name)
+  /// DAPO overlong shaping (eq. 13): --overlong_buffer_len (0 = off), --overlong_penalty_factor.
+  int64_t overlong_buffer_len = 0;
+  double overlong_penalty_factor = 1.0;
+  int64_t log_completions = 0;  ///< --log_completions: every N steps, log_samples (0 = off)
+};
+
+/// What a step trained on, for --log_completions: one entry per kept sample, in training order.
+struct StepSamples {
+  int64_t step = 0;  ///< 1-based
+  std::vector<std::string> prompts, completions;
+  std::vector<double> scores, advantages;  ///< advantage of each sample's first token
+  std::vector<int64_t> response_lengths;
+  std::vector<bool> stopped;
 };
 
 /// The parts a step drives, built by the caller. A pointer is null on ranks without that role.
@@ -52,6 +71,8 @@ struct RlStepParts {
   const io::Tokenizer* tokenizer = nullptr;  ///< decodes completions for the rule rewards
   /// Puts the trainer's weights into every engine; collective over the world.
   std::function<parallel::SyncStats()> sync_weights;
+  /// Receives the trained samples every --log_completions steps, on train rank 0 (may be empty).
+  std::function<void(const StepSamples&)> log_samples;
 };
 
 /// The RL loop's step. Collective over the world: every rank constructs it and calls step(),
@@ -69,9 +90,12 @@ class RlStep {
 
   /// Steps done so far (0-based index of the next step).
   int64_t steps_done() const { return step_; }
+  /// Generation rounds so far (one per step, more with dynamic filtering): the prompt cursor.
+  int64_t rounds_done() const { return round_; }
 
-  /// What a checkpoint keeps of the loop (meaningful on training ranks): the step, the KL
-  /// coefficient, the optimizers' step counts, the running reward moments, the prompt position.
+  /// What a checkpoint keeps of the loop (meaningful on training ranks): the step, the generation
+  /// rounds, the KL coefficient, the optimizers' step counts, the running reward moments, the
+  /// prompt position.
   nlohmann::json state() const;
   /// Restores state(): every rank passes the same record (from train rank 0). Throws rlhf::Error
   /// naming a missing key.
@@ -81,12 +105,19 @@ class RlStep {
   static nlohmann::json broadcast_json(const nlohmann::json& j, int root, parallel::Comm& comm);
 
  private:
-  // The global prompt position of prompt i (0..rollout_batch_size−1) of step `step`.
-  int64_t prompt_position(int64_t step, int64_t i) const;
-  // Phase 1: this engine's share of the step's prompts, all samples of them; gathered to all.
-  std::vector<rollout::Sample> generate(nlohmann::json& rec);
-  // Phase 2: one score per sample (rule reward + reward model), on training ranks.
-  std::vector<double> score(const std::vector<rollout::Sample>& samples, nlohmann::json& rec);
+  struct Round;  // one generation round's samples and scores
+  // The global prompt position of prompt i (0..rollout_batch_size−1) of generation round r.
+  int64_t prompt_position(int64_t round, int64_t i) const;
+  // Phase 1: this engine's share of the round's prompts, all samples of them; gathered to all.
+  std::vector<rollout::Sample> generate(int64_t round, nlohmann::json& totals);
+  // Phase 2: one score per sample (rule reward + reward model + overlong shaping), on training
+  // ranks.
+  std::vector<double> score(int64_t round, const std::vector<rollout::Sample>& samples,
+                            nlohmann::json& totals);
+  // Phases 1–2 until the step has its groups (one round without dynamic filtering): the kept
+  // samples (renumbered 0..K−1 by group) and their scores, on training ranks.
+  void collect(std::vector<rollout::Sample>& kept, std::vector<double>& kept_scores,
+               nlohmann::json& rec);
   // Phases 3 and 4: experience and the updates, on training ranks.
   void train(const std::vector<rollout::Sample>& samples, const std::vector<double>& scores,
              nlohmann::json& rec);
@@ -95,6 +126,7 @@ class RlStep {
   RlStepOptions opt_;
   int64_t steps_per_episode_;
   int64_t step_ = 0;
+  int64_t round_ = 0;
 };
 
 }  // namespace rlhf::rl

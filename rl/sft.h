@@ -1,6 +1,6 @@
 // `rlhf sft`: supervised fine-tuning / pre-training with next-token cross-entropy, on the shared
 // trainer skeleton (rl/supervised.h). The loss of an optimizer step is the token mean of the
-// cross-entropy over every loss token of the whole step (ALGORITHMS.md "agg"):
+// cross-entropy over every loss token of the whole step (docs/algorithms.md "agg"):
 //   loss = −(1 / N_loss) · Σ log p(target),  N_loss = loss tokens of the step over every rank,
 // so the gradient does not depend on how the batch splits into micro-batches or ranks (N ranks
 // train exactly like 1).

@@ -52,7 +52,7 @@ last=$(mean_of "$W/learn/metrics.jsonl" reward_mean 80 100)
 python3 -c "import sys; sys.exit(0 if $last > $first + 0.15 else 1)" \
   || fail "reward did not rise enough: first 20 steps $first, last 20 steps $last"
 echo "ok: GRPO on 2 ranks raises the math reward: first 20 steps $first -> last 20 steps $last"
-# Every record carries the ALGORITHMS.md metrics and the phase timings with their communication.
+# Every record carries the docs/algorithms.md metrics and the phase timings with their communication.
 python3 - "$W/learn/metrics.jsonl" <<'EOF' || fail "metrics.jsonl misses keys"
 import json, sys
 need = ["step", "reward_mean", "reward_std", "response_length_mean", "response_length_max",

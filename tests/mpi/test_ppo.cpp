@@ -51,7 +51,9 @@ struct Run {
 // The three models on the CPU (ZeRO-3 over comm) or, with `nccl`, on the GPU (ZeRO-3 over the
 // NCCL communicator, which spans the same ranks as comm; nullptr with a 1-rank comm).
 Run run(parallel::Comm& comm, bool ppo, const model::ModelConfig& cfg, bool gpu = false,
-        parallel::Comm* nccl = nullptr, double adam_eps = 1e-8) {
+        parallel::Comm* nccl = nullptr, double adam_eps = 1e-8,
+        rl::LossAggMode agg = rl::LossAggMode::kTokenMean,
+        rl::PolicyLossType loss = rl::PolicyLossType::kPpo) {
   const int N = comm.size();
   model::ParamLayout layout(cfg, model::HeadKind::kLM);
   model::ParamLayout vlayout(cfg, model::HeadKind::kValue);
@@ -91,6 +93,9 @@ Run run(parallel::Comm& comm, bool ppo, const model::ModelConfig& cfg, bool gpu 
   o.micro_train_batch_size = 8 / N;
   o.max_epochs = 2;
   o.temperature = 0.8;
+  o.loss_agg_mode = agg;
+  o.policy_loss = loss;
+  o.generate_max_len = 6;  // the longest synthetic response is 5 tokens
   rl::PpoOptimizers opts;
   opts.actor_adam.lr = 1e-2;
   opts.actor_adam.eps = adam_eps;
@@ -163,6 +168,29 @@ TEST_CASE("ppo/grpo: one RL step on N ranks == on 1 rank") {
     CHECK_MESSAGE(moved > 1e-2, name);
     compare(one, many, name + " N=" + std::to_string(world->size()));
   }
+}
+
+TEST_CASE("grpo: every --loss_agg_mode, and GSPO, on N ranks == on 1 rank") {
+  auto world = parallel::make_comm(MPI_COMM_WORLD, "train_comm");
+  auto self = parallel::make_comm(MPI_COMM_SELF, "self");
+  const auto cfg = small_config(false);
+  using rl::LossAggMode;
+  for (auto loss : {rl::PolicyLossType::kPpo, rl::PolicyLossType::kGspo})
+    for (auto agg : {LossAggMode::kTokenMean, LossAggMode::kSeqMeanTokenMean,
+                     LossAggMode::kSeqMeanTokenSum, LossAggMode::kSeqMeanTokenSumNorm}) {
+      const std::string name = std::string(rl::to_string(loss)) + " " + rl::to_string(agg) +
+                               " N=" + std::to_string(world->size());
+      const Run one = run(*self, false, cfg, false, nullptr, 1e-8, agg, loss);
+      const Run many = run(*world, false, cfg, false, nullptr, 1e-8, agg, loss);
+      compare(one, many, name);
+      // The modes differ: a mode that ignored its weights would give token-mean's gradient.
+      if (agg != LossAggMode::kTokenMean) {
+        const Run tm = run(*self, false, cfg, false, nullptr, 1e-8, LossAggMode::kTokenMean, loss);
+        CHECK_MESSAGE(std::fabs(tm.stats.actor_grad_norm - one.stats.actor_grad_norm) >
+                          1e-3 * tm.stats.actor_grad_norm,
+                      name);
+      }
+    }
 }
 
 TEST_CASE("ppo/grpo on the device: one RL step over NCCL follows the CPU step") {
