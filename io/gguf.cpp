@@ -369,28 +369,40 @@ model::ModelConfig gguf_model_config(const GgufFile& f) {
     RLHF_CHECK(m[k].is_number(), "{}: GGUF metadata {} is not a number", src, k);
     return m[k].get<double>();
   };
-  auto integer = [&](const std::string& key, bool required, int64_t def) -> int64_t {
+  // A count, at most `limit` (the ModelConfig bound of the field it becomes: model/config.h).
+  auto integer = [&](const std::string& key, bool required, int64_t def, int64_t limit,
+                     const char* field) -> int64_t {
     const double v = num(key, required, static_cast<double>(def));
     RLHF_CHECK(v >= 0 && v < 9.0e15 && v == std::floor(v),
                "{}: GGUF metadata {}.{} = {} is not a "
                "valid count",
                src, arch, key, v);
+    RLHF_CHECK(v <= static_cast<double>(limit),
+               "{}: GGUF metadata {}.{} = {:.0f} exceeds the limit {} ({})\nhint: every model we "
+               "run is far below it; the file is probably corrupt",
+               src, arch, key, v, limit, field);
     return static_cast<int64_t>(v);
   };
   model::ModelConfig c;
   c.model_type = arch;
-  c.hidden_size = integer("embedding_length", true, 0);
-  c.num_hidden_layers = integer("block_count", true, 0);
-  c.intermediate_size = integer("feed_forward_length", true, 0);
-  c.num_attention_heads = integer("attention.head_count", true, 0);
-  c.num_key_value_heads = integer("attention.head_count_kv", false, c.num_attention_heads);
-  c.max_position_embeddings = integer("context_length", false, 2048);
+  c.hidden_size = integer("embedding_length", true, 0, model::kMaxHiddenSize, "hidden_size");
+  c.num_hidden_layers =
+      integer("block_count", true, 0, model::kMaxHiddenLayers, "num_hidden_layers");
+  c.intermediate_size =
+      integer("feed_forward_length", true, 0, model::kMaxIntermediateSize, "intermediate_size");
+  c.num_attention_heads =
+      integer("attention.head_count", true, 0, model::kMaxAttentionHeads, "num_attention_heads");
+  c.num_key_value_heads = integer("attention.head_count_kv", false, c.num_attention_heads,
+                                  model::kMaxAttentionHeads, "num_key_value_heads");
+  c.max_position_embeddings = integer("context_length", false, 2048, model::kMaxPositionEmbeddings,
+                                      "max_position_embeddings");
   c.rms_norm_eps = num("attention.layer_norm_rms_epsilon", false, 1e-5);
   c.rope_theta = num("rope.freq_base", false, 10000.0);
-  const int64_t key_len = integer("attention.key_length", false, 0);
+  const int64_t key_len = integer("attention.key_length", false, 0, model::kMaxHeadDim, "head_dim");
   RLHF_CHECK(c.num_attention_heads > 0, "{}: {}.attention.head_count is 0", src, arch);
   if (key_len > 0 && key_len * c.num_attention_heads != c.hidden_size) c.head_dim = key_len;
-  const int64_t rope_dims = integer("rope.dimension_count", false, c.D());
+  const int64_t rope_dims =
+      integer("rope.dimension_count", false, c.D(), model::kMaxHiddenSize, "head_dim");
   RLHF_CHECK(rope_dims == c.D(),
              "{}: partial RoPE ({}.rope.dimension_count {} < head dim {}) is not supported", src,
              arch, rope_dims, c.D());
@@ -407,6 +419,10 @@ model::ModelConfig gguf_model_config(const GgufFile& f) {
   RLHF_CHECK(emb != f.tensors.end() && emb->second.ne.size() == 2,
              "{}: no 2-D token_embd.weight tensor", src);
   c.vocab_size = emb->second.ne[1];
+  RLHF_CHECK(c.vocab_size <= model::kMaxVocabSize,
+             "{}: token_embd.weight has {} rows (the vocabulary), more than the limit {} "
+             "(vocab_size)\nhint: every model we run is far below it; the file is probably corrupt",
+             src, c.vocab_size, model::kMaxVocabSize);
   c.tie_word_embeddings = !f.tensors.count("output.weight");
   c.attention_bias = false;  // llama with attention_bias is not produced by llama.cpp converters
   c.rope_style = model::RopeStyle::kRotateHalf;

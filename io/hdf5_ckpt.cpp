@@ -9,7 +9,9 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 
+#include "core/checked_alloc.h"
 #include "io/h5_check.h"
 
 namespace rlhf::io {
@@ -160,9 +162,17 @@ std::string shape_str(const std::vector<int64_t>& shape) {
   return fmt::format("[{}]", fmt::join(shape, ", "));
 }
 
-int64_t numel_of(const std::vector<int64_t>& shape) {
+// Elements of `shape`; throws rlhf::Error naming `what` (file and dataset) when a dimension is
+// negative or the product overflows int64 (a corrupt file's dataspace can claim 2^64 - 1).
+int64_t numel_of(const std::vector<int64_t>& shape, const std::string& what) {
   int64_t n = 1;
-  for (int64_t d : shape) n *= d;
+  for (int64_t d : shape) {
+    RLHF_CHECK(d >= 0, "{}: negative dimension in shape {}", what, shape_str(shape));
+    RLHF_CHECK(d == 0 || n <= std::numeric_limits<int64_t>::max() / d,
+               "{}: shape {} has more elements than int64 can count (corrupt file?)", what,
+               shape_str(shape));
+    n *= d;
+  }
   return n;
 }
 
@@ -291,10 +301,7 @@ void CheckpointWriter::write_dataset(const std::string& dataset, const T* data,
   check_open("write a dataset");
   const std::string d = norm_path(dataset);
   RLHF_CHECK(d != "/", "{}: the root cannot be a dataset", tmp_path_);
-  for (int64_t s : shape)
-    RLHF_CHECK(s >= 0, "{}: dataset {}: negative dimension in shape {}", tmp_path_, d,
-               shape_str(shape));
-  const int64_t n = numel_of(shape);
+  const int64_t n = numel_of(shape, fmt::format("{}: dataset {}", tmp_path_, d));
   RLHF_CHECK(data != nullptr || n == 0, "{}: dataset {}: null data for {} elements", tmp_path_, d,
              n);
   with_context(tmp_path_, fmt::format("cannot write dataset {}", d), "", [&] {
@@ -455,7 +462,10 @@ std::vector<std::string> list_children(hid_t file, const std::string& file_path,
     RLHF_CHECK(t == ObjType::kGroup, "{}: {} is not a group", file_path, g);
     H5Id gid(H5_CHECK(H5Gopen2(file, g.c_str(), H5P_DEFAULT)));
     ListCtx ctx{{}, want};
-    H5_CHECK(H5Literate(gid, H5_INDEX_NAME, H5_ITER_INC, nullptr, list_cb, &ctx));
+    // Native order, sorted below: an ordered iteration over dense link storage first builds a
+    // table of the link count the file claims, and HDF5 1.10 frees its unfilled entries when a
+    // corrupt file has fewer links than that (a crash in H5G__link_release_table; fuzz_hdf5_ckpt).
+    H5_CHECK(H5Literate(gid, H5_INDEX_NAME, H5_ITER_NATIVE, nullptr, list_cb, &ctx));
     std::sort(ctx.names.begin(), ctx.names.end());
     return ctx.names;
   });
@@ -481,12 +491,20 @@ H5Id open_dataset(hid_t file, const std::string& file_path, const std::string& d
   return H5Id(H5_CHECK(H5Dopen2(file, d.c_str(), H5P_DEFAULT)));
 }
 
-std::vector<int64_t> dataset_shape(hid_t ds) {
+// `what` ("<file>: dataset <d>") names the dataset in the errors.
+std::vector<int64_t> dataset_shape(hid_t ds, const std::string& what) {
   H5Id space(H5_CHECK(H5Dget_space(ds)));
   const int rank = H5_CHECK(H5Sget_simple_extent_ndims(space));
   std::vector<hsize_t> dims(static_cast<size_t>(rank));
   if (rank > 0) H5_CHECK(H5Sget_simple_extent_dims(space, dims.data(), nullptr));
-  return std::vector<int64_t>(dims.begin(), dims.end());
+  std::vector<int64_t> shape;
+  for (hsize_t x : dims) {
+    RLHF_CHECK(x <= static_cast<hsize_t>(std::numeric_limits<int64_t>::max()),
+               "{}: dimension {} out of range (corrupt file?)", what, x);
+    shape.push_back(static_cast<int64_t>(x));
+  }
+  numel_of(shape, what);  // the element count must fit in int64 too
+  return shape;
 }
 
 }  // namespace
@@ -495,7 +513,7 @@ std::vector<int64_t> CheckpointReader::shape(const std::string& dataset) const {
   const std::string d = norm_path(dataset);
   return with_context(path_, fmt::format("cannot read the shape of {}", d), kCorruptHint, [&] {
     H5Id ds = open_dataset(file_, path_, d);
-    return dataset_shape(ds);
+    return dataset_shape(ds, fmt::format("{}: dataset {}", path_, d));
   });
 }
 
@@ -505,13 +523,13 @@ void CheckpointReader::read_dataset(const std::string& dataset, T* out,
   const std::string d = norm_path(dataset);
   with_context(path_, fmt::format("cannot read dataset {}", d), kCorruptHint, [&] {
     H5Id ds = open_dataset(file_, path_, d);
-    const std::vector<int64_t> actual = dataset_shape(ds);
+    const std::vector<int64_t> actual = dataset_shape(ds, fmt::format("{}: dataset {}", path_, d));
     RLHF_CHECK(actual == expected_shape, "{}: dataset {} has shape {}, expected {}", path_, d,
                shape_str(actual), shape_str(expected_shape));
     H5Id type(H5_CHECK(H5Dget_type(ds)));
     RLHF_CHECK(lossless<T>(type), "{}: dataset {} holds {}, which does not convert to {} exactly",
                path_, d, describe_type(type), type_name<T>());
-    const int64_t n = numel_of(actual);
+    const int64_t n = numel_of(actual, fmt::format("{}: dataset {}", path_, d));
     if (n == 0) return;
     RLHF_CHECK(out != nullptr, "{}: dataset {}: null output buffer", path_, d);
     H5_CHECK(H5Dread(ds, H5Traits<T>::mem(), H5S_ALL, H5S_ALL, H5P_DEFAULT, out));
@@ -522,7 +540,10 @@ template <typename T>
 std::vector<T> CheckpointReader::read_dataset_vector(const std::string& dataset,
                                                      std::vector<int64_t>* shape_out) const {
   const std::vector<int64_t> s = shape(dataset);
-  std::vector<T> out(static_cast<size_t>(numel_of(s)));
+  const std::string what = fmt::format("{}: dataset {}", path_, norm_path(dataset));
+  std::vector<T> out;
+  checked_resize(out, numel_of(s, what),
+                 fmt::format("dataset {} of {}", norm_path(dataset), path_));
   read_dataset<T>(dataset, out.data(), s);
   if (shape_out) *shape_out = s;
   return out;
@@ -564,7 +585,8 @@ std::vector<std::string> CheckpointReader::attr_names(const std::string& object)
     RLHF_CHECK(object_type(file_, o) != ObjType::kMissing, "{}: object {} not found", path_, o);
     H5Id obj(H5_CHECK(H5Oopen(file_, o.c_str(), H5P_DEFAULT)));
     std::vector<std::string> names;
-    H5_CHECK(H5Aiterate2(obj, H5_INDEX_NAME, H5_ITER_INC, nullptr, attr_name_cb, &names));
+    // Native order, sorted below (ordered iteration builds a table first: see list_children).
+    H5_CHECK(H5Aiterate2(obj, H5_INDEX_NAME, H5_ITER_NATIVE, nullptr, attr_name_cb, &names));
     std::sort(names.begin(), names.end());
     return names;
   });

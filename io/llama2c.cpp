@@ -192,6 +192,20 @@ Llama2cHeader parse_llama2c_header(const Blob& blob) {
   const std::string why = implausible(h);
   RLHF_CHECK(why.empty(), "{}: not a valid llama2.c checkpoint ({} header): {}", blob.source,
              h.version == 1 ? "v1" : "legacy", why);
+  // The model bounds (model/config.h), by the header's own names: seq_len sizes no weights in a
+  // v1 file, so the file size below does not bound it.
+  auto at_most = [&](int64_t v, int64_t limit, const char* name, const char* field) {
+    RLHF_CHECK(v <= limit,
+               "{}: llama2.c header: {} {} exceeds the limit {} ({})\nhint: every model we run "
+               "is far below it; the file is probably corrupt",
+               blob.source, name, v, limit, field);
+  };
+  at_most(h.dim, model::kMaxHiddenSize, "dim", "hidden_size");
+  at_most(h.hidden_dim, model::kMaxIntermediateSize, "hidden_dim", "intermediate_size");
+  at_most(h.n_layers, model::kMaxHiddenLayers, "n_layers", "num_hidden_layers");
+  at_most(h.n_heads, model::kMaxAttentionHeads, "n_heads", "num_attention_heads");
+  at_most(h.vocab_size, model::kMaxVocabSize, "vocab_size", "vocab_size");
+  at_most(h.seq_len, model::kMaxPositionEmbeddings, "seq_len", "max_position_embeddings");
   h.expected_bytes = implied_bytes(h, blob.source);
   RLHF_CHECK(
       h.expected_bytes == static_cast<int64_t>(blob.size),
@@ -202,6 +216,7 @@ Llama2cHeader parse_llama2c_header(const Blob& blob) {
       h.expected_bytes, blob.size,
       h.expected_bytes > static_cast<int64_t>(blob.size) ? " (truncated?)"
                                                          : " (not a llama2.c file?)");
+  llama2c_model_config(h).validate(blob.source);
   return h;
 }
 

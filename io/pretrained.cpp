@@ -8,6 +8,7 @@
 #include <map>
 #include <set>
 
+#include "core/checked_alloc.h"
 #include "core/error.h"
 #include "io/bytes.h"
 #include "io/file_util.h"
@@ -451,7 +452,7 @@ void export_hdf5(const std::string& path, const PretrainedModel& m) {
   std::vector<float> buf;
   for (const auto& u : layout.units()) {
     for (const auto& t : u.tensors) {
-      buf.resize(static_cast<size_t>(t.numel));
+      checked_resize(buf, t.numel, fmt::format("the export buffer of tensor '{}'", t.name));
       m.tensors->read_checked(t.name, buf.data(), t.shape);
       w.write_dataset<float>("/model/" + t.name, buf.data(), t.shape);
     }

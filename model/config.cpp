@@ -2,6 +2,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <bit>
 #include <cmath>
 #include <numbers>
 #include <set>
@@ -76,6 +77,24 @@ void ModelConfig::validate(const std::string& source) const {
   pos(vocab_size, "vocab_size");
   pos(max_position_embeddings, "max_position_embeddings");
   RLHF_CHECK(head_dim >= 0, "{}: head_dim must be >= 0, got {}", source, head_dim);
+  // Bounds before anything multiplies two of these (see kMaxHiddenSize in config.h).
+  auto at_most = [&](int64_t v, int64_t limit, const char* name) {
+    RLHF_CHECK(v <= limit,
+               "{}: {} {} exceeds the limit {} (2^{})\nhint: every model we run is far below it; "
+               "the file is probably corrupt",
+               source, name, v, limit, std::bit_width(static_cast<uint64_t>(limit)) - 1);
+  };
+  at_most(hidden_size, kMaxHiddenSize, "hidden_size");
+  at_most(intermediate_size, kMaxIntermediateSize, "intermediate_size");
+  at_most(num_hidden_layers, kMaxHiddenLayers, "num_hidden_layers");
+  at_most(num_attention_heads, kMaxAttentionHeads, "num_attention_heads");
+  at_most(num_key_value_heads, kMaxAttentionHeads, "num_key_value_heads");
+  at_most(head_dim, kMaxHeadDim, "head_dim");
+  at_most(D(), kMaxHeadDim,
+          head_dim > 0 ? "head_dim" : "head dim (hidden_size / num_attention_heads)");
+  at_most(num_attention_heads * D(), kMaxAttentionWidth, "num_attention_heads x head dim");
+  at_most(vocab_size, kMaxVocabSize, "vocab_size");
+  at_most(max_position_embeddings, kMaxPositionEmbeddings, "max_position_embeddings");
   RLHF_CHECK(head_dim > 0 || hidden_size % num_attention_heads == 0,
              "{}: hidden_size {} is not divisible by num_attention_heads {}", source, hidden_size,
              num_attention_heads);

@@ -60,6 +60,27 @@ struct RopeScaling {
   bool operator!=(const RopeScaling& o) const { return !(*this == o); }
 };
 
+/// Upper bounds on the dimensions of a model (ModelConfig::validate refuses anything larger, naming
+/// the file, the key and the limit; the GGUF and llama2.c readers check their own keys against them
+/// first). Each is 8x or more the largest published model of the families we run (Llama 3.1 405B:
+/// hidden 16384, intermediate 53248, 126 layers, 128 heads of 128; vocabularies up to 262,144
+/// (Gemma 3); contexts up to 10M positions (Llama 4 Scout)), and together they keep every product
+/// the code forms far from int64/size_t overflow, so that a corrupt or hostile size is refused
+/// before it can wrap into a small allocation or a huge one:
+///  - a decoder layer's parameters: 2·C·(H·D) + 2·C·(Hkv·D) + 3·C·F + ... < 7·2^37 < 2^40;
+///  - embedding / LM head V·C <= 2^41; all parameters <= 2^40·L + 2^42 < 2^53, and their fp32
+///    bytes with gradients and AdamW state (5 copies) < 2^58;
+///  - RoPE tables max_pos·D/2 <= 2^35 floats; KV-cache rows L·Hkv·D <= 2^32;
+///  - attention widths H·D, Hkv·D <= 2^20, so activations N·(H·D) stay < 2^63 for N < 2^43 rows.
+inline constexpr int64_t kMaxHiddenSize = int64_t{1} << 17;          ///< C: 131,072
+inline constexpr int64_t kMaxIntermediateSize = int64_t{1} << 20;    ///< F: 1,048,576
+inline constexpr int64_t kMaxHiddenLayers = int64_t{1} << 12;        ///< L: 4,096
+inline constexpr int64_t kMaxAttentionHeads = int64_t{1} << 12;      ///< H (and Hkv <= H): 4,096
+inline constexpr int64_t kMaxHeadDim = int64_t{1} << 12;             ///< D: 4,096
+inline constexpr int64_t kMaxAttentionWidth = int64_t{1} << 20;      ///< H·D: 1,048,576
+inline constexpr int64_t kMaxVocabSize = int64_t{1} << 24;           ///< V: 16,777,216
+inline constexpr int64_t kMaxPositionEmbeddings = int64_t{1} << 24;  ///< 16,777,216 positions
+
 /// Architecture hyper-parameters. Names follow HF `config.json`; dimension symbols used in kernels:
 /// C = hidden_size, F = intermediate_size, L = num_hidden_layers, H = num_attention_heads,
 /// Hkv = num_key_value_heads, D = head_dim, V = vocab_size.
@@ -93,8 +114,9 @@ struct ModelConfig {
   bool o_bias() const;
 
   /// Throws rlhf::Error naming the field when a value is out of range or inconsistent
-  /// (e.g. heads not divisible by KV heads, a rope_scaling type other than default/llama3, a
-  /// Mistral with attention_bias). `source` names the file for the message.
+  /// (e.g. a dimension above its kMax* limit, heads not divisible by KV heads, a rope_scaling type
+  /// other than default/llama3, a Mistral with attention_bias). `source` names the file for the
+  /// message.
   void validate(const std::string& source = "model config") const;
 
   /// HF config.json object in the transformers v4 layout, which transformers v4 and v5 both load:

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "core/checked_alloc.h"
 #include "model/init.h"
 #include "model/layout.h"
 #include "model/provider.h"
@@ -19,8 +20,10 @@ class LocalParams : public UnitProvider<T> {
  public:
   explicit LocalParams(const ParamLayout& layout) : layout_(layout) {
     for (const UnitLayout& u : layout.units()) {
-      params_.emplace_back(static_cast<size_t>(u.numel), T(0));
-      grads_.emplace_back(static_cast<size_t>(u.numel), T(0));
+      checked_assign(params_.emplace_back(), u.numel, T(0),
+                     fmt::format("the parameters of unit '{}'", u.name));
+      checked_assign(grads_.emplace_back(), u.numel, T(0),
+                     fmt::format("the gradients of unit '{}'", u.name));
     }
   }
   /// Deterministic init (see init_unit_params).

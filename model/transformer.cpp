@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "core/checked_alloc.h"
 #include "core/error.h"
 #include "model/layer_params.h"
 #include "model/ops/attention.h"
@@ -19,8 +20,8 @@ namespace rlhf::model {
 namespace {
 
 template <typename T>
-void grow(std::vector<T>& v, int64_t n) {
-  if (static_cast<int64_t>(v.size()) < n) v.resize(static_cast<size_t>(n));
+void grow(std::vector<T>& v, int64_t n, const char* what) {
+  checked_grow(v, n, what);
 }
 
 }  // namespace
@@ -37,8 +38,10 @@ Transformer<T>::Transformer(const ParamLayout& layout, bool gradient_checkpointi
   V_ = c.vocab_size;
   L_ = c.num_hidden_layers;
   const int64_t P = c.max_position_embeddings;
-  rope_cos_.resize(static_cast<size_t>(P * D_ / 2));
-  rope_sin_.resize(static_cast<size_t>(P * D_ / 2));
+  // P <= kMaxPositionEmbeddings and D <= kMaxHeadDim (validate()): P·D/2 <= 2^35.
+  const std::string rope = fmt::format("({} positions x {} frequencies)", P, D_ / 2);
+  checked_resize(rope_cos_, P * D_ / 2, "the RoPE cos table " + rope);
+  checked_resize(rope_sin_, P * D_ / 2, "the RoPE sin table " + rope);
   rope_tables_cpu(rope_cos_.data(), rope_sin_.data(), P, D_, rope_inv_freq(c).data());
 }
 
@@ -103,35 +106,47 @@ void Transformer<T>::reserve(int64_t B, int64_t T_len, bool for_backward) {
   RLHF_CHECK(T_len <= layout_.config().max_position_embeddings,
              "sequence length {} exceeds max_position_embeddings {}", T_len,
              layout_.config().max_position_embeddings);
+  // Every buffer below is N = B·T rows of a bounded model width (ModelConfig::validate), times the
+  // layers kept for backward: refuse a batch whose buffers would not fit in int64 before any
+  // product can wrap.
+  const long double rows = static_cast<long double>(B) * static_cast<long double>(T_len);
+  const long double floats =
+      rows * static_cast<long double>(L_ + 2) *
+          static_cast<long double>(C_ + 3 * F_ + 4 * H_ * D_ + H_ * T_len + 16) +
+      rows * static_cast<long double>(V_);
+  RLHF_CHECK(floats < 0x1p60L,
+             "a batch of {} x {} tokens is too large for this model: its activations would take "
+             "{:.3g} elements",
+             B, T_len, static_cast<double>(floats));
   B_ = B;
   T_ = T_len;
   N_ = B * T_len;
   const int64_t N = N_;
   const int64_t sets = (for_backward && !checkpointing_) ? L_ : 1;
-  grow(res_, (for_backward ? L_ + 1 : 2) * N * C_);
-  grow(layers_, sets * layer_floats());
-  grow(lnf_, N * C_);
-  grow(rstdf_, N);
-  grow(lse_, N);
-  grow(entropy_, N);
-  pos_.resize(static_cast<size_t>(N));
+  grow(res_, (for_backward ? L_ + 1 : 2) * N * C_, "activations (residual stream)");
+  grow(layers_, sets * layer_floats(), "activations (decoder layers)");
+  grow(lnf_, N * C_, "activations (final norm)");
+  grow(rstdf_, N, "activations (final norm)");
+  grow(lse_, N, "activations (log-sum-exp)");
+  grow(entropy_, N, "activations (entropy)");
+  checked_resize(pos_, N, "token positions");
   for (int64_t b = 0; b < B; ++b)
     for (int64_t t = 0; t < T_len; ++t) pos_[static_cast<size_t>(b * T_len + t)] = int32_t(t);
   if (for_backward) {
-    grow(dres_, N * C_);
-    grow(dln_, N * C_);
-    grow(datty_, N * H_ * D_);
-    grow(dq_, N * H_ * D_);
-    grow(dk_, N * Hkv_ * D_);
-    grow(dv_, N * Hkv_ * D_);
+    grow(dres_, N * C_, "activation gradients");
+    grow(dln_, N * C_, "activation gradients");
+    grow(datty_, N * H_ * D_, "activation gradients");
+    grow(dq_, N * H_ * D_, "activation gradients");
+    grow(dk_, N * Hkv_ * D_, "activation gradients");
+    grow(dv_, N * Hkv_ * D_, "activation gradients");
     if (spec_.qk_norm) {
-      grow(dq_raw_, N * H_ * D_);
-      grow(dk_raw_, N * Hkv_ * D_);
+      grow(dq_raw_, N * H_ * D_, "activation gradients");
+      grow(dk_raw_, N * Hkv_ * D_, "activation gradients");
     }
-    grow(dh_, N * F_);
-    grow(dgate_, N * F_);
-    grow(dup_, N * F_);
-    grow(dlnf_, N * C_);
+    grow(dh_, N * F_, "activation gradients");
+    grow(dgate_, N * F_, "activation gradients");
+    grow(dup_, N * F_, "activation gradients");
+    grow(dlnf_, N * C_, "activation gradients");
   }
 }
 
@@ -217,7 +232,7 @@ void Transformer<T>::forward_lm(UnitProvider<T>& p, const int32_t* tokens, const
   // without, rows go through a bounded chunk buffer.
   const int64_t chunk =
       for_backward ? N_ : std::min<int64_t>(N_, std::max<int64_t>(1, (int64_t(1) << 24) / V_));
-  grow(logits_, chunk * V_);
+  grow(logits_, chunk * V_, "logits");
   T* ent = entropy ? entropy_.data() : nullptr;
   for (int64_t r0 = 0; r0 < N_; r0 += chunk) {
     const int64_t rows = std::min(chunk, N_ - r0);

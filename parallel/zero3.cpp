@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "core/checked_alloc.h"
 #include "core/error.h"
 #include "optim/clip.h"
 
@@ -23,17 +24,21 @@ Zero3Store::Zero3Store(const model::ParamLayout& layout, Comm& comm, Zero3Option
   for (int u = 0; u < layout.num_units(); ++u) {
     const int64_t S = shard_numel(u);
     Shard& s = shards_[size_t(u)];
-    s.params.assign(size_t(S), 0.0f);
+    const std::string& name = layout.unit(u).name;
+    auto shard = [&](std::vector<float>& v, const char* what) {
+      checked_assign(v, S, 0.0f, fmt::format("the ZeRO-3 {} shard of unit '{}'", what, name));
+    };
+    shard(s.params, "parameter");
     if (opt_.frozen) continue;
-    s.grads.assign(size_t(S), 0.0f);
+    shard(s.grads, "gradient");
     if (opt_.adam_offload) {
-      s.master_host.assign(size_t(S), 0.0f);
-      s.grads_host.assign(size_t(S), 0.0f);
-      s.m_host.assign(size_t(S), 0.0f);
-      s.v_host.assign(size_t(S), 0.0f);
+      shard(s.master_host, "host master weight");
+      shard(s.grads_host, "host gradient");
+      shard(s.m_host, "host AdamW first moment");
+      shard(s.v_host, "host AdamW second moment");
     } else {
-      s.m.assign(size_t(S), 0.0f);
-      s.v.assign(size_t(S), 0.0f);
+      shard(s.m, "AdamW first moment");
+      shard(s.v, "AdamW second moment");
     }
   }
 }
@@ -47,7 +52,8 @@ std::vector<float>* Zero3Store::take_buffer(Pool& free, int64_t n) {
     b = std::move(it->second.back());
     it->second.pop_back();
   } else {
-    b = std::make_unique<std::vector<float>>(static_cast<size_t>(n), 0.0f);
+    b = std::make_unique<std::vector<float>>();
+    checked_assign(*b, n, 0.0f, "a ZeRO-3 full-unit buffer (gathered parameters or gradients)");
     pooled_floats_ += n;
   }
   std::vector<float>* raw = b.get();

@@ -7,6 +7,7 @@
 #include <deque>
 #include <exception>
 
+#include "core/checked_alloc.h"
 #include "core/error.h"
 #include "model/layer_params.h"
 #include "model/ops/attention.h"
@@ -38,8 +39,8 @@ double since(Clock::time_point t) {
 }
 
 template <typename T>
-void grow(std::vector<T>& v, int64_t n) {
-  if (static_cast<int64_t>(v.size()) < n) v.resize(static_cast<size_t>(n));
+void grow(std::vector<T>& v, int64_t n, const char* what) {
+  checked_grow(v, n, what);
 }
 
 // Prefill attention through attention_forward_cpu needs an (H, P, P) probability scratch; above
@@ -52,12 +53,16 @@ using LayerW = model::LayerParams<const float>;
 
 // Rows [r0, r0 + n) of a row-major (rows, cols) matrix.
 std::vector<float> copy_rows(const float* m, int64_t cols, int64_t r0, int64_t n) {
-  return std::vector<float>(m + r0 * cols, m + (r0 + n) * cols);
+  std::vector<float> out;
+  checked_resize(out, n * cols, "a tensor-parallel weight slice");
+  std::copy(m + r0 * cols, m + (r0 + n) * cols, out.begin());
+  return out;
 }
 
 // Columns [c0, c0 + n) of a row-major (rows, cols) matrix, as a (rows, n) matrix.
 std::vector<float> copy_cols(const float* m, int64_t rows, int64_t cols, int64_t c0, int64_t n) {
-  std::vector<float> out(static_cast<size_t>(rows * n));
+  std::vector<float> out;
+  checked_resize(out, rows * n, "a tensor-parallel weight slice");
   for (int64_t r = 0; r < rows; ++r)
     std::copy(m + r * cols + c0, m + r * cols + c0 + n, out.begin() + r * n);
   return out;
@@ -89,7 +94,9 @@ EngineWeights::EngineWeights(const model::ParamLayout& layout, const std::vector
              layout.num_units());
   for (int u = 0; u < layout.num_units(); ++u) {
     const int64_t n = std::max(layout.unit(u).numel, room.empty() ? 0 : room[size_t(u)]);
-    units_.emplace_back(static_cast<size_t>(n), 0.0f);
+    units_.emplace_back();
+    checked_assign(units_.back(), n, 0.0f,
+                   fmt::format("the engine weights of unit '{}'", layout.unit(u).name));
   }
 }
 
@@ -121,16 +128,16 @@ struct Engine::Rows {
   /// Room for n rows of spec's (this rank's) shapes; the layer routine's view of them.
   model::LayerActs<float> acts(int64_t n, const model::LayerSpec& s) {
     if (n > rows) {
-      rows = n;
-      for (auto* b : {&x, &ln, &xmid, &ln2}) b->resize(size_t(n * s.C));
-      for (auto* b : {&rstd, &rstd2}) b->resize(size_t(n));
-      for (auto* b : {&q, &atty}) b->resize(size_t(n * s.q_dim()));
-      for (auto* b : {&k, &v}) b->resize(size_t(n * s.kv_dim()));
-      for (auto* b : {&gate, &up, &h}) b->resize(size_t(n * s.F));
+      for (auto* b : {&x, &ln, &xmid, &ln2}) checked_resize(*b, n * s.C, "engine activations");
+      for (auto* b : {&rstd, &rstd2}) checked_resize(*b, n, "engine activations");
+      for (auto* b : {&q, &atty}) checked_resize(*b, n * s.q_dim(), "engine activations");
+      for (auto* b : {&k, &v}) checked_resize(*b, n * s.kv_dim(), "engine activations");
+      for (auto* b : {&gate, &up, &h}) checked_resize(*b, n * s.F, "engine activations");
       if (s.qk_norm) {
-        q_rstd.resize(size_t(n * s.H));
-        k_rstd.resize(size_t(n * s.Hkv));
+        checked_resize(q_rstd, n * s.H, "engine activations");
+        checked_resize(k_rstd, n * s.Hkv, "engine activations");
       }
+      rows = n;  // after the allocations: a failed one leaves the old size in force
     }
     model::LayerActs<float> a;
     a.ln1 = ln.data();
@@ -201,12 +208,16 @@ Engine::Engine(const model::ParamLayout& layout, const EngineOptions& options)
     // No more than max_batch sequences of max_position_embeddings positions can ever be cached.
     const int64_t per_block =
         2 * c.num_hidden_layers * c.num_key_value_heads * c.D() * 2 * opt_.block_size;
-    const int64_t most = opt_.max_batch *
-                         ((c.max_position_embeddings + opt_.block_size - 1) / opt_.block_size) *
-                         per_block;
+    // In long double: max_batch x positions x per-position bytes can pass 2^63 (it is a cap).
+    const long double most =
+        static_cast<long double>(opt_.max_batch) *
+        static_cast<long double>((c.max_position_embeddings + opt_.block_size - 1) /
+                                 opt_.block_size) *
+        static_cast<long double>(per_block);
+    const int64_t avail = EngineCuda::kv_budget_bytes(layout, opt_.gpu_memory_utilization,
+                                                      opt_.max_batch, opt_.block_size);
     const int64_t budget =
-        std::min(most, EngineCuda::kv_budget_bytes(layout, opt_.gpu_memory_utilization,
-                                                   opt_.max_batch, opt_.block_size));
+        most < static_cast<long double>(avail) ? static_cast<int64_t>(most) : avail;
     cache_ = std::make_unique<KvCache>(kv_cfg, budget, opt_.block_size, 2, false);
     cuda_ = std::make_unique<EngineCuda>(layout, *cache_, opt_.max_batch, opt_.cuda_graphs,
                                          opt_.unit_room);
@@ -216,9 +227,11 @@ Engine::Engine(const model::ParamLayout& layout, const EngineOptions& options)
   } else {
     cache_ = std::make_unique<KvCache>(kv_cfg, opt_.kv_cache_bytes, opt_.block_size);
   }
+  // P <= kMaxPositionEmbeddings and D <= kMaxHeadDim (ModelConfig::validate): P·D/2 <= 2^35.
   const int64_t P = c.max_position_embeddings, D = c.D();
-  rope_cos_.resize(static_cast<size_t>(P * D / 2));
-  rope_sin_.resize(static_cast<size_t>(P * D / 2));
+  const std::string rope = fmt::format("({} positions x {} frequencies)", P, D / 2);
+  checked_resize(rope_cos_, P * D / 2, "the engine's RoPE cos table " + rope);
+  checked_resize(rope_sin_, P * D / 2, "the engine's RoPE sin table " + rope);
   model::rope_tables_cpu(rope_cos_.data(), rope_sin_.data(), P, D, model::rope_inv_freq(c).data());
 }
 
@@ -339,9 +352,9 @@ const float* Engine::prefill(const std::vector<int32_t>& prompt, const int32_t* 
   Work& w = *work_;
   Rows& r = w.prefill;
   model::LayerActs<float> a = r.acts(P, spec_);
-  grow(w.plogits, V);
+  grow(w.plogits, V, "the engine's prefill logits");
   const bool att_direct = H * P * P <= kMaxPrefillAttFloats;
-  if (att_direct) grow(w.patt, H * P * P);
+  if (att_direct) grow(w.patt, H * P * P, "the engine's prefill attention probabilities");
   w.ppos.resize(static_cast<size_t>(P));
   for (int64_t t = 0; t < P; ++t) w.ppos[size_t(t)] = int32_t(t);
   const int64_t nb = cache_->blocks_for(P);
@@ -408,7 +421,7 @@ const float* Engine::decode_step(const std::vector<Seq*>& active) {
   const int64_t KV = spec_.kv_dim();
   Rows& r = w.decode;
   model::LayerActs<float> a = r.acts(B, spec_);
-  grow(w.logits, B * V);
+  grow(w.logits, B * V, "the engine's decode logits");
   const int eu = layout_.embedding_unit();
   model::embedding_forward_cpu(
       r.x.data(), w.tokens.data(),

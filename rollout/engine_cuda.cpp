@@ -3,6 +3,7 @@
 
 #include <algorithm>
 
+#include "core/checked_alloc.h"
 #include "core/cuda_check.h"
 #include "core/error.h"
 #include "model/layer_params.h"
@@ -158,7 +159,7 @@ void EngineCuda::upload_weights(const std::vector<const float*>& units) {
   std::vector<bf16> tmp;
   for (size_t u = 0; u < units.size(); ++u) {
     const int64_t n = layout_.unit(int(u)).numel;
-    tmp.resize(static_cast<size_t>(n));
+    checked_resize(tmp, n, "the host staging buffer of the engine weights (bf16)");
 #pragma omp parallel for simd schedule(static) if (n > 65536)
     for (int64_t i = 0; i < n; ++i) tmp[size_t(i)] = __float2bfloat16_rn(units[u][i]);
     h2d(units_[u].get(), tmp.data(), tmp.size() * sizeof(bf16), stream_.get());
@@ -232,8 +233,8 @@ const bf16* lm_weight(const model::ParamLayout& layout,
 }  // namespace
 
 const float* EngineCuda::logits_to_host(int64_t rows) {
-  logits_bf16_host_.resize(static_cast<size_t>(rows * V_));
-  logits_host_.resize(static_cast<size_t>(rows * V_));
+  checked_resize(logits_bf16_host_, rows * V_, "the engine's host logits (bf16)");
+  checked_resize(logits_host_, rows * V_, "the engine's host logits");
   CUDA_CHECK(cudaMemcpyAsync(logits_bf16_host_.data(), logits_.get(),
                              logits_bf16_host_.size() * sizeof(bf16), cudaMemcpyDeviceToHost,
                              stream_.get()));

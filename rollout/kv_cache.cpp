@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "core/checked_alloc.h"
 #include "core/error.h"
 
 namespace rlhf::rollout {
@@ -30,10 +31,14 @@ KvCache::KvCache(const model::ModelConfig& config, int64_t budget_bytes, int64_t
              num_blocks_);
   layer_elems_ = num_blocks_ * block_size_ * row_elems_;
   // new float[] leaves the memory uninitialised: pages are touched only when a block is written.
-  if (host_storage) data_.reset(new float[static_cast<size_t>(2 * L_ * layer_elems_)]);
-  free_.resize(static_cast<size_t>(num_blocks_));
+  if (host_storage)
+    data_ = checked_new_array<float>(
+        2 * L_ * layer_elems_,
+        fmt::format("the KV cache ({} blocks of {} positions; --gen_kv_cache_mb)", num_blocks_,
+                    block_size_));
+  checked_resize(free_, num_blocks_, "the KV cache's block list");
   for (int64_t i = 0; i < num_blocks_; ++i) free_[size_t(i)] = int32_t(num_blocks_ - 1 - i);
-  in_use_.assign(static_cast<size_t>(num_blocks_), 0);
+  checked_assign(in_use_, num_blocks_, 0, "the KV cache's block list");
 }
 
 bool KvCache::allocate(int64_t n, std::vector<int32_t>& out) {

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The `rlhf` binary's front end, end to end: help and version, usage errors (exit status and the
-# flag or file:line they name), stub subcommands failing loudly, and a 2-rank usage error that
-# must end every rank (MPI_Abort) instead of hanging.
+# flag or file:line they name), a model config past the size limits, stub subcommands failing
+# loudly, and a 2-rank usage error that must end every rank (MPI_Abort, exit status 2) instead of
+# hanging.
 #
 # usage: cli_errors.sh <path to rlhf> <source dir>     (env MPIEXEC: mpiexec's path)
 set -u
@@ -98,6 +99,27 @@ run wrong_type sft --config "$TMP/type.toml"
 expect_rc wrong_type 2
 expect_out wrong_type "$TMP/type.toml:3:11: key 'max_len': expected an integer, got a string"
 
+# --- sizes past the model limits: a clear error naming the file, key and limit, never a crash ----
+# (2^61 positions used to wrap max_position_embeddings x head_dim / 2 and segfault.)
+sed 's/^max_position_embeddings = .*/max_position_embeddings = 2305843009213693952/' \
+  "$SRC/examples/models/tiny.toml" >"$TMP/huge.toml"
+printf '{"input": "1+1=", "output": "2"}\n' >"$TMP/tiny.jsonl"
+huge_args=(sft --model_config "$TMP/huge.toml" --dataset "$TMP/tiny.jsonl" --train_batch_size 2
+  --micro_train_batch_size 1 --max_steps 1 --save_path "$TMP/huge_out")
+run huge_config "${huge_args[@]}"
+expect_rc huge_config nonzero
+[[ $rc -lt 128 ]] || fail "huge_config: killed by a signal (exit status $rc)"
+expect_out huge_config "$TMP/huge.toml"
+expect_out huge_config "max_position_embeddings 2305843009213693952 exceeds the limit 16777216"
+
+out=$(timeout 60 "$MPIEXEC" -np 2 --oversubscribe --allow-run-as-root "$RLHF" "${huge_args[@]}" 2>&1)
+rc=$?
+printf '%s\n' "$out" >"$TMP/mpi_huge_config.log"
+[[ $rc -ne 124 ]] || fail "mpi_huge_config: mpiexec -np 2 timed out (a rank hung)"
+expect_rc mpi_huge_config nonzero
+[[ $rc -lt 128 ]] || fail "mpi_huge_config: killed by a signal (exit status $rc)"
+expect_out mpi_huge_config "max_position_embeddings 2305843009213693952 exceeds the limit 16777216"
+
 # --- stubs: every subcommand still stubbed in app/cmd_stubs.cpp must fail loudly ----------------
 stubs=$(grep -oE 'int run_[a-z]+\(' "$SRC/app/cmd_stubs.cpp" | sed -E 's/int run_([a-z]+)\(/\1/')
 for cmd in $stubs; do
@@ -116,7 +138,8 @@ out=$(timeout 60 "$MPIEXEC" -np 2 --oversubscribe --allow-run-as-root "$RLHF" sf
 rc=$?
 printf '%s\n' "$out" >"$TMP/mpi_bad_value.log"
 [[ $rc -ne 124 ]] || fail "mpi_bad_value: mpiexec -np 2 timed out (a rank hung)"
-[[ $rc -ne 0 ]] || fail "mpi_bad_value: mpiexec -np 2 exited 0"
+# A usage error is exit status 2 under mpirun too (MPI_Abort carries it to mpirun's status).
+expect_rc mpi_bad_value 2
 expect_out mpi_bad_value "invalid value for --learning_rate"
 
 # rlhf says so itself before MPI_Abort (Open MPI's own report can be lost on a loaded machine).
