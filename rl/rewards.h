@@ -3,11 +3,13 @@
 
 #include <nlohmann/json.hpp>
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace rlhf::rl {
@@ -89,10 +91,25 @@ std::pair<double, std::vector<int64_t>> countdown_label(const nlohmann::json* la
 /// usual precedence, unary minus); nullopt on a syntax error or division by zero.
 std::optional<double> eval_arithmetic(std::string_view expr);
 
-/// A program that reads one JSON object per line on stdin ({"prompt", "completion", "label"}) and
-/// writes one number per line on stdout. One process per batch, under a timeout; a non-zero exit, a
-/// missing or non-numeric line, or the timeout is an rlhf::Error quoting what it got.
+/// Bounds of the output of the reward command: one line, and the whole stdout of one batch.
+inline constexpr size_t kRewardCommandMaxLineBytes = size_t(1) << 20;     // 1 MiB
+inline constexpr size_t kRewardCommandMaxOutputBytes = size_t(64) << 20;  // 64 MiB
+
+/// A program (`/bin/sh -c command`) that reads one JSON object per line on stdin ({"prompt",
+/// "completion", "label"}) and writes one finite number per line on stdout (blank lines are
+/// skipped). One process per batch, in a process group of its own. One deadline of `timeout_s`
+/// covers writing the input, reading the output and the exit; at the deadline, or when stdout
+/// passes a line of kRewardCommandMaxLineBytes or kRewardCommandMaxOutputBytes in all, the whole
+/// group gets SIGTERM, then SIGKILL, and is reaped. Each of these, a non-zero exit (quoting the end
+/// of its stderr, else of its stdout), a line that is not a finite number, or a count other than
+/// batch.size() is an rlhf::Error naming the command.
 std::vector<double> run_reward_command(const std::string& command,
                                        const std::vector<RewardInput>& batch, double timeout_s);
+
+/// Mean and unbiased standard deviation of `scores` (the step's reward_mean and reward_std),
+/// computed on the scores divided by their largest magnitude, so that scores near ±1e308 do not
+/// overflow the squares (an infinite std would be a JSON null in metrics.jsonl). Empty: {0, 0};
+/// one score: std 0. A non-finite score makes the result non-finite (it must stay visible).
+std::pair<double, double> score_mean_std(const std::vector<double>& scores);
 
 }  // namespace rlhf::rl

@@ -3,7 +3,20 @@
 // format/length/keyword; weighted sums; the external reward command and its failure modes.
 #include "rl/rewards.h"
 
+#include <signal.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cmath>
+#include <filesystem>
 #include <fstream>
+#include <limits>
+#include <sstream>
+#include <thread>
+#include <tuple>
 
 #include "core/error.h"
 #include "io/jsonl.h"
@@ -164,7 +177,7 @@ TEST_CASE("format, length, keyword and weighted sums") {
   CHECK(error_of([&] { rl::make_reward("maths", o); }).find("unknown reward 'maths'") !=
         std::string::npos);
   CHECK(error_of([&] { rl::make_reward("math:x", o); }).find("weight") != std::string::npos);
-  o.format_pattern = "(";
+  o.format_pattern.assign(1, '(');  // assign: GCC 12 -Wrestrict false positive on operator=
   CHECK(error_of([&] { rl::make_reward("format", o); }).find("regex") != std::string::npos);
 }
 
@@ -193,4 +206,294 @@ TEST_CASE("external reward command") {
   CHECK(error_of([&] {
           rl::run_reward_command("no-such-program-xyz", b, 10);
         }).find("exit status 127") != std::string::npos);
+}
+
+// --- the reward command under adversarial programs ---------------------------------------------
+
+namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// A fresh directory for the pid files the scripts write.
+struct TempDir {
+  std::filesystem::path path;
+  TempDir() {
+    std::string t = (std::filesystem::temp_directory_path() / "rlhf_reward_XXXXXX").string();
+    REQUIRE(mkdtemp(t.data()) != nullptr);
+    path = t;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path, ec);
+  }
+  std::string file(const char* name) const { return (path / name).string(); }
+};
+
+pid_t read_pid(const std::string& file) {
+  std::ifstream f(file);
+  long pid = 0;
+  f >> pid;
+  return static_cast<pid_t>(pid);
+}
+
+// State letter of /proc/<pid>/stat ('R', 'S', 'Z', ...), or 0 when there is no such process.
+char proc_state(pid_t pid) {
+  std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
+  std::string s((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  const size_t close = s.rfind(')');
+  return close == std::string::npos || close + 2 >= s.size() ? 0 : s[close + 2];
+}
+
+// True once `pid` no longer runs (gone, or a zombie awaiting a reaper that is not us), polling up
+// to `wait_s` (SIGKILL is delivered asynchronously).
+bool process_gone(pid_t pid, double wait_s = 2.0) {
+  const auto t0 = std::chrono::steady_clock::now();
+  while (true) {
+    const bool gone = (::kill(pid, 0) != 0 && errno == ESRCH) || proc_state(pid) == 'Z';
+    if (gone || seconds_since(t0) > wait_s) return gone;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
+// Our own zombie children (what a missing waitpid leaves behind).
+int zombie_children() {
+  int n = 0;
+  for (const auto& e : std::filesystem::directory_iterator("/proc")) {
+    const std::string name = e.path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream f(e.path() / "stat");
+    std::string s((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    const size_t close = s.rfind(')');
+    if (close == std::string::npos) continue;
+    char state = 0;
+    long ppid = 0;
+    std::istringstream rest(s.substr(close + 1));
+    rest >> state >> ppid;
+    n += state == 'Z' && ppid == long(::getpid());
+  }
+  return n;
+}
+
+long max_rss_kib() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return u.ru_maxrss;
+}
+
+// `n` samples whose completions are `bytes` long: more than a pipe holds when n * bytes is large.
+struct BigBatch {
+  json label = "7";
+  std::string text;
+  std::vector<rl::RewardInput> batch;
+  BigBatch(size_t n, size_t bytes) : text(bytes, 'x') {
+    for (size_t i = 0; i < n; ++i) batch.push_back(input(text, &label));
+  }
+  BigBatch(const BigBatch&) = delete;  // batch points into label and text
+};
+
+}  // namespace
+
+TEST_CASE("external reward command: one deadline covers input, output and exit") {
+  const int zombies_before = zombie_children();  // (other suites' children)
+  const json l = "7";
+  const std::vector<rl::RewardInput> b = {input("a", &l), input("b", &l), input("c", &l)};
+  TempDir tmp;
+
+  SUBCASE("closes its stdout and keeps running") {
+    const auto t0 = std::chrono::steady_clock::now();
+    const std::string e = error_of([&] { rl::run_reward_command("exec >&-; sleep 30", b, 1); });
+    CAPTURE(e);
+    CHECK(seconds_since(t0) < 3.0);
+    CHECK(e.find("timed out after 1s (--reward_command_timeout)") != std::string::npos);
+    CHECK(e.find("after it closed its stdout") != std::string::npos);
+  }
+  SUBCASE("never reads its stdin while the input is larger than a pipe") {
+    BigBatch big(40, 64 << 10);  // 2.6 MB of JSON lines
+    const auto t0 = std::chrono::steady_clock::now();
+    const std::string e = error_of([&] { rl::run_reward_command("sleep 30", big.batch, 1); });
+    CAPTURE(e);
+    CHECK(seconds_since(t0) < 3.0);
+    CHECK(e.find("timed out after 1s") != std::string::npos);
+    CHECK(e.find("while writing its input") != std::string::npos);
+  }
+  SUBCASE("its children are killed with it (the process group)") {
+    const std::string cmd = fmt::format("echo $$ > {}; sleep 100 & echo $! > {}; sleep 100",
+                                        tmp.file("leader"), tmp.file("grandchild"));
+    const auto t0 = std::chrono::steady_clock::now();
+    const std::string e = error_of([&] { rl::run_reward_command(cmd, b, 1); });
+    CAPTURE(e);
+    CHECK(seconds_since(t0) < 3.0);
+    CHECK(e.find("timed out after 1s") != std::string::npos);
+    const pid_t leader = read_pid(tmp.file("leader")),
+                grandchild = read_pid(tmp.file("grandchild"));
+    REQUIRE(leader > 0);
+    REQUIRE(grandchild > 0);
+    CHECK((::kill(leader, 0) != 0 && errno == ESRCH));  // reaped, not a zombie
+    CHECK(process_gone(grandchild));
+  }
+  SUBCASE("it exits but a process it started holds its stdout open") {
+    const std::string cmd = fmt::format(
+        "cat > /dev/null; sleep 100 & echo $! > {}; printf '1\\n2\\n3\\n'", tmp.file("grandchild"));
+    const auto t0 = std::chrono::steady_clock::now();
+    const std::string e = error_of([&] { rl::run_reward_command(cmd, b, 1); });
+    CAPTURE(e);
+    CHECK(seconds_since(t0) < 3.0);
+    CHECK(e.find("timed out after 1s") != std::string::npos);
+    CHECK(e.find("still holds its stdout open (3 of 3 scores read)") != std::string::npos);
+    const pid_t grandchild = read_pid(tmp.file("grandchild"));
+    REQUIRE(grandchild > 0);
+    CHECK(process_gone(grandchild));
+  }
+  SUBCASE("slow answers within the deadline") {
+    const auto t0 = std::chrono::steady_clock::now();
+    CHECK(rl::run_reward_command("while IFS= read -r l; do sleep 0.2; echo 1; done", b, 5) ==
+          std::vector<double>{1, 1, 1});
+    CHECK(rl::run_reward_command("cat > /dev/null; sleep 0.5; printf '1\\n0.5\\n-2\\n'", b, 3) ==
+          std::vector<double>{1.0, 0.5, -2.0});
+    CHECK(seconds_since(t0) > 1.0);
+  }
+  SUBCASE("input and output interleave: no deadlock when both exceed a pipe") {
+    // sed answers as it reads: 100k lines in (4.5 MB), 100k out (500 kB). Written first and read
+    // after, both sides would block on a full pipe.
+    BigBatch big(100000, 1);
+    auto s = rl::run_reward_command("sed 's/.*/0.25/'", big.batch, 30);
+    REQUIRE(s.size() == 100000);
+    CHECK(std::all_of(s.begin(), s.end(), [](double v) { return v == 0.25; }));
+    // Echoing 2.6 MB of input back: the exchange completes, and the output is rejected.
+    BigBatch wide(40, 64 << 10);
+    const std::string e = error_of([&] { rl::run_reward_command("cat", wide.batch, 30); });
+    CHECK(e.find("line 1 is not a number: '{\"completion\":\"xxx") != std::string::npos);
+  }
+  SUBCASE("exits without reading its input: SIGPIPE does not kill us") {
+    BigBatch huge(3, 1 << 20);
+    struct sigaction before {
+    }, after{};
+    sigaction(SIGPIPE, nullptr, &before);
+    CHECK(rl::run_reward_command("echo 1; echo 2; echo 3", huge.batch, 10) ==
+          std::vector<double>{1, 2, 3});
+    sigaction(SIGPIPE, nullptr, &after);
+    const bool unchanged = before.sa_handler == after.sa_handler;
+    CHECK(unchanged);  // no process-wide change
+  }
+  SUBCASE("an empty batch") {
+    CHECK(rl::run_reward_command("cat > /dev/null", {}, 5).empty());
+  }
+  CHECK(zombie_children() <= zombies_before);
+}
+
+TEST_CASE("external reward command: output bounds") {
+  const int zombies_before = zombie_children();  // (other suites' children)
+  const json l = "7";
+  const std::vector<rl::RewardInput> b = {input("a", &l), input("b", &l), input("c", &l)};
+
+  SUBCASE("a flood on stdout stops at the bound of a batch, in bounded memory") {
+    const long rss0 = max_rss_kib();
+    const auto t0 = std::chrono::steady_clock::now();
+    const std::string e = error_of([&] { rl::run_reward_command("yes", b, 60); });
+    CAPTURE(e);
+    CHECK(seconds_since(t0) < 20.0);
+    CHECK(e.find("--reward_command 'yes' wrote more than 64 MiB on stdout for 3 samples") !=
+          std::string::npos);
+    CHECK(e.find("hint:") != std::string::npos);
+    CHECK(max_rss_kib() - rss0 < 32 * 1024);  // the output is parsed as it comes, not kept
+  }
+  SUBCASE("one endless line stops at the bound of a line") {
+    const auto t0 = std::chrono::steady_clock::now();
+    std::string e = error_of([&] {
+      rl::run_reward_command("cat > /dev/null; printf '1\\n'; yes 2 | tr -d '\\n'", b, 60);
+    });
+    CAPTURE(e);
+    CHECK(seconds_since(t0) < 20.0);
+    CHECK(e.find("line 2 of its output is longer than 1 MiB (the bound of one line)") !=
+          std::string::npos);
+  }
+  SUBCASE("a flood on stderr is drained (no deadlock) and quoted") {
+    const long rss0 = max_rss_kib();
+    const auto t0 = std::chrono::steady_clock::now();
+    const std::string e =
+        error_of([&] { rl::run_reward_command("cat > /dev/null; yes noise >&2", b, 1); });
+    CAPTURE(e.substr(0, 300));
+    CHECK(seconds_since(t0) < 3.0);
+    CHECK(e.find("timed out after 1s") != std::string::npos);
+    CHECK(e.find("stderr: '...") != std::string::npos);  // its last 600 bytes, on one line
+    CHECK(e.find("noise | noise") != std::string::npos);
+    CHECK(max_rss_kib() - rss0 < 32 * 1024);
+  }
+  CHECK(zombie_children() <= zombies_before);
+}
+
+TEST_CASE("external reward command: exit status, scores, no zombies") {
+  const int zombies_before = zombie_children();  // (other suites' children)
+  const json l = "7";
+  const std::vector<rl::RewardInput> b = {input("a", &l), input("b", &l), input("c", &l)};
+  TempDir tmp;
+
+  // A non-zero exit quotes stderr, else stdout.
+  std::string e = error_of([&] {
+    rl::run_reward_command("cat > /dev/null; echo 'boom: bad label' >&2; echo 1; exit 3", b, 10);
+  });
+  CHECK(e.find("failed (exit status 3); stderr: 'boom: bad label'") != std::string::npos);
+  e = error_of([&] { rl::run_reward_command("cat > /dev/null; echo 'on stdout'; exit 4", b, 10); });
+  CHECK(e.find("failed (exit status 4); stdout: 'on stdout'") != std::string::npos);
+  e = error_of([&] { rl::run_reward_command("cat > /dev/null; kill -9 $$", b, 10); });
+  CHECK(e.find("failed (killed by signal 9)") != std::string::npos);
+
+  // Non-finite numbers are errors naming the line.
+  for (const char* bad : {"nan", "inf", "-inf", "infinity", "1e999", "-1e999"}) {
+    CAPTURE(bad);
+    e = error_of([&] {
+      rl::run_reward_command(fmt::format("cat > /dev/null; printf '1\\n{}\\n2\\n'", bad), b, 10);
+    });
+    CHECK(e.find(fmt::format("line 2 is not a finite number: '{}'", bad)) != std::string::npos);
+  }
+  // A score is one number alone on its line.
+  for (const char* bad : {"1 2", "1,5", "0x10", "+-1", "--1", "1e", "."}) {
+    CAPTURE(bad);
+    e = error_of([&] {
+      rl::run_reward_command(fmt::format("cat > /dev/null; printf '1\\n{}\\n2\\n'", bad), b, 10);
+    });
+    CHECK(e.find(fmt::format("line 2 is not a number: '{}'", bad)) != std::string::npos);
+  }
+  // Blank lines, CRLF, '+', exponents, a last line without '\n'.
+  CHECK(rl::run_reward_command("cat > /dev/null; printf '+1\\r\\n\\n 2.5e-1 \\n-3.'", b, 10) ==
+        std::vector<double>{1.0, 0.25, -3.0});
+  CHECK(rl::run_reward_command("cat > /dev/null; printf '1\\n1e-999\\n.5\\n'", b, 10) ==
+        std::vector<double>{1.0, 0.0, 0.5});
+
+  // Every path reaps the command: success, exit status, bad line, count, timeout, bounds.
+  const std::string pidfile = tmp.file("leader");
+  for (const std::string body :
+       {"cat > /dev/null; printf '1\\n2\\n3\\n'", "cat > /dev/null; exit 3",
+        "cat > /dev/null; echo abc", "cat > /dev/null; echo 1", "sleep 30", "yes",
+        "cat > /dev/null; yes | tr -d '\\n'"}) {
+    CAPTURE(body);
+    std::filesystem::remove(pidfile);
+    error_of([&] { rl::run_reward_command(fmt::format("echo $$ > {}; {}", pidfile, body), b, 1); });
+    const pid_t leader = read_pid(pidfile);
+    REQUIRE(leader > 0);
+    CHECK((::kill(leader, 0) != 0 && errno == ESRCH));
+  }
+  CHECK(zombie_children() <= zombies_before);
+}
+
+TEST_CASE("rewards: score mean and std stay finite for scores near the double range") {
+  using rlhf::rl::score_mean_std;
+  // Closed form: {1, 2, 3, 4} has mean 2.5 and unbiased std sqrt(5/3).
+  auto [m, s] = score_mean_std({1, 2, 3, 4});
+  CHECK(m == doctest::Approx(2.5).epsilon(1e-12));
+  CHECK(s == doctest::Approx(std::sqrt(5.0 / 3.0)).epsilon(1e-12));
+  // ±1e308: the naive sum of squares overflows to inf (a JSON null); scaled it is 1e308·sqrt(4/3).
+  std::tie(m, s) = score_mean_std({1e308, -1e308, 1e308, -1e308});
+  CHECK(m == 0.0);
+  CHECK(std::isfinite(s));
+  CHECK(s == doctest::Approx(1e308 * std::sqrt(4.0 / 3.0)).epsilon(1e-12));
+  std::tie(m, s) = score_mean_std({});
+  CHECK((m == 0.0 && s == 0.0));
+  std::tie(m, s) = score_mean_std({7});
+  CHECK((m == 7.0 && s == 0.0));
+  // A non-finite score stays visible.
+  std::tie(m, s) = score_mean_std({1, std::numeric_limits<double>::infinity()});
+  CHECK_FALSE(std::isfinite(m));
 }
