@@ -5,8 +5,10 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 
 #include "core/error.h"
+#include "core/log.h"
 
 namespace rlhf::io {
 
@@ -34,6 +36,34 @@ void MetricsWriter::write(const nlohmann::json& record) {
   const bool ok =
       std::fwrite(line.data(), 1, line.size(), file_) == line.size() && std::fflush(file_) == 0;
   RLHF_CHECK(ok, "cannot write {}: {}", path_, std::strerror(errno));
+}
+
+void trim_records(const std::string& dir, const char* file, int64_t last_step) {
+  const std::filesystem::path path = std::filesystem::path(dir) / file;
+  if (!std::filesystem::exists(path)) return;
+  std::ifstream in(path);
+  std::string line, kept;
+  int64_t dropped = 0;
+  while (std::getline(in, line)) {
+    const nlohmann::json r = nlohmann::json::parse(line, nullptr, false);
+    if (!r.is_discarded() && r.is_object() && r.value("step", int64_t(-1)) <= last_step &&
+        r.value("step", int64_t(-1)) >= 0) {
+      kept += line + "\n";
+    } else {
+      ++dropped;
+    }
+  }
+  in.close();
+  if (dropped == 0) return;
+  const std::string tmp = path.string() + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << kept;
+    RLHF_CHECK(out.good(), "cannot write {}", tmp);
+  }
+  std::filesystem::rename(tmp, path);
+  LOG0_INFO("{}: dropped {} records after step {} (the resumed run writes them again)",
+            path.string(), dropped, last_step);
 }
 
 }  // namespace rlhf::io

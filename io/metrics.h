@@ -3,6 +3,7 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include <cstdint>
 #include <cstdio>
 #include <string>
 
@@ -31,5 +32,12 @@ class MetricsWriter {
   std::string path_;
   std::FILE* file_ = nullptr;
 };
+
+/// A resumed run continues `<dir>/<file>` (metrics.jsonl, samples.jsonl) from its checkpoint's
+/// step: records with "step" > last_step (steps the interrupted run did after its last
+/// checkpoint) and unparsable lines (a half-written last line) are dropped, so the file holds
+/// each step once. Rewritten through `<file>.tmp` and a rename; a missing file is left alone.
+/// Throws rlhf::Error when the temporary file cannot be written.
+void trim_records(const std::string& dir, const char* file, int64_t last_step);
 
 }  // namespace rlhf::io

@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "io/h5_verify.h"
 #include "io/hdf5_ckpt.h"
 
 namespace rlhf::rl {
@@ -149,12 +150,38 @@ std::string latest_valid_checkpoint(const std::string& dir) {
       RLHF_CHECK(r.exists("/trainer") && r.has_attr("/trainer", "state"), "no /trainer state");
       const auto state = nlohmann::json::parse(r.read_string_attr("/trainer", "state"));
       RLHF_CHECK(state.is_object(), "the trainer state is not an object");
+      // Every dataset read once: a flipped bit fails its chunk's Fletcher32 checksum here,
+      // before any store is touched, instead of in the middle of the load.
+      io::verify_hdf5_file(*it);
       return *it;
     } catch (const std::exception& e) {
       LOG0_WARN("checkpoint {} is unusable ({}); trying the previous one", *it, e.what());
     }
   }
   return "";
+}
+
+std::vector<std::string> changed_settings(const nlohmann::json& saved, const nlohmann::json& now) {
+  std::vector<std::string> out;
+  if (!now.is_object()) return out;
+  for (const auto& [key, value] : now.items()) {
+    const bool known = saved.is_object() && saved.contains(key);
+    if (known && saved.at(key) == value) continue;
+    out.push_back(fmt::format("{} {} -> {}", key, known ? saved.at(key).dump() : "(not saved)",
+                              value.dump()));
+  }
+  return out;
+}
+
+void warn_changed_settings(const std::string& path, const nlohmann::json& trainer_state,
+                           const nlohmann::json& settings) {
+  const std::vector<std::string> changed =
+      changed_settings(trainer_state.value("settings", nlohmann::json()), settings);
+  if (changed.empty()) return;
+  LOG0_WARN(
+      "resuming from {} with settings that differ from the checkpoint's: {}\nthe run goes "
+      "on from step {} under the new values",
+      path, fmt::format("{}", fmt::join(changed, ", ")), trainer_state.value("step", int64_t(0)));
 }
 
 }  // namespace rlhf::rl

@@ -46,8 +46,22 @@ std::string checkpoint_path(const std::string& dir, int64_t step);
 /// The committed checkpoints in `dir`, oldest first (by step).
 std::vector<std::string> list_checkpoints(const std::string& dir);
 
-/// The newest checkpoint in `dir` that opens and carries a trainer state; a newer file that is
-/// damaged (a truncated write, a bad byte) is skipped with a warning naming it. "" if none.
+/// The newest checkpoint in `dir` that opens, carries a trainer state and reads back whole (every
+/// dataset read, so each chunk's Fletcher32 checksum is verified: io::verify_hdf5_file); a newer
+/// file that is damaged (a truncated write, a flipped bit) is skipped with a warning naming it and
+/// the reason. "" if none.
 std::string latest_valid_checkpoint(const std::string& dir);
+
+/// The settings of a resumed run that differ from those its checkpoint was made with, one
+/// "key saved -> now" string per key of `now` (a JSON object of flag values, e.g.
+/// {"rollout_batch_size": 16}) whose value in `saved` is missing or different; keys only in
+/// `saved` are ignored. The run warns with the list: a changed batch size or step count moves the
+/// data order and the learning-rate schedule.
+std::vector<std::string> changed_settings(const nlohmann::json& saved, const nlohmann::json& now);
+
+/// Warns (rank 0's log) with the changed_settings between the "settings" of the trainer state
+/// loaded from checkpoint `path` and this run's `settings`; silent when none changed.
+void warn_changed_settings(const std::string& path, const nlohmann::json& trainer_state,
+                           const nlohmann::json& settings);
 
 }  // namespace rlhf::rl
