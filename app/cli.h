@@ -194,8 +194,12 @@ struct ParallelArgs {
   /// --device: where the models train: auto (cuda when a GPU is visible), cpu, cuda (env
   /// RLHF_DEVICE)
   std::string device = "auto";
-  /// --nccl_timeout: seconds a GPU collective may take before the watchdog ends the job (0 = none)
-  double nccl_timeout = 1800;
+  /// --comm_timeout: seconds one blocking collective or wait may take before the watchdog ends
+  /// the job on every rank (0 = none); also the NCCL timeout unless --nccl_timeout is given
+  double comm_timeout = 1800;
+  /// --nccl_timeout: seconds a GPU collective may take before the NCCL watchdog ends the job
+  /// (0 = none; -1 = --comm_timeout)
+  double nccl_timeout = -1;
   /// --attn_implementation: GPU attention: flash (this project's kernels) | cudnn (fused SDPA)
   std::string attn_implementation = "flash";
 
@@ -207,6 +211,10 @@ struct CheckpointArgs {
   std::string save_path = "./ckpt";  ///< --save_path: checkpoint directory
   int64_t save_steps = -1;           ///< --save_steps: -1 = only at the end
   int64_t logging_steps = 1;         ///< --logging_steps: step line every N steps
+  /// --ckpt_path: resumable training checkpoints (every --save_steps, and on SIGTERM/SIGUSR1)
+  std::string ckpt_path = "./ckpt/checkpoints_sft";
+  int64_t max_ckpt_num = 3;      ///< --max_ckpt_num: keep the last K
+  bool load_checkpoint = false;  ///< --load_checkpoint: resume from the newest valid one
 
   void bind(OptionSet& o);
 };
@@ -248,9 +256,11 @@ struct RmArgs {
   ParallelArgs parallel;
   CheckpointArgs ckpt;
 
+  RmArgs() { ckpt.ckpt_path = "./ckpt/checkpoints_rm"; }
   void bind(OptionSet& o);
   void validate();
 };
+
 /// Generation engine and sampling options (OpenRLHF / vLLM names), shared by `generate`, `grpo`
 /// and `ppo`. Continuous batching replaces a micro-batch size: every prompt is queued at once and
 /// an engine decodes as many sequences together as --gen_kv_cache_mb and --gen_max_num_seqs allow.
@@ -349,11 +359,11 @@ struct PpoArgs {
   int64_t sync_bucket_mb = 64;  ///< --sync_bucket_mb: weight-sync bucket size
   ZeroArgs zero;
   ParallelArgs parallel;
-  CheckpointArgs ckpt;  ///< --save_path (final model), --save_steps, --logging_steps
-  std::string ckpt_path = "./ckpt/checkpoints_ppo";  ///< --ckpt_path: training checkpoints
-  int64_t max_ckpt_num = 3;                          ///< --max_ckpt_num: keep the last K
-  bool load_checkpoint = false;  ///< --load_checkpoint: resume from the newest in ckpt_path
+  /// --save_path (final model), --save_steps, --logging_steps, --ckpt_path, --max_ckpt_num,
+  /// --load_checkpoint
+  CheckpointArgs ckpt;
 
+  PpoArgs() { ckpt.ckpt_path = "./ckpt/checkpoints_ppo"; }
   void bind(OptionSet& o);
   void validate();
 };
@@ -365,7 +375,7 @@ struct GrpoArgs : PpoArgs {
     advantage_estimator = "group_norm";
     use_kl_loss = true;
     kl_estimator = "k3";
-    ckpt_path = "./ckpt/checkpoints_grpo";
+    ckpt.ckpt_path = "./ckpt/checkpoints_grpo";
   }
 };
 

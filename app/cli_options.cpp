@@ -170,9 +170,14 @@ void ParallelArgs::bind(OptionSet& o) {
         "GPU attention: flash (this project's flash-attention kernels, deterministic) or cudnn "
         "(cuDNN's fused attention where it can serve the shape; not yet verified on a GPU)")
       .check(one_of({"flash", "cudnn"}));
-  o.add("nccl_timeout", nccl_timeout,
-        "Seconds a GPU (NCCL) collective may take before the watchdog aborts the job (0 = none)")
+  o.add("comm_timeout", comm_timeout,
+        "Seconds one collective or wait may block before the watchdog names it and ends the job "
+        "on every rank (0 = none; a stopped or hung rank otherwise hangs the job)")
       .check(ge(0));
+  o.add("nccl_timeout", nccl_timeout,
+        "Seconds a GPU (NCCL) collective may take before the watchdog aborts the job (0 = none, "
+        "-1 = --comm_timeout)")
+      .check(minus_one_or_ge(0));
 }
 
 void CheckpointArgs::bind(OptionSet& o) {
@@ -180,6 +185,13 @@ void CheckpointArgs::bind(OptionSet& o) {
   o.add("save_steps", save_steps, "Checkpoint every N steps (-1 = at the end only)")
       .check(minus_one_or_ge(1));
   o.add("logging_steps", logging_steps, "Log a step line every N steps").check(ge(1));
+  o.add("ckpt_path", ckpt_path,
+        "Directory of resumable training checkpoints (weights, optimizer moments, step): written "
+        "every --save_steps and on SIGTERM/SIGUSR1");
+  o.add("max_ckpt_num", max_ckpt_num, "Keep the last K training checkpoints (0 = all)")
+      .check(ge(0));
+  o.add("load_checkpoint", load_checkpoint,
+        "Resume from the newest valid checkpoint in --ckpt_path (a damaged one is skipped)");
 }
 
 void SftArgs::bind(OptionSet& o) {
@@ -373,10 +385,6 @@ void PpoArgs::bind(OptionSet& o) {
   zero.bind(o);
   parallel.bind(o);
   ckpt.bind(o);
-  o.add("ckpt_path", ckpt_path, "Directory of training checkpoints (resume)");
-  o.add("max_ckpt_num", max_ckpt_num, "Keep the last K training checkpoints (0 = all)")
-      .check(ge(0));
-  o.add("load_checkpoint", load_checkpoint, "Resume from the newest valid checkpoint in ckpt_path");
   o.add("eval_dataset", eval_dataset,
         "Held-out prompts to evaluate on: JSONL (same --input_key/--label_key) or builtin:<task> "
         "(\"\" = no evaluation)");

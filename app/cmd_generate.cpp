@@ -47,8 +47,10 @@
 #include "io/hdf5_ckpt.h"
 #include "io/jsonl.h"
 #include "io/tokenizer.h"
+#include "parallel/failure_injection.h"
 #include "parallel/mpi_check.h"
 #include "parallel/topology.h"
+#include "parallel/watchdog.h"
 #include "rollout/engine.h"
 #include "rollout/samples.h"
 
@@ -125,11 +127,29 @@ Report make_report(int engine, bool final, int64_t done, int64_t total,
 class ProgressBoard {
  public:
   ProgressBoard(int num_engines, int64_t total_samples, bool quiet, MPI_Comm world)
-      : last_(size_t(num_engines)), total_(total_samples), quiet_(quiet), world_(world) {}
+      : last_(size_t(num_engines)),
+        heard_(size_t(num_engines), Clock::now()),
+        total_(total_samples),
+        quiet_(quiet),
+        world_(world) {}
 
   void update(const Report& r) {
     last_.at(size_t(r.engine)) = r;
+    heard_.at(size_t(r.engine)) = Clock::now();
     finals_ += r.final != 0;
+  }
+  // Engines report every 2 s while they generate: one silent for longer than --comm_timeout
+  // (stopped, hung) ends the job instead of leaving rank 0 waiting for it forever.
+  void check_silence() const {
+    const double limit = parallel::comm_watch_timeout();
+    if (limit <= 0) return;
+    for (size_t e = 0; e < last_.size(); ++e) {
+      const double silent = seconds_since(heard_[e]);
+      if (last_[e].final == 0 && silent > limit)
+        parallel::comm_watch_abort(
+            fmt::format("engine {} has sent no progress for {:.0f} s (last: {}/{} samples)", e,
+                        silent, int64_t(last_[e].done), int64_t(last_[e].total)));
+    }
   }
   // Receives the reports that have arrived (MPI_Iprobe; never blocks).
   void drain() {
@@ -168,6 +188,7 @@ class ProgressBoard {
     update(r);
   }
   std::vector<Report> last_;
+  std::vector<Clock::time_point> heard_;  // when each engine last reported
   int64_t total_ = 0;
   int finals_ = 0;
   bool quiet_ = false;
@@ -370,6 +391,7 @@ int run_generate(const GenerateArgs& args) {
       }
     };
     std::vector<rollout::GenerationResult> results;
+    parallel::maybe_inject_stop("generate", rank);  // tests: a silent engine
     if (!mine.empty()) results = engine.generate(mine, progress);
     const rollout::EngineStats st = mine.empty() ? rollout::EngineStats{} : engine.stats();
     report(make_report(engine_id, true, my_total, my_total, st, bpb));
@@ -392,6 +414,7 @@ int run_generate(const GenerateArgs& args) {
     if (rank != 0) return;
     board.drain();
     board.maybe_print();
+    board.check_silence();
   };
   const std::vector<rollout::Sample> samples = gather_samples(local, world, poll);
   if (rank == 0) board.wait_finals();

@@ -90,9 +90,9 @@ rl::RlRunConfig rl_run_config(const PpoArgs& a, const char* cmd) {
   c.save_path = a.ckpt.save_path;
   c.save_steps = a.ckpt.save_steps;
   c.logging_steps = a.ckpt.logging_steps;
-  c.ckpt_path = a.ckpt_path;
-  c.max_ckpt_num = a.max_ckpt_num;
-  c.load_checkpoint = a.load_checkpoint;
+  c.ckpt_path = a.ckpt.ckpt_path;
+  c.max_ckpt_num = a.ckpt.max_ckpt_num;
+  c.load_checkpoint = a.ckpt.load_checkpoint;
   return c;
 }
 

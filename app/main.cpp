@@ -2,10 +2,12 @@
 // turns any exception into a logged error and an exit status (STYLE.md §B5).
 //
 // Exit status: 0 on success and for --help/--version; 2 for a usage error (bad flag, config file
-// or value); 1 for any other error. With more than one rank, an error on any rank ends the whole
-// job through MPI_Abort(MPI_COMM_WORLD, 1), so that no rank is left waiting in a collective.
-// The C API only: Open MPI's mpi.h otherwise pulls in the deprecated C++ bindings, which the
-// MPI::MPI_C target does not link.
+// or value); 3 when a training run stopped on SIGTERM/SIGUSR1 after writing its checkpoint
+// (parallel/preemption.h); 1 for any other error. With more than one rank, an error on any rank
+// ends the whole job through MPI_Abort(MPI_COMM_WORLD, status), so that no rank is left waiting in
+// a collective; mpirun (Open MPI) exits with that errorcode, so a usage error is status 2 under
+// mpirun too. The C API only: Open MPI's mpi.h otherwise pulls in the deprecated C++ bindings,
+// which the MPI::MPI_C target does not link.
 #ifndef OMPI_SKIP_MPICXX
 #define OMPI_SKIP_MPICXX 1
 #endif
@@ -23,11 +25,12 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "parallel/comm_nccl.h"
+#include "parallel/preemption.h"
 
 namespace {
 
 /// Logs `error: <what> (rank R on host H)` at critical, flushes the logs and ends the process:
-/// MPI_Abort when there are other ranks, else MPI_Finalize and `status`.
+/// MPI_Abort(status) when there are other ranks, else MPI_Finalize and `status`.
 int fail(const std::string& what, int status, int world_size) {
   const std::string& ctx = rlhf::error_context();
   std::string message = what;
@@ -44,7 +47,7 @@ int fail(const std::string& what, int status, int world_size) {
     // ("ORTE_ERROR_LOG: Data unpack ... show_help.c").
     LOG_CRITICAL("ending the job on every rank (MPI_Abort)");
     rlhf::flush_logs();
-    MPI_Abort(MPI_COMM_WORLD, 1);
+    MPI_Abort(MPI_COMM_WORLD, status);
   }
   MPI_Finalize();
   return status;
@@ -87,6 +90,12 @@ int main(int argc, char** argv) {
     LOG_DEBUG("rank {} of {} on host {}", rank, world_size, host);
     rlhf::app::print_resolved_config(cmd);
     status = rlhf::app::run_command(cmd.args);
+    // Stopped on SIGTERM/SIGUSR1 with a checkpoint written: every rank returns it together.
+    if (status == rlhf::parallel::kExitPreempted) {
+      rlhf::flush_logs();
+      MPI_Finalize();
+      return status;
+    }
     if (status != 0)
       return fail(fmt::format("`rlhf {}` finished with status {}", cmd.command, status), status,
                   world_size);

@@ -9,7 +9,8 @@ parallel::RuntimeOptions runtime_options(const ParallelArgs& args, int tensor_pa
   o.threads = args.threads;
   o.comm_backend = args.comm_backend;
   o.device = args.device;
-  o.nccl_timeout = args.nccl_timeout;
+  o.comm_timeout = args.comm_timeout;
+  o.nccl_timeout = args.nccl_timeout < 0 ? args.comm_timeout : args.nccl_timeout;
   o.attn_implementation = args.attn_implementation;
   o.tensor_parallel = tensor_parallel;
   return o;
@@ -90,6 +91,9 @@ rl::SupervisedOptions supervised_options(const char* name, const CommonArgs& com
   t.save_path = ckpt.save_path;
   t.save_steps = ckpt.save_steps;
   t.logging_steps = ckpt.logging_steps;
+  t.ckpt_path = ckpt.ckpt_path;
+  t.max_ckpt_num = ckpt.max_ckpt_num;
+  t.load_checkpoint = ckpt.load_checkpoint;
   return t;
 }
 

@@ -1,5 +1,7 @@
 #include "io/chat_template.h"
 
+#include <nlohmann/json.hpp>
+
 #include "core/error.h"
 
 namespace rlhf::io {
@@ -55,6 +57,30 @@ std::string apply_chat_template(const std::vector<ChatMessage>& messages, ChatFo
     expect_user = !expect_user;
   }
   return out;
+}
+
+std::vector<ChatMessage> chat_messages_from_json(const nlohmann::json& value,
+                                                 const std::string& where) {
+  std::vector<ChatMessage> messages;
+  if (value.is_string()) {
+    messages.push_back({"user", value.get<std::string>()});
+  } else if (value.is_array()) {
+    for (const auto& m : value) {
+      RLHF_CHECK(m.is_object() && m.contains("role") && m["role"].is_string() &&
+                     m.contains("content") && m["content"].is_string(),
+                 "{}: chat messages must be objects with string role and content", where);
+      messages.push_back({m["role"].get<std::string>(), m["content"].get<std::string>()});
+    }
+  }
+  RLHF_CHECK(!messages.empty() && !messages.front().content.empty(),
+             "{}: must be a non-empty string (or chat messages)", where);
+  return messages;
+}
+
+std::string render_chat(const Tokenizer& tokenizer, const std::string& model_type,
+                        const std::vector<ChatMessage>& messages, bool add_generation_prompt) {
+  return apply_chat_template(messages, detect_chat_format(tokenizer, model_type),
+                             add_generation_prompt);
 }
 
 }  // namespace rlhf::io

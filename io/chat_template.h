@@ -8,6 +8,8 @@
 //     [/INST]
 #pragma once
 
+#include <nlohmann/json_fwd.hpp>
+
 #include <string>
 #include <vector>
 
@@ -38,5 +40,18 @@ ChatFormat detect_chat_format(const Tokenizer& tokenizer, const std::string& mod
 /// not alternate user/assistant.
 std::string apply_chat_template(const std::vector<ChatMessage>& messages, ChatFormat format,
                                 bool add_generation_prompt);
+
+/// A prompt or conversation as read from a dataset value: a string is one user turn; an array of
+/// {"role", "content"} objects (string values) is taken as is. Throws rlhf::Error naming `where`
+/// (e.g. "data.jsonl:3: key 'prompt'") for any other value or an empty conversation.
+std::vector<ChatMessage> chat_messages_from_json(const nlohmann::json& value,
+                                                 const std::string& where);
+
+/// The text the model's chat template makes of `messages` (what transformers'
+/// `tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=...)` returns),
+/// to be encoded with add_bos = false (templates write their own BOS). `model_type` picks the
+/// format when the tokenizer has no template. Throws rlhf::Error for messages the template refuses.
+std::string render_chat(const Tokenizer& tokenizer, const std::string& model_type,
+                        const std::vector<ChatMessage>& messages, bool add_generation_prompt);
 
 }  // namespace rlhf::io

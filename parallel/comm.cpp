@@ -13,6 +13,7 @@
 #include "core/error.h"
 #include "parallel/comm_nccl.h"
 #include "parallel/mpi_check.h"
+#include "parallel/watchdog.h"
 
 namespace rlhf::parallel {
 
@@ -199,6 +200,7 @@ CommRequest::~CommRequest() {
 
 void CommRequest::wait() {
   if (impl_ == nullptr) return;
+  WatchScope watch(coll_op_name(op_), comm_ != nullptr ? comm_->name() : std::string("request"));
   double t0 = now_s();
   impl_->wait();
   impl_.reset();
@@ -267,6 +269,7 @@ void Comm::check_reduction(const char* what, DType dt) const {
 
 void Comm::all_gather(const void* send, void* recv, int64_t count, DType dt) {
   check_args("all_gather", send, recv, count);
+  WatchScope watch("all_gather", name_);
   double t0 = now_s();
   do_all_gather(send, recv, count, dt);
   account(CollOp::kAllGather, count * size_ * static_cast<int64_t>(dtype_size(dt)), now_s() - t0);
@@ -275,6 +278,7 @@ void Comm::all_gather(const void* send, void* recv, int64_t count, DType dt) {
 void Comm::reduce_scatter(const void* send, void* recv, int64_t count, DType dt, ReduceOp op) {
   check_args("reduce_scatter", send, recv, count);
   check_reduction("reduce_scatter", dt);
+  WatchScope watch("reduce_scatter", name_);
   double t0 = now_s();
   do_reduce_scatter(send, recv, count, dt, op);
   account(CollOp::kReduceScatter, count * size_ * static_cast<int64_t>(dtype_size(dt)),
@@ -284,6 +288,7 @@ void Comm::reduce_scatter(const void* send, void* recv, int64_t count, DType dt,
 void Comm::all_reduce(const void* send, void* recv, int64_t count, DType dt, ReduceOp op) {
   check_args("all_reduce", send, recv, count);
   check_reduction("all_reduce", dt);
+  WatchScope watch("all_reduce", name_);
   double t0 = now_s();
   do_all_reduce(send, recv, count, dt, op);
   account(CollOp::kAllReduce, count * static_cast<int64_t>(dtype_size(dt)), now_s() - t0);
@@ -293,18 +298,21 @@ void Comm::broadcast(void* buf, int64_t count, DType dt, int root) {
   check_args("broadcast", buf, buf, count);
   RLHF_CHECK(root >= 0 && root < size_, "{}: broadcast root {} outside [0, {})", name_, root,
              size_);
+  WatchScope watch("broadcast", name_);
   double t0 = now_s();
   do_broadcast(buf, count, dt, root);
   account(CollOp::kBroadcast, count * static_cast<int64_t>(dtype_size(dt)), now_s() - t0);
 }
 
 void Comm::barrier() {
+  WatchScope watch("barrier", name_);
   double t0 = now_s();
   do_barrier();
   account(CollOp::kBarrier, 0, now_s() - t0);
 }
 
 std::vector<std::vector<uint8_t>> Comm::all_gather_bytes(const std::vector<uint8_t>& mine) {
+  WatchScope watch("all_gather_bytes", name_);
   const double t0 = now_s();
   const int64_t my = int64_t(mine.size());
   std::vector<int64_t> sizes(static_cast<size_t>(size_));
@@ -335,6 +343,7 @@ void Comm::all_gather_strided(const void* send, void* recv, int64_t count, int64
   check_args("all_gather_strided", send, recv, count);
   RLHF_CHECK(stride >= count, "{}: all_gather_strided with stride {} < count {}", name_, stride,
              count);
+  WatchScope watch("all_gather_strided", name_);
   double t0 = now_s();
   do_all_gather_strided(send, recv, count, stride, dt);
   account(CollOp::kAllGather, count * size_ * static_cast<int64_t>(dtype_size(dt)), now_s() - t0);

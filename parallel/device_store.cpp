@@ -12,6 +12,7 @@
 #include "optim/flat_cuda.h"
 #include "parallel/comm_nccl.h"
 #include "parallel/mpi_check.h"
+#include "parallel/watchdog.h"
 
 namespace rlhf::parallel {
 
@@ -263,6 +264,7 @@ double DeviceZero3Store::grad_sq_norm() {
   if (nshards_ == 1) return local;
   double global = 0;
 #ifdef RLHF_NCCL
+  WatchScope watch("all_reduce (gradient norm)", "train_comm");
   MPI_CHECK(MPI_Allreduce(&local, &global, 1, MPI_DOUBLE, MPI_SUM, nccl_->mpi_comm()));
 #endif
   return global;
@@ -344,6 +346,7 @@ void DeviceZero3Store::gather_host(int u, const float* mine, float* out) {
   }
 #ifdef RLHF_NCCL
   std::vector<float> full(static_cast<size_t>(shard_layout_.padded_numel(u)));
+  WatchScope watch("all_gather (master weights)", "train_comm");
   MPI_CHECK(MPI_Allgather(mine, static_cast<int>(S), MPI_FLOAT, full.data(), static_cast<int>(S),
                           MPI_FLOAT, nccl_->mpi_comm()));
   std::memcpy(out, full.data(), size_t(n) * sizeof(float));

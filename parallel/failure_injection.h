@@ -13,4 +13,9 @@ namespace rlhf::parallel {
 /// rlhf::Error for a malformed spec (no ':' or a rank that is neither an integer nor '*').
 void maybe_inject_failure(const char* point, int rank);
 
+/// Stops this process with SIGSTOP when RLHF_INJECT_STOP names this point and rank (same syntax):
+/// the stopped-rank fault (a hung node that keeps its sockets open) the --comm_timeout watchdog
+/// exists for. Throws rlhf::Error for a malformed spec.
+void maybe_inject_stop(const char* point, int rank);
+
 }  // namespace rlhf::parallel

@@ -13,6 +13,7 @@
 #include "core/log.h"
 #include "model/ops/attention.h"
 #include "parallel/mpi_check.h"
+#include "parallel/watchdog.h"
 
 namespace rlhf::parallel {
 
@@ -36,6 +37,7 @@ std::unique_ptr<Topology> setup_topology(const RuntimeOptions& opts, int* thread
   topt.ranks_per_node = resolve_ranks_per_node(opts.ranks_per_node);
   topt.gen_ranks_per_node = opts.gen_ranks_per_node;
   topt.tensor_parallel = opts.tensor_parallel;
+  start_comm_watchdog(opts.comm_timeout, comm_rank(MPI_COMM_WORLD));
   auto topo = std::make_unique<Topology>(MPI_COMM_WORLD, topt);
   const std::string table = topo->placement_table();
   if (topo->rank() == 0) {
@@ -97,6 +99,7 @@ Device setup_device(const RuntimeOptions& opts, const Topology& topo, int* cuda_
   const Device device = resolve_device(opts.device);
   const MPI_Comm world = topo.world();
   int cuda = device == Device::kCuda ? 1 : 0, lo = 0, hi = 0;
+  WatchScope watch("device agreement", "world");
   MPI_CHECK(MPI_Allreduce(&cuda, &lo, 1, MPI_INT, MPI_MIN, world));
   MPI_CHECK(MPI_Allreduce(&cuda, &hi, 1, MPI_INT, MPI_MAX, world));
   RLHF_CHECK(lo == hi,

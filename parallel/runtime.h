@@ -19,6 +19,7 @@ struct RuntimeOptions {
   int threads = 0;                    ///< --threads (0 = cores / ranks on the node)
   std::string comm_backend = "auto";  ///< --comm_backend: auto | mpi | shm
   std::string device = "auto";        ///< --device: auto | cpu | cuda
+  double comm_timeout = 1800;         ///< --comm_timeout: CPU collective watchdog (s, 0 = none)
   double nccl_timeout = 1800;         ///< --nccl_timeout (s, 0 = none)
   std::string attn_implementation = "flash";  ///< --attn_implementation: flash | cudnn
   int tensor_parallel = 1;  ///< --vllm_tensor_parallel_size: ranks per generation engine

@@ -10,6 +10,7 @@
 
 #include "core/error.h"
 #include "parallel/mpi_check.h"
+#include "parallel/watchdog.h"
 
 namespace rlhf::parallel {
 
@@ -277,6 +278,7 @@ Topology::~Topology() {
 }
 
 Topology::Topology(MPI_Comm world, const TopologyOptions& opts) {
+  WatchScope watch("placement setup", "world");
   try {
     MPI_CHECK(MPI_Comm_dup(world, &world_));
     int W = 0;

@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "parallel/mpi_check.h"
+#include "parallel/watchdog.h"
 
 #ifdef RLHF_CUDA
 #include "parallel/comm_nccl.h"
@@ -71,6 +72,7 @@ WeightSync::~WeightSync() {
 
 SyncStats WeightSync::sync(const ParamStore* source, const std::vector<float*>& engine_units) {
   RLHF_CHECK(!trains_ || source != nullptr, "weight sync: a training rank must pass its store");
+  WatchScope watch("weight sync", "world");
   RLHF_CHECK(!generates_ || int(engine_units.size()) == layout_.num_units(),
              "weight sync: an engine rank must pass {} unit buffers", layout_.num_units());
   SyncStats st;
@@ -199,6 +201,7 @@ SyncStats WeightSync::sync_device(DeviceZero3Store& source,
   RLHF_CHECK(colocated_,
              "weight sync into GPU engines needs colocated ranks (--gen_ranks_per_node 0); "
              "disaggregated GPU engines take the host path");
+  WatchScope watch("weight sync (device)", "world");
   RLHF_CHECK(int(engine_units.size()) == layout_.num_units(),
              "weight sync: an engine rank must pass {} unit buffers", layout_.num_units());
   SyncStats st;

@@ -48,7 +48,6 @@ const nlohmann::json* at_path(const nlohmann::json& j, const std::string& key) {
 std::vector<Prompt> load_prompts(const PromptOptions& a, const io::Tokenizer& tok,
                                  const model::ModelConfig& cfg, int world_rank) {
   const int64_t max_pos = cfg.max_position_embeddings;
-  const io::ChatFormat chat = io::detect_chat_format(tok, cfg.model_type);
   const auto records = prompt_records(a, world_rank);
   std::vector<Prompt> out;
   int64_t line = 0, too_long = 0;
@@ -60,26 +59,13 @@ std::vector<Prompt> load_prompts(const PromptOptions& a, const io::Tokenizer& to
     RLHF_CHECK(in != nullptr, "{}:{}: no key '{}'\nhint: set --input_key", a.prompt_data, line,
                a.input_key);
     // The prompt as chat messages (a string is one user turn) or plain text.
-    std::vector<io::ChatMessage> messages;
-    if (in->is_string()) {
-      messages.push_back({"user", in->get<std::string>()});
-    } else if (in->is_array()) {
-      for (const auto& m : *in) {
-        RLHF_CHECK(m.is_object() && m.contains("role") && m["role"].is_string() &&
-                       m.contains("content") && m["content"].is_string(),
-                   "{}:{}: chat messages under '{}' must be objects with string role and content",
-                   a.prompt_data, line, a.input_key);
-        messages.push_back({m["role"].get<std::string>(), m["content"].get<std::string>()});
-      }
-    }
-    RLHF_CHECK(!messages.empty() && !messages.front().content.empty(),
-               "{}:{}: key '{}' must be a non-empty string (or chat messages)", a.prompt_data, line,
-               a.input_key);
+    const std::vector<io::ChatMessage> messages = io::chat_messages_from_json(
+        *in, fmt::format("{}:{}: key '{}'", a.prompt_data, line, a.input_key));
     std::string text;
     bool add_bos = true;
     if (a.apply_chat_template) {
       try {
-        text = io::apply_chat_template(messages, chat, true);
+        text = io::render_chat(tok, cfg.model_type, messages, true);
       } catch (const Error& e) {
         RLHF_FAIL("{}:{}: --apply_chat_template: {}", a.prompt_data, line, e.what());
       }
@@ -106,8 +92,16 @@ std::vector<Prompt> load_prompts(const PromptOptions& a, const io::Tokenizer& to
     }
     out.push_back(std::move(p));
   }
-  RLHF_CHECK(!out.empty(), "{}: no usable prompt ({} longer than --prompt_max_len {})",
-             a.prompt_data, too_long, a.prompt_max_len);
+  RLHF_CHECK(!records.empty(),
+             "{}: the file has no prompt records (an empty file?)\nhint: --prompt_data takes a "
+             "JSONL file, one JSON object per line with the prompt under --input_key",
+             a.prompt_data);
+  RLHF_CHECK(!out.empty() || too_long > 0, "{}: no usable prompt: --max_samples is {}",
+             a.prompt_data, a.max_samples);
+  RLHF_CHECK(!out.empty(),
+             "{}: no usable prompt: all {} are longer than --prompt_max_len {} (or the model's "
+             "context of {} positions)",
+             a.prompt_data, too_long, a.prompt_max_len, max_pos);
   if (too_long > 0)
     LOG0_WARN("{} prompts longer than --prompt_max_len {} (or the model's context) skipped",
               too_long, a.prompt_max_len);

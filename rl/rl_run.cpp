@@ -12,6 +12,7 @@
 #include "io/metrics.h"
 #include "io/model_source.h"
 #include "optim/schedule.h"
+#include "parallel/preemption.h"
 #include "parallel/weight_sync.h"
 #include "rl/checkpoint.h"
 #include "rl/evaluate.h"
@@ -68,37 +69,6 @@ Models build_models(const RlRunConfig& c, parallel::TrainRuntime& rt, const io::
   return m;
 }
 
-// A resumed run continues metrics.jsonl (and samples.jsonl) from the checkpoint's step: records
-// after it (steps the interrupted run did after its last checkpoint, and a half-written last line)
-// are dropped, so the file holds each step once. Rewritten through a temporary file and a rename.
-void trim_records(const std::string& dir, const char* file, int64_t last_step) {
-  const std::filesystem::path path = std::filesystem::path(dir) / file;
-  if (!std::filesystem::exists(path)) return;
-  std::ifstream in(path);
-  std::string line, kept;
-  int64_t dropped = 0;
-  while (std::getline(in, line)) {
-    const nlohmann::json r = nlohmann::json::parse(line, nullptr, false);
-    if (!r.is_discarded() && r.is_object() && r.value("step", int64_t(-1)) <= last_step &&
-        r.value("step", int64_t(-1)) >= 0) {
-      kept += line + "\n";
-    } else {
-      ++dropped;
-    }
-  }
-  in.close();
-  if (dropped == 0) return;
-  const std::string tmp = path.string() + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    out << kept;
-    RLHF_CHECK(out.good(), "cannot write {}", tmp);
-  }
-  std::filesystem::rename(tmp, path);
-  LOG0_INFO("{}: dropped {} records after step {} (the resumed run writes them again)",
-            path.string(), dropped, last_step);
-}
-
 // The step counts of a run: checks that a step's samples split into optimizer steps and
 // micro-batches over the training ranks. Returns {total steps, steps per episode}.
 std::pair<int64_t, int64_t> step_arithmetic(const RlRunConfig& c, int64_t n_prompts, int n_train) {
@@ -122,7 +92,8 @@ std::pair<int64_t, int64_t> step_arithmetic(const RlRunConfig& c, int64_t n_prom
 // --load_checkpoint on a training rank: the weights and moments of the newest valid checkpoint
 // into the slots' stores; returns its RL state (null when there is none). Collective over the
 // training ranks.
-nlohmann::json resume(const RlRunConfig& c, const std::vector<CheckpointSlot>& slots) {
+nlohmann::json resume(const RlRunConfig& c, const std::vector<CheckpointSlot>& slots,
+                      const nlohmann::json& settings) {
   const std::string path = latest_valid_checkpoint(c.ckpt_path);
   if (path.empty()) {
     LOG0_WARN("--load_checkpoint: no checkpoint in {}; starting from step 0", c.ckpt_path);
@@ -133,7 +104,23 @@ nlohmann::json resume(const RlRunConfig& c, const std::vector<CheckpointSlot>& s
              "{} was made with --seed {}, this run has --seed {}", path,
              st.value("seed", int64_t(-1)), c.seed);
   LOG0_INFO("resumed from {} at step {}", path, st.at("step").get<int64_t>());
+  warn_changed_settings(path, st, settings);
   return st;
+}
+
+// The settings a checkpoint records and a resumed run compares (changed_settings).
+nlohmann::json run_settings(const RlRunConfig& c, int64_t total_steps) {
+  return {{"prompt_data", c.prompts.prompt_data},
+          {"rollout_batch_size", c.step.rollout_batch_size},
+          {"n_samples_per_prompt", c.step.n_samples_per_prompt},
+          {"train_batch_size", c.ppo.train_batch_size},
+          {"micro_train_batch_size", c.ppo.micro_train_batch_size},
+          {"max_epochs", c.ppo.max_epochs},
+          {"total_steps", total_steps},
+          {"actor_learning_rate", c.actor_adam.lr},
+          {"critic_learning_rate", c.critic_adam.lr},
+          {"dynamic_filtering", c.step.dynamic_filtering},
+          {"generate_max_len", c.step.generate_max_len}};
 }
 
 // The held-out prompts and how they are evaluated (eval_dataset set).
@@ -182,6 +169,7 @@ void log_step(const nlohmann::json& r, int64_t total_steps) {
 }  // namespace
 
 int run_rl(const RlRunConfig& c) {
+  parallel::install_preemption_handlers();
   parallel::TrainRuntime rt = parallel::setup_train_runtime(c.runtime, true);
   const parallel::Topology& topo = *rt.topology;
   const parallel::Placement& pl = topo.placement();
@@ -299,7 +287,8 @@ int run_rl(const RlRunConfig& c) {
     if (m.critic) slots.push_back({"critic", &m.critic->store(), true});
   }
   nlohmann::json resumed;
-  if (c.load_checkpoint && trains) resumed = resume(c, slots);
+  const nlohmann::json settings = run_settings(c, total_steps);
+  if (c.load_checkpoint && trains) resumed = resume(c, slots, settings);
   resumed = RlStep::broadcast_json(resumed, train_root, *world);
   if (!resumed.is_null()) step.load_state(resumed);
   const int64_t start_step = step.steps_done();
@@ -317,8 +306,8 @@ int run_rl(const RlRunConfig& c) {
   std::unique_ptr<io::MetricsWriter> metrics;
   if (world_rank == 0) {
     if (start_step > 0) {
-      trim_records(c.save_path, "metrics.jsonl", start_step);
-      trim_records(c.save_path, "samples.jsonl", start_step);
+      io::trim_records(c.save_path, "metrics.jsonl", start_step);
+      io::trim_records(c.save_path, "samples.jsonl", start_step);
     } else if (c.step.log_completions > 0) {  // a fresh run starts a fresh sample log
       std::filesystem::remove(std::filesystem::path(c.save_path) / "samples.jsonl");
     }
@@ -345,13 +334,26 @@ int run_rl(const RlRunConfig& c) {
       if (done % c.logging_steps == 0 || done == total_steps) log_step(rec, total_steps);
       metrics->write(rec);
     }
-    if (trains && c.save_steps > 0 && done % c.save_steps == 0) {
+    // SIGTERM/SIGUSR1 on any rank: every rank stops after this step, with a checkpoint.
+    const int signal = parallel::agree_preemption(*world);
+    const bool stop = signal != 0 && done < total_steps;
+    if (trains && ((c.save_steps > 0 && done % c.save_steps == 0) || stop)) {
       nlohmann::json state = step.state();
       state["seed"] = c.seed;
       state["train_ranks"] = n_train;
+      state["settings"] = settings;
       const std::string path = checkpoint_path(c.ckpt_path, done);
       save_train_checkpoint(path, slots, state, rt.train_comm->rank() == 0, int(c.max_ckpt_num));
       LOG0_INFO("checkpoint {}", path);
+    }
+    if (stop) {
+      world->barrier();
+      LOG0_WARN(
+          "{} received: stopped after step {}/{} with checkpoint {}\nresume with the same "
+          "command and --load_checkpoint (exit status {})",
+          parallel::signal_name(signal), done, total_steps, checkpoint_path(c.ckpt_path, done),
+          parallel::kExitPreempted);
+      return parallel::kExitPreempted;
     }
   }
   if (trains) {

@@ -7,6 +7,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "parallel/failure_injection.h"
+#include "parallel/watchdog.h"
 #include "rl/evaluate.h"
 
 namespace rlhf::rl {
@@ -187,11 +188,9 @@ void RlStep::collect(std::vector<rollout::Sample>& kept, std::vector<double>& ke
     if (rec.contains(k)) rec[k] = int64_t(rec[k].get<double>());
   if (!trains) return;
   const double B = double(all_scores.size());
-  double mean = 0, var = 0;
-  for (double s : all_scores) mean += s / B;
-  for (double s : all_scores) var += (s - mean) * (s - mean) / std::max(B - 1, 1.0);
+  const auto [mean, sd] = score_mean_std(all_scores);
   rec["reward_mean"] = mean;
-  rec["reward_std"] = std::sqrt(var);
+  rec["reward_std"] = sd;
   rec["response_length_mean"] = double(resp_tokens) / B;
   rec["response_length_max"] = len_max;
   rec["stop_fraction"] = double(stops) / B;
@@ -259,6 +258,9 @@ nlohmann::json RlStep::step() {
   const auto t_step = Clock::now();
   const parallel::Topology& topo = *p_.topology;
   parallel::maybe_inject_failure("rl_step", topo.rank());
+  parallel::maybe_inject_stop("rl_step", topo.rank());
+  const std::string where = fmt::format("RL step {}", step_ + 1);
+  parallel::set_watch_context(where + ", rollout");
   nlohmann::json rec = {{"step", step_ + 1}, {"episode", step_ / steps_per_episode_}};
   std::vector<rollout::Sample> kept;
   std::vector<double> kept_scores;
@@ -272,6 +274,7 @@ nlohmann::json RlStep::step() {
     kept.resize(size_t(groups * n));
     kept_scores.resize(kept.size());
     if (groups > 0) {
+      parallel::set_watch_context(where + ", log-probs and training");
       train(kept, kept_scores, rec);
     } else {
       LOG0_WARN("step {}: no group kept by dynamic filtering after {} round(s): nothing to train",
@@ -283,6 +286,7 @@ nlohmann::json RlStep::step() {
         rec[k] = 0.0;
     }
   }
+  parallel::set_watch_context(where + ", weight sync");
   const auto t_sync = Clock::now();
   const parallel::SyncStats ss = p_.sync_weights();
   const double sync_s = since(t_sync);

@@ -8,6 +8,7 @@
 #include "core/log.h"
 #include "io/model_source.h"
 #include "io/tokenizer.h"
+#include "parallel/preemption.h"
 #include "rl/losses.h"
 #include "rl/weights.h"
 
@@ -109,6 +110,7 @@ int run_rm(const RmConfig& c) {
 
   RmTask task(*net, data, tokenizer->pad_id(), plan.train_batch_size);
   const SupervisedResult res = train_supervised(c.train, plan, task, *net, comm);
+  if (res.signal != 0) return parallel::kExitPreempted;
   LOG0_INFO("done: {} steps in {:.1f}s | reward model {}", res.steps, res.seconds, res.model_path);
   return 0;
 }

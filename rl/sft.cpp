@@ -12,6 +12,7 @@
 #include "io/model_source.h"
 #include "io/tokenizer.h"
 #include "model/flops.h"
+#include "parallel/preemption.h"
 #include "rl/weights.h"
 
 namespace rlhf::rl {
@@ -149,6 +150,7 @@ int run_sft(const SftConfig& c) {
 
   SftTask task(*net, data, *tokenizer, cfg, c.data.max_len);
   const SupervisedResult res = train_supervised(c.train, plan, task, *net, comm);
+  if (res.signal != 0) return parallel::kExitPreempted;
   LOG0_INFO("done: {} steps in {:.1f}s | final model {}", res.steps, res.seconds, res.model_path);
   return 0;
 }

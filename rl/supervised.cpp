@@ -12,6 +12,9 @@
 #include "io/metrics.h"
 #include "optim/schedule.h"
 #include "parallel/failure_injection.h"
+#include "parallel/preemption.h"
+#include "parallel/watchdog.h"
+#include "rl/checkpoint.h"
 #include "rl/epoch_order.h"
 #include "rl/optimizer.h"
 #include "rl/weights.h"
@@ -35,6 +38,38 @@ void report_step(const StepReport& r, const SupervisedTask& task, io::MetricsWri
                      {"elapsed_s", r.elapsed_s}};
   task.add_metrics(r, rec);
   metrics->write(rec);
+}
+
+// The settings a checkpoint records and a resumed run compares (changed_settings).
+nlohmann::json supervised_settings(const SupervisedOptions& o, const BatchPlan& plan) {
+  return {{"train_batch_size", o.train_batch_size},
+          {"micro_train_batch_size", o.micro_train_batch_size},
+          {"max_epochs", o.max_epochs},
+          {"total_steps", plan.total_steps},
+          {"samples", plan.n_samples},
+          {"learning_rate", o.adam.lr},
+          {"lr_scheduler", o.lr_scheduler}};
+}
+
+// --load_checkpoint: the newest valid checkpoint of o.ckpt_path into the store and the optimizer's
+// step count; returns the step to continue from (0 when there is none). Collective over the
+// store's communicator.
+int64_t resume(const SupervisedOptions& o, const std::vector<CheckpointSlot>& slots,
+               const nlohmann::json& settings, Optimizer& opt) {
+  const std::string path = latest_valid_checkpoint(o.ckpt_path);
+  if (path.empty()) {
+    LOG0_WARN("--load_checkpoint: no checkpoint in {}; starting from step 0", o.ckpt_path);
+    return 0;
+  }
+  const nlohmann::json st = load_train_checkpoint(path, slots);
+  RLHF_CHECK(st.value("seed", int64_t(-1)) == o.seed,
+             "{} was made with --seed {}, this run has --seed {}", path,
+             st.value("seed", int64_t(-1)), o.seed);
+  const int64_t step = st.at("step").get<int64_t>();
+  warn_changed_settings(path, st, settings);
+  opt.set_steps(step);
+  LOG0_INFO("resumed from {} at step {}", path, step);
+  return step;
 }
 
 }  // namespace
@@ -64,6 +99,7 @@ BatchPlan plan_batches(const SupervisedOptions& o, int64_t n_samples, int world,
 SupervisedResult train_supervised(const SupervisedOptions& o, const BatchPlan& plan,
                                   SupervisedTask& task, parallel::TrainModel& net,
                                   parallel::Comm& comm) {
+  parallel::install_preemption_handlers();
   const int rank = comm.rank();
   const std::string point = o.name + "_step";
   const std::filesystem::path dir(o.save_path);
@@ -71,17 +107,26 @@ SupervisedResult train_supervised(const SupervisedOptions& o, const BatchPlan& p
       net.store(), o.adam,
       optim::LrSchedule::openrlhf(o.lr_scheduler, o.adam.lr, plan.total_steps, o.lr_warmup_ratio),
       o.max_norm);
+  const std::vector<CheckpointSlot> slots = {{"model", &net.store(), true}};
+  const nlohmann::json settings = supervised_settings(o, plan);
+  const int64_t start_step = o.load_checkpoint ? resume(o, slots, settings, opt) : 0;
   std::unique_ptr<io::MetricsWriter> metrics;
-  if (rank == 0) metrics = std::make_unique<io::MetricsWriter>(o.save_path, true);
+  if (rank == 0) {
+    if (start_step > 0) io::trim_records(o.save_path, "metrics.jsonl", start_step);
+    metrics = std::make_unique<io::MetricsWriter>(o.save_path, start_step == 0);
+  }
 
   const auto t_start = Clock::now();
   EpochOrder order(plan.n_samples, static_cast<uint64_t>(o.seed));
   const size_t n_metrics = size_t(task.num_metrics());
   std::vector<int64_t> samples(size_t(plan.per_rank()));
   std::vector<double> sums(n_metrics), global(n_metrics);
-  for (int64_t step = 0; step < plan.total_steps; ++step) {
+  SupervisedResult res;
+  for (int64_t step = start_step; step < plan.total_steps; ++step) {
     const auto t_step = Clock::now();
     parallel::maybe_inject_failure(point.c_str(), rank);
+    parallel::maybe_inject_stop(point.c_str(), rank);
+    parallel::set_watch_context(fmt::format("{} step {}/{}", o.name, step + 1, plan.total_steps));
     const parallel::CommStats comm_before = comm.stats();
     const int64_t first = plan.first_position(step, rank);
     for (size_t i = 0; i < samples.size(); ++i) samples[i] = order.at(first + int64_t(i));
@@ -113,16 +158,37 @@ SupervisedResult train_supervised(const SupervisedOptions& o, const BatchPlan& p
     if (step == 0) parallel::log_memory(net.store(), net.activation_bytes(), comm);
     if (r.step % o.logging_steps == 0 || r.step == plan.total_steps) {
       r.elapsed_s = since(t_start);
-      r.eta_s = r.elapsed_s / double(r.step) * double(plan.total_steps - r.step);
+      r.eta_s = r.elapsed_s / double(r.step - start_step) * double(plan.total_steps - r.step);
       report_step(r, task, metrics.get());
     }
-    if (o.save_steps > 0 && r.step % o.save_steps == 0 && r.step < plan.total_steps) {
+    // SIGTERM/SIGUSR1 on any rank: every rank stops after this step, with a checkpoint.
+    res.signal = parallel::agree_preemption(comm);
+    const bool periodic = o.save_steps > 0 && r.step % o.save_steps == 0;
+    if (periodic && r.step < plan.total_steps) {
       const std::string path = (dir / fmt::format("model_step{}.h5", r.step)).string();
       save_model(net.store(), path, rank, task.saved_tokenizer());
       LOG0_INFO("saved {}", path);
     }
+    if ((periodic || res.signal != 0) && r.step < plan.total_steps) {
+      const std::string path = checkpoint_path(o.ckpt_path, r.step);
+      save_train_checkpoint(path, slots,
+                            {{"step", r.step}, {"seed", o.seed}, {"settings", settings}}, rank == 0,
+                            int(o.max_ckpt_num));
+      LOG0_INFO("checkpoint {}", path);
+      if (res.signal != 0) {
+        comm.barrier();
+        LOG0_WARN(
+            "{} received: stopped after step {}/{} with checkpoint {}\nresume with the "
+            "same command and --load_checkpoint (exit status {})",
+            parallel::signal_name(res.signal), r.step, plan.total_steps, path,
+            parallel::kExitPreempted);
+        res.steps = r.step;
+        res.seconds = since(t_start);
+        return res;
+      }
+    }
   }
-  SupervisedResult res;
+  res.signal = 0;  // a signal during the last step: the run is complete
   res.steps = plan.total_steps;
   res.model_path = (dir / "model.h5").string();
   save_model(net.store(), res.model_path, rank, task.saved_tokenizer());

@@ -40,6 +40,11 @@ struct SupervisedOptions {
   std::string save_path = "./ckpt";  ///< --save_path: metrics.jsonl, model.h5, model_stepN.h5
   int64_t save_steps = -1;           ///< --save_steps: model_stepN.h5 every N steps (<= 0: none)
   int64_t logging_steps = 1;         ///< --logging_steps: step line + record every N steps
+  /// --ckpt_path: resumable checkpoints (weights, AdamW moments, step) every --save_steps steps
+  /// and on SIGTERM/SIGUSR1
+  std::string ckpt_path = "./ckpt/checkpoints_sft";
+  int64_t max_ckpt_num = 3;      ///< --max_ckpt_num: keep the last K
+  bool load_checkpoint = false;  ///< --load_checkpoint: resume from the newest valid one
 };
 
 /// The batch arithmetic of a run (see the top of this file).
@@ -118,17 +123,23 @@ class SupervisedTask {
 
 /// What a finished loop did.
 struct SupervisedResult {
-  int64_t steps = 0;       ///< optimizer steps taken (plan.total_steps)
+  int64_t steps = 0;       ///< optimizer steps done (plan.total_steps unless preempted)
+  int signal = 0;          ///< the SIGTERM/SIGUSR1 that stopped the loop early (0 = finished)
   double seconds = 0;      ///< wall time of the loop, final save included
   std::string model_path;  ///< <save_path>/model.h5
 };
 
 /// Trains `net` for plan.total_steps optimizer steps of `task` (see the top of this file), with
 /// AdamW at LrSchedule::openrlhf(o.lr_scheduler, o.adam.lr, plan.total_steps, o.lr_warmup_ratio)
-/// and clipping at o.max_norm. Rank 0 writes <save_path>/metrics.jsonl (truncated first); every
-/// o.save_steps steps (except the last) and at the end the model is saved, to model_stepN.h5 and
-/// model.h5. Collective over `comm` (net's communicator). Throws rlhf::Error "loss is not finite
-/// (x) at step s" before an optimizer step with a non-finite loss, and whatever the task throws.
+/// and clipping at o.max_norm. Rank 0 writes <save_path>/metrics.jsonl (truncated first, or
+/// continued from the resumed step); every o.save_steps steps (except the last) the model is saved
+/// to model_stepN.h5 and a resumable checkpoint to <ckpt_path>/step_N.h5, and at the end the model
+/// to model.h5. With o.load_checkpoint the newest valid checkpoint's weights, moments and step are
+/// loaded first (a warning lists changed settings). After a step in which any rank received
+/// SIGTERM or SIGUSR1 (parallel/preemption.h) it writes the checkpoint and returns early with
+/// `signal` set (no model.h5). Collective over `comm` (net's communicator). Throws rlhf::Error
+/// "loss is not finite (x) at step s" before an optimizer step with a non-finite loss, and whatever
+/// the task throws.
 SupervisedResult train_supervised(const SupervisedOptions& o, const BatchPlan& plan,
                                   SupervisedTask& task, parallel::TrainModel& net,
                                   parallel::Comm& comm);

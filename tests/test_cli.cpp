@@ -222,7 +222,8 @@ TEST_CASE("cli: every sft option can come from TOML") {
       "threads = 3\nlog_dir = \"/tmp/l\"\nlog_level = \"debug\"\nmax_steps = 9\n"
       "disable_progress = true\nzero_keep_params = true\ncomm_backend = \"mpi\"\n"
       "tokenizer = \"tok.json\"\ndevice = \"cpu\"\nnccl_timeout = 60\n"
-      "attn_implementation = \"cudnn\"\n");
+      "attn_implementation = \"cudnn\"\ncomm_timeout = 90\nckpt_path = \"/tmp/c\"\n"
+      "max_ckpt_num = 4\nload_checkpoint = true\n");
   const ParsedCommand p = parse({"sft", "--config", f.str()});
   const app::SftArgs& a = sft(p);
   CHECK(a.data.dataset == "d.jsonl");
@@ -261,6 +262,10 @@ TEST_CASE("cli: every sft option can come from TOML") {
   CHECK(a.parallel.device == "cpu");
   CHECK(a.parallel.nccl_timeout == 60);
   CHECK(a.parallel.attn_implementation == "cudnn");
+  CHECK(a.parallel.comm_timeout == 90);
+  CHECK(a.ckpt.ckpt_path == "/tmp/c");
+  CHECK(a.ckpt.max_ckpt_num == 4);
+  CHECK(a.ckpt.load_checkpoint == true);
   // Every option came from the file, except the file itself and --pretrain (exclusive with
   // --model_config).
   for (const auto& row : p.config) {
@@ -613,7 +618,7 @@ TEST_CASE("cli: grpo/ppo reasoning-RL flags: defaults") {
   CHECK(a.advantage_estimator == "group_norm");
   CHECK(a.use_kl_loss);
   CHECK(a.kl_estimator == "k3");
-  CHECK(a.ckpt_path == "./ckpt/checkpoints_grpo");
+  CHECK(a.ckpt.ckpt_path == "./ckpt/checkpoints_grpo");
   // ppo has the same flags and defaults.
   const ParsedCommand q =
       parse({"ppo", "--prompt_data", "d", "--pretrain", "p", "--reward", "length"});

@@ -87,6 +87,9 @@ printf '{"step": %d, "reward_mean": 9}\n{"step": %d, "rew' $((K + 1)) $((K + 2))
   --ckpt_path "$W/resumed/ckpt" --save_steps $K --load_checkpoint > "$W/second.log" 2>&1 \
   || { tail "$W/second.log"; fail "resumed run exited"; }
 grep -q "resumed from .*step_$K.h5 at step $K" "$W/second.log" || fail "the run did not resume"
+# The step count changed (K -> 2K): the resume says so.
+grep -q "settings that differ from the checkpoint's: total_steps $K -> $((2 * K))" "$W/second.log" \
+  || fail "the changed step count was not reported"
 # Everything but the timings must be identical, record by record.
 same_metrics() {
   python3 - "$1" "$2" <<'EOF'

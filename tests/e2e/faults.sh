@@ -1,0 +1,147 @@
+#!/usr/bin/env bash
+# Faults that must end a job cleanly, on 2 ranks:
+#  (a) a stopped rank (SIGSTOP: a hung node that keeps its sockets open) in sft, grpo and generate:
+#      the --comm_timeout watchdog names the collective, communicator, step and phase (or the
+#      silent engine) and ends the job on every rank in < 2x the timeout;
+#  (b) SIGUSR1 to mpirun (what `sbatch --signal=USR1@120` sends; mpirun forwards it): grpo finishes
+#      its step, writes a checkpoint, exits 3, and --load_checkpoint continues exactly as a run
+#      that was never stopped (same metrics, same final weights);
+#  (c) SIGTERM to the ranks (what srun and Slurm send at the time limit): the same for sft.
+# Usage: faults.sh <rlhf binary> <source dir>     (env MPIEXEC: mpiexec's path)
+set -u
+RLHF=$1
+SRC=$2
+MPIEXEC=${MPIEXEC:-mpiexec}
+W=$(mktemp -d)
+trap 'rm -rf "$W"' EXIT
+fail() { echo "FAIL: $*"; exit 1; }
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
+MPI=("$MPIEXEC" --oversubscribe --bind-to none)
+TASK="builtin:addition?n=2000&digits=1&seed=1"
+now() { date +%s.%N; }
+
+SFT=(sft --model_config "$SRC/examples/models/tiny.toml" --dataset "$TASK" --max_len 16
+     --train_batch_size 32 --micro_train_batch_size 8 --learning_rate 3e-3 --max_epochs 100
+     --seed 1 --threads 1)
+"$RLHF" "${SFT[@]}" --max_steps 20 --save_path "$W/sft" --log_level warn || fail "sft warm start exited $?"
+GRPO=(grpo --pretrain "$W/sft/model.h5" --prompt_data "$TASK" --input_key input --label_key label
+      --reward math --n_samples_per_prompt 4 --rollout_batch_size 8 --train_batch_size 32
+      --micro_train_batch_size 8 --generate_max_len 8 --seed 1 --actor_learning_rate 3e-4)
+
+# (a) stopped_rank <name> <point> <expected message regex> <command...>: rank 1 stops itself at
+# <point>; the job must end (non-zero) within 2 x T of the stop, with the message.
+T=5
+stopped_rank() {
+  local name=$1 point=$2 want=$3
+  shift 3
+  RLHF_INJECT_STOP="$point:1" timeout 120 "${MPI[@]}" -np 2 "$RLHF" "$@" --comm_timeout $T \
+    > "$W/$name.log" 2>&1 &
+  local pid=$! t_stop=""
+  for _ in $(seq 600); do
+    grep -q "injected stop" "$W/$name.log" && { t_stop=$(now); break; }
+    kill -0 $pid 2> /dev/null || break
+    sleep 0.1
+  done
+  wait $pid
+  local code=$? t_end
+  t_end=$(now)
+  [ -n "$t_stop" ] || { tail "$W/$name.log"; fail "$name: rank 1 never stopped"; }
+  [ $code -ne 0 ] || fail "$name: exit 0"
+  [ $code -ne 124 ] || fail "$name: the job hung (killed by timeout 120)"
+  grep -qE -- "$want" "$W/$name.log" || { tail "$W/$name.log"; fail "$name: no message /$want/"; }
+  local took
+  took=$(python3 -c "print(f'{$t_end - $t_stop:.1f}')")
+  python3 -c "import sys; sys.exit(0 if $took < 2 * $T else 1)" \
+    || fail "$name: the job took ${took}s after the stop (limit $((2 * T))s)"
+  echo "ok: $name: stopped rank 1 -> exit $code ${took}s after the stop (--comm_timeout $T): $(grep -m1 -oE -- "$want" "$W/$name.log")"
+}
+stopped_rank sft_stopped sft_step \
+  "rank 0: all_reduce on train_comm has not completed after [0-9]+ s \(sft step 1/4" \
+  "${SFT[@]}" --max_steps 4 --save_path "$W/sft_stop"
+stopped_rank grpo_stopped rl_step \
+  "rank 0: [a-z_]+ on [a-z_]+ has not completed after [0-9]+ s \(RL step 1, rollout" \
+  "${GRPO[@]}" --max_steps 3 --save_path "$W/grpo_stop" --ckpt_path "$W/grpo_stop/ckpt"
+printf '{"input": "1+1="}\n%.0s' $(seq 8) > "$W/prompts.jsonl"
+stopped_rank generate_stopped generate "engine 1 has sent no progress for [0-9]+ s" \
+  generate --pretrain "$W/sft/model.h5" --dataset "$W/prompts.jsonl" --input_key input \
+  --generate_max_len 8 --output_path "$W/gen.jsonl"
+
+# Everything but the timings must be identical, record by record.
+same_metrics() {
+  python3 - "$1" "$2" <<'EOF'
+import json, sys
+def load(p):
+    out = []
+    for l in open(p):
+        r = json.loads(l)
+        out.append({k: v for k, v in r.items()
+                    if not (k.endswith("_s") or "per_s" in k or "GBps" in k or k == "mfu")})
+    return out
+a, b = load(sys.argv[1]), load(sys.argv[2])
+if len(a) != len(b):
+    print(f"{len(a)} vs {len(b)} records")
+    sys.exit(1)
+for x, y in zip(a, b):
+    if x != y:
+        diff = {k: (x.get(k), y.get(k)) for k in set(x) | set(y) if x.get(k) != y.get(k)}
+        print(f"step {x.get('step')}: {diff}")
+        sys.exit(1)
+EOF
+}
+fp() { grep -o "weights fingerprint [0-9a-f]*" "$1" | tail -1 | awk '{ print $3 }'; }
+
+# preempt <name> <how: usr1-mpirun | term-ranks> <command...>: signals the job once its first
+# step is in metrics.jsonl; the job must exit 3 after writing a checkpoint.
+preempt() {
+  local name=$1 how=$2
+  shift 2
+  timeout 300 "${MPI[@]}" -np 2 "$RLHF" "$@" > "$W/$name.log" 2>&1 &
+  local pid=$!
+  for _ in $(seq 3000); do
+    [ -s "$W/$name/metrics.jsonl" ] && break
+    kill -0 $pid 2> /dev/null || break
+    sleep 0.1
+  done
+  if [ "$how" = usr1-mpirun ]; then
+    # timeout's child is mpirun.
+    kill -USR1 "$(pgrep -P $pid)"
+  else
+    # As srun does: every rank (mpirun's children) gets SIGTERM itself.
+    for p in $(pgrep -P "$(pgrep -P $pid)"); do kill -TERM "$p"; done
+  fi
+  wait $pid
+  local code=$?
+  [ $code -eq 3 ] || { tail "$W/$name.log"; fail "$name: exit $code after the signal, expected 3"; }
+  grep -qE "SIG(USR1|TERM) received: stopped after step [0-9]+/" "$W/$name.log" \
+    || fail "$name: no stop message"
+  ls "$W/$name/ckpt"/step_*.h5 > /dev/null 2>&1 || fail "$name: no checkpoint written"
+  echo "ok: $name: $how -> exit 3: $(grep -m1 -oE "SIG(USR1|TERM) received: stopped after step [0-9/]+" "$W/$name.log")"
+}
+
+# (b) grpo: SIGUSR1 to mpirun, then resume == straight.
+N=8
+G=("${GRPO[@]}" --max_steps $N)
+"${MPI[@]}" -np 2 "$RLHF" "${G[@]}" --save_path "$W/g_straight" --ckpt_path "$W/g_straight/ckpt" \
+  > "$W/g_straight.log" 2>&1 || { tail "$W/g_straight.log"; fail "grpo straight run exited"; }
+preempt g_pre usr1-mpirun "${G[@]}" --save_path "$W/g_pre" --ckpt_path "$W/g_pre/ckpt"
+"${MPI[@]}" -np 2 "$RLHF" "${G[@]}" --save_path "$W/g_pre" --ckpt_path "$W/g_pre/ckpt" \
+  --load_checkpoint > "$W/g_resume.log" 2>&1 || { tail "$W/g_resume.log"; fail "grpo resume exited"; }
+grep -q "settings that differ" "$W/g_resume.log" && fail "grpo: same settings reported as changed"
+same_metrics "$W/g_straight/metrics.jsonl" "$W/g_pre/metrics.jsonl" \
+  || fail "grpo: preempted + resumed differs from straight"
+[ -n "$(fp "$W/g_straight.log")" ] && [ "$(fp "$W/g_straight.log")" = "$(fp "$W/g_resume.log")" ] \
+  || fail "grpo: final weights differ after preemption"
+echo "ok: grpo preempted by SIGUSR1 and resumed == $N steps straight (weights $(fp "$W/g_resume.log"))"
+
+# (c) sft: SIGTERM to the ranks, then resume == straight.
+S=("${SFT[@]}" --max_steps 24)
+"${MPI[@]}" -np 2 "$RLHF" "${S[@]}" --save_path "$W/s_straight" --ckpt_path "$W/s_straight/ckpt" \
+  > "$W/s_straight.log" 2>&1 || { tail "$W/s_straight.log"; fail "sft straight run exited"; }
+preempt s_pre term-ranks "${S[@]}" --save_path "$W/s_pre" --ckpt_path "$W/s_pre/ckpt"
+"${MPI[@]}" -np 2 "$RLHF" "${S[@]}" --save_path "$W/s_pre" --ckpt_path "$W/s_pre/ckpt" \
+  --load_checkpoint > "$W/s_resume.log" 2>&1 || { tail "$W/s_resume.log"; fail "sft resume exited"; }
+grep -q "resumed from .*step_[0-9]*.h5 at step" "$W/s_resume.log" || fail "sft did not resume"
+same_metrics "$W/s_straight/metrics.jsonl" "$W/s_pre/metrics.jsonl" \
+  || fail "sft: preempted + resumed differs from straight"
+echo "ok: sft preempted by SIGTERM and resumed == 24 steps straight (every loss and grad norm equal)"
+echo PASS
