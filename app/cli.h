@@ -417,6 +417,26 @@ struct EvalArgs {
   void validate();
 };
 
+/// `rlhf score`: teacher-forced log-probabilities of given responses (NLL per response token), or
+/// the perplexity of a plain text, under a model. No sampling.
+struct ScoreArgs {
+  CommonArgs common;
+  std::string pretrain;             ///< --pretrain: any format ModelArgs::pretrain takes (required)
+  std::string tokenizer;            ///< --tokenizer: as ModelArgs::tokenizer
+  std::string dataset;              ///< --dataset: JSONL records, or a plain-text file (required)
+  std::string input_key = "input";  ///< --input_key: the prompt (string or chat messages)
+  std::string output_key = "output";  ///< --output_key: the response to score
+  bool apply_chat_template = false;   ///< --apply_chat_template: render the prompt with it
+  int64_t max_len = 0;  ///< --max_len: tokens per sequence / window (0 = the model's context)
+  int64_t stride = 0;   ///< --stride: plain text, tokens between windows (0 = max_len / 2)
+  int64_t max_samples = 100000000;  ///< --max_samples: score at most this many records
+  std::string output_path;  ///< --output_path: JSONL, a line per record + summary (required)
+  ParallelArgs parallel;    ///< --threads, --ranks_per_node
+
+  void bind(OptionSet& o);
+  void validate();
+};
+
 /// `rlhf export`: any supported model → a Hugging Face folder (safetensors), our HDF5 checkpoint,
 /// or a GGUF file.
 struct ExportArgs {
@@ -463,11 +483,11 @@ struct BenchArgs {
 /// The arguments of the selected subcommand; the alternative's index is the subcommand's position
 /// in kCommandNames.
 using CommandArgs = std::variant<SftArgs, RmArgs, GrpoArgs, PpoArgs, GenerateArgs, EvalArgs,
-                                 ExportArgs, ImportArgs, BenchArgs>;
+                                 ScoreArgs, ExportArgs, ImportArgs, BenchArgs>;
 
 /// Subcommand names, in CommandArgs order.
-inline constexpr std::array<const char*, 9> kCommandNames = {
-    "sft", "rm", "grpo", "ppo", "generate", "eval", "export", "import", "bench"};
+inline constexpr std::array<const char*, 10> kCommandNames = {
+    "sft", "rm", "grpo", "ppo", "generate", "eval", "score", "export", "import", "bench"};
 
 /// One row of the resolved configuration: option key, its value as text, and where it came from.
 struct ConfigRow {

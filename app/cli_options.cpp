@@ -478,4 +478,37 @@ void EvalArgs::validate() {
   rewards.validate(label_key);
 }
 
+void ScoreArgs::bind(OptionSet& o) {
+  common.bind(o);
+  o.add(
+       "pretrain", pretrain,
+       "Model to score with: rlhf HDF5 checkpoint, Hugging Face folder, llama2.c .bin or GGUF file")
+      .required();
+  o.add("tokenizer", tokenizer,
+        "Tokenizer file or folder when the model has none (\"\" = the model's own, else bytes)");
+  o.add("dataset", dataset,
+        "Records to score (JSONL: prompt under --input_key, response under --output_key), or a "
+        "plain-text file (its perplexity)")
+      .required();
+  o.add("input_key", input_key, "JSON key of the prompt (a string or chat messages)");
+  o.add("output_key", output_key, "JSON key of the response to score");
+  o.add("apply_chat_template", apply_chat_template,
+        "Render the prompt with the model's chat template (with the generation prompt)");
+  o.add("max_len", max_len,
+        "Tokens per sequence (records longer are skipped) and per window of a text (0 = the "
+        "model's context)")
+      .check(ge(0));
+  o.add("stride", stride, "Plain text: tokens between window starts (0 = max_len / 2)")
+      .check(ge(0));
+  o.add("max_samples", max_samples, "Score at most this many records").check(ge(1));
+  o.add("output_path", output_path, "Scores out: JSONL, one object per record, then a summary line")
+      .required();
+  parallel.bind(o);
+}
+
+void ScoreArgs::validate() {
+  if (stride > 0 && max_len > 0 && stride > max_len)
+    usage_fail("--stride {} must not exceed --max_len {}", stride, max_len);
+}
+
 }  // namespace rlhf::app

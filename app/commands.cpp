@@ -20,6 +20,8 @@ int run_command(const CommandArgs& args) {
           return run_generate(a);
         else if constexpr (std::is_same_v<T, EvalArgs>)
           return run_eval(a);
+        else if constexpr (std::is_same_v<T, ScoreArgs>)
+          return run_score(a);
         else if constexpr (std::is_same_v<T, ExportArgs>)
           return run_export(a);
         else if constexpr (std::is_same_v<T, ImportArgs>)

@@ -24,6 +24,8 @@ rl::RlRunConfig rl_run_config(const PpoArgs& args, const char* cmd);
 int run_generate(const GenerateArgs& args);
 /// `rlhf eval`: sampling from a checkpoint, scored by a rule reward (accuracy, pass@k).
 int run_eval(const EvalArgs& args);
+/// `rlhf score`: teacher-forced NLL / log-probs of given responses, or a text's perplexity.
+int run_score(const ScoreArgs& args);
 /// `rlhf export`: any supported model -> Hugging Face folder (safetensors), HDF5 or GGUF.
 int run_export(const ExportArgs& args);
 /// `rlhf import`: any supported model -> HDF5 checkpoint.

@@ -11,7 +11,7 @@ section() {
   echo '```'
   "$RLHF" --help
   echo '```'
-  for cmd in sft rm grpo ppo generate eval export import bench; do
+  for cmd in sft rm grpo ppo generate eval score export import bench; do
     echo
     echo "#### \`rlhf $cmd\`"
     echo

@@ -471,7 +471,7 @@ TEST_CASE("cli: help, version, subcommands") {
     if (name == "ppo" || name == "grpo")
       args.insert(args.end(), {"--prompt_data", "d", "--pretrain", "p", "--reward", "length",
                                "--n_samples_per_prompt", "4"});
-    if (name == "generate")
+    if (name == "generate" || name == "score")
       args.insert(args.end(), {"--dataset", "d", "--pretrain", "p", "--output_path", "o"});
     if (name == "eval")
       args.insert(args.end(), {"--dataset", "d", "--pretrain", "p", "--output_path", "o",

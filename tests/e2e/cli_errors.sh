@@ -43,7 +43,7 @@ expect_out() {
 # --- help and version ------------------------------------------------------------------------
 run help --help
 expect_rc help 0
-for cmd in sft rm grpo ppo generate eval export import bench; do expect_out help "$cmd"; done
+for cmd in sft rm grpo ppo generate eval score export import bench; do expect_out help "$cmd"; done
 
 run sft_help sft --help
 expect_rc sft_help 0
