@@ -1,4 +1,5 @@
 #include "app/cli.h"
+#include "app/trl_names.h"
 
 #include <toml++/toml.h>
 #include <CLI/CLI.hpp>
@@ -580,8 +581,11 @@ ParsedCommand parse_args(const std::vector<std::string>& argv) {
       std::vector<std::string> keys;
       for (const OptionSpec& s : set.specs()) keys.push_back(s.key);
       keys.push_back("config");
+      // A TRL name (--num_generations, --beta, ...) says which flag means the same; other names
+      // get the closest flag.
+      const std::string trl = trl_hint(name);
       usage_fail("unknown option '{}' for `rlhf {}`{}", bad, set.command(),
-                 did_you_mean(name, keys, "--"));
+                 trl.empty() ? did_you_mean(name, keys, "--") : trl);
     }
     usage_fail("unexpected argument '{}' for `rlhf {}` (options are given as --name value)", bad,
                set.command());

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "app/cli.h"
+#include "app/trl_names.h"
 #include "app/runtime.h"
 #include "core/log.h"
 
@@ -912,4 +913,36 @@ TEST_CASE("cli: reward_options maps the reward flags") {
   CHECK(o.format_pattern == "<x>");
   CHECK(app::split_commas("").empty());
   CHECK(app::split_commas("a") == std::vector<std::string>{"a"});
+}
+
+TEST_CASE("cli: a TRL option name says which rlhf flag means the same") {
+  const std::vector<std::string> base = {
+      "grpo",   "--prompt_data",          "d", "--pretrain", "p", "--reward",
+      "length", "--n_samples_per_prompt", "4"};
+  auto with = [&](std::vector<std::string> extra) {
+    std::vector<std::string> a = base;
+    a.insert(a.end(), extra.begin(), extra.end());
+    return usage_error(a);
+  };
+  CHECK(contains(with({"--num_generations", "8"}),
+                 "unknown option '--num_generations' for `rlhf grpo`\nhint: TRL's "
+                 "--num_generations is --n_samples_per_prompt in rlhf"));
+  CHECK(contains(with({"--beta=0.04"}), "TRL's --beta is --init_kl_coef"));
+  CHECK(contains(with({"--max_completion_length", "256"}), "--generate_max_len"));
+  // Every rlhf flag a table row names exists in some subcommand's help.
+  std::string all_help;
+  for (const char* name : app::kCommandNames) all_help += parse({name, "--help"}).text;
+  for (const app::TrlName& n : app::trl_names()) {
+    const std::string trl = n.trl;
+    CAPTURE(trl);
+    const std::string r = n.rlhf;
+    for (size_t p = r.find("--"); p != std::string::npos; p = r.find("--", p + 2)) {
+      const std::string flag = r.substr(p, r.find_first_of(" ,)", p) - p);
+      CAPTURE(flag);
+      CHECK((contains(all_help, flag + " ") || contains(all_help, flag + "=")));
+    }
+  }
+  // Other unknown names still get the closest flag.
+  CHECK(contains(with({"--save_pat", "1"}), "did you mean '--save_path'"));
+  CHECK(contains(with({"--learning_rate", "1e-6"}), "--actor_learning_rate"));
 }

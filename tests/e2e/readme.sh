@@ -12,4 +12,11 @@ if [ "$want" != "$have" ]; then
   echo "FAIL: README.md flag reference is stale; run scripts/update_readme.sh build/rlhf"
   exit 1
 fi
+# The README's TRL table lists every TRL name of app/trl_names.cpp.
+for name in $(grep -oE '^    \{"[a-z_0-9]+",' "$SRC/app/trl_names.cpp" | grep -oE '[a-z_0-9]+'); do
+  grep -q "^| \`$name\` |" "$SRC/README.md" || {
+    echo "FAIL: README.md's TRL table lacks $name (app/trl_names.cpp)"
+    exit 1
+  }
+done
 echo PASS
