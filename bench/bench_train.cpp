@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/memory.h"
 #include "model/flops.h"
 #include "model/init.h"
 #include "parallel/param_store.h"
@@ -211,12 +212,6 @@ nlohmann::json bench_train_variant(const BenchTrainOptions& opt, parallel::Comm&
           {"peak_rss_bytes", 0}};
 }
 
-int64_t rss_bytes() {
-  struct rusage ru {};
-  getrusage(RUSAGE_SELF, &ru);
-  return int64_t(ru.ru_maxrss) * 1024;
-}
-
 }  // namespace
 
 void run_bench_train(const BenchTrainOptions& opt, parallel::Comm& comm, const Emit& emit) {
@@ -236,7 +231,7 @@ void run_bench_train(const BenchTrainOptions& opt, parallel::Comm& comm, const E
   comm.all_reduce(&sgemm_local, &sgemm, 1);
   sgemm /= comm.size();  // mean per-rank sgemm GFLOP/s
   auto row = bench_train_variant(opt, comm, opt.zero_stage, sgemm);
-  row["peak_rss_bytes"] = rss_bytes();
+  row["peak_rss_bytes"] = peak_rss_bytes();
   emit(row);
   if (comm.size() > 1 && opt.compare_zero0 && opt.zero_stage == 3) {
     auto base = bench_train_variant(opt, comm, 0, sgemm);

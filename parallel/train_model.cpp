@@ -1,9 +1,8 @@
 #include "parallel/train_model.h"
 
-#include <sys/resource.h>
-
 #include "core/error.h"
 #include "core/log.h"
+#include "core/memory.h"
 #include "parallel/zero3.h"
 
 #include "model/transformer.h"
@@ -111,12 +110,6 @@ std::unique_ptr<ParamStore> make_param_store(const model::ParamLayout& layout, C
   o.adam_offload = z.adam_offload;
   o.keep_params_for_backward = z.zero_keep_params;
   return std::make_unique<Zero3Store>(layout, comm, o);
-}
-
-int64_t peak_rss_bytes() {
-  struct rusage ru {};
-  getrusage(RUSAGE_SELF, &ru);
-  return static_cast<int64_t>(ru.ru_maxrss) * 1024;
 }
 
 void log_memory(const ParamStore& store, int64_t activation_bytes, Comm& comm) {

@@ -73,7 +73,4 @@ std::unique_ptr<TrainModel> make_train_model(const model::ParamLayout& layout, T
 /// optimizer, gather buffers, activations and the process's peak resident size. Collective.
 void log_memory(const ParamStore& store, int64_t activation_bytes, Comm& comm);
 
-/// Peak resident set size of this process in bytes (getrusage).
-int64_t peak_rss_bytes();
-
 }  // namespace rlhf::parallel

@@ -151,7 +151,7 @@ void log_step(const nlohmann::json& r, int64_t total_steps) {
       "step {}/{} | reward {:.3f} | kl {:.4f} | loss {:.4f} | len {:.1f} | gen {:.2f}s (comm "
       "{:.2f}s) | reward {:.2f}s | logprob {:.2f}s (comm {:.2f}s) | train {:.2f}s (comm {:.2f}s) | "
       "sync {:.2f}s busbw {:.2f} GB/s | {:.0f} gen tok/s | {:.0f} train tok/s | {:.1f}s/step | "
-      "elapsed {:.0f}s | eta {:.0f}s",
+      "elapsed {:.0f}s | eta {:.0f}s | peak RSS {}",
       step, total_steps, r["reward_mean"].get<double>(), r["kl_mean"].get<double>(),
       r["policy_loss"].get<double>(), r["response_length_mean"].get<double>(),
       r["gen_s"].get<double>(), r["gen_comm_s"].get<double>(), r["reward_s"].get<double>(),
@@ -159,7 +159,8 @@ void log_step(const nlohmann::json& r, int64_t total_steps) {
       r["train_comm_s"].get<double>(), r["sync_s"].get<double>(),
       r["sync_busbw_GBps"].get<double>(), r["gen_tokens_per_s"].get<double>(),
       r["train_tokens_per_s"].get<double>(), r["step_s"].get<double>(), elapsed,
-      elapsed / double(step) * double(total_steps - step));
+      elapsed / double(step) * double(total_steps - step),
+      format_bytes(r["peak_rss_bytes"].get<double>()));
   if (r.contains("eval_accuracy"))
     LOG0_INFO("eval after step {} | reward {:.3f} | accuracy {:.3f} | len {:.1f} | {:.1f}s", step,
               r["eval_reward_mean"].get<double>(), r["eval_accuracy"].get<double>(),

@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "core/memory.h"
 #include "parallel/failure_injection.h"
 #include "parallel/watchdog.h"
 #include "rl/evaluate.h"
@@ -77,7 +78,23 @@ std::vector<rollout::Sample> RlStep::generate(int64_t round, nlohmann::json& tot
       r.sampling = opt_.sampling;
       reqs.push_back(std::move(r));
     }
-    const auto results = p_.engine->generate(reqs);
+    // Progress of a long rollout from engine 0 (its first rank), at most every 10 s: on the
+    // console when world rank 0 hosts it, else in that rank's log (--log_dir).
+    rollout::ProgressFn progress;
+    if (e == 0 && p_.engine->tp_rank() == 0) {
+      progress = [this, t, last = t](const rollout::EngineStats& st, int64_t done,
+                                     int64_t total) mutable {
+        const auto now = Clock::now();
+        if (std::chrono::duration<double>(now - last).count() < 10) return;
+        last = now;
+        const double s = std::chrono::duration<double>(now - t).count();
+        LOG_INFO(
+            "step {} rollout: engine 0 of {}: {}/{} samples | {} tokens | {:.0f} tok/s | {:.0f}s",
+            step_ + 1, p_.topology->placement().num_engines(), done, total, st.generated_tokens,
+            double(st.generated_tokens) / std::max(s, 1e-9), s);
+      };
+    }
+    const auto results = p_.engine->generate(reqs, progress);
     if (p_.engine->tp_rank() == 0) {  // TP: the other ranks of the engine hold the same
       for (const auto& res : results) {
         rollout::Sample s;
@@ -256,6 +273,7 @@ void RlStep::train(const std::vector<rollout::Sample>& samples, const std::vecto
 
 nlohmann::json RlStep::step() {
   const auto t_step = Clock::now();
+  reset_peak_rss();  // the step's own peak, below
   const parallel::Topology& topo = *p_.topology;
   parallel::maybe_inject_failure("rl_step", topo.rank());
   parallel::maybe_inject_stop("rl_step", topo.rank());
@@ -294,6 +312,10 @@ nlohmann::json RlStep::step() {
   // they are the same on every rank).
   const int train_root = topo.placement().train_ranks.front();
   rec = broadcast_json(rec, train_root, *p_.world);
+  const int64_t rss = peak_rss_bytes();
+  int64_t peak = 0;
+  p_.world->all_reduce(&rss, &peak, 1, parallel::ReduceOp::kMax);
+  rec["peak_rss_bytes"] = peak;  // max over ranks of each rank's peak during the step
   rec["sync_s"] = sync_s;
   rec["sync_comm_s"] = ss.seconds;  // the sync is communication only
   rec["sync_bytes"] = ss.bytes;

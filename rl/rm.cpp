@@ -62,9 +62,10 @@ class RmTask final : public SupervisedTask {
   std::string step_line(const StepReport& r) const override {
     return fmt::format(
         "step {}/{} ({:.1f}%) | loss {:.4f} | acc {:.3f} | margin {:.3f} | lr {:.3e} | "
-        "grad_norm {:.3f} | {:.2f}s/step",
+        "grad_norm {:.3f} | {:.2f}s/step (comm {:.2f}s) | elapsed {:.1f}s | eta {:.0f}s",
         r.step, r.total_steps, 100.0 * double(r.step) / double(r.total_steps), r.loss,
-        r.sums[1] / double(TB_), r.sums[2] / double(TB_), r.lr, r.grad_norm, r.step_s);
+        r.sums[1] / double(TB_), r.sums[2] / double(TB_), r.lr, r.grad_norm, r.step_s, r.comm_s,
+        r.elapsed_s, r.eta_s);
   }
 
   void add_metrics(const StepReport& r, nlohmann::json& rec) const override {

@@ -9,6 +9,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "core/memory.h"
 #include "io/metrics.h"
 #include "optim/schedule.h"
 #include "parallel/failure_injection.h"
@@ -30,12 +31,12 @@ double since(Clock::time_point t) {
 
 // The step line and, on rank 0, the metrics.jsonl record of a finished step.
 void report_step(const StepReport& r, const SupervisedTask& task, io::MetricsWriter* metrics) {
-  LOG0_INFO("{}", task.step_line(r));
+  LOG0_INFO("{} | peak RSS {}", task.step_line(r), format_bytes(double(r.peak_rss_bytes)));
   if (!metrics) return;
   nlohmann::json rec{{"step", r.step},           {"epoch", r.epoch},
                      {"loss", r.loss},           {"lr", r.lr},
                      {"grad_norm", r.grad_norm}, {"step_time_s", r.step_s},
-                     {"elapsed_s", r.elapsed_s}};
+                     {"elapsed_s", r.elapsed_s}, {"peak_rss_bytes", r.peak_rss_bytes}};
   task.add_metrics(r, rec);
   metrics->write(rec);
 }
@@ -124,6 +125,7 @@ SupervisedResult train_supervised(const SupervisedOptions& o, const BatchPlan& p
   SupervisedResult res;
   for (int64_t step = start_step; step < plan.total_steps; ++step) {
     const auto t_step = Clock::now();
+    reset_peak_rss();  // the step's own peak (peak_rss_bytes below)
     parallel::maybe_inject_failure(point.c_str(), rank);
     parallel::maybe_inject_stop(point.c_str(), rank);
     parallel::set_watch_context(fmt::format("{} step {}/{}", o.name, step + 1, plan.total_steps));
@@ -143,6 +145,7 @@ SupervisedResult train_supervised(const SupervisedOptions& o, const BatchPlan& p
     RLHF_CHECK(std::isfinite(loss),
                "loss is not finite ({}) at step {}\nhint: lower --learning_rate", loss, step + 1);
     const Optimizer::StepResult sr = opt.step();
+    const int64_t rss = peak_rss_bytes();
 
     StepReport r;
     r.step = sr.step;
@@ -155,6 +158,7 @@ SupervisedResult train_supervised(const SupervisedOptions& o, const BatchPlan& p
     r.comm_s = comm.stats().seconds - comm_before.seconds;
     r.comm_gb = double(comm.stats().bytes - comm_before.bytes) / 1e9;
     r.sums = global;
+    comm.all_reduce(&rss, &r.peak_rss_bytes, 1, parallel::ReduceOp::kMax);
     if (step == 0) parallel::log_memory(net.store(), net.activation_bytes(), comm);
     if (r.step % o.logging_steps == 0 || r.step == plan.total_steps) {
       r.elapsed_s = since(t_start);

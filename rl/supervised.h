@@ -89,6 +89,7 @@ struct StepReport {
   double comm_gb = 0;       ///< bytes through the communicator during the step, / 1e9
   double elapsed_s = 0;     ///< seconds since the loop began
   double eta_s = 0;         ///< elapsed_s / step · (total_steps − step)
+  int64_t peak_rss_bytes = 0;    ///< the step's peak resident size, bytes, max over ranks
   std::span<const double> sums;  ///< the metric sums over every rank (num_metrics() values)
 };
 
