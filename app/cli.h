@@ -229,6 +229,7 @@ struct SftArgs {
   DatasetArgs data;
   std::string input_key = "input";    ///< --input_key: JSON key of the prompt
   std::string output_key = "output";  ///< --output_key: JSON key of the response
+  bool apply_chat_template = false;   ///< --apply_chat_template
   TrainLoopArgs loop;
   OptimArgs optim;
   ZeroArgs zero;
@@ -248,6 +249,7 @@ struct RmArgs {
   std::string chosen_key = "chosen";      ///< --chosen_key
   std::string rejected_key = "rejected";  ///< --rejected_key
   std::string prompt_key;                 ///< --prompt_key: "" = chosen/rejected are full texts
+  bool apply_chat_template = false;       ///< --apply_chat_template
   int64_t max_len = 512;                  ///< --max_len: tokens per side
   int64_t max_samples = 100000000;        ///< --max_samples
   TrainLoopArgs loop;
@@ -382,12 +384,13 @@ struct GrpoArgs : PpoArgs {
 /// `rlhf generate`: sample completions of JSONL prompts from a checkpoint (OpenRLHF flag names).
 struct GenerateArgs {
   CommonArgs common;
-  std::string pretrain;             ///< --pretrain: any format ModelArgs::pretrain takes
-  std::string tokenizer;            ///< --tokenizer: as ModelArgs::tokenizer
-  std::string dataset;              ///< --dataset: prompts, JSONL (required)
-  std::string input_key = "input";  ///< --input_key: JSON key of the prompt text
-  std::string output_path;          ///< --output_path: completions, JSONL (required)
-  int64_t max_samples = 100000000;  ///< --max_samples: use at most this many prompts
+  std::string pretrain;              ///< --pretrain: any format ModelArgs::pretrain takes
+  std::string tokenizer;             ///< --tokenizer: as ModelArgs::tokenizer
+  std::string dataset;               ///< --dataset: prompts, JSONL (required)
+  std::string input_key = "input";   ///< --input_key: JSON key of the prompt (text or messages)
+  bool apply_chat_template = false;  ///< --apply_chat_template
+  std::string output_path;           ///< --output_path: completions, JSONL (required)
+  int64_t max_samples = 100000000;   ///< --max_samples: use at most this many prompts
   GenerationArgs gen;
   ParallelArgs parallel;  ///< --threads, --ranks_per_node, --gen_ranks_per_node
 

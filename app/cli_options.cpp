@@ -200,6 +200,9 @@ void SftArgs::bind(OptionSet& o) {
   data.bind(o);
   o.add("input_key", input_key, "JSON key of the prompt");
   o.add("output_key", output_key, "JSON key of the response");
+  o.add("apply_chat_template", apply_chat_template,
+        "Render input (with the generation prompt) and output with the tokenizer's Jinja chat "
+        "template (built-in ChatML or Llama 2 format when it has none)");
   loop.bind(o);
   optim.bind(o);
   zero.bind(o);
@@ -220,6 +223,9 @@ void RmArgs::bind(OptionSet& o) {
   o.add("chosen_key", chosen_key, "JSON key of the preferred response (or transcript)");
   o.add("rejected_key", rejected_key, "JSON key of the rejected response (or transcript)");
   o.add("prompt_key", prompt_key, "JSON key of the prompt (\"\" = the texts are transcripts)");
+  o.add("apply_chat_template", apply_chat_template,
+        "Render prompt + chosen/rejected with the tokenizer's Jinja chat template (built-in "
+        "ChatML or Llama 2 format when it has none)");
   o.add("max_len", max_len, "Max tokens per side (longer sides are cut, EOS kept)").check(ge(3));
   o.add("max_samples", max_samples, "Use at most this many pairs").check(ge(1));
   loop.bind(o);
@@ -272,7 +278,10 @@ void GenerateArgs::bind(OptionSet& o) {
   o.add("tokenizer", tokenizer,
         "Tokenizer file or folder when the model has none (\"\" = the model's own, else bytes)");
   o.add("dataset", dataset, "Prompts: JSONL, one object per line").required();
-  o.add("input_key", input_key, "JSON key of the prompt text");
+  o.add("input_key", input_key, "JSON key of the prompt: text or chat messages");
+  o.add("apply_chat_template", apply_chat_template,
+        "Render prompts with the tokenizer's Jinja chat template (built-in ChatML or Llama 2 "
+        "format when it has none)");
   o.add("output_path", output_path, "Completions out: JSONL, one object per sample").required();
   o.add("max_samples", max_samples, "Use at most this many prompts").check(ge(1));
   gen.bind(o);
@@ -309,7 +318,9 @@ void PpoArgs::bind(OptionSet& o) {
   o.add("prompt_data", prompt_data, "Prompts: JSONL, or builtin:<task>").required();
   o.add("input_key", input_key, "JSON key of the prompt text");
   o.add("label_key", label_key, "JSON key of the reference answer (rule rewards)");
-  o.add("apply_chat_template", apply_chat_template, "Wrap prompts in the chat template");
+  o.add("apply_chat_template", apply_chat_template,
+        "Render prompts with the tokenizer's Jinja chat template (built-in ChatML or Llama 2 "
+        "format when it has none)");
   o.add("prompt_max_len", prompt_max_len, "Longer prompts (tokens) are skipped").check(ge(1));
   o.add("max_samples", max_samples, "Use at most this many prompts").check(ge(1));
   rewards.bind(o);
@@ -459,7 +470,9 @@ void EvalArgs::bind(OptionSet& o) {
   o.add("dataset", dataset, "Prompts with reference answers: JSONL, or builtin:<task>").required();
   o.add("input_key", input_key, "JSON key of the prompt text");
   o.add("label_key", label_key, "JSON key of the reference answer (rule rewards)");
-  o.add("apply_chat_template", apply_chat_template, "Wrap prompts in the chat template");
+  o.add("apply_chat_template", apply_chat_template,
+        "Render prompts with the tokenizer's Jinja chat template (built-in ChatML or Llama 2 "
+        "format when it has none)");
   o.add("prompt_max_len", prompt_max_len, "Longer prompts (tokens) are skipped").check(ge(1));
   o.add("max_samples", max_samples, "Use at most this many prompts").check(ge(1));
   rewards.bind(o);

@@ -18,9 +18,14 @@
 // choose. Rank 0 prints a progress line (samples, tokens, tok/s over all engines) every few
 // seconds from the engines' small progress messages.
 //
+// Prompts: the value under --input_key of each JSONL object, a string or chat messages
+// ([{"role", "content"}, ...]); with --apply_chat_template rendered by the model's chat template
+// with the generation prompt (io/chat_template.h) and encoded without an extra BOS, else encoded
+// with BOS (a conversation's contents joined by newlines).
+//
 // Output, one object per sample, ordered by (prompt_index, sample_index):
-//   {"prompt_index", "sample_index", "prompt", "completion", "completion_token_ids", "logprobs",
-//    "finish_reason", "prompt_tokens", "completion_tokens"}
+//   {"prompt_index", "sample_index", "prompt" (the text given to the model), "completion",
+//    "completion_token_ids", "logprobs", "finish_reason", "prompt_tokens", "completion_tokens"}
 // completion is the decoded text without special tokens; completion_token_ids include the EOS
 // token when finish_reason is "stop"; logprobs[i] = log softmax(logits / T)[token i] over the
 // whole vocabulary (T = --temperature, 1 when greedy), what the trainer recomputes.
@@ -44,6 +49,7 @@
 #include "app/runtime.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "io/chat_template.h"
 #include "io/hdf5_ckpt.h"
 #include "io/jsonl.h"
 #include "io/tokenizer.h"
@@ -65,16 +71,22 @@ double seconds_since(Clock::time_point t0) {
 }
 
 struct Prompt {
-  std::string text;
+  std::string text;     // as given to the model (after the chat template, if any)
+  bool add_bos = true;  // false after a chat template (it writes its own BOS)
   int64_t line = 0;
 };
 
-// The prompts of `path`: the string under `key` of each object, at most `max` of them.
-std::vector<Prompt> read_prompts(const std::string& path, const std::string& key, int64_t max) {
+// The prompts of `path`: the value under `key` of each object (a string, or chat messages),
+// at most `max` of them. With --apply_chat_template rendered by the tokenizer's chat template with
+// the generation prompt; without, a conversation's contents joined by newlines.
+std::vector<Prompt> read_prompts(const GenerateArgs& args, const io::Tokenizer& tok,
+                                 const std::string& model_type) {
+  const std::string& path = args.dataset;
+  const std::string& key = args.input_key;
   RLHF_CHECK(std::filesystem::exists(path), "--dataset {}: no such file", path);
   std::vector<Prompt> prompts;
   io::for_each_jsonl(path, [&](const nlohmann::json& obj, int64_t line) {
-    if (static_cast<int64_t>(prompts.size()) >= max) return false;
+    if (static_cast<int64_t>(prompts.size()) >= args.max_samples) return false;
     const auto it = obj.find(key);
     if (it == obj.end()) {
       std::string keys;
@@ -82,9 +94,25 @@ std::vector<Prompt> read_prompts(const std::string& path, const std::string& key
       RLHF_FAIL("{}:{}: no key \"{}\" (keys: {})\nhint: set --input_key to the prompt's key", path,
                 line, key, keys.empty() ? "none" : keys);
     }
-    RLHF_CHECK(it->is_string(), "{}:{}: \"{}\" must be a string, got {}", path, line, key,
-               it->type_name());
-    prompts.push_back({it->get<std::string>(), line});
+    const std::string where = fmt::format("{}:{}: key '{}'", path, line, key);
+    RLHF_CHECK(it->is_string() || it->is_array(),
+               "{}: must be a string or chat messages (an array of {{\"role\", \"content\"}}), "
+               "got {}",
+               where, it->type_name());
+    const std::vector<io::ChatMessage> messages = io::chat_messages_from_json(*it, where);
+    Prompt p;
+    p.line = line;
+    if (args.apply_chat_template) {
+      try {
+        p.text = io::render_chat(tok, model_type, messages, /*add_generation_prompt=*/true);
+      } catch (const Error& e) {
+        RLHF_FAIL("{}:{}: --apply_chat_template: {}", path, line, e.what());
+      }
+      p.add_bos = false;
+    } else {
+      for (const io::ChatMessage& m : messages) p.text += (p.text.empty() ? "" : "\n") + m.content;
+    }
+    prompts.push_back(std::move(p));
     return true;
   });
   RLHF_CHECK(!prompts.empty(), "{}: no prompts (the file has no JSON objects)", path);
@@ -289,7 +317,7 @@ int run_generate(const GenerateArgs& args) {
 
   // --- prompts → requests (every rank tokenizes all prompts: each engine takes its block, rank 0
   // writes the texts). request id = prompt index: the random stream does not depend on the rank.
-  const std::vector<Prompt> prompts = read_prompts(args.dataset, args.input_key, args.max_samples);
+  const std::vector<Prompt> prompts = read_prompts(args, *tokenizer, cfg.model_type);
   const int64_t n_prompts = int64_t(prompts.size());
   rollout::SamplingParams sp;
   sp.temperature = args.gen.temperature;
@@ -303,10 +331,10 @@ int run_generate(const GenerateArgs& args) {
   for (int64_t i = 0; i < n_prompts; ++i) {
     rollout::GenerationRequest r;
     r.id = uint64_t(i);
-    r.prompt = tokenizer->encode(prompts[size_t(i)].text, /*add_bos=*/true, /*add_eos=*/false);
+    r.prompt = tokenizer->encode(prompts[size_t(i)].text, prompts[size_t(i)].add_bos, false);
     const int64_t P = static_cast<int64_t>(r.prompt.size());
     RLHF_CHECK(P < cfg.max_position_embeddings,
-               "{}:{}: the prompt is {} tokens (with BOS), which leaves no room to generate under "
+               "{}:{}: the prompt is {} tokens, which leaves no room to generate under "
                "the model's max_position_embeddings = {}",
                args.dataset, prompts[size_t(i)].line, P, cfg.max_position_embeddings);
     if (P + args.gen.generate_max_len > cfg.max_position_embeddings) ++capped;

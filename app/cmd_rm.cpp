@@ -19,6 +19,7 @@ rl::RmConfig rm_config(const RmArgs& a) {
   c.data.chosen_key = a.chosen_key;
   c.data.rejected_key = a.rejected_key;
   c.data.prompt_key = a.prompt_key;
+  c.data.apply_chat_template = a.apply_chat_template;
   c.data.max_len = a.max_len;
   c.data.max_samples = a.max_samples;
   c.train = supervised_options("rm", a.common, a.loop, a.optim, a.ckpt);

@@ -22,6 +22,7 @@ rl::SftConfig sft_config(const SftArgs& a) {
   c.data.max_len = a.data.max_len;
   c.data.overlong = io::overlong_policy_from_string(a.data.truncation);
   c.data.max_samples = a.data.max_samples;
+  c.data.apply_chat_template = a.apply_chat_template;
   c.train = supervised_options("sft", a.common, a.loop, a.optim, a.ckpt);
   return c;
 }

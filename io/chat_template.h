@@ -1,15 +1,21 @@
-// Basic chat templates: the two formats most Llama-family chat models use, chosen from the
-// tokenizer's chat_template (tokenizer_config.json) or the model type. Not a Jinja interpreter:
-// the template text only selects the format.
-//   ChatML (Qwen2, SmolLM-Instruct, ...):
+// Chat templates: conversations rendered as the model's own Jinja chat template renders them
+// (transformers' `tokenizer.apply_chat_template(messages, tokenize=False, ...)`), through the
+// vendored minja engine (third_party/minja: Google's header-only Jinja subset written for Hugging
+// Face chat templates). The template is the tokenizer's chat_template() (tokenizer_config.json's
+// "chat_template", or GGUF "tokenizer.chat_template").
+//
+// A tokenizer without a template falls back to one of two built-in formats (logged once):
+//   ChatML (Qwen2, SmolLM-Instruct, ...): when the vocabulary has "<|im_start|>" or model_type is
+//   "qwen2"
 //     <|im_start|>{role}\n{content}<|im_end|>\n ... [<|im_start|>assistant\n]
-//   Llama 2 [INST] (Llama-2-chat, Mistral-Instruct, TinyLlama-chat v0.x):
+//   Llama 2 [INST] (Llama-2-chat, Mistral-Instruct, TinyLlama-chat v0.x): otherwise
 //     <s>[INST] <<SYS>>\n{system}\n<</SYS>>\n\n{user} [/INST] {assistant} </s><s>[INST] {user}
 //     [/INST]
 #pragma once
 
 #include <nlohmann/json_fwd.hpp>
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -17,29 +23,55 @@
 
 namespace rlhf::io {
 
-/// One chat message: role "system" | "user" | "assistant", and its text.
+/// One chat message: its role ("system", "user", "assistant", or any role the template knows)
+/// and its text.
 struct ChatMessage {
   std::string role;
   std::string content;
 };
 
+/// The special tokens a template sees as bos_token, eos_token, pad_token, unk_token (transformers
+/// passes the tokenizer's special_tokens_map); an unset one is undefined in the template.
+struct ChatTemplateTokens {
+  std::optional<std::string> bos_token, eos_token, pad_token, unk_token;
+};
+
+/// The special tokens of `tokenizer` by name: BOS and EOS when it has them (id >= 0), PAD as
+/// Tokenizer::pad_id names it (which falls back to UNK or EOS where the tokenizer sets none),
+/// unk_token only when the vocabulary spells "<unk>" (the Tokenizer interface has no UNK id).
+/// Chat templates in practice use bos_token and eos_token only.
+ChatTemplateTokens chat_template_tokens(const Tokenizer& tokenizer);
+
+/// Renders the Jinja chat template `source` as transformers does: trim_blocks and lstrip_blocks
+/// on, context {messages: [{role, content}], add_generation_prompt, the tokens that are set},
+/// raise_exception(msg) (aborts the render with msg), strftime_now(fmt) (local time, as Python's
+/// datetime.now().strftime). Undefined variables render as "" (Jinja's default Undefined), so a
+/// template's own defaults (`if not date_string is defined`) apply. Parsed templates are cached
+/// by text (thread-safe). Throws rlhf::Error naming `where` (e.g. "chat template of
+/// tokenizer.json") with the template's raise_exception message, or the parse/render error and
+/// its row and column.
+std::string render_chat_template(const std::string& source, const std::string& where,
+                                 const ChatTemplateTokens& tokens,
+                                 const std::vector<ChatMessage>& messages,
+                                 bool add_generation_prompt);
+
+/// The two built-in formats used when a tokenizer has no chat template.
 enum class ChatFormat { kChatML, kLlama2 };
 
 /// "chatml" | "llama2".
 const char* to_string(ChatFormat f);
 
-/// The format for a tokenizer and model: its chat_template mentions "<|im_start|>" → ChatML, or
-/// "[INST]" → Llama 2; without a template, a vocabulary with "<|im_start|>" or model_type
-/// "qwen2" → ChatML, otherwise Llama 2.
-ChatFormat detect_chat_format(const Tokenizer& tokenizer, const std::string& model_type);
+/// The built-in format for a tokenizer without a template: ChatML when its vocabulary has
+/// "<|im_start|>" or model_type is "qwen2", else Llama 2.
+ChatFormat fallback_chat_format(const Tokenizer& tokenizer, const std::string& model_type);
 
-/// Formats `messages` as text (to be encoded with add_bos = false: the Llama 2 form writes its own
-/// "<s>", which the tokenizers encode as BOS). add_generation_prompt appends the assistant header
-/// (ChatML) — the Llama 2 form already ends ready for the answer after a user turn. Throws
-/// rlhf::Error for an unknown role, a system message that is not first, or (Llama 2) turns that do
-/// not alternate user/assistant.
-std::string apply_chat_template(const std::vector<ChatMessage>& messages, ChatFormat format,
-                                bool add_generation_prompt);
+/// Formats `messages` in a built-in format (to be encoded with add_bos = false: the Llama 2 form
+/// writes its own "<s>"). add_generation_prompt appends the assistant header (ChatML); the Llama 2
+/// form already ends ready for the answer after a user turn. Throws rlhf::Error for an unknown
+/// role, a system message that is not first, or (Llama 2) turns that do not alternate
+/// user/assistant.
+std::string apply_fallback_chat_format(const std::vector<ChatMessage>& messages, ChatFormat format,
+                                       bool add_generation_prompt);
 
 /// A prompt or conversation as read from a dataset value: a string is one user turn; an array of
 /// {"role", "content"} objects (string values) is taken as is. Throws rlhf::Error naming `where`
@@ -47,11 +79,27 @@ std::string apply_chat_template(const std::vector<ChatMessage>& messages, ChatFo
 std::vector<ChatMessage> chat_messages_from_json(const nlohmann::json& value,
                                                  const std::string& where);
 
-/// The text the model's chat template makes of `messages` (what transformers'
-/// `tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=...)` returns),
-/// to be encoded with add_bos = false (templates write their own BOS). `model_type` picks the
-/// format when the tokenizer has no template. Throws rlhf::Error for messages the template refuses.
+/// The text the model's chat template makes of `messages`: what transformers'
+/// `tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=...)` returns
+/// (render_chat_template of tokenizer.chat_template() with chat_template_tokens(tokenizer)), to be
+/// encoded with add_bos = false (templates write their own BOS). Without a template, the built-in
+/// fallback_chat_format(tokenizer, model_type), announced once per format in the log. Throws
+/// rlhf::Error for messages the template refuses (its raise_exception message) or a broken
+/// template, naming the tokenizer.
 std::string render_chat(const Tokenizer& tokenizer, const std::string& model_type,
                         const std::vector<ChatMessage>& messages, bool add_generation_prompt);
+
+/// A prompt and its response as the chat template splits them, OpenRLHF's SFTDataset/RewardDataset
+/// way: prompt = render(prompt_messages, add_generation_prompt = true), response = render(
+/// prompt_messages + response_messages, false) with that prompt cut off its front. Throws
+/// rlhf::Error when the full render does not start with the prompt render (a template that
+/// renders earlier turns differently once later ones exist), naming `where`.
+struct ChatSplit {
+  std::string prompt, response;
+};
+ChatSplit render_chat_split(const Tokenizer& tokenizer, const std::string& model_type,
+                            const std::vector<ChatMessage>& prompt_messages,
+                            const std::vector<ChatMessage>& response_messages,
+                            const std::string& where);
 
 }  // namespace rlhf::io

@@ -7,6 +7,7 @@
 #include <filesystem>
 
 #include "core/error.h"
+#include "io/chat_template.h"
 #include "io/jsonl.h"
 
 namespace rlhf::io {
@@ -39,8 +40,9 @@ struct JsonBuilder {
   int64_t skipped_overlong = 0;  // kSkip
   int64_t skipped_prompt = 0;    // prompt fills max_len
 
-  std::string field(const nlohmann::json& obj, const std::string& key, const char* flag,
-                    const std::string& where) const {
+  // obj[key], or an error naming the key, its flag and the keys the record has.
+  const nlohmann::json& require(const nlohmann::json& obj, const std::string& key, const char* flag,
+                                const std::string& where) const {
     if (!obj.contains(key)) {
       std::vector<std::string> keys;
       for (auto it = obj.begin(); it != obj.end(); ++it) keys.push_back("'" + it.key() + "'");
@@ -49,22 +51,69 @@ struct JsonBuilder {
           "--input_key / --output_key",
           where, key, flag, keys.empty() ? "none" : fmt::format("{}", fmt::join(keys, ", ")));
     }
-    const nlohmann::json& v = obj[key];
+    return obj[key];
+  }
+
+  std::string field(const nlohmann::json& obj, const std::string& key, const char* flag,
+                    const std::string& where) const {
+    const nlohmann::json& v = require(obj, key, flag, where);
     RLHF_CHECK(v.is_string(), "{}: key '{}' must be a string, got {} ({})", where, key,
                v.type_name(), flag);
     return v.get<std::string>();
   }
 
+  // --apply_chat_template: the prompt and response texts of the record (OpenRLHF's SFTDataset),
+  // and whether the response still needs an EOS.
+  void chat_texts(const nlohmann::json& obj, const std::string& where, std::string& prompt,
+                  std::string& response, bool& add_eos) const {
+    const nlohmann::json& in = require(obj, opt.input_key, "--input_key", where);
+    const std::string in_where = fmt::format("{}: key '{}'", where, opt.input_key);
+    std::vector<ChatMessage> prompt_msgs = chat_messages_from_json(in, in_where);
+    std::vector<ChatMessage> response_msgs;
+    if (obj.contains(opt.output_key)) {
+      const nlohmann::json& out = obj[opt.output_key];
+      if (out.is_string())
+        response_msgs.push_back({"assistant", out.get<std::string>()});
+      else
+        response_msgs =
+            chat_messages_from_json(out, fmt::format("{}: key '{}'", where, opt.output_key));
+    } else {
+      // A whole conversation under --input_key: its last message is the response.
+      RLHF_CHECK(in.is_array() && prompt_msgs.size() >= 2,
+                 "{}: missing key '{}' (--output_key)\nhint: without a response key, --input_key "
+                 "must hold a conversation (chat messages) whose last message is the response",
+                 where, opt.output_key);
+      response_msgs.push_back(prompt_msgs.back());
+      prompt_msgs.pop_back();
+    }
+    const ChatSplit split =
+        render_chat_split(tok, opt.model_type, prompt_msgs, response_msgs, where);
+    prompt = split.prompt;
+    response = split.response;
+    while (!response.empty() && response.back() == '\n') response.pop_back();
+    const int32_t eos = tok.eos_id();
+    const std::string eos_text = eos >= 0 ? tok.id_to_token(eos) : std::string();
+    add_eos = eos_text.empty() || response.size() < eos_text.size() ||
+              response.compare(response.size() - eos_text.size(), eos_text.size(), eos_text) != 0;
+  }
+
   // Adds the record; `where` is "file:line" or "file: record i".
   void add(const nlohmann::json& obj, const std::string& where) {
     RLHF_CHECK(obj.is_object(), "{}: expected a JSON object, got {}", where, obj.type_name());
-    const std::string prompt = field(obj, opt.input_key, "--input_key", where);
-    const std::string response = field(obj, opt.output_key, "--output_key", where);
+    std::string prompt, response;
+    bool add_eos = true;
+    if (opt.apply_chat_template) {
+      chat_texts(obj, where, prompt, response, add_eos);
+    } else {
+      prompt = field(obj, opt.input_key, "--input_key", where);
+      response = field(obj, opt.output_key, "--output_key", where);
+    }
     ++ds.stats.total;
     SftSample s;
-    s.tokens = tok.encode(prompt, /*add_bos=*/true, /*add_eos=*/false);
+    // The chat template writes its own BOS where the model has one.
+    s.tokens = tok.encode(prompt, /*add_bos=*/!opt.apply_chat_template, /*add_eos=*/false);
     const int64_t prompt_len = static_cast<int64_t>(s.tokens.size());
-    const std::vector<int32_t> r = tok.encode(response, false, /*add_eos=*/true);
+    const std::vector<int32_t> r = tok.encode(response, false, add_eos);
     s.tokens.insert(s.tokens.end(), r.begin(), r.end());
     if (static_cast<int64_t>(s.tokens.size()) > opt.max_len) {
       if (opt.overlong == OverlongPolicy::kSkip) {

@@ -33,6 +33,10 @@ struct SftDatasetOptions {
   int64_t max_len = 2048;             ///< tokens per sample (>= 2); text windows have this length
   OverlongPolicy overlong = OverlongPolicy::kTruncate;
   int64_t max_samples = -1;  ///< read at most this many records / text windows; -1 = all
+  /// --apply_chat_template: render JSON records with the tokenizer's chat template (see
+  /// build_sft_dataset); plain text files are not affected.
+  bool apply_chat_template = false;
+  std::string model_type;  ///< picks the built-in chat format of a tokenizer without a template
 };
 
 /// Counts of one build. total = records read (JSON) or windows cut (text);
@@ -59,13 +63,21 @@ struct SftDataset {
 ///  - `.jsonl` (or `.json` not starting with '['): one object per line with string values at
 ///    input_key (prompt) and output_key (response); tokens = BOS + enc(prompt) + enc(response) +
 ///    EOS, prompt_len = 1 + |enc(prompt)|;
+///    with apply_chat_template, as OpenRLHF's SFTDataset: the input (a string = one user turn, or
+///    chat messages) rendered with the generation prompt is the prompt, and the response is the
+///    rest of render(input + output) (output: a string = one assistant turn, or chat messages);
+///    a record without output_key whose input is a conversation takes its last message as the
+///    response. tokens = enc(prompt) + enc(response, trailing newlines dropped) + EOS unless the
+///    response already ends with the EOS token (no BOS added: templates write their own);
+///    prompt_len = |enc(prompt)|;
 ///  - `.json` holding a list of such objects: the same, record by record;
 ///  - anything else: plain text. Documents are separated by blank lines; the stream is
 ///    BOS doc1 EOS BOS doc2 EOS ... cut into consecutive windows of max_len tokens (the last may
 ///    be shorter; a 1-token remainder is skipped), prompt_len = 0.
 /// Errors (rlhf::Error, one line + hint): missing file, malformed JSON (file:line), a record that
 /// is not an object, missing key (which key, which line), non-string value, compressed input,
-/// bad options, and an empty result (saying why: empty file, or every sample skipped).
+/// bad options, a template that cannot render a record, and an empty result (saying why: empty
+/// file, or every sample skipped).
 SftDataset build_sft_dataset(const std::string& path, const Tokenizer& tokenizer,
                              const SftDatasetOptions& options);
 

@@ -224,13 +224,14 @@ TEST_CASE("cli: every sft option can come from TOML") {
       "disable_progress = true\nzero_keep_params = true\ncomm_backend = \"mpi\"\n"
       "tokenizer = \"tok.json\"\ndevice = \"cpu\"\nnccl_timeout = 60\n"
       "attn_implementation = \"cudnn\"\ncomm_timeout = 90\nckpt_path = \"/tmp/c\"\n"
-      "max_ckpt_num = 4\nload_checkpoint = true\n");
+      "max_ckpt_num = 4\nload_checkpoint = true\napply_chat_template = true\n");
   const ParsedCommand p = parse({"sft", "--config", f.str()});
   const app::SftArgs& a = sft(p);
   CHECK(a.data.dataset == "d.jsonl");
   CHECK(a.model.model_config == "m.toml");
   CHECK(a.input_key == "q");
   CHECK(a.output_key == "a");
+  CHECK(a.apply_chat_template);
   CHECK(a.data.max_len == 64);
   CHECK(a.data.truncation == "skip");
   CHECK(a.data.max_samples == 1000);
