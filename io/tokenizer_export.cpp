@@ -444,7 +444,8 @@ void gguf_keys_of_hf(GgufWriter& w, const Tokenizer& t, int64_t vocab) {
     w.add_f32_array("tokenizer.ggml.scores", scores);
     w.add_i32_array("tokenizer.ggml.token_type", types);
   }
-  const std::string unk = tj["model"].value("unk_token", std::string());
+  const json& unk_j = tj["model"]["unk_token"];
+  const std::string unk = unk_j.is_string() ? unk_j.get<std::string>() : "";
   add_ids(w, t.bos_id(), t.eos_id(), unk.empty() ? -1 : t.token_to_id(unk), t.pad_id());
   w.add_bool("tokenizer.ggml.add_bos_token", prefix.size() == 1 && prefix[0] == t.bos_id());
   w.add_bool("tokenizer.ggml.add_eos_token", false);
