@@ -235,13 +235,13 @@ ScoreVocab sentencepiece_score_vocab(const Tokenizer& t) {
     }
   }
   RLHF_CHECK(model_type == 2,
-             "{}: SentencePiece model type {} cannot be written as a BPE tokenizer.json (only BPE "
-             "models can)",
+             "{} (tokenizer kind 'sentencepiece'): model type {} cannot be written as a BPE "
+             "tokenizer.json or GGUF vocabulary (only BPE models can)",
              where, model_type == 1 ? "unigram" : std::to_string(model_type));
   RLHF_CHECK((norm_name.empty() || norm_name == "identity") && !extra_spaces,
-             "{}: the SentencePiece normalizer ('{}', remove_extra_whitespaces {}) has no "
-             "tokenizer.json equivalent here (only 'identity' without whitespace removal, as "
-             "Llama's, has)",
+             "{} (tokenizer kind 'sentencepiece'): the normalizer ('{}', remove_extra_whitespaces "
+             "{}) has no tokenizer.json equivalent here (only 'identity' without whitespace "
+             "removal, as Llama's, has)",
              where, norm_name, extra_spaces);
   RLHF_CHECK(static_cast<int64_t>(v.pieces.size()) == t.vocab_size(),
              "{}: {} pieces in the proto, {} in the tokenizer", where, v.pieces.size(),

@@ -219,7 +219,6 @@ json byte_tokenizer_json() {
 json tokenizer_config(const Tokenizer& t, int64_t max_len,
                       const std::function<std::string(int32_t)>& name, int32_t unk_id) {
   const std::vector<int32_t> prefix = t.encode("", true, false);
-  const std::vector<int32_t> suffix = t.encode("", false, true);
   const auto token = [&](int32_t id) { return id >= 0 ? json(name(id)) : json(nullptr); };
   json cfg = {{"tokenizer_class", "PreTrainedTokenizerFast"},
               {"bos_token", token(t.bos_id())},
@@ -230,7 +229,6 @@ json tokenizer_config(const Tokenizer& t, int64_t max_len,
               {"add_eos_token", false},
               {"clean_up_tokenization_spaces", false},
               {"model_max_length", max_len}};
-  (void)suffix;
   if (!t.chat_template().empty()) cfg["chat_template"] = t.chat_template();
   return cfg;
 }

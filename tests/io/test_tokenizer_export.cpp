@@ -228,23 +228,56 @@ TEST_CASE("tokenizer export: whole-model GGUF export carries vocab_size and the 
   CHECK(gen.at("eos_token_id") == 2);
 }
 
+namespace {
+
+// A tokenizer of any kind with given files (no encoding).
+class Fake final : public io::Tokenizer {
+ public:
+  Fake(std::string kind, std::vector<io::TokenizerFile> files)
+      : kind_(std::move(kind)), files_(std::move(files)) {}
+  std::vector<int32_t> encode(std::string_view, bool, bool) const override { return {}; }
+  std::string decode(std::span<const int32_t>, bool) const override { return ""; }
+  int32_t bos_id() const override { return 1; }
+  int32_t eos_id() const override { return 2; }
+  int32_t pad_id() const override { return 0; }
+  int64_t vocab_size() const override { return 3; }
+  bool is_special(int32_t) const override { return false; }
+  std::string name() const override { return "fake"; }
+  std::string kind() const override { return kind_; }
+  std::vector<io::TokenizerFile> files() const override { return files_; }
+
+ private:
+  std::string kind_;
+  std::vector<io::TokenizerFile> files_;
+};
+
+// A protobuf length-delimited field.
+std::string proto_bytes(int field, const std::string& payload) {
+  return std::string(1, char(field << 3 | 2)) + char(payload.size()) + payload;
+}
+
+}  // namespace
+
 TEST_CASE("tokenizer export: a tokenizer that cannot be written is an error naming its kind") {
-  // A kind that no writer knows.
-  class Fake final : public io::Tokenizer {
-   public:
-    std::vector<int32_t> encode(std::string_view, bool, bool) const override { return {}; }
-    std::string decode(std::span<const int32_t>, bool) const override { return ""; }
-    int32_t bos_id() const override { return 1; }
-    int32_t eos_id() const override { return 2; }
-    int32_t pad_id() const override { return 0; }
-    int64_t vocab_size() const override { return 3; }
-    bool is_special(int32_t) const override { return false; }
-    std::string name() const override { return "fake"; }
-    std::string kind() const override { return "tiktoken"; }
-  };
-  Fake f;
-  RLHF_CHECK_CONTAINS(test::error_of([&] { io::hf_tokenizer_files(f, 16); }), "kind 'tiktoken'");
-  io::GgufWriter w;
-  RLHF_CHECK_CONTAINS(test::error_of([&] { io::write_gguf_tokenizer(w, f, 3); }),
+  const Fake unknown("tiktoken", {});
+  RLHF_CHECK_CONTAINS(test::error_of([&] { io::hf_tokenizer_files(unknown, 16); }),
                       "kind 'tiktoken'");
+  io::GgufWriter w;
+  RLHF_CHECK_CONTAINS(test::error_of([&] { io::write_gguf_tokenizer(w, unknown, 3); }),
+                      "kind 'tiktoken'");
+  // A SentencePiece unigram model (TrainerSpec.model_type = 1) has no BPE merges to write.
+  std::string model;
+  for (const char* piece : {"<unk>", "<s>", "</s>"})
+    model += proto_bytes(1, proto_bytes(1, piece) + "\x15" + std::string(4, '\0') + "\x18\x03");
+  model += proto_bytes(2, "\x18\x01");
+  const Fake unigram("sentencepiece", {{"tokenizer.model", model}});
+  const std::string e = test::error_of([&] { io::hf_tokenizer_files(unigram, 16); });
+  RLHF_CHECK_CONTAINS(e, "tokenizer kind 'sentencepiece'");
+  RLHF_CHECK_CONTAINS(e, "model type unigram");
+  // The same model as BPE (model_type = 2) with Llama's normalizer is accepted by the reader.
+  const std::string bpe = model.substr(0, model.size() - 4) + proto_bytes(2, "\x18\x02") +
+                          proto_bytes(3, proto_bytes(1, "identity") + std::string("\x20\x00", 2));
+  const io::ScoreVocab v = io::sentencepiece_score_vocab(Fake("sentencepiece", {{"m", bpe}}));
+  CHECK(v.pieces == std::vector<std::string>{"<unk>", "<s>", "</s>"});
+  CHECK(v.types[1] == io::TokenType::kControl);
 }
