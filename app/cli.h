@@ -215,6 +215,8 @@ struct CheckpointArgs {
   std::string ckpt_path = "./ckpt/checkpoints_sft";
   int64_t max_ckpt_num = 3;      ///< --max_ckpt_num: keep the last K
   bool load_checkpoint = false;  ///< --load_checkpoint: resume from the newest valid one
+  /// --save_hf_ckpt: also a Hugging Face folder <ckpt_path>/step_N_hf next to each checkpoint
+  bool save_hf_ckpt = false;
 
   void bind(OptionSet& o);
 };

@@ -192,6 +192,9 @@ void CheckpointArgs::bind(OptionSet& o) {
       .check(ge(0));
   o.add("load_checkpoint", load_checkpoint,
         "Resume from the newest valid checkpoint in --ckpt_path (a damaged one is skipped)");
+  o.add("save_hf_ckpt", save_hf_ckpt,
+        "With each training checkpoint, also write a Hugging Face folder <ckpt_path>/step_N_hf "
+        "(config.json, model.safetensors, tokenizer files)");
 }
 
 void SftArgs::bind(OptionSet& o) {

@@ -92,6 +92,7 @@ rl::RlRunConfig rl_run_config(const PpoArgs& a, const char* cmd) {
   c.logging_steps = a.ckpt.logging_steps;
   c.ckpt_path = a.ckpt.ckpt_path;
   c.max_ckpt_num = a.ckpt.max_ckpt_num;
+  c.save_hf_ckpt = a.ckpt.save_hf_ckpt;
   c.load_checkpoint = a.ckpt.load_checkpoint;
   return c;
 }

@@ -93,6 +93,7 @@ rl::SupervisedOptions supervised_options(const char* name, const CommonArgs& com
   t.logging_steps = ckpt.logging_steps;
   t.ckpt_path = ckpt.ckpt_path;
   t.max_ckpt_num = ckpt.max_ckpt_num;
+  t.save_hf_ckpt = ckpt.save_hf_ckpt;
   t.load_checkpoint = ckpt.load_checkpoint;
   return t;
 }

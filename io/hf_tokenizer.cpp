@@ -763,6 +763,13 @@ HfTokenizer::HfTokenizer(const nlohmann::json& tj, const nlohmann::json& cfg,
     pad_id_ = cfg_pad >= 0 ? cfg_pad : m.unk_id >= 0 ? m.unk_id : eos_id_ >= 0 ? eos_id_ : 0;
     for (int32_t id : {bos_id_, eos_id_, cfg_pad, m.unk_id})
       if (id >= 0) m.special_ids.insert(id);
+    // transformers' split_special_tokens: special added tokens written in the text are not
+    // matched (the text is tokenized as it is); non-special added tokens still are.
+    if (bool_member(cfg_obj, "split_special_tokens", false)) {
+      const auto special = [](const Impl::Added& a) { return a.special; };
+      std::erase_if(m.added_raw, special);
+      std::erase_if(m.added_norm, special);
+    }
     if (cfg_obj.contains("chat_template")) {
       const json& ct = cfg_obj.at("chat_template");
       if (ct.is_string()) {
@@ -979,9 +986,8 @@ std::unique_ptr<HfTokenizer> load_hf_tokenizer(const std::string& path) {
                                        std::move(files), path);
 }
 
-std::unique_ptr<Tokenizer> load_gguf_bpe_tokenizer(const GgufFile& f,
-                                                   const std::vector<TokenType>& types,
-                                                   std::vector<TokenizerFile> files) {
+void gguf_bpe_tokenizer_json(const GgufFile& f, const std::vector<TokenType>& types,
+                             nlohmann::json* tokenizer_json, nlohmann::json* config_json) {
   const std::string& src = f.blob.source;
   const json& tokens = f.metadata.at("tokenizer.ggml.tokens");
   json tj = json::object();
@@ -1046,7 +1052,16 @@ std::unique_ptr<Tokenizer> load_gguf_bpe_tokenizer(const GgufFile& f,
   if (f.metadata.contains("tokenizer.chat_template") &&
       f.metadata.at("tokenizer.chat_template").is_string())
     cfg["chat_template"] = f.metadata.at("tokenizer.chat_template");
-  return std::make_unique<HfTokenizer>(tj, cfg, std::move(files), src, "gguf");
+  *tokenizer_json = std::move(tj);
+  *config_json = std::move(cfg);
+}
+
+std::unique_ptr<Tokenizer> load_gguf_bpe_tokenizer(const GgufFile& f,
+                                                   const std::vector<TokenType>& types,
+                                                   std::vector<TokenizerFile> files) {
+  json tj, cfg;
+  gguf_bpe_tokenizer_json(f, types, &tj, &cfg);
+  return std::make_unique<HfTokenizer>(tj, cfg, std::move(files), f.blob.source, "gguf");
 }
 
 }  // namespace rlhf::io

@@ -17,6 +17,8 @@
 // Deliberate differences: decode keeps invalid UTF-8 bytes from byte tokens as they are (the
 // library substitutes U+FFFD), so decode(encode(x)) == x for any bytes; transformers'
 // clean_up_tokenization_spaces is not applied.
+// tokenizer_config.json's split_special_tokens (transformers) is honoured: special added tokens
+// written in the text are then tokenized as text.
 #pragma once
 
 #include <nlohmann/json_fwd.hpp>
@@ -97,6 +99,12 @@ struct GgufFile;
 std::unique_ptr<Tokenizer> load_gguf_bpe_tokenizer(const GgufFile& f,
                                                    const std::vector<TokenType>& types,
                                                    std::vector<TokenizerFile> files);
+
+/// The tokenizer.json (`tokenizer_json`) and tokenizer_config.json (`config_json`: bos/eos/pad
+/// token names, add_bos_token, chat_template) that load_gguf_bpe_tokenizer builds for a GGUF "gpt2"
+/// vocabulary; `types` as there. Throws rlhf::Error for inconsistent metadata.
+void gguf_bpe_tokenizer_json(const GgufFile& f, const std::vector<TokenType>& types,
+                             nlohmann::json* tokenizer_json, nlohmann::json* config_json);
 
 /// The GPT-2 pre-tokenizer pattern (HF ByteLevel with use_regex).
 extern const char* const kGpt2SplitPattern;

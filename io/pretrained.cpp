@@ -10,6 +10,7 @@
 
 #include "core/checked_alloc.h"
 #include "core/error.h"
+#include "core/log.h"
 #include "io/bytes.h"
 #include "io/file_util.h"
 #include "io/gguf.h"
@@ -20,6 +21,7 @@
 #include "io/safetensors.h"
 #include "io/sp_tokenizer.h"
 #include "io/spm_tokenizer.h"
+#include "io/tokenizer_export.h"
 #include "io/tokenizer_hdf5.h"
 
 namespace rlhf::io {
@@ -438,11 +440,21 @@ void export_hf_folder(const std::string& dir, const PretrainedModel& m, DType dt
     cfg["head"] = model::to_string(m.head);
   }
   write_text(fs::path(dir) / "config.json", cfg.dump(2) + "\n");
-  json gen = {{"bos_token_id", m.config.bos_token_id}, {"eos_token_id", m.config.eos_token_id}};
-  if (m.config.pad_token_id >= 0) gen["pad_token_id"] = m.config.pad_token_id;
+  // Token ids: the tokenizer's when there is one (what rlhf generates with), else the config's.
+  const Tokenizer* tok = m.tokenizer.get();
+  const int64_t bos = tok ? tok->bos_id() : m.config.bos_token_id;
+  const int64_t eos = tok ? tok->eos_id() : m.config.eos_token_id;
+  const int64_t pad = tok ? tok->pad_id() : m.config.pad_token_id;
+  json gen = {{"bos_token_id", bos >= 0 ? json(bos) : json(nullptr)},
+              {"eos_token_id", eos >= 0 ? json(eos) : json(nullptr)}};
+  if (pad >= 0) gen["pad_token_id"] = pad;
   write_text(fs::path(dir) / "generation_config.json", gen.dump(2) + "\n");
-  if (m.tokenizer)
-    for (const TokenizerFile& f : m.tokenizer->files()) write_text(fs::path(dir) / f.name, f.bytes);
+  if (tok == nullptr) {
+    LOG_WARN("{}: the model has no tokenizer; {} gets no tokenizer files", m.path, dir);
+    return;
+  }
+  for (const TokenizerFile& f : hf_tokenizer_files(*tok, m.config.max_position_embeddings))
+    write_text(fs::path(dir) / f.name, f.bytes);
 }
 
 void export_hdf5(const std::string& path, const PretrainedModel& m) {
@@ -492,28 +504,12 @@ void export_gguf(const std::string& path, const PretrainedModel& m, DType dtype)
     w.add_u32(arch + ".attention.key_length", static_cast<uint32_t>(c.D()));
     w.add_u32(arch + ".attention.value_length", static_cast<uint32_t>(c.D()));
   }
-  // The vocabulary, when it is a score-based SentencePiece one.
-  if (m.tokenizer && (m.tokenizer->kind() == "llama2c" || m.tokenizer->kind() == "gguf")) {
-    if (const auto* st = dynamic_cast<const ScoreTokenizer*>(m.tokenizer.get())) {
-      const ScoreVocab& v = st->vocab();
-      std::vector<std::string> pieces;
-      std::vector<int32_t> types;
-      for (size_t i = 0; i < v.pieces.size(); ++i) {
-        pieces.push_back(st->id_to_token(static_cast<int32_t>(i)));
-        types.push_back(static_cast<int32_t>(v.types[i]));
-      }
-      w.add_string("tokenizer.ggml.model", "llama");
-      w.add_string_array("tokenizer.ggml.tokens", pieces);
-      w.add_f32_array("tokenizer.ggml.scores", v.scores);
-      w.add_i32_array("tokenizer.ggml.token_type", types);
-      if (v.bos_id >= 0) w.add_u32("tokenizer.ggml.bos_token_id", static_cast<uint32_t>(v.bos_id));
-      if (v.eos_id >= 0) w.add_u32("tokenizer.ggml.eos_token_id", static_cast<uint32_t>(v.eos_id));
-      if (v.unk_id >= 0)
-        w.add_u32("tokenizer.ggml.unknown_token_id", static_cast<uint32_t>(v.unk_id));
-      if (v.pad_id >= 0)
-        w.add_u32("tokenizer.ggml.padding_token_id", static_cast<uint32_t>(v.pad_id));
-    }
+  w.add_u32(arch + ".vocab_size", static_cast<uint32_t>(c.vocab_size));
+  if (m.tokenizer) {
+    write_gguf_tokenizer(w, *m.tokenizer, c.vocab_size);
   } else {
+    LOG_WARN("{}: the model has no tokenizer; {} gets no tokenizer.ggml.* vocabulary", m.path,
+             path);
     if (c.bos_token_id >= 0)
       w.add_u32("tokenizer.ggml.bos_token_id", static_cast<uint32_t>(c.bos_token_id));
     if (c.eos_token_id >= 0)

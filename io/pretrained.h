@@ -72,8 +72,10 @@ inline constexpr const char* kRopePermutedKey = "rlhf_rope_permuted_from";
 
 /// Writes a Hugging Face folder `dir`: config.json (ModelConfig::to_json with the head's
 /// architecture; "torch_dtype" = dtype), model.safetensors (every tensor of the layout, stored as
-/// `dtype` F32/BF16/F16), generation_config.json, and the tokenizer's files (Tokenizer::files(),
-/// when `tokenizer` is not null). An interleaved-RoPE model is written with Q/K rows permuted to
+/// `dtype` F32/BF16/F16), generation_config.json (the tokenizer's BOS/EOS/PAD ids, else the
+/// config's) and, when m.tokenizer is set, tokenizer.json + tokenizer_config.json that
+/// transformers' AutoTokenizer loads (io/tokenizer_export.h hf_tokenizer_files; an error naming the
+/// tokenizer kind when it cannot be written); without a tokenizer, a warning. An interleaved-RoPE model is written with Q/K rows permuted to
 /// rotate-half (see kRopePermutedKey). Files are written to .tmp names and renamed.
 void export_hf_folder(const std::string& dir, const PretrainedModel& m, DType dtype);
 
@@ -83,9 +85,9 @@ void export_hdf5(const std::string& path, const PretrainedModel& m);
 
 /// Writes a GGUF v3 file at `path`: llama.cpp metadata for the architecture, tensors under GGUF
 /// names with Q/K rows in llama.cpp's (interleaved) order for "llama" models, stored as `dtype`
-/// (F32, F16 or BF16; norms stay F32 as llama.cpp keeps them), and the tokenizer's vocabulary when
-/// it can be expressed as GGUF tokenizer.ggml.* metadata (score-based SentencePiece-style
-/// tokenizers). Throws for a non-LM head.
+/// (F32, F16 or BF16; norms stay F32 as llama.cpp keeps them), <arch>.vocab_size, and the
+/// tokenizer as tokenizer.ggml.* metadata with tokenizer.chat_template (io/tokenizer_export.h
+/// write_gguf_tokenizer; a warning when the model has none). Throws for a non-LM head.
 void export_gguf(const std::string& path, const PretrainedModel& m, DType dtype);
 
 }  // namespace rlhf::io

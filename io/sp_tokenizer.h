@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "io/spm_tokenizer.h"
 #include "io/tokenizer.h"
 
 namespace rlhf::io {
@@ -23,5 +24,12 @@ bool sentencepiece_available();
 /// SentencePiece model.
 std::unique_ptr<Tokenizer> load_sentencepiece(const std::string& bytes, const std::string& name,
                                               const std::string& source);
+
+/// The vocabulary of a SentencePiece tokenizer (kind "sentencepiece"), read from its model proto
+/// (not through the library, so it works in any build): pieces with ' ' for '▁', scores, types,
+/// BOS/EOS/UNK/PAD ids and the dummy prefix; for writing it as a tokenizer.json or GGUF
+/// vocabulary. Throws rlhf::Error naming the file for a model that such a BPE cannot reproduce:
+/// a unigram model, or a normalizer other than 'identity' without whitespace removal (Llama's).
+ScoreVocab sentencepiece_score_vocab(const Tokenizer& t);
 
 }  // namespace rlhf::io

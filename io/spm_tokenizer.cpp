@@ -4,6 +4,7 @@
 #include <cmath>
 #include <filesystem>
 #include <queue>
+#include <set>
 
 #include "core/error.h"
 #include "io/gguf.h"
@@ -282,7 +283,72 @@ int32_t get_id(const GgufFile& f, const char* key, int32_t def, size_t n) {
   return static_cast<int32_t>(v);
 }
 
+// The vocabulary export_gguf writes for the byte tokenizer: <0x00>..<0xFF> (byte tokens), then
+// <s>, </s>, <pad> (control), then only unused padding tokens.
+bool is_byte_vocabulary(const nlohmann::json& tokens, const std::vector<TokenType>& types) {
+  if (tokens.size() < static_cast<size_t>(ByteTokenizer::kVocabSize)) return false;
+  for (size_t i = ByteTokenizer::kVocabSize; i < tokens.size(); ++i)
+    if (types[i] != TokenType::kUnused) return false;  // padding rows only
+  for (int b = 0; b < 256; ++b)
+    if (tokens[size_t(b)] != byte_piece(b) || types[size_t(b)] != TokenType::kByte) return false;
+  return tokens[256] == "<s>" && tokens[257] == "</s>" && tokens[258] == "<pad>" &&
+         types[256] == TokenType::kControl && types[257] == TokenType::kControl &&
+         types[258] == TokenType::kControl;
+}
+
+// A tokenizer.json embedded as tokenizer.huggingface.json (written by export_gguf when the
+// tokenizer.ggml.* keys cannot express the tokenizer exactly); special token names, add_bos_token
+// and the chat template from the tokenizer.ggml.* / tokenizer.chat_template keys.
+std::unique_ptr<Tokenizer> gguf_embedded_hf_tokenizer(const GgufFile& f, const std::string& text,
+                                                      std::vector<TokenizerFile> files) {
+  const std::string src = f.blob.source + ":tokenizer.huggingface.json";
+  nlohmann::json tj;
+  try {
+    tj = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception& e) {
+    RLHF_FAIL("{}: malformed JSON: {}", src, e.what());
+  }
+  const nlohmann::json& tokens = f.metadata.at("tokenizer.ggml.tokens");
+  nlohmann::json cfg = nlohmann::json::object();
+  for (auto [key, name] :
+       {std::pair<const char*, const char*>{"tokenizer.ggml.bos_token_id", "bos_token"},
+        {"tokenizer.ggml.eos_token_id", "eos_token"},
+        {"tokenizer.ggml.padding_token_id", "pad_token"},
+        {"tokenizer.ggml.unknown_token_id", "unk_token"}}) {
+    const int32_t id = get_id(f, key, -1, tokens.size());
+    if (id >= 0) cfg[name] = tokens[size_t(id)];
+  }
+  if (const nlohmann::json* b = get(f, "tokenizer.ggml.add_bos_token"); b && b->is_boolean())
+    cfg["add_bos_token"] = b->get<bool>();
+  if (const nlohmann::json* c = get(f, "tokenizer.chat_template"); c && c->is_string())
+    cfg["chat_template"] = *c;
+  if (const nlohmann::json* sp = get(f, "tokenizer.rlhf.split_special_tokens");
+      sp && sp->is_boolean())
+    cfg["split_special_tokens"] = sp->get<bool>();
+  return std::make_unique<HfTokenizer>(tj, cfg, std::move(files), src, "gguf");
+}
+
 }  // namespace
+
+std::vector<TokenType> gguf_token_types(const GgufFile& f) {
+  const std::string& src = f.blob.source;
+  const nlohmann::json* tokens = get(f, "tokenizer.ggml.tokens");
+  const size_t n = tokens != nullptr && tokens->is_array() ? tokens->size() : 0;
+  const nlohmann::json* types = get(f, "tokenizer.ggml.token_type");
+  std::vector<TokenType> tt(n, TokenType::kNormal);
+  if (types == nullptr) return tt;
+  RLHF_CHECK(types->is_array() && types->size() == n,
+             "{}: tokenizer.ggml.token_type has {} entries for {} tokens", src,
+             types->is_array() ? types->size() : 0, n);
+  for (size_t i = 0; i < n; ++i) {
+    const auto& x = (*types)[i];
+    RLHF_CHECK(x.is_number_integer() && x.get<int64_t>() >= 1 && x.get<int64_t>() <= 6,
+               "{}: tokenizer.ggml.token_type[{}] = {} is not a token type (1..6)", src, i,
+               x.dump());
+    tt[i] = static_cast<TokenType>(x.get<int32_t>());
+  }
+  return tt;
+}
 
 std::unique_ptr<Tokenizer> load_gguf_tokenizer(const GgufFile& f) {
   const std::string& src = f.blob.source;
@@ -295,22 +361,12 @@ std::unique_ptr<Tokenizer> load_gguf_tokenizer(const GgufFile& f) {
     RLHF_CHECK(t.is_string(), "{}: tokenizer.ggml.tokens must hold strings", src);
   const nlohmann::json* model = get(f, "tokenizer.ggml.model");
   const std::string type = model && model->is_string() ? model->get<std::string>() : "llama";
-  const nlohmann::json* types = get(f, "tokenizer.ggml.token_type");
-  std::vector<TokenType> tt(n, TokenType::kNormal);
-  if (types != nullptr) {
-    RLHF_CHECK(types->is_array() && types->size() == n,
-               "{}: tokenizer.ggml.token_type has {} entries for {} tokens", src,
-               types->is_array() ? types->size() : 0, n);
-    for (size_t i = 0; i < n; ++i) {
-      const auto& x = (*types)[i];
-      RLHF_CHECK(x.is_number_integer() && x.get<int64_t>() >= 1 && x.get<int64_t>() <= 6,
-                 "{}: tokenizer.ggml.token_type[{}] = {} is not a token type (1..6)", src, i,
-                 x.dump());
-      tt[i] = static_cast<TokenType>(x.get<int32_t>());
-    }
-  }
+  const std::vector<TokenType> tt = gguf_token_types(f);
+  if (is_byte_vocabulary(*tokens, tt)) return std::make_unique<ByteTokenizer>();
   const std::string file = gguf_tokenizer_file(f);
   std::vector<TokenizerFile> files = {{"tokenizer.gguf", file}};
+  if (const nlohmann::json* hf = get(f, "tokenizer.huggingface.json"); hf && hf->is_string())
+    return gguf_embedded_hf_tokenizer(f, hf->get<std::string>(), std::move(files));
   if (type == "llama") {
     ScoreVocab v;
     v.pieces.reserve(n);
@@ -346,11 +402,16 @@ std::unique_ptr<Tokenizer> load_gguf_tokenizer(const GgufFile& f) {
 }
 
 std::string gguf_tokenizer_file(const GgufFile& f) {
-  // Re-encode the tokenizer.* keys with their GGUF types into a GGUF without tensors.
   GgufWriter w;
+  copy_gguf_tokenizer_keys(w, f);
+  return w.to_bytes();
+}
+
+void copy_gguf_tokenizer_keys(GgufWriter& w, const GgufFile& f, const std::set<std::string>& skip) {
+  // Re-encode the tokenizer.* keys with their GGUF types.
   for (auto it = f.metadata.begin(); it != f.metadata.end(); ++it) {
     const std::string& key = it.key();
-    if (key.rfind("tokenizer.", 0) != 0) continue;
+    if (key.rfind("tokenizer.", 0) != 0 || skip.count(key) != 0) continue;
     const nlohmann::json& v = it.value();
     const GgufType t = f.metadata_types.at(key);
     if (v.is_string()) {
@@ -380,7 +441,6 @@ std::string gguf_tokenizer_file(const GgufFile& f) {
       }
     }
   }
-  return w.to_bytes();
 }
 
 }  // namespace rlhf::io

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <set>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -86,11 +87,24 @@ ScoreVocab parse_llama2c_tokenizer(const Blob& blob);
 std::unique_ptr<ScoreTokenizer> load_llama2c_tokenizer(const Blob& blob);
 
 /// The tokenizer embedded in a GGUF file: tokenizer.ggml.model "llama" → ScoreTokenizer; "gpt2" →
-/// a byte-level BPE (io/hf_tokenizer.h). Returns null when the file has no tokenizer.ggml.tokens.
+/// a byte-level BPE (io/hf_tokenizer.h); a tokenizer.huggingface.json key (written by export_gguf
+/// when the tokenizer.ggml.* keys cannot express a tokenizer exactly) → that tokenizer.json;
+/// the byte vocabulary export_gguf writes for ByteTokenizer (<0x00>..<0xFF>, <s>, </s>, <pad>) →
+/// ByteTokenizer. Returns null when the file has no tokenizer.ggml.tokens.
 /// Throws rlhf::Error when the vocabulary is inconsistent (array lengths differ, bad ids) or the
 /// model type is not supported. `gguf_bytes` is the file the tokenizer is stored as (a
 /// tokenizer-only GGUF; see gguf_tokenizer_file).
 std::unique_ptr<Tokenizer> load_gguf_tokenizer(const GgufFile& f);
+
+/// The tokenizer.ggml.token_type of `f` (kNormal for every token when the key is absent); throws
+/// rlhf::Error when its length differs from tokenizer.ggml.tokens' or a value is not 1..6.
+std::vector<TokenType> gguf_token_types(const GgufFile& f);
+
+class GgufWriter;
+/// Adds every tokenizer.* key of `f` but those in `skip` to `w` with its GGUF type (strings,
+/// bools, u32/i32, f32, string/f32/i32 arrays).
+void copy_gguf_tokenizer_keys(GgufWriter& w, const GgufFile& f,
+                              const std::set<std::string>& skip = {});
 
 /// A GGUF file (bytes) with no tensors that carries only `f`'s tokenizer.* metadata: what a
 /// GGUF-vocabulary tokenizer stores in checkpoints as "tokenizer.gguf".

@@ -8,6 +8,7 @@
 #include "core/log.h"
 #include "io/h5_verify.h"
 #include "io/hdf5_ckpt.h"
+#include "io/tokenizer_hdf5.h"
 
 namespace rlhf::rl {
 
@@ -47,8 +48,14 @@ std::vector<std::string> list_checkpoints(const std::string& dir) {
   return out;
 }
 
+std::string hf_checkpoint_dir(const std::string& ckpt_file) {
+  const fs::path p(ckpt_file);
+  return (p.parent_path() / (p.stem().string() + "_hf")).string();
+}
+
 void save_train_checkpoint(const std::string& path, const std::vector<CheckpointSlot>& slots,
-                           const nlohmann::json& trainer_state, bool writer, int max_keep) {
+                           const nlohmann::json& trainer_state, bool writer, int max_keep,
+                           const io::Tokenizer* tokenizer) {
   std::unique_ptr<io::CheckpointWriter> w;
   if (writer) w = std::make_unique<io::CheckpointWriter>(path);
   for (const CheckpointSlot& s : slots) {
@@ -86,6 +93,7 @@ void save_train_checkpoint(const std::string& path, const std::vector<Checkpoint
     }
   }
   if (!w) return;
+  if (tokenizer != nullptr) io::write_tokenizer_hdf5(*w, *tokenizer);
   w->create_group("/trainer");
   w->write_string_attr("/trainer", "format", kTrainFormat);
   w->write_string_attr("/trainer", "state", trainer_state.dump());
@@ -97,6 +105,7 @@ void save_train_checkpoint(const std::string& path, const std::vector<Checkpoint
     for (size_t i = 0; i + size_t(max_keep) < all.size(); ++i) {
       std::error_code ec;
       fs::remove(all[i], ec);
+      fs::remove_all(hf_checkpoint_dir(all[i]), ec);
       LOG_DEBUG("removed old checkpoint {}", all[i]);
     }
   }

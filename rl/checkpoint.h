@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "io/tokenizer.h"
 #include "parallel/param_store.h"
 
 namespace rlhf::rl {
@@ -30,10 +31,17 @@ struct CheckpointSlot {
 };
 
 /// Collective over the stores' communicators (every training rank calls it in the same order);
-/// `writer` (true on exactly one rank, e.g. train rank 0) writes the file. Prunes older
-/// `step_*.h5` files in the directory beyond max_keep (<= 0 keeps all) after the commit.
+/// `writer` (true on exactly one rank, e.g. train rank 0) writes the file. With a `tokenizer`, its
+/// files go under /tokenizer (io/tokenizer_hdf5.h), so the checkpoint used as --pretrain brings
+/// its tokenizer. Prunes older `step_*.h5` files in the directory beyond max_keep (<= 0 keeps all)
+/// after the commit, with their Hugging Face folders (hf_checkpoint_dir).
 void save_train_checkpoint(const std::string& path, const std::vector<CheckpointSlot>& slots,
-                           const nlohmann::json& trainer_state, bool writer, int max_keep);
+                           const nlohmann::json& trainer_state, bool writer, int max_keep,
+                           const io::Tokenizer* tokenizer = nullptr);
+
+/// The Hugging Face folder written next to checkpoint `ckpt_file` by --save_hf_ckpt:
+/// `<dir>/step_<k>.h5` → `<dir>/step_<k>_hf` (OpenRLHF writes `<ckpt_path>/<tag>_hf`).
+std::string hf_checkpoint_dir(const std::string& ckpt_file);
 
 /// Loads weights (and moments where slot.optimizer) into the stores and returns the trainer state.
 /// Every training rank reads the file. Throws rlhf::Error naming the file and what is missing.

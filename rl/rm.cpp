@@ -20,9 +20,15 @@ namespace {
 // (Δ > 0), [2] Σ Δ; each divided by TB for the step's loss, acc and reward_margin.
 class RmTask final : public SupervisedTask {
  public:
-  RmTask(parallel::TrainModel& net, const io::PreferenceDataset& data, int32_t pad_id,
-         int64_t train_batch_size)
-      : net_(net), data_(data), pad_id_(pad_id), TB_(train_batch_size) {}
+  RmTask(parallel::TrainModel& net, const io::PreferenceDataset& data,
+         const io::Tokenizer& tokenizer, int64_t train_batch_size)
+      : net_(net),
+        data_(data),
+        tokenizer_(tokenizer),
+        pad_id_(tokenizer.pad_id()),
+        TB_(train_batch_size) {}
+
+  const io::Tokenizer* saved_tokenizer() const override { return &tokenizer_; }
 
   int num_metrics() const override { return 3; }
 
@@ -76,6 +82,7 @@ class RmTask final : public SupervisedTask {
  private:
   parallel::TrainModel& net_;
   const io::PreferenceDataset& data_;
+  const io::Tokenizer& tokenizer_;
   int32_t pad_id_;
   int64_t TB_;
   std::vector<int32_t> tokens_;
@@ -92,7 +99,7 @@ int run_rm(const RmConfig& c) {
   const io::ModelSource src =
       io::resolve_model_source(c.model_config, c.pretrain, c.tokenizer, model::HeadKind::kReward);
   const model::ModelConfig& cfg = src.config;
-  const std::unique_ptr<io::Tokenizer> tokenizer = io::make_tokenizer("byte");
+  const std::shared_ptr<const io::Tokenizer> tokenizer = io::model_tokenizer(src);
   RLHF_CHECK(tokenizer->vocab_size() <= cfg.vocab_size,
              "the tokenizer has {} tokens but the model's vocab_size is {}",
              tokenizer->vocab_size(), cfg.vocab_size);
@@ -109,7 +116,7 @@ int run_rm(const RmConfig& c) {
   LOG0_INFO("reward model: {} parameters, {} | data: {} | {} steps", layout.num_parameters(),
             src.describe(), data.stats.summary(), plan.total_steps);
 
-  RmTask task(*net, data, tokenizer->pad_id(), plan.train_batch_size);
+  RmTask task(*net, data, *tokenizer, plan.train_batch_size);
   const SupervisedResult res = train_supervised(c.train, plan, task, *net, comm);
   if (res.signal != 0) return parallel::kExitPreempted;
   LOG0_INFO("done: {} steps in {:.1f}s | reward model {}", res.steps, res.seconds, res.model_path);

@@ -44,6 +44,7 @@ struct SupervisedOptions {
   /// and on SIGTERM/SIGUSR1
   std::string ckpt_path = "./ckpt/checkpoints_sft";
   int64_t max_ckpt_num = 3;      ///< --max_ckpt_num: keep the last K
+  bool save_hf_ckpt = false;     ///< --save_hf_ckpt: a Hugging Face folder with each checkpoint
   bool load_checkpoint = false;  ///< --load_checkpoint: resume from the newest valid one
 };
 

@@ -1,8 +1,14 @@
 #include "rl/weights.h"
 
+#include <algorithm>
+#include <filesystem>
+#include <map>
+#include <optional>
+
 #include "core/error.h"
 #include "core/log.h"
 #include "io/hdf5_ckpt.h"
+#include "io/pretrained.h"
 #include "io/tokenizer_hdf5.h"
 #include "model/init.h"
 
@@ -35,15 +41,84 @@ void initialize_weights(parallel::ParamStore& store, const io::ModelSource& src,
   }
 }
 
-uint64_t save_model(parallel::ParamStore& store, const std::string& path, int rank,
-                    const io::Tokenizer* tokenizer) {
+namespace {
+
+// Every unit of the store, consolidated (collective).
+std::vector<std::vector<float>> gather_units(parallel::ParamStore& store) {
   const model::ParamLayout& layout = store.layout();
   std::vector<std::vector<float>> units(static_cast<size_t>(layout.num_units()));
-  std::vector<const float*> ptrs;
-  uint64_t h = 1469598103934665603ull;  // FNV-1a over the real elements' bytes, in unit order
   for (int u = 0; u < layout.num_units(); ++u) {
     units[size_t(u)].resize(static_cast<size_t>(layout.unit(u).numel));
     store.gather_unit(u, units[size_t(u)].data());
+  }
+  return units;
+}
+
+// The gathered units as a TensorSource (HF names, the layout's shapes).
+class UnitTensors final : public io::TensorSource {
+ public:
+  UnitTensors(const model::ParamLayout& layout, const std::vector<std::vector<float>>& units)
+      : units_(units), source_("the trained model") {
+    for (int u = 0; u < layout.num_units(); ++u)
+      for (const model::TensorInfo& t : layout.unit(u).tensors) where_[t.name] = {u, t};
+  }
+  const std::string& source() const override { return source_; }
+  std::vector<std::string> names() const override {
+    std::vector<std::string> out;
+    for (const auto& [name, e] : where_) out.push_back(name);
+    return out;
+  }
+  std::optional<io::TensorMeta> find(const std::string& name) const override {
+    auto it = where_.find(name);
+    if (it == where_.end()) return std::nullopt;
+    return io::TensorMeta{it->second.second.shape, "F32"};
+  }
+  void read(const std::string& name, float* out) const override {
+    const auto& [u, t] = where_.at(name);
+    const float* src = units_[size_t(u)].data() + t.offset;
+    std::copy(src, src + t.numel, out);
+  }
+
+ private:
+  const std::vector<std::vector<float>>& units_;
+  std::string source_;
+  std::map<std::string, std::pair<int, model::TensorInfo>> where_;
+};
+
+}  // namespace
+
+void save_hf_model(parallel::ParamStore& store, const std::string& dir, int rank,
+                   const io::Tokenizer* tokenizer) {
+  const std::vector<std::vector<float>> units = gather_units(store);
+  if (rank != 0) return;
+  const model::ParamLayout& layout = store.layout();
+  io::PretrainedModel m;
+  m.path = dir;
+  m.format = "hdf5";
+  m.config = layout.config();
+  m.head = layout.head();
+  m.tensors = std::make_shared<UnitTensors>(layout, units);
+  // Not owned: the caller's tokenizer outlives this call.
+  if (tokenizer != nullptr)
+    m.tokenizer = std::shared_ptr<const io::Tokenizer>(m.tensors, tokenizer);
+  namespace fs = std::filesystem;
+  const std::string tmp = dir + ".tmp";
+  std::error_code ec;
+  fs::remove_all(tmp, ec);
+  io::export_hf_folder(tmp, m, io::DType::kF32);
+  fs::remove_all(dir, ec);
+  fs::rename(tmp, dir, ec);
+  RLHF_CHECK(!ec, "cannot rename {} to {}: {}", tmp, dir, ec.message());
+  LOG0_INFO("saved Hugging Face folder {}", dir);
+}
+
+uint64_t save_model(parallel::ParamStore& store, const std::string& path, int rank,
+                    const io::Tokenizer* tokenizer) {
+  const model::ParamLayout& layout = store.layout();
+  const std::vector<std::vector<float>> units = gather_units(store);
+  std::vector<const float*> ptrs;
+  uint64_t h = 1469598103934665603ull;  // FNV-1a over the real elements' bytes, in unit order
+  for (int u = 0; u < layout.num_units(); ++u) {
     ptrs.push_back(units[size_t(u)].data());
     for (const model::TensorInfo& t : layout.unit(u).tensors) {
       const auto* b = reinterpret_cast<const unsigned char*>(units[size_t(u)].data() + t.offset);

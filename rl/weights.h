@@ -25,4 +25,12 @@ void initialize_weights(parallel::ParamStore& store, const io::ModelSource& src,
 uint64_t save_model(parallel::ParamStore& store, const std::string& path, int rank,
                     const io::Tokenizer* tokenizer = nullptr);
 
+/// Writes the store's consolidated model as a Hugging Face folder `dir` from rank 0 (collective):
+/// config.json, model.safetensors (float32), generation_config.json and, with a tokenizer, the
+/// tokenizer files of io/tokenizer_export.h — what io::export_hf_folder writes. The folder is
+/// written as `<dir>.tmp` and renamed over `dir` (an older one is replaced). Throws rlhf::Error
+/// when the tokenizer cannot be written (naming its kind).
+void save_hf_model(parallel::ParamStore& store, const std::string& dir, int rank,
+                   const io::Tokenizer* tokenizer);
+
 }  // namespace rlhf::rl

@@ -224,7 +224,8 @@ TEST_CASE("cli: every sft option can come from TOML") {
       "disable_progress = true\nzero_keep_params = true\ncomm_backend = \"mpi\"\n"
       "tokenizer = \"tok.json\"\ndevice = \"cpu\"\nnccl_timeout = 60\n"
       "attn_implementation = \"cudnn\"\ncomm_timeout = 90\nckpt_path = \"/tmp/c\"\n"
-      "max_ckpt_num = 4\nload_checkpoint = true\napply_chat_template = true\n");
+      "max_ckpt_num = 4\nload_checkpoint = true\napply_chat_template = true\n"
+      "save_hf_ckpt = true\n");
   const ParsedCommand p = parse({"sft", "--config", f.str()});
   const app::SftArgs& a = sft(p);
   CHECK(a.data.dataset == "d.jsonl");
@@ -268,6 +269,7 @@ TEST_CASE("cli: every sft option can come from TOML") {
   CHECK(a.ckpt.ckpt_path == "/tmp/c");
   CHECK(a.ckpt.max_ckpt_num == 4);
   CHECK(a.ckpt.load_checkpoint == true);
+  CHECK(a.ckpt.save_hf_ckpt == true);
   // Every option came from the file, except the file itself and --pretrain (exclusive with
   // --model_config).
   for (const auto& row : p.config) {

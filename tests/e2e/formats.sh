@@ -35,7 +35,13 @@ for m in ts s g; do
   cmp -s "$W/${m}_hf/config.json" "$W/${m}_hf2/config.json" || fail "$m: config.json differs after a round trip"
 done
 ls "$W/ts_hf" | grep -q tokenizer.json || fail "the HF export lacks tokenizer.json"
-ls "$W/s_hf" | grep -q tok512.bin || fail "the llama2.c export lacks tok512.bin"
+# The llama2.c tokenizer (tok512.bin) travels as a tokenizer.json that transformers can load, and
+# the re-imported model tokenizes with it.
+for f in tokenizer.json tokenizer_config.json; do
+  [ -f "$W/s_hf/$f" ] || fail "the llama2.c export lacks $f"
+done
+"$RLHF" import --pretrain "$W/s_hf" --output_path "$W/s3.h5" 2>&1 | grep -q "tokenizer SentencePiece-style BPE tokenizer.json (vocab 512)" \
+  || fail "the llama2.c export's tokenizer.json was not used on import"
 "$RLHF" export "${Q[@]}" --pretrain "$TS" --format gguf --dtype float16 --output_path "$W/ts.gguf" \
   || fail "export GGUF exited $?"
 "$RLHF" import "${Q[@]}" --pretrain "$W/ts.gguf" --output_path "$W/ts3.h5" || fail "import our GGUF exited $?"

@@ -4,6 +4,9 @@
 # from the fixture's weights (save_pretrained) → `rlhf import` → `rlhf export` (safetensors, and
 # GGUF → import → export where llama.cpp has the architecture) → transformers loads our export and
 # its logits equal the fixture's float64 logits (scripts/check_hf_export.py, 1e-4 of max |logit|).
+# Then the tokenizer of a real model (stories260K, from ../shared/data when present): AutoTokenizer
+# on our export tokenizes and decodes as rlhf does, and transformers' log-probs of rlhf's greedy
+# completions equal rlhf's.
 # Needs a Python with torch, transformers and h5py (env RLHF_PYTHON, default python3); skipped
 # (exit 77) without one: CI does not install torch.
 # Usage: hf_export_transformers.sh <rlhf binary> <source dir>
@@ -41,4 +44,34 @@ for f in llama_rotate_half_untied qwen2_tied qwen3_qk_norm llama3_rope; do
     echo "$out" | grep -q "llama3 RoPE scaling is not supported" || fail "$f: unclear refusal: $out"
   fi
 done
-echo "ok: transformers loads our exports of llama, qwen2, qwen3 and llama3-scaled llama with the fixture logits"
+# Tokenizers: a real model with a llama2.c tokenizer (stories260K + tok512.bin) exported as a
+# Hugging Face folder: AutoTokenizer's token counts and decode, and transformers' log-probs of
+# rlhf's greedy completions, equal rlhf's (scripts/check_hf_export.py --rlhf); the same after a
+# GGUF round trip (the vocabulary travels as tokenizer.ggml.*). SmolLM2 (GGUF byte-level BPE with
+# a chat template) too when RLHF_E2E_SMOLLM=1 (a 540 MB export).
+DATA=${RLHF_SHARED_DATA:-$SRC/../shared/data}
+if [ -f "$DATA/stories260K/stories260K.bin" ]; then
+  "$RLHF" import "${Q[@]}" --pretrain "$DATA/stories260K/stories260K.bin" \
+    --tokenizer "$DATA/stories260K/tok512.bin" --output_path "$W/s.h5" || fail "stories260K: import"
+  "$RLHF" export "${Q[@]}" --pretrain "$W/s.h5" --output_path "$W/s.hf" || fail "stories260K: export"
+  for f in tokenizer.json tokenizer_config.json generation_config.json; do
+    [ -f "$W/s.hf/$f" ] || fail "stories260K: the export has no $f"
+  done
+  "$PY" "$SRC/scripts/check_hf_export.py" --model "$W/s.hf" --rlhf "$RLHF" --source "$W/s.h5" \
+    || fail "stories260K: transformers' tokenizer or log-probs differ from rlhf's"
+  "$RLHF" export "${Q[@]}" --pretrain "$W/s.h5" --format gguf --output_path "$W/s.gguf" \
+    || fail "stories260K: GGUF export"
+  "$RLHF" export "${Q[@]}" --pretrain "$W/s.gguf" --output_path "$W/s.gguf.hf" \
+    || fail "stories260K: export of the GGUF"
+  "$PY" "$SRC/scripts/check_hf_export.py" --model "$W/s.gguf.hf" --rlhf "$RLHF" --source "$W/s.h5" \
+    || fail "stories260K: tokenizer or log-probs differ after the GGUF round trip"
+else
+  echo "skipped the tokenizer checks: no $DATA/stories260K (set RLHF_SHARED_DATA)"
+fi
+SMOL=$DATA/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf
+if [ "${RLHF_E2E_SMOLLM:-0}" = 1 ] && [ -f "$SMOL" ]; then
+  "$RLHF" export "${Q[@]}" --pretrain "$SMOL" --output_path "$W/smol.hf" || fail "SmolLM2: export"
+  "$PY" "$SRC/scripts/check_hf_export.py" --model "$W/smol.hf" --rlhf "$RLHF" --source "$SMOL" \
+    || fail "SmolLM2: transformers' tokenizer or log-probs differ from rlhf's"
+fi
+echo "ok: transformers loads our exports of llama, qwen2, qwen3 and llama3-scaled llama with the fixture logits, and our tokenizers"
