@@ -391,6 +391,8 @@ std::unique_ptr<Tokenizer> load_gguf_tokenizer(const GgufFile& f) {
     v.pad_id = get_id(f, "tokenizer.ggml.padding_token_id", -1, n);
     const nlohmann::json* prefix = get(f, "tokenizer.ggml.add_space_prefix");
     if (prefix != nullptr && prefix->is_boolean()) v.add_space_prefix = prefix->get<bool>();
+    if (const nlohmann::json* t = get(f, "tokenizer.chat_template"); t && t->is_string())
+      v.chat_template = t->get<std::string>();
     const std::string label = fmt::format("GGUF llama vocabulary (vocab {})", n);
     return std::make_unique<ScoreTokenizer>(std::move(v), "gguf", std::move(files), label);
   }

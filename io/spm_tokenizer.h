@@ -37,6 +37,7 @@ struct ScoreVocab {
   std::vector<TokenType> types;
   int32_t bos_id = 1, eos_id = 2, unk_id = 0, pad_id = -1;
   bool add_space_prefix = true;
+  std::string chat_template;  ///< Jinja text (GGUF tokenizer.chat_template), "" when none
 };
 
 /// The tokenizer; see the file comment. Control and user-defined tokens (and, for llama2.c files,
@@ -63,6 +64,7 @@ class ScoreTokenizer final : public Tokenizer {
   std::vector<TokenizerFile> files() const override { return files_; }
   int32_t token_to_id(std::string_view token) const override;
   std::string id_to_token(int32_t id) const override;
+  std::string chat_template() const override { return v_.chat_template; }
 
   const ScoreVocab& vocab() const { return v_; }
 

@@ -34,7 +34,7 @@ struct PromptOptions {
 };
 
 /// Reads and tokenizes every usable prompt: records in file order, each rendered as chat messages
-/// (a string is one user turn; an array of {role, content}) through the tokenizer's chat format
+/// (a string is one user turn; an array of {role, content}) through the model's own chat template
 /// with --apply_chat_template, else their contents joined by newlines. Prompts longer than
 /// prompt_max_len (or leaving no room under the model's context) are skipped and counted in a
 /// warning. Throws rlhf::Error naming the file and line for a record that is not an object, a

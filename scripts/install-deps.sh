@@ -1,13 +1,18 @@
 #!/usr/bin/env bash
 # Installs the Debian packages the build needs, only if some are missing (idempotent, quiet when
 # everything is there). Run as root, or with sudo available.
+# usage: install-deps.sh [--test]
+#   --test: also what `make test` needs beyond the build: clang-14 + libclang-rt-14-dev (the
+#   libFuzzer runtime) + libfmt-dev for the fuzz harnesses it runs a few seconds each
+#   (tests/e2e/fuzz_smoke.sh): 13 more packages, 48 MB to download, 279 MB installed (Debian 12).
+#   `make demo` does not need them.
 set -euo pipefail
-# clang-14 + libclang-rt-14-dev (the libFuzzer runtime) + libfmt-dev build the fuzz harnesses that
-# `make test` runs for a few seconds each (tests/e2e/fuzz_smoke.sh): 13 more packages, 48 MB to
-# download, 279 MB installed (Debian 12).
 PKGS=(cmake make g++ pkg-config libopenmpi-dev openmpi-bin libhdf5-dev libspdlog-dev libcli11-dev
       libtomlplusplus-dev doctest-dev libopenblas-openmp-dev nlohmann-json3-dev
-      libsentencepiece-dev libpcre2-dev clang-14 libclang-rt-14-dev libfmt-dev)
+      libsentencepiece-dev libpcre2-dev)
+if [ "${1:-}" = "--test" ]; then
+  PKGS+=(clang-14 libclang-rt-14-dev libfmt-dev)
+fi
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -99,7 +99,8 @@ def load(p):
     for l in open(p):
         r = json.loads(l)
         out.append({k: v for k, v in r.items()
-                    if not (k.endswith("_s") or "per_s" in k or "GBps" in k)})
+                    if not (k.endswith("_s") or "per_s" in k or "GBps" in k
+                            or k == "peak_rss_bytes")})
     return out
 a, b = load(sys.argv[1]), load(sys.argv[2])
 if len(a) != len(b):

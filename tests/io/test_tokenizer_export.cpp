@@ -281,3 +281,22 @@ TEST_CASE("tokenizer export: a tokenizer that cannot be written is an error nami
   CHECK(v.pieces == std::vector<std::string>{"<unk>", "<s>", "</s>"});
   CHECK(v.types[1] == io::TokenType::kControl);
 }
+
+TEST_CASE("tokenizer export: a GGUF llama vocabulary keeps its tokenizer.chat_template") {
+  const std::string p = test::shared_data_path("llama2-tokenizer/tokenizer.bin");
+  if (!std::filesystem::exists(p)) {
+    MESSAGE("skipped: ../shared/data not found (set RLHF_SHARED_DATA): llama2-tokenizer");
+    return;
+  }
+  const std::unique_ptr<io::Tokenizer> t = io::make_tokenizer(p);
+  io::GgufWriter w;
+  io::write_gguf_tokenizer(w, *t, t->vocab_size());
+  const std::string tmpl = "{% for m in messages %}[INST] {{ m['content'] }} [/INST]{% endfor %}";
+  w.add_string("tokenizer.chat_template", tmpl);
+  const io::GgufFile g = io::parse_gguf(io::blob_from_string(w.to_bytes(), "llama.gguf"));
+  REQUIRE(g.metadata.at("tokenizer.ggml.model").get<std::string>() == "llama");
+  const auto back = io::load_gguf_tokenizer(g);
+  REQUIRE(back != nullptr);
+  CHECK(back->kind() == "gguf");
+  CHECK(back->chat_template() == tmpl);
+}
