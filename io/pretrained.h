@@ -75,8 +75,9 @@ inline constexpr const char* kRopePermutedKey = "rlhf_rope_permuted_from";
 /// `dtype` F32/BF16/F16), generation_config.json (the tokenizer's BOS/EOS/PAD ids, else the
 /// config's) and, when m.tokenizer is set, tokenizer.json + tokenizer_config.json that
 /// transformers' AutoTokenizer loads (io/tokenizer_export.h hf_tokenizer_files; an error naming the
-/// tokenizer kind when it cannot be written); without a tokenizer, a warning. An interleaved-RoPE model is written with Q/K rows permuted to
-/// rotate-half (see kRopePermutedKey). Files are written to .tmp names and renamed.
+/// tokenizer kind when it cannot be written); without a tokenizer, a warning. An interleaved-RoPE
+/// model is written with Q/K rows permuted to rotate-half (see kRopePermutedKey). Files are written
+/// to .tmp names and renamed.
 void export_hf_folder(const std::string& dir, const PretrainedModel& m, DType dtype);
 
 /// Writes our HDF5 checkpoint at `path` (the model and, when m.tokenizer is set, its tokenizer

@@ -55,8 +55,8 @@ struct RlRunConfig {
   int64_t logging_steps = 1;         ///< --logging_steps: a step line every N steps
   std::string ckpt_path = "./ckpt/checkpoints_ppo";  ///< --ckpt_path
   int64_t max_ckpt_num = 3;                          ///< --max_ckpt_num
-  bool save_hf_ckpt = false;  ///< --save_hf_ckpt: a Hugging Face folder with each checkpoint
-  bool load_checkpoint = false;                      ///< --load_checkpoint
+  bool save_hf_ckpt = false;     ///< --save_hf_ckpt: a Hugging Face folder with each checkpoint
+  bool load_checkpoint = false;  ///< --load_checkpoint
 };
 
 /// Runs the whole RL job on every rank of MPI_COMM_WORLD (collective). Returns 0; throws

@@ -17,8 +17,8 @@
 #include <vector>
 
 #include "app/cli.h"
-#include "app/trl_names.h"
 #include "app/runtime.h"
+#include "app/trl_names.h"
 #include "core/log.h"
 
 using namespace rlhf;
