@@ -2,7 +2,15 @@
 
 #include <fmt/format.h>
 
+#include <cctype>
+
 namespace rlhf::io {
+
+std::string_view trim_whitespace(std::string_view s) {
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.front()))) s.remove_prefix(1);
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.remove_suffix(1);
+  return s;
+}
 
 size_t utf8_char_len(std::string_view s, size_t i) {
   const unsigned char c = static_cast<unsigned char>(s[i]);

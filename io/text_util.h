@@ -1,5 +1,5 @@
-// Text helpers shared by the tokenizers: UTF-8 character boundaries, <0xXX> byte pieces, and
-// splitting text on special-token strings.
+// Text helpers shared by the tokenizers and the rewards: whitespace trimming, UTF-8 character
+// boundaries, <0xXX> byte pieces, and splitting text on special-token strings.
 #pragma once
 
 #include <cstdint>
@@ -9,6 +9,9 @@
 #include <vector>
 
 namespace rlhf::io {
+
+/// `s` without leading and trailing ASCII whitespace (std::isspace in the C locale).
+std::string_view trim_whitespace(std::string_view s);
 
 /// Length in bytes of the UTF-8 character starting at s[i]: 1..4 for a well-formed sequence that
 /// fits in s, else 1 (an invalid or truncated sequence is taken one byte at a time). i < s.size().

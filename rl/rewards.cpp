@@ -1,14 +1,5 @@
 #include "rl/rewards.h"
 
-#include <fcntl.h>
-#include <poll.h>
-#include <pthread.h>
-#include <signal.h>
-#include <spawn.h>
-#include <sys/syscall.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
@@ -19,16 +10,13 @@
 #include <regex>
 
 #include "core/error.h"
+#include "io/text_util.h"
 
 namespace rlhf::rl {
 
 namespace {
 
-std::string_view trim(std::string_view s) {
-  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.front()))) s.remove_prefix(1);
-  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.remove_suffix(1);
-  return s;
-}
+using io::trim_whitespace;
 
 // Content of the brace group starting at s[open] == '{', or npos if unbalanced.
 size_t matching_brace(std::string_view s, size_t open) {
@@ -74,7 +62,7 @@ std::optional<double> parse_plain(std::string_view s) {
 }  // namespace
 
 std::optional<double> parse_math_number(std::string_view s) {
-  s = trim(s);
+  s = trim_whitespace(s);
   if (s.size() > 64 || s.empty()) return std::nullopt;
   // \frac{a}{b}, \dfrac, \tfrac
   for (std::string_view f : {"\\dfrac", "\\tfrac", "\\frac"}) {
@@ -142,7 +130,7 @@ std::optional<double> extract_math_answer(std::string_view c) {
     }
   }
   if (const size_t h = c.rfind("####"); h != std::string_view::npos) {
-    std::string_view rest = trim(c.substr(h + 4));
+    std::string_view rest = trim_whitespace(c.substr(h + 4));
     size_t end = 0;
     while (end < rest.size() && !std::isspace(static_cast<unsigned char>(rest[end]))) ++end;
     if (auto v = parse_math_number(rest.substr(0, end))) return v;
@@ -253,9 +241,10 @@ double countdown_reward(std::string_view completion, double target,
   if (close == std::string_view::npos) return 0.0;
   const size_t open = completion.rfind("<answer>", close);
   if (open == std::string_view::npos) return 0.0;
-  std::string_view eq = trim(completion.substr(open + 8, close - open - 8));
+  std::string_view eq = trim_whitespace(completion.substr(open + 8, close - open - 8));
   // TinyZero's answers may be "expr = target": keep the left side.
-  if (const size_t e = eq.find('='); e != std::string_view::npos) eq = trim(eq.substr(0, e));
+  if (const size_t e = eq.find('='); e != std::string_view::npos)
+    eq = trim_whitespace(eq.substr(0, e));
   constexpr double kFormat = 0.1;
   for (char c : eq)
     if (!std::strchr("0123456789+-*/(). ", c)) return kFormat;
@@ -334,430 +323,6 @@ std::pair<double, std::vector<int64_t>> countdown_label(const nlohmann::json* la
       "countdown reward: cannot find the target and numbers in label {}\nhint: the label must be "
       "{{\"target\": t, \"nums\": [...]}} or a target with \"nums\" in the prompt record",
       label ? label->dump().substr(0, 80) : "(none)");
-}
-
-// --- external command ------------------------------------------------------------------------
-//
-// One deadline covers the whole exchange: writing the input, reading the output, and the exit.
-// The pipes are non-blocking and one poll() loop serves all of them (stdin, stdout, stderr, and a
-// pidfd for the exit), so neither side can deadlock on a full pipe. The child runs /bin/sh -c in a
-// process group of its own; any path that leaves it unreaped (the deadline, a bound, an exception)
-// sends the group SIGTERM, then SIGKILL, and reaps the child. stdout is parsed as it arrives, so
-// memory stays within one line (kRewardCommandMaxLineBytes); stderr keeps its last few KiB, which
-// the errors quote.
-
-namespace {
-
-// A file descriptor that closes itself.
-class Fd {
- public:
-  Fd() = default;
-  explicit Fd(int fd) : fd_(fd) {}
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  ~Fd() { reset(); }
-  int get() const { return fd_; }
-  bool open() const { return fd_ >= 0; }
-  void reset(int fd = -1) {
-    if (fd_ >= 0) ::close(fd_);
-    fd_ = fd;
-  }
-
- private:
-  int fd_ = -1;
-};
-
-// A pipe whose ends are close-on-exec and numbered >= 3 (so that dup2 onto 0, 1, 2 in the child
-// cannot clobber another end, even when this process runs with a standard stream closed).
-void make_pipe(Fd& read_end, Fd& write_end, bool nonblocking_read, bool nonblocking_write) {
-  int p[2];
-  RLHF_CHECK(::pipe2(p, O_CLOEXEC) == 0, "--reward_command: pipe failed: {}", std::strerror(errno));
-  for (int i = 0; i < 2; ++i) {
-    if (p[i] < 3) {
-      const int moved = ::fcntl(p[i], F_DUPFD_CLOEXEC, 3);
-      const int err = errno;
-      if (moved < 0) {
-        ::close(p[0]);
-        ::close(p[1]);
-        RLHF_FAIL("--reward_command: fcntl(F_DUPFD_CLOEXEC) failed: {}", std::strerror(err));
-      }
-      ::close(p[i]);
-      p[i] = moved;
-    }
-  }
-  read_end.reset(p[0]);
-  write_end.reset(p[1]);
-  if (nonblocking_read) ::fcntl(p[0], F_SETFL, ::fcntl(p[0], F_GETFL) | O_NONBLOCK);
-  if (nonblocking_write) ::fcntl(p[1], F_SETFL, ::fcntl(p[1], F_GETFL) | O_NONBLOCK);
-}
-
-// Blocks SIGPIPE in this thread for its lifetime, so that a write to a command that closed its
-// stdin fails with EPIPE instead of killing the process; a SIGPIPE raised meanwhile is consumed.
-// (Unlike signal(SIGPIPE, SIG_IGN), this changes nothing for the other threads.)
-class SigpipeBlock {
- public:
-  SigpipeBlock() {
-    sigemptyset(&set_);
-    sigaddset(&set_, SIGPIPE);
-    pthread_sigmask(SIG_BLOCK, &set_, &old_);
-    sigset_t pending;
-    sigemptyset(&pending);
-    sigpending(&pending);
-    was_pending_ = sigismember(&pending, SIGPIPE) == 1;
-  }
-  SigpipeBlock(const SigpipeBlock&) = delete;
-  SigpipeBlock& operator=(const SigpipeBlock&) = delete;
-  ~SigpipeBlock() {
-    if (!was_pending_) {
-      const timespec zero{};
-      while (sigtimedwait(&set_, nullptr, &zero) == SIGPIPE) {
-      }
-    }
-    pthread_sigmask(SIG_SETMASK, &old_, nullptr);
-  }
-
- private:
-  sigset_t set_, old_;
-  bool was_pending_ = false;
-};
-
-// The spawned command: the leader of its own process group. The destructor kills the group and
-// reaps the leader unless reap() did; the leader is only ever reaped last, so its pid (which is
-// the group id) cannot be reused while the group may still be signalled.
-class ChildGroup {
- public:
-  ChildGroup(const std::string& command, int in_fd, int out_fd, int err_fd) {
-    posix_spawn_file_actions_t fa;
-    posix_spawnattr_t attr;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawnattr_init(&attr);
-    posix_spawn_file_actions_adddup2(&fa, in_fd, 0);
-    posix_spawn_file_actions_adddup2(&fa, out_fd, 1);
-    posix_spawn_file_actions_adddup2(&fa, err_fd, 2);
-    posix_spawnattr_setflags(
-        &attr, POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETSIGMASK);
-    posix_spawnattr_setpgroup(&attr, 0);
-    // Signals this process ignores or blocks would stay ignored or blocked in the command.
-    sigset_t def, mask;
-    sigemptyset(&def);
-    for (int s : {SIGPIPE, SIGTERM, SIGINT, SIGQUIT, SIGHUP, SIGCHLD, SIGUSR1, SIGUSR2, SIGALRM})
-      sigaddset(&def, s);
-    sigemptyset(&mask);
-    posix_spawnattr_setsigdefault(&attr, &def);
-    posix_spawnattr_setsigmask(&attr, &mask);
-    std::string arg0 = "sh", arg1 = "-c", arg2 = command;
-    char* argv[] = {arg0.data(), arg1.data(), arg2.data(), nullptr};
-    const int rc = posix_spawn(&pid_, "/bin/sh", &fa, &attr, argv, environ);
-    posix_spawn_file_actions_destroy(&fa);
-    posix_spawnattr_destroy(&attr);
-    RLHF_CHECK(rc == 0, "--reward_command '{}': cannot start /bin/sh: {}", command,
-               std::strerror(rc));
-#ifdef SYS_pidfd_open
-    pidfd_.reset(static_cast<int>(::syscall(SYS_pidfd_open, pid_, 0)));  // -1 on old kernels
-#endif
-  }
-  ChildGroup(const ChildGroup&) = delete;
-  ChildGroup& operator=(const ChildGroup&) = delete;
-  ~ChildGroup() {
-    if (!reaped_) kill_and_reap();
-  }
-
-  pid_t pid() const {
-    return pid_;
-  }
-  int pidfd() const {
-    return pidfd_.get();
-  }
-
-  // Whether the leader has exited (it stays a zombie until reap()).
-  bool exited() {
-    siginfo_t info{};
-    while (::waitid(P_PID, static_cast<id_t>(pid_), &info, WEXITED | WNOHANG | WNOWAIT) != 0)
-      if (errno != EINTR) return true;  // ECHILD: someone else reaped it
-    return info.si_pid == pid_;
-  }
-
-  // Reaps the exited leader (without signalling its group) and returns its wait status. When this
-  // process ignores SIGCHLD the kernel reaps it and its status is lost: 0 then, as the output
-  // decides.
-  int reap() {
-    int status = 0;
-    while (::waitpid(pid_, &status, 0) < 0) {
-      if (errno == EINTR) continue;
-      status = 0;
-      break;
-    }
-    reaped_ = true;
-    return status;
-  }
-
-  // SIGTERM to the group, up to kTermGraceMs for the leader to exit, SIGKILL to the group, reap.
-  void kill_and_reap() {
-    constexpr int kTermGraceMs = 250;
-    ::kill(-pid_, SIGTERM);
-    const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(kTermGraceMs);
-    while (!exited() && std::chrono::steady_clock::now() < until) {
-      pollfd p{pidfd_.get(), POLLIN, 0};
-      if (pidfd_.open())
-        ::poll(&p, 1, 10);
-      else
-        ::usleep(5000);
-    }
-    ::kill(-pid_, SIGKILL);  // the rest of the group (the leader may have gone on SIGTERM)
-    reap();
-  }
-
- private:
-  pid_t pid_ = -1;
-  Fd pidfd_;
-  bool reaped_ = false;
-};
-
-// The last `max` bytes of s on one line, for an error message: newlines become " | ", other
-// control characters '?', a cut multi-byte character is dropped.
-std::string quote_tail(std::string_view s, size_t max = 600) {
-  s = trim(s);
-  bool cut = false;
-  if (s.size() > max) {
-    s = s.substr(s.size() - max);
-    while (!s.empty() && (static_cast<unsigned char>(s.front()) & 0xC0) == 0x80) s.remove_prefix(1);
-    cut = true;
-  }
-  std::string out = cut ? "..." : "";
-  for (size_t i = 0; i < s.size(); ++i) {
-    const char c = s[i];
-    if (c == '\n') {
-      out += " | ";
-    } else if (c == '\r' && i + 1 < s.size() && s[i + 1] == '\n') {
-    } else if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) {
-      out += c == '\t' || c == '\r' ? ' ' : '?';
-    } else {
-      out += c;
-    }
-  }
-  return out;
-}
-
-// Appends data to a buffer that keeps only its last `keep` bytes.
-void append_tail(std::string& tail, const char* data, size_t n, size_t keep) {
-  if (n >= keep) {
-    tail.assign(data + n - keep, keep);
-    return;
-  }
-  tail.append(data, n);
-  if (tail.size() > 2 * keep) tail.erase(0, tail.size() - keep);
-}
-
-std::string last_bytes(const std::string& tail, size_t keep) {
-  return tail.size() > keep ? tail.substr(tail.size() - keep) : tail;
-}
-
-// A score: a decimal or scientific number, nothing else on the line. Non-finite values (nan, inf,
-// 1e999) are rejected with `not_finite` set.
-std::optional<double> parse_score(std::string_view s, bool& not_finite) {
-  not_finite = false;
-  if (!s.empty() && s.front() == '+') {  // from_chars takes no '+'
-    s.remove_prefix(1);
-    if (s.empty() || s.front() == '-' || s.front() == '+') return std::nullopt;
-  }
-  double v = 0;
-  const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
-  if (end != s.data() + s.size()) return std::nullopt;
-  if (ec == std::errc::result_out_of_range) {
-    // Overflow is not finite; underflow (1e-999) rounds to 0 as strtod does.
-    const double r = std::strtod(std::string(s).c_str(), nullptr);
-    if (!std::isfinite(r)) {
-      not_finite = true;
-      return std::nullopt;
-    }
-    return r;
-  }
-  if (ec != std::errc()) return std::nullopt;
-  if (!std::isfinite(v)) {
-    not_finite = true;
-    return std::nullopt;
-  }
-  return v;
-}
-
-std::string fmt_bytes(size_t n) {
-  if (n % (size_t(1) << 20) == 0) return fmt::format("{} MiB", n >> 20);
-  if (n % (size_t(1) << 10) == 0) return fmt::format("{} KiB", n >> 10);
-  return fmt::format("{} bytes", n);
-}
-
-constexpr const char* kOutputHint =
-    "hint: the command must write one number per line on stdout, one line per input line, in "
-    "order; write logs to stderr";
-
-}  // namespace
-
-std::vector<double> run_reward_command(const std::string& command,
-                                       const std::vector<RewardInput>& batch, double timeout_s) {
-  RLHF_CHECK(timeout_s > 0, "--reward_command_timeout must be > 0, got {}", timeout_s);
-  constexpr size_t kStderrKeep = 4096, kStdoutKeep = 1024;
-  std::string input;
-  for (const RewardInput& r : batch) {
-    nlohmann::json j = {{"prompt", std::string(r.prompt)},
-                        {"completion", std::string(r.completion)},
-                        {"label", r.label ? *r.label : nlohmann::json()}};
-    input += j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
-    input += '\n';
-  }
-  const auto start = std::chrono::steady_clock::now();
-  const auto deadline = start + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                                    std::chrono::duration<double>(std::min(timeout_s, 1e8)));
-
-  Fd in_r, in_w, out_r, out_w, err_r, err_w;
-  make_pipe(in_r, in_w, false, true);
-  make_pipe(out_r, out_w, true, false);
-  make_pipe(err_r, err_w, true, false);
-  SigpipeBlock sigpipe_block;
-  ChildGroup child(command, in_r.get(), out_w.get(), err_w.get());
-  in_r.reset();
-  out_w.reset();
-  err_w.reset();
-
-  // stdout, parsed line by line as it arrives.
-  std::vector<double> scores;
-  std::string line, out_tail, err_tail;
-  int64_t line_no = 0;
-  size_t out_total = 0;
-  std::string bad_line;  // the first line that is not a score (reported after the exit status)
-  auto end_line = [&]() {
-    ++line_no;
-    const std::string_view l = trim(line);
-    if (!l.empty() && bad_line.empty()) {
-      bool not_finite = false;
-      if (auto v = parse_score(l, not_finite)) {
-        scores.push_back(*v);
-      } else {
-        bad_line = fmt::format("--reward_command '{}': line {} is not a {}number: '{}'\n{}",
-                               command, line_no, not_finite ? "finite " : "",
-                               std::string(l.substr(0, 80)), kOutputHint);
-      }
-    }
-    line.clear();
-  };
-  auto take_output = [&](const char* p, size_t n) {
-    out_total += n;
-    RLHF_CHECK(out_total <= kRewardCommandMaxOutputBytes,
-               "--reward_command '{}' wrote more than {} on stdout for {} samples (the bound of "
-               "one batch's output)\n{}",
-               command, fmt_bytes(kRewardCommandMaxOutputBytes), batch.size(), kOutputHint);
-    append_tail(out_tail, p, n, kStdoutKeep);
-    while (n > 0) {
-      const char* nl = static_cast<const char*>(std::memchr(p, '\n', n));
-      const size_t len = nl ? size_t(nl - p) : n;
-      RLHF_CHECK(line.size() + len <= kRewardCommandMaxLineBytes,
-                 "--reward_command '{}': line {} of its output is longer than {} (the bound of one "
-                 "line)\n{}",
-                 command, line_no + 1, fmt_bytes(kRewardCommandMaxLineBytes), kOutputHint);
-      line.append(p, len);
-      if (!nl) break;
-      end_line();
-      p += len + 1;
-      n -= len + 1;
-    }
-  };
-  auto stderr_quote = [&](const char* what) -> std::string {
-    const std::string e = last_bytes(err_tail, kStderrKeep);
-    return trim(e).empty() ? "" : fmt::format("; {}: '{}'", what, quote_tail(e));
-  };
-
-  char buf[65536];
-  size_t written = 0;
-  bool out_eof = false, err_eof = false;
-  if (input.empty()) in_w.reset();
-  while (true) {
-    if (out_eof && child.exited()) break;
-    const auto now = std::chrono::steady_clock::now();
-    if (now >= deadline) {
-      std::string stage;
-      if (in_w.open())
-        stage = fmt::format("while writing its input ({} of {} bytes taken; does it read stdin?)",
-                            written, input.size());
-      else if (!out_eof && child.exited())
-        stage = fmt::format(
-            "after it exited: a process it started still holds its stdout open ({} of {} scores "
-            "read)",
-            scores.size(), batch.size());
-      else if (!out_eof)
-        stage = fmt::format("while reading its output ({} of {} scores read)", scores.size(),
-                            batch.size());
-      else
-        stage = fmt::format("waiting for it to exit after it closed its stdout ({} of {} scores)",
-                            scores.size(), batch.size());
-      RLHF_FAIL(
-          "--reward_command '{}' timed out after {:g}s (--reward_command_timeout) {}{}\nhint: "
-          "raise --reward_command_timeout, or make the command read all its input, write one "
-          "number per line and exit; the whole process group was killed",
-          command, timeout_s, stage, stderr_quote("stderr"));
-    }
-    pollfd fds[4];
-    int nfds = 0, i_in = -1, i_out = -1, i_err = -1;
-    if (in_w.open()) fds[i_in = nfds++] = {in_w.get(), POLLOUT, 0};
-    if (!out_eof) fds[i_out = nfds++] = {out_r.get(), POLLIN, 0};
-    if (!err_eof) fds[i_err = nfds++] = {err_r.get(), POLLIN, 0};
-    const bool wait_exit = out_eof;  // stdout closed: what is left is the exit
-    if (wait_exit && child.pidfd() >= 0) fds[nfds++] = {child.pidfd(), POLLIN, 0};
-    const double left_ms = std::chrono::duration<double, std::milli>(deadline - now).count();
-    int wait_ms = static_cast<int>(std::min(std::ceil(left_ms), 1e6));
-    if (wait_exit && child.pidfd() < 0) wait_ms = std::min(wait_ms, 10);
-    if (::poll(fds, nfds_t(nfds), std::max(wait_ms, 1)) < 0) {
-      RLHF_CHECK(errno == EINTR, "--reward_command: poll failed: {}", std::strerror(errno));
-      continue;
-    }
-    if (i_in >= 0 && fds[i_in].revents) {
-      const ssize_t n = ::write(in_w.get(), input.data() + written, input.size() - written);
-      if (n > 0) written += size_t(n);
-      // EPIPE: the command closed its stdin (or exited) without reading all of it; its output
-      // decides.
-      if (n < 0 && errno != EAGAIN && errno != EINTR) in_w.reset();
-      if (written >= input.size()) in_w.reset();
-    }
-    if (i_out >= 0 && fds[i_out].revents) {
-      const ssize_t n = ::read(out_r.get(), buf, sizeof(buf));
-      if (n > 0) take_output(buf, size_t(n));
-      if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) {
-        out_eof = true;
-        out_r.reset();
-        in_w.reset();  // the command can no longer answer: do not wait on its stdin
-      }
-    }
-    if (i_err >= 0 && fds[i_err].revents) {
-      const ssize_t n = ::read(err_r.get(), buf, sizeof(buf));
-      if (n > 0) append_tail(err_tail, buf, size_t(n), kStderrKeep);
-      if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) {
-        err_eof = true;
-        err_r.reset();
-      }
-    }
-  }
-  // The command exited and closed its stdout: take what is left on stderr (a bounded amount: a
-  // process it started may still be writing there), then reap it.
-  for (size_t drained = 0; !err_eof && drained < (size_t(1) << 20);) {
-    const ssize_t n = ::read(err_r.get(), buf, sizeof(buf));
-    if (n <= 0) break;
-    append_tail(err_tail, buf, size_t(n), kStderrKeep);
-    drained += size_t(n);
-  }
-  const int status = child.reap();
-  if (!line.empty()) end_line();  // a last line without '\n'
-  if (!(WIFEXITED(status) && WEXITSTATUS(status) == 0)) {
-    std::string quote = stderr_quote("stderr");
-    if (quote.empty() && !trim(out_tail).empty())
-      quote = fmt::format("; stdout: '{}'", quote_tail(out_tail));
-    RLHF_FAIL("--reward_command '{}' failed ({}{}){}", command,
-              WIFEXITED(status) ? "exit status " : "killed by signal ",
-              WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status), quote);
-  }
-  if (!bad_line.empty()) throw_error(__FILE__, __LINE__, bad_line);
-  RLHF_CHECK(scores.size() == batch.size(),
-             "--reward_command '{}' wrote {} scores for {} samples (one number per line "
-             "expected){}",
-             command, scores.size(), batch.size(), stderr_quote("stderr"));
-  return scores;
 }
 
 // --- reward functions --------------------------------------------------------------------------
@@ -916,14 +481,14 @@ std::unique_ptr<RewardFn> make_reward(const std::string& spec, const RewardOptio
   while (pos <= spec.size()) {
     size_t comma = spec.find(',', pos);
     if (comma == std::string::npos) comma = spec.size();
-    const std::string item(trim(std::string_view(spec).substr(pos, comma - pos)));
+    const std::string item(trim_whitespace(std::string_view(spec).substr(pos, comma - pos)));
     pos = comma + 1;
     if (item.empty()) continue;
     const size_t colon = item.find(':');
     double w = 1.0;
     std::string name = item;
     if (colon != std::string::npos) {
-      name = std::string(trim(std::string_view(item).substr(0, colon)));
+      name = std::string(trim_whitespace(std::string_view(item).substr(0, colon)));
       auto pw = parse_plain(std::string_view(item).substr(colon + 1));
       RLHF_CHECK(pw.has_value(), "--reward '{}': weight of '{}' is not a number", spec, name);
       w = *pw;
