@@ -31,9 +31,13 @@ HDF5_LIBS=$(pkg-config --libs hdf5 2>/dev/null || echo "-L/usr/lib/x86_64-linux-
 # shellcheck disable=SC2206
 FLAGS=(-std=c++20 -g -O1 -fno-omit-frame-pointer -fsanitize=fuzzer-no-link,address,undefined
        -fno-sanitize-recover=undefined -DRLHF_HAVE_PCRE2=1 "-DRLHF_SOURCE_DIR=\"$SRC\"" -I"$SRC"
+       -DTOML_HEADER_ONLY=0 -DTOML_SHARED_LIB=1
        $HDF5_CFLAGS)
-# The parser sources (no MPI, SentencePiece, BLAS: the harnesses do not need them; toml++ and
-# spdlog header-only, so that they are instrumented too).
+# toml++ is the system's shared library, as the rlhf binary links it: its header-only form asserts
+# (abort) on '[' + newline in a table header (toml++ 3.3 parse_key), where the library build
+# returns a parse error, which is what rlhf users get.
+# The parser sources (no MPI, SentencePiece, BLAS: the harnesses do not need them; spdlog
+# header-only, so that it is instrumented too).
 SOURCES=(core/error.cpp io/bytes.cpp io/dtype.cpp io/file_util.cpp io/safetensors.cpp
          io/llama2c.cpp io/gguf.cpp io/tensor_source.cpp io/text_util.cpp io/regex.cpp
          io/spm_tokenizer.cpp io/hf_tokenizer.cpp io/sp_tokenizer.cpp io/tokenizer.cpp
@@ -64,7 +68,7 @@ for s in "${SOURCES[@]}"; do
 done
 for p in "${pids[@]}"; do wait "$p" || { echo "fuzz.sh: compiling the sources failed" >&2; exit 2; }; done
 # shellcheck disable=SC2206
-LIBS=(-lpcre2-8 -lfmt $HDF5_LIBS)
+LIBS=(-lpcre2-8 -lfmt -ltomlplusplus $HDF5_LIBS)
 
 seed() {  # seed <harness> <files...>: copies existing files into the harness's corpus
   local dir=$OUT/corpus/$1
