@@ -15,6 +15,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "io/model_source.h"
 #include "model/init.h"
 #include "model/ops/linear_decode.h"
 #include "rollout/engine.h"
@@ -143,7 +144,19 @@ void run_bench_generate(const BenchGenerateOptions& opt, const Emit& emit) {
                  opt.long_min_new_tokens >= 1 && opt.long_new_tokens >= opt.long_min_new_tokens,
              "bench generate: bad lengths");
   model::ModelConfig cfg = opt.config;
-  const int64_t longest = std::max(opt.new_tokens, opt.long_requests > 0 ? opt.long_new_tokens : 0);
+  const int64_t longest = std::max(opt.new_tokens, opt.long_requests > 0 || opt.long_fixed_batch > 0
+                                                       ? opt.long_new_tokens
+                                                       : int64_t(0));
+  io::ModelSource src;
+  if (!opt.pretrain.empty()) {
+    src = io::resolve_model_source("", opt.pretrain, "", model::HeadKind::kLM);
+    cfg = src.config;
+    RLHF_CHECK(opt.prompt_len + longest <= cfg.max_position_embeddings,
+               "bench generate --pretrain {}: {} prompt + {} new tokens pass its "
+               "max_position_embeddings {}\nhint: --gen_long_requests 0 --gen_long_fixed_batch 0 "
+               "skip the long runs",
+               opt.pretrain, opt.prompt_len, longest, cfg.max_position_embeddings);
+  }
   cfg.max_position_embeddings = std::max(cfg.max_position_embeddings, opt.prompt_len + longest);
   const model::ParamLayout layout(cfg, model::HeadKind::kLM);
   const int64_t L = cfg.num_hidden_layers, H = cfg.num_attention_heads, D = cfg.D();
@@ -160,14 +173,26 @@ void run_bench_generate(const BenchGenerateOptions& opt, const Emit& emit) {
   rollout::EngineOptions eo;
   eo.max_batch = max_batch;
   eo.ignore_eos = true;
+  eo.kv_cache_dtype = opt.kv_dtype;
   {
-    const rollout::KvCache probe(cfg, int64_t(1) << 30, eo.block_size);
+    const rollout::KvCache probe(cfg, int64_t(1) << 30, eo.block_size,
+                                 opt.kv_dtype == rollout::KvDtype::kFloat16 ? 2 : 4);
     eo.kv_cache_bytes =
         max_batch * probe.blocks_for(opt.prompt_len + longest) * probe.bytes_per_block();
   }
   rollout::Engine engine(layout, eo);
-  for (int u = 0; u < layout.num_units(); ++u)
-    model::init_unit_params(engine.unit_buffer(u), layout.unit(u), opt.seed);
+  if (src.pretrained)
+    io::load_model_weights(src, layout, engine.unit_buffers());
+  else
+    for (int u = 0; u < layout.num_units(); ++u)
+      model::init_unit_params(engine.unit_buffer(u), layout.unit(u), opt.seed);
+  // An engine with other options and the same weights.
+  auto engine_like = [&](const rollout::EngineOptions& o) {
+    auto e = std::make_unique<rollout::Engine>(layout, o);
+    for (int u = 0; u < layout.num_units(); ++u)
+      std::copy_n(engine.unit_buffer(u), layout.unit(u).numel, e->unit_buffer(u));
+    return e;
+  };
   const double W = double(engine.weight_bytes_per_decode_step());
   int64_t matmul_macs = 0;
   for (const auto& [shape, count] : decode_linears(cfg))
@@ -186,9 +211,10 @@ void run_bench_generate(const BenchGenerateOptions& opt, const Emit& emit) {
     return r;
   };
   auto report = [&](const char* kind, int64_t batch, int64_t requests, int64_t new_tokens,
-                    const rollout::EngineStats& st, double extra_ratio) {
+                    const rollout::EngineStats& st, double extra_ratio, const rollout::Engine& eng,
+                    double fp32_ratio = 0) {
     const double steps = double(st.decode_steps);
-    const double ctx = st.kv_bytes_read / double(engine.kv_cache().bytes_per_token());
+    const double ctx = st.kv_bytes_read / double(eng.kv_cache().bytes_per_token());
     const double flops =
         2.0 * double(matmul_macs) * double(st.decode_tokens) + 4.0 * double(L * H * D) * ctx;
     const double read_gbps = (W * steps + st.kv_bytes_read) / st.decode_s / 1e9;
@@ -221,21 +247,26 @@ void run_bench_generate(const BenchGenerateOptions& opt, const Emit& emit) {
                           {"sgemm_gflops_per_s", sgemm},
                           {"decode_kernel_gflops_per_s", kernel_gflops},
                           {"ratio_to_sgemm", gflops / sgemm},
-                          {"threads", omp_get_max_threads()}};
+                          {"threads", omp_get_max_threads()},
+                          {"kv_cache_dtype", rollout::to_string(eng.kv_cache().dtype())}};
     if (extra_ratio > 0) row["ratio_to_fixed"] = extra_ratio;
+    if (fp32_ratio > 0) row["ratio_to_fp32"] = fp32_ratio;
     emit(row);
     LOG0_INFO(
-        "generate {} batch {:>3}: {:>7.0f} tok/s ({:.0f} decode) | step {:.2f} ms, mean batch "
-        "{:.1f} | read {:.1f} GB/s = {:.0f}% of triad {:.1f} (weights {:.0f}%) | {:.1f} GFLOP/s "
-        "= {:.0f}% of sgemm {:.1f}{}",
-        kind, batch, tok_s, double(st.decode_tokens) / st.decode_s, st.decode_s / steps * 1e3,
-        st.mean_active_batch(), read_gbps, 100 * read_gbps / triad, triad,
-        100 * weight_gbps / triad, gflops, 100 * gflops / sgemm, sgemm,
+        "generate {} {} batch {:>3} x {:>4}: {:>7.0f} tok/s ({:.0f} decode) | step {:.2f} ms, mean "
+        "batch {:.1f} | read {:.1f} GB/s = {:.0f}% of triad {:.1f} (weights {:.0f}%) | {:.1f} "
+        "GFLOP/s = {:.0f}% of sgemm {:.1f}{}{}",
+        kind, rollout::to_string(eng.kv_cache().dtype()), batch, new_tokens, tok_s,
+        double(st.decode_tokens) / st.decode_s, st.decode_s / steps * 1e3, st.mean_active_batch(),
+        read_gbps, 100 * read_gbps / triad, triad, 100 * weight_gbps / triad, gflops,
+        100 * gflops / sgemm, sgemm,
         extra_ratio > 0 ? fmt::format(" | {:.0f}% of the fixed run's tok/s", 100 * extra_ratio)
-                        : std::string());
+                        : std::string(),
+        fp32_ratio > 0 ? fmt::format(" | {:.2f}x the fp32 cache", fp32_ratio) : std::string());
   };
 
   double fixed_at_long_batch = 0;
+  std::map<int64_t, double> fixed_tok_s;  // batch -> tokens/s of the fixed run
   for (int64_t B : opt.batches) {
     std::vector<rollout::GenerationRequest> reqs;
     for (int64_t i = 0; i < B; ++i) reqs.push_back(request(uint64_t(i), opt.new_tokens));
@@ -246,7 +277,52 @@ void run_bench_generate(const BenchGenerateOptions& opt, const Emit& emit) {
       if (rep == 0 || engine.stats().total_s < st.total_s) st = engine.stats();
     }
     if (B == opt.long_batch) fixed_at_long_batch = double(st.generated_tokens) / st.total_s;
-    report("fixed", B, B, opt.new_tokens, st, 0.0);
+    fixed_tok_s[B] = double(st.generated_tokens) / st.total_s;
+    report("fixed", B, B, opt.new_tokens, st, 0.0, engine);
+  }
+  if (opt.long_fixed_batch > 0) {
+    // The same requests at long_new_tokens: in fp32 first (its own engine; the fixed run at
+    // new_tokens for its ratio too), then in kv_dtype.
+    const int64_t B = opt.long_fixed_batch;
+    std::vector<rollout::GenerationRequest> shortr, longr;
+    for (int64_t i = 0; i < B; ++i) {
+      shortr.push_back(request(uint64_t(i), opt.new_tokens));
+      longr.push_back(request(uint64_t(i), opt.long_new_tokens));
+    }
+    auto fastest = [&](rollout::Engine& e, const std::vector<rollout::GenerationRequest>& r,
+                       int reps) {
+      rollout::EngineStats st;
+      for (int rep = 0; rep < reps; ++rep) {
+        e.generate(r);
+        if (rep == 0 || e.stats().total_s < st.total_s) st = e.stats();
+      }
+      return st;
+    };
+    double fp32_long = 0;
+    std::unique_ptr<rollout::Engine> e32;
+    if (opt.kv_dtype != rollout::KvDtype::kFloat32) {
+      rollout::EngineOptions o32 = eo;
+      o32.kv_cache_dtype = rollout::KvDtype::kFloat32;
+      o32.kv_cache_bytes *= 2;
+      e32 = engine_like(o32);
+      e32->generate(shortr);  // warm-up
+      const rollout::EngineStats s32 = fastest(*e32, shortr, opt.repeats);
+      const rollout::EngineStats l32 = fastest(*e32, longr, 1);
+      fp32_long = double(l32.generated_tokens) / l32.total_s;
+      report("fixed_long", B, B, opt.long_new_tokens, l32,
+             fp32_long / (double(s32.generated_tokens) / s32.total_s), *e32);
+      e32.reset();
+    }
+    if (!fixed_tok_s.count(B)) {
+      engine.generate(shortr);
+      const rollout::EngineStats st = fastest(engine, shortr, opt.repeats);
+      fixed_tok_s[B] = double(st.generated_tokens) / st.total_s;
+      report("fixed", B, B, opt.new_tokens, st, 0.0, engine);
+    }
+    const rollout::EngineStats lst = fastest(engine, longr, 1);
+    const double long_tok_s = double(lst.generated_tokens) / lst.total_s;
+    report("fixed_long", B, B, opt.long_new_tokens, lst, long_tok_s / fixed_tok_s[B], engine,
+           fp32_long > 0 ? long_tok_s / fp32_long : 0.0);
   }
   if (opt.long_requests > 0) {
     std::uniform_int_distribution<int64_t> len(opt.long_min_new_tokens, opt.long_new_tokens);
@@ -259,16 +335,14 @@ void run_bench_generate(const BenchGenerateOptions& opt, const Emit& emit) {
     if (opt.long_batch != eo.max_batch) {
       rollout::EngineOptions lo = eo;
       lo.max_batch = opt.long_batch;
-      other = std::make_unique<rollout::Engine>(layout, lo);
-      for (int u = 0; u < layout.num_units(); ++u)
-        std::copy_n(engine.unit_buffer(u), layout.unit(u).numel, other->unit_buffer(u));
+      other = engine_like(lo);
       ragged = other.get();
     }
     ragged->generate(reqs);
     const rollout::EngineStats st = ragged->stats();
     const double tok_s = double(st.generated_tokens) / st.total_s;
     report("ragged", opt.long_batch, opt.long_requests, opt.long_new_tokens, st,
-           fixed_at_long_batch > 0 ? tok_s / fixed_at_long_batch : 0.0);
+           fixed_at_long_batch > 0 ? tok_s / fixed_at_long_batch : 0.0, *ragged);
   }
 }
 

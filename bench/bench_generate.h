@@ -8,6 +8,7 @@
 
 #include "bench/bench_train.h"
 #include "model/config.h"
+#include "rollout/kv_cache.h"
 
 namespace rlhf::bench {
 
@@ -15,6 +16,9 @@ struct BenchGenerateOptions {
   /// The model (random weights). max_position_embeddings is raised to prompt_len + the longest
   /// generation when it is smaller (RoPE tables only; no learned positions).
   model::ModelConfig config = stories15m_config();
+  /// A real model (any --pretrain format): its config and weights instead of `config` with random
+  /// weights ("" = random). Its max_position_embeddings must hold the longest run.
+  std::string pretrain;
   int64_t prompt_len = 64;
   int64_t new_tokens = 128;                   ///< per sample, for the fixed-length runs
   std::vector<int64_t> batches = {1, 8, 64};  ///< one fixed-length run per batch size
@@ -24,6 +28,12 @@ struct BenchGenerateOptions {
   int64_t long_batch = 64;
   int64_t long_min_new_tokens = 64;
   int64_t long_new_tokens = 1024;
+  /// Long fixed run: long_fixed_batch requests of long_new_tokens each, next to the fixed run of
+  /// the same batch at new_tokens (does the rate hold as contexts grow?), in kv_dtype and, for
+  /// the ratio between them, in fp32. 0 = skip.
+  int64_t long_fixed_batch = 8;
+  /// The engine's KV cache element type (--kv_cache_dtype; the CLI's default is fp16).
+  rollout::KvDtype kv_dtype = rollout::KvDtype::kFloat16;
   int repeats = 3;         ///< timed repeats of each fixed-length run (the fastest is reported)
   int64_t triad_mb = 256;  ///< bytes of each of the triad's three arrays
   uint64_t seed = 42;
@@ -46,8 +56,11 @@ double bench_sgemm_decode_shapes(const model::ModelConfig& cfg, int64_t rows, co
 /// `repeats` timed runs) and the ragged run (timed once), and emits per run {"bench":"generate",
 /// batch, new_tokens, tokens_per_s, decode_tokens_per_s, step_ms, weight_bytes_per_step,
 /// kv_bytes_per_step, read_GBps, triad_GBps, ratio_to_triad, decode_gflops_per_s,
-/// sgemm_gflops_per_s, ratio_to_sgemm, mean_batch, ...}; the ragged run adds ratio_to_fixed (its
-/// tokens/s over the fixed run's at the same batch). One rank only.
+/// sgemm_gflops_per_s, ratio_to_sgemm, mean_batch, kv_cache_dtype, ...}; the ragged run adds
+/// ratio_to_fixed (its tokens/s over the fixed run's at the same batch); the long fixed runs
+/// ("fixed_long", timed once each) add ratio_to_fixed (over the fixed run of the same batch and
+/// dtype at new_tokens) and, in kv_dtype, ratio_to_fp32 (over the same run with an fp32 cache).
+/// One rank only.
 void run_bench_generate(const BenchGenerateOptions& opt, const Emit& emit);
 
 }  // namespace rlhf::bench

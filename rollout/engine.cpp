@@ -225,7 +225,8 @@ Engine::Engine(const model::ParamLayout& layout, const EngineOptions& options)
     RLHF_FAIL("a GPU generation engine needs a build with CUDA");
 #endif
   } else {
-    cache_ = std::make_unique<KvCache>(kv_cfg, opt_.kv_cache_bytes, opt_.block_size);
+    cache_ = std::make_unique<KvCache>(kv_cfg, opt_.kv_cache_bytes, opt_.block_size,
+                                       opt_.kv_cache_dtype == KvDtype::kFloat16 ? 2 : 4);
   }
   // P <= kMaxPositionEmbeddings and D <= kMaxHeadDim (ModelConfig::validate): P·D/2 <= 2^35.
   const int64_t P = c.max_position_embeddings, D = c.D();
@@ -332,6 +333,18 @@ model::LayerParams<const float> Engine::layer_weights(int l) const {
   return model::LayerParams<const float>(layout_.unit(u), weights_.unit_buffer(u));
 }
 
+void Engine::attend_cached(float* out, const float* q, int l, const int32_t* table,
+                           const int32_t* lens, int64_t B, int64_t max_blocks) const {
+  const KvCache& kv = *cache_;
+  if (kv.dtype() == KvDtype::kFloat16)
+    model::attention_decode_cpu(out, q, kv.k<model::f16>(l), kv.v<model::f16>(l), table, lens, B,
+                                spec_.H, spec_.Hkv, spec_.D, kv.num_blocks(), kv.block_size(),
+                                max_blocks);
+  else
+    model::attention_decode_cpu(out, q, kv.k<float>(l), kv.v<float>(l), table, lens, B, spec_.H,
+                                spec_.Hkv, spec_.D, kv.num_blocks(), kv.block_size(), max_blocks);
+}
+
 // The last row's logits from the final hidden rows x (N, C): norm + LM head.
 const float* Engine::head_logits(const float* x, int64_t N, Rows& r, float* logits) {
   const model::ModelConfig& c = layout_.config();
@@ -378,9 +391,7 @@ const float* Engine::prefill(const std::vector<int32_t>& prompt, const int32_t* 
       if (att_direct)
         model::attention_forward_cpu(atty, w.patt.data(), q, k, v, int64_t(1), P, H, Hkv, D);
       else
-        model::attention_decode_cpu(atty, q, cache_->k(l), cache_->v(l), w.ptable.data(),
-                                    w.plens.data(), P, H, Hkv, D, cache_->num_blocks(),
-                                    cache_->block_size(), nb);
+        attend_cached(atty, q, l, w.ptable.data(), w.plens.data(), P, nb);
     };
     model::decoder_layer_forward_cpu(r.x.data(), a, r.x.data(), layer_weights(l), spec_, run);
   }
@@ -417,8 +428,7 @@ const float* Engine::decode_step(const std::vector<Seq*>& active) {
     return cuda_->decode(w.tokens.data(), w.pos.data(), w.lens.data(), w.table.data(), B,
                          w.max_blocks);
 #endif
-  const int64_t C = c.hidden_size, V = c.vocab_size, H = spec_.H, Hkv = spec_.Hkv, D = spec_.D;
-  const int64_t KV = spec_.kv_dim();
+  const int64_t C = c.hidden_size, V = c.vocab_size, KV = spec_.kv_dim();
   Rows& r = w.decode;
   model::LayerActs<float> a = r.acts(B, spec_);
   grow(w.logits, B * V, "the engine's decode logits");
@@ -433,9 +443,7 @@ const float* Engine::decode_step(const std::vector<Seq*>& active) {
       for (int64_t b = 0; b < B; ++b)
         cache_->write(l, w.table.data() + b * w.max_blocks, w.pos[size_t(b)], 1, k + b * KV,
                       v + b * KV);
-      model::attention_decode_cpu(atty, q, cache_->k(l), cache_->v(l), w.table.data(),
-                                  w.lens.data(), B, H, Hkv, D, cache_->num_blocks(),
-                                  cache_->block_size(), w.max_blocks);
+      attend_cached(atty, q, l, w.table.data(), w.lens.data(), B, w.max_blocks);
     };
     model::decoder_layer_forward_cpu(r.x.data(), a, r.x.data(), layer_weights(l), spec_, run);
   }

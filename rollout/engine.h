@@ -23,7 +23,11 @@ namespace rlhf::rollout {
 /// Engine settings.
 struct EngineOptions {
   int64_t kv_cache_bytes = int64_t(1) << 30;  ///< KV cache budget (--gen_kv_cache_mb)
-  int64_t block_size = 16;                    ///< positions per KV block
+  /// Element type of a CPU engine's KV cache (--kv_cache_dtype): fp32 (exact: decode equals the
+  /// trainer's forward), or fp16 (half the bytes decode attention reads and twice the positions
+  /// per byte of budget; keys and values rounded to 11 significant bits). A GPU engine keeps bf16.
+  KvDtype kv_cache_dtype = KvDtype::kFloat32;
+  int64_t block_size = 16;    ///< positions per KV block
   int64_t max_batch = 256;    ///< most sequences decoded at once (vLLM max_num_seqs)
   int32_t eos_token_id = -1;  ///< stop token; -1 = the model config's eos_token_id
   bool ignore_eos = false;    ///< never stop on EOS (benchmarks)
@@ -204,6 +208,9 @@ class Engine {
                                    model::LinearFn<float> linear) const;
   // Layer l's weights (this rank's slices under tensor parallelism).
   model::LayerParams<const float> layer_weights(int l) const;
+  // attention_decode_cpu over layer l's cache, in the cache's element type.
+  void attend_cached(float* out, const float* q, int l, const int32_t* table, const int32_t* lens,
+                     int64_t B, int64_t max_blocks) const;
   // Final norm + LM head of N hidden rows x (N, C) into logits (N, V).
   const float* head_logits(const float* x, int64_t N, Rows& r, float* logits);
   const float* lm_head_weight() const;

@@ -8,6 +8,23 @@
 
 namespace rlhf::rollout {
 
+const char* to_string(KvDtype d) {
+  return d == KvDtype::kFloat16 ? "fp16" : "fp32";
+}
+
+template <>
+const float* KvCache::base<float>() const {
+  RLHF_CHECK(data_ != nullptr, "KV cache: fp32 keys/values asked of a {} cache", to_string(dtype_));
+  return data_.get();
+}
+
+template <>
+const model::f16* KvCache::base<model::f16>() const {
+  RLHF_CHECK(data16_ != nullptr, "KV cache: fp16 keys/values asked of a {} cache",
+             to_string(dtype_));
+  return data16_.get();
+}
+
 KvCache::KvCache(const model::ModelConfig& config, int64_t budget_bytes, int64_t block_size,
                  int64_t element_bytes, bool host_storage)
     : L_(config.num_hidden_layers),
@@ -16,8 +33,11 @@ KvCache::KvCache(const model::ModelConfig& config, int64_t budget_bytes, int64_t
       row_elems_(config.num_key_value_heads * config.D()),
       block_size_(block_size) {
   RLHF_CHECK(block_size >= 1, "KV cache: block_size must be >= 1, got {}", block_size);
-  RLHF_CHECK(element_bytes == 2 || (element_bytes == 4 && host_storage),
-             "KV cache: element_bytes must be 4 (host) or 2 (device), got {}", element_bytes);
+  RLHF_CHECK(element_bytes == 2 || element_bytes == 4,
+             "KV cache: element_bytes must be 4 (fp32) or 2 (fp16 on the host, bf16 on a GPU), "
+             "got {}",
+             element_bytes);
+  dtype_ = element_bytes == 2 ? KvDtype::kFloat16 : KvDtype::kFloat32;
   bytes_per_token_ = 2 * L_ * row_elems_ * element_bytes;
   num_blocks_ = budget_bytes / bytes_per_block();
   RLHF_CHECK(num_blocks_ >= 1,
@@ -30,12 +50,15 @@ KvCache::KvCache(const model::ModelConfig& config, int64_t budget_bytes, int64_t
   RLHF_CHECK(num_blocks_ <= INT32_MAX, "KV cache: {} blocks exceed the int32 block ids",
              num_blocks_);
   layer_elems_ = num_blocks_ * block_size_ * row_elems_;
-  // new float[] leaves the memory uninitialised: pages are touched only when a block is written.
-  if (host_storage)
-    data_ = checked_new_array<float>(
-        2 * L_ * layer_elems_,
-        fmt::format("the KV cache ({} blocks of {} positions; --gen_kv_cache_mb)", num_blocks_,
-                    block_size_));
+  // new T[] leaves the memory uninitialised: pages are touched only when a block is written.
+  const std::string what = fmt::format(
+      "the KV cache ({} blocks of {} positions in {}; "
+      "--gen_kv_cache_mb)",
+      num_blocks_, block_size_, to_string(dtype_));
+  if (host_storage && dtype_ == KvDtype::kFloat32)
+    data_ = checked_new_array<float>(2 * L_ * layer_elems_, what);
+  if (host_storage && dtype_ == KvDtype::kFloat16)
+    data16_ = checked_new_array<model::f16>(2 * L_ * layer_elems_, what);
   checked_resize(free_, num_blocks_, "the KV cache's block list");
   for (int64_t i = 0; i < num_blocks_; ++i) free_[size_t(i)] = int32_t(num_blocks_ - 1 - i);
   checked_assign(in_use_, num_blocks_, 0, "the KV cache's block list");
@@ -65,9 +88,7 @@ void KvCache::release(const std::vector<int32_t>& blocks) {
 
 void KvCache::write(int64_t layer, const int32_t* blocks, int64_t pos0, int64_t n,
                     const float* k_rows, const float* v_rows) {
-  float* kl = k(layer);
-  float* vl = v(layer);
-  const size_t head_bytes = sizeof(float) * size_t(D_);
+  const int64_t ko = (2 * layer) * layer_elems_, vo = (2 * layer + 1) * layer_elems_;
   for (int64_t i = 0; i < n; ++i) {
     const int64_t s = pos0 + i;
     // Head h of position s: block blocks[s / bs], head-major inside the block.
@@ -75,25 +96,36 @@ void KvCache::write(int64_t layer, const int32_t* blocks, int64_t pos0, int64_t 
         int64_t(blocks[s / block_size_]) * block_size_ * row_elems_ + (s % block_size_) * D_;
     for (int64_t h = 0; h < Hkv_; ++h) {
       const int64_t off = base + h * block_size_ * D_;
-      std::memcpy(kl + off, k_rows + i * row_elems_ + h * D_, head_bytes);
-      std::memcpy(vl + off, v_rows + i * row_elems_ + h * D_, head_bytes);
+      const float* kr = k_rows + i * row_elems_ + h * D_;
+      const float* vr = v_rows + i * row_elems_ + h * D_;
+      if (dtype_ == KvDtype::kFloat16) {
+        model::float_to_f16_n(data16_.get() + ko + off, kr, D_);
+        model::float_to_f16_n(data16_.get() + vo + off, vr, D_);
+      } else {
+        std::memcpy(data_.get() + ko + off, kr, sizeof(float) * size_t(D_));
+        std::memcpy(data_.get() + vo + off, vr, sizeof(float) * size_t(D_));
+      }
     }
   }
 }
 
 void KvCache::copy_prefix(const int32_t* src, const int32_t* dst, int64_t n) {
   const int64_t block_elems = block_size_ * row_elems_, head_elems = block_size_ * D_;
+  const size_t es = dtype_ == KvDtype::kFloat16 ? sizeof(model::f16) : sizeof(float);
+  char* data = dtype_ == KvDtype::kFloat16 ? reinterpret_cast<char*>(data16_.get())
+                                           : reinterpret_cast<char*>(data_.get());
   for (int64_t l = 0; l < 2 * L_; ++l) {  // K and V of every layer
-    float* base = data_.get() + l * layer_elems_;
+    char* base = data + size_t(l * layer_elems_) * es;
     for (int64_t s0 = 0; s0 < n; s0 += block_size_) {
       const int64_t rows = std::min(block_size_, n - s0);
-      float* d = base + int64_t(dst[s0 / block_size_]) * block_elems;
-      const float* s = base + int64_t(src[s0 / block_size_]) * block_elems;
+      char* d = base + size_t(int64_t(dst[s0 / block_size_]) * block_elems) * es;
+      const char* s = base + size_t(int64_t(src[s0 / block_size_]) * block_elems) * es;
       if (rows == block_size_) {
-        std::memcpy(d, s, sizeof(float) * size_t(block_elems));
+        std::memcpy(d, s, es * size_t(block_elems));
       } else {  // a partial last block: the first `rows` rows of each head
         for (int64_t h = 0; h < Hkv_; ++h)
-          std::memcpy(d + h * head_elems, s + h * head_elems, sizeof(float) * size_t(rows * D_));
+          std::memcpy(d + size_t(h * head_elems) * es, s + size_t(h * head_elems) * es,
+                      es * size_t(rows * D_));
       }
     }
   }

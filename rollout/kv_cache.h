@@ -8,12 +8,19 @@
 #include <vector>
 
 #include "model/config.h"
+#include "model/ops/half.h"
 
 namespace rlhf::rollout {
 
+/// Element type of a host KV cache (--kv_cache_dtype): fp32, or fp16 (IEEE binary16, rounded to
+/// nearest even on write and widened exactly on read: half the bytes per position).
+enum class KvDtype { kFloat32, kFloat16 };
+/// "fp32" | "fp16".
+const char* to_string(KvDtype d);
+
 /// A pool of KV blocks. Block `i` of layer `l` holds positions [0, block_size) of whichever
 /// sequence owns it: K at k(l) + i·Hkv·block_size·D, shape (Hkv, block_size, D) — head-major, so
-/// one head's rows of a block are contiguous for attention — fp32; V alike.
+/// one head's rows of a block are contiguous for attention — in fp32 or fp16 (dtype()); V alike.
 /// A sequence owns a list of blocks (its block table row); position s lives in its block s /
 /// block_size, row s % block_size — the same block ids in every layer.
 ///
@@ -23,12 +30,15 @@ namespace rlhf::rollout {
 class KvCache {
  public:
   /// Throws rlhf::Error if the budget does not hold one block (the message gives the block size
-  /// in bytes) or block_size < 1. element_bytes: 4 (fp32, this class's storage) or 2 (bf16 on a
-  /// GPU). host_storage = false: block bookkeeping only (ids, counts); the keys and values live
+  /// in bytes) or block_size < 1. element_bytes: 4 (fp32) or 2 (fp16 here, bf16 on a GPU).
+  /// host_storage = false: block bookkeeping only (ids, counts); the keys and values live
   /// elsewhere (a GPU engine's device cache with the same block ids), k()/v()/write()/
   /// copy_prefix() must not be called.
   KvCache(const model::ModelConfig& config, int64_t budget_bytes, int64_t block_size = 16,
           int64_t element_bytes = 4, bool host_storage = true);
+
+  /// The host storage's element type: kFloat16 when built with element_bytes 2.
+  KvDtype dtype() const { return dtype_; }
 
   int64_t block_size() const { return block_size_; }
   int64_t num_blocks() const { return num_blocks_; }
@@ -54,14 +64,19 @@ class KvCache {
   /// Returns blocks to the pool. Throws rlhf::Error on an id that is not in use (double free).
   void release(const std::vector<int32_t>& blocks);
 
-  /// K (or V) of layer l: (num_blocks, Hkv, block_size, D) (model::attention_decode_cpu's layout).
-  float* k(int64_t layer) { return data_.get() + (2 * layer) * layer_elems_; }
-  float* v(int64_t layer) { return data_.get() + (2 * layer + 1) * layer_elems_; }
-  const float* k(int64_t layer) const { return data_.get() + (2 * layer) * layer_elems_; }
-  const float* v(int64_t layer) const { return data_.get() + (2 * layer + 1) * layer_elems_; }
+  /// K (or V) of layer l: (num_blocks, Hkv, block_size, D) (model::attention_decode_cpu's layout),
+  /// as E = float (dtype() kFloat32) or model::f16 (kFloat16). Throws rlhf::Error for the other E.
+  template <typename E>
+  const E* k(int64_t layer) const {
+    return base<E>() + (2 * layer) * layer_elems_;
+  }
+  template <typename E>
+  const E* v(int64_t layer) const {
+    return base<E>() + (2 * layer + 1) * layer_elems_;
+  }
 
   /// Writes positions [pos0, pos0 + n) of the sequence with block list `blocks`, layer l, from
-  /// k_rows, v_rows: (n, Hkv, D) each.
+  /// k_rows, v_rows: (n, Hkv, D) each, fp32 (rounded to fp16 for an fp16 cache).
   void write(int64_t layer, const int32_t* blocks, int64_t pos0, int64_t n, const float* k_rows,
              const float* v_rows);
   /// Copies positions [0, n) of every layer from the sequence with blocks `src` to the one with
@@ -70,9 +85,14 @@ class KvCache {
 
  private:
   int64_t L_, Hkv_, D_, row_elems_;  // layers, KV heads, head_dim, Hkv·D
+  template <typename E>
+  const E* base() const;
   int64_t block_size_, num_blocks_, layer_elems_, bytes_per_token_;
-  std::unique_ptr<float[]> data_;  // (L, 2, num_blocks, Hkv, block_size, D), uninitialised
-  std::vector<int32_t> free_;      // stack of free ids; back() is handed out next
+  KvDtype dtype_ = KvDtype::kFloat32;
+  // (L, 2, num_blocks, Hkv, block_size, D), uninitialised: one of the two, by dtype_.
+  std::unique_ptr<float[]> data_;
+  std::unique_ptr<model::f16[]> data16_;
+  std::vector<int32_t> free_;  // stack of free ids; back() is handed out next
   std::vector<uint8_t> in_use_;
   int64_t peak_used_ = 0;
 };

@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "model/ops/cuda_types.h"
+#include "model/ops/half.h"
 
 namespace rlhf::model {
 
@@ -28,10 +29,13 @@ namespace rlhf::model {
 /// exp_fast for float, weighted sum of values, in position order), so a sequence's result does not
 /// depend on the other sequences of the batch or on the thread count. OpenMP over (b, KV head);
 /// fp32 with head_dim ≤ 128 takes an AVX-512 path when the build has it.
+/// KV, the cache's element type: T, or f16 (model/ops/half.h; instantiated for T = float and
+/// double) — each element widened exactly to T as it is read, so the result is that of the T
+/// kernel on the fp16-rounded keys and values, from half the bytes.
 /// Throws rlhf::Error, before computing anything, on a dimension ≤ 0, H % Hkv != 0, a length out
 /// of range or a block id out of range.
-template <typename T>
-void attention_decode_cpu(T* out, const T* q, const T* k_cache, const T* v_cache,
+template <typename T, typename KV = T>
+void attention_decode_cpu(T* out, const T* q, const KV* k_cache, const KV* v_cache,
                           const int32_t* block_table, const int32_t* seq_lens, int64_t B, int64_t H,
                           int64_t Hkv, int64_t D, int64_t num_blocks, int64_t block_size,
                           int64_t max_blocks);

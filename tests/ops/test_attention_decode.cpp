@@ -140,6 +140,53 @@ TEST_CASE("attention_decode equals the last row of attention_forward on the whol
   }
 }
 
+TEST_CASE(
+    "attention_decode over an fp16 cache equals the exact kernel on the rounded keys/values") {
+  // The fp16 cache of a batch (NaN rows stay NaN); the double kernel on the same fp16 values
+  // widened to double is the reference, so only the float kernel's own rounding remains. And the
+  // fp16 path reads the same rows as the float one: the double kernel over the fp16 cache equals
+  // it to 1e-13.
+  for (const Case& c : kCases) {
+    Batch<double> bd(c, 31);
+    Batch<float> bf(c, 31);
+    std::vector<model::f16> k16(bf.k_cache.size()), v16(bf.v_cache.size());
+    model::float_to_f16_n(k16.data(), bf.k_cache.data(), int64_t(k16.size()));
+    model::float_to_f16_n(v16.data(), bf.v_cache.data(), int64_t(v16.size()));
+    for (size_t i = 0; i < k16.size(); ++i) {  // the reference: the rounded values, exactly
+      bd.k_cache[i] = model::f16_to_float(k16[i]);
+      bd.v_cache[i] = model::f16_to_float(v16[i]);
+    }
+    const auto qd = bd.last_q();
+    std::vector<float> qf(qd.begin(), qd.end());
+    const size_t n = size_t(bd.B * c.H * c.D);
+    std::vector<double> ref(n), out_d(n);
+    std::vector<float> out_f(n, 99.0f);
+    bd.decode(ref.data(), qd.data());
+    model::attention_decode_cpu(out_f.data(), qf.data(), k16.data(), v16.data(), bf.table.data(),
+                                bf.lens.data(), bf.B, c.H, c.Hkv, c.D, bf.num_blocks, c.block_size,
+                                bf.max_blocks);
+    model::attention_decode_cpu(out_d.data(), qd.data(), k16.data(), v16.data(), bd.table.data(),
+                                bd.lens.data(), bd.B, c.H, c.Hkv, c.D, bd.num_blocks, c.block_size,
+                                bd.max_blocks);
+    std::vector<double> out_fd(out_f.begin(), out_f.end());
+    auto cf = test::compare_arrays(out_fd.data(), ref.data(), int64_t(n));
+    auto cd = test::compare_arrays(out_d.data(), ref.data(), int64_t(n));
+    INFO(cf.summary(c.name() + " fp16 cache, float"));
+    INFO(cd.summary(c.name() + " fp16 cache, double"));
+    CHECK(cf.finite);
+    CHECK(cf.max_abs_err <= 5e-6);
+    CHECK(cd.max_abs_err <= 1e-13);
+    // And against the unrounded fp32 cache, the difference is fp16's rounding of O(1) values.
+    std::vector<float> out32(n);
+    bf.decode(out32.data(), qf.data());
+    std::vector<double> o32(out32.begin(), out32.end());
+    auto c32 = test::compare_arrays(out_fd.data(), o32.data(), int64_t(n));
+    INFO(c32.summary(c.name() + " fp16 vs fp32 cache"));
+    CHECK(c32.max_abs_err <= 5e-3);
+    CHECK(c32.max_abs_err > 0);  // the cache really is fp16
+  }
+}
+
 TEST_CASE("attention_decode at every length equals every row of attention_forward") {
   // One sequence of 37 positions (blocks of 8); the decode at length t reads positions < t only,
   // so the cache can hold all 37 throughout.

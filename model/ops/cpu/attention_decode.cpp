@@ -11,18 +11,28 @@
 #include "core/error.h"
 #include "model/ops/cpu/avx512_util.h"
 #include "model/ops/cpu/vec_math.h"
+#include "model/ops/half.h"
 
 namespace rlhf::model {
 
 namespace {
 
+// A cached K/V element in the compute type T (fp16 widens exactly).
+template <typename T, typename KV>
+inline T kv_value(KV x) {
+  if constexpr (std::is_same_v<KV, f16>)
+    return T(f16_to_float(x));
+  else
+    return T(x);
+}
+
 // Where one (b, g) task reads and writes: its G query heads, output rows, block list, length.
-template <typename T>
+template <typename T, typename KV>
 struct Group {
-  T* out;      // (G, D), row stride D
-  const T* q;  // (G, D)
-  const T* k;  // k_cache + g·bs·D: position s at k + (table[s / bs]·Hkv·bs + s % bs)·D
-  const T* v;  // likewise
+  T* out;       // (G, D), row stride D
+  const T* q;   // (G, D)
+  const KV* k;  // k_cache + g·bs·D: position s at k + (table[s / bs]·Hkv·bs + s % bs)·D
+  const KV* v;  // likewise
   const int32_t* table;
   int64_t n, G, D, block_stride, bs;  // block_stride = Hkv·bs·D
   T sc;
@@ -58,17 +68,17 @@ struct RowCursor {
 };
 
 // Portable (and double) path: scores by position, softmax, weighted sum of values.
-template <typename T>
-void group_generic(const Group<T>& a, T* S, T* inv) {
+template <typename T, typename KV>
+void group_generic(const Group<T, KV>& a, T* S, T* inv) {
   const int64_t n = a.n, G = a.G, D = a.D;
   RowCursor cur{a.table, a.bs, a.block_stride, a.D};
   for (int64_t s = 0; s < n; ++s, cur.next()) {
-    const T* kr = a.k + cur.offset();
+    const KV* kr = a.k + cur.offset();
     for (int64_t j = 0; j < G; ++j) {
       const T* qr = a.q + j * D;
       T dot = 0;
 #pragma omp simd reduction(+ : dot)
-      for (int64_t d = 0; d < D; ++d) dot += qr[d] * kr[d];
+      for (int64_t d = 0; d < D; ++d) dot += qr[d] * kv_value<T>(kr[d]);
       S[j * n + s] = dot * a.sc;
     }
   }
@@ -76,12 +86,12 @@ void group_generic(const Group<T>& a, T* S, T* inv) {
   std::fill(a.out, a.out + G * D, T(0));
   cur = RowCursor{a.table, a.bs, a.block_stride, a.D};
   for (int64_t s = 0; s < n; ++s, cur.next()) {
-    const T* vr = a.v + cur.offset();
+    const KV* vr = a.v + cur.offset();
     for (int64_t j = 0; j < G; ++j) {
       const T p = S[j * n + s];
       T* o = a.out + j * D;
 #pragma omp simd
-      for (int64_t d = 0; d < D; ++d) o[d] += p * vr[d];
+      for (int64_t d = 0; d < D; ++d) o[d] += p * kv_value<T>(vr[d]);
     }
   }
   for (int64_t j = 0; j < G; ++j) {
@@ -94,32 +104,51 @@ void group_generic(const Group<T>& a, T* S, T* inv) {
 #if defined(__AVX512F__)
 RLHF_AVX512_DIAGNOSTICS_PUSH
 
+// The fp16 cache is read with 16-bit masked loads (AVX-512 BW + VL, which every AVX-512 CPU
+// since Skylake-SP has); a build without them takes the portable path for an fp16 cache.
+#if defined(__AVX512BW__) && defined(__AVX512VL__)
+#define RLHF_ATT_DECODE_F16_AVX512 1
+#endif
+
+// Chunk c (16 lanes, the last one masked by `tail`) of a row of D values, widened to fp32.
+template <int NV>
+inline __m512 load_chunk(const float* p, int c, __mmask16 tail) {
+  return c == NV - 1 ? _mm512_maskz_loadu_ps(tail, p + 16 * c) : _mm512_loadu_ps(p + 16 * c);
+}
+#if defined(RLHF_ATT_DECODE_F16_AVX512)
+template <int NV>
+inline __m512 load_chunk(const f16* p, int c, __mmask16 tail) {
+  const __m256i h = c == NV - 1 ? _mm256_maskz_loadu_epi16(tail, p + 16 * c)
+                                : _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 16 * c));
+  return _mm512_maskz_cvtph_ps(__mmask16(0xFFFF), h);  // zero-masked: see float_to_f16_n
+}
+#endif
+
 // fp32 AVX-512 path for D ≤ 16·NV: a head's D values are NV 16-lane chunks (the last one masked)
 // held in registers. Scores go 16 positions at a time — 16 dot-product accumulators, reduced
 // together by hsum16_f32 into one vector of 16 scores — and the weighted sum of values keeps its
-// NV accumulators in registers. Same formula and order of positions as group_generic.
-template <int NV>
-void group_f32(const Group<float>& a, float* S, float* inv) {
+// NV accumulators in registers. Same formula and order of positions as group_generic. KV: float,
+// or f16 widened in registers as it is loaded (half the bytes from memory, the same fp32 math).
+template <int NV, typename KV>
+void group_f32(const Group<float, KV>& a, float* S, float* inv) {
   const int64_t n = a.n, G = a.G, D = a.D;
   const __mmask16 tail = first_lanes(D - 16 * (NV - 1));
-  auto load = [tail](const float* p, int c) {
-    return c == NV - 1 ? _mm512_maskz_loadu_ps(tail, p + 16 * c) : _mm512_loadu_ps(p + 16 * c);
-  };
+  auto load = [tail](const auto* p, int c) { return load_chunk<NV>(p, c, tail); };
   const __m512 scale = _mm512_set1_ps(a.sc);
   // One head's rows of a block are contiguous (bs·D floats), but blocks are scattered: prefetch
   // block i + 1 when block i starts, so the hardware prefetcher's ramp-up is not paid per block.
   const int64_t nblk = (n + a.bs - 1) / a.bs, span = a.bs * D;
-  auto prefetch_block = [&](const float* base, int64_t i) {
+  auto prefetch_block = [&](const KV* base, int64_t i) {
     if (i >= nblk) return;
     const char* p = reinterpret_cast<const char*>(base + int64_t(a.table[i]) * a.block_stride);
-    for (int64_t off = 0; off < span * int64_t(sizeof(float)); off += 64)
+    for (int64_t off = 0; off < span * int64_t(sizeof(KV)); off += 64)
       _mm_prefetch(p + off, _MM_HINT_T0);
   };
   prefetch_block(a.k, 0);
   RowCursor cur{a.table, a.bs, a.block_stride, a.D};
   for (int64_t s0 = 0; s0 < n; s0 += 16) {
     const int64_t rows = std::min<int64_t>(16, n - s0);
-    const float* kr[16];
+    const KV* kr[16];
     for (int64_t i = 0; i < rows; ++i, cur.next()) {
       if (cur.r == 0) prefetch_block(a.k, cur.blk + 1);
       kr[i] = a.k + cur.offset();
@@ -150,7 +179,7 @@ void group_f32(const Group<float>& a, float* S, float* inv) {
     cur = RowCursor{a.table, a.bs, a.block_stride, a.D};
     for (int64_t s = 0; s < n; ++s, cur.next()) {
       if (cur.r == 0 && j == 0) prefetch_block(a.v, cur.blk + 1);
-      const float* vr = a.v + cur.offset();
+      const KV* vr = a.v + cur.offset();
       const __m512 ps = _mm512_set1_ps(p[s]);
       for (int c = 0; c < NV; ++c) acc[c] = _mm512_fmadd_ps(ps, load(vr, c), acc[c]);
     }
@@ -168,7 +197,8 @@ void group_f32(const Group<float>& a, float* S, float* inv) {
 
 // Head dimensions up to 8 16-lane chunks (D ≤ 128) take the AVX-512 path, larger ones the
 // portable one.
-void group_dispatch(const Group<float>& a, float* S, float* inv) {
+template <typename KV>
+void group_dispatch(const Group<float, KV>& a, float* S, float* inv) {
   switch ((a.D + 15) / 16) {
     case 1:
       return group_f32<1>(a, S, inv);
@@ -201,8 +231,8 @@ RLHF_AVX512_DIAGNOSTICS_POP
 //   S[j, s] = q_j · K[s] / sqrt(D)                      (positions in order)
 //   e[j, s] = exp(S[j, s] − max_s S[j, ·]),  Z_j = Σ_s e[j, s]
 //   out_j   = (Σ_s e[j, s] · V[s]) / Z_j
-template <typename T>
-void attention_decode_cpu(T* out, const T* q, const T* k_cache, const T* v_cache,
+template <typename T, typename KV>
+void attention_decode_cpu(T* out, const T* q, const KV* k_cache, const KV* v_cache,
                           const int32_t* block_table, const int32_t* seq_lens, int64_t B, int64_t H,
                           int64_t Hkv, int64_t D, int64_t num_blocks, int64_t block_size,
                           int64_t max_blocks) {
@@ -243,22 +273,28 @@ void attention_decode_cpu(T* out, const T* q, const T* k_cache, const T* v_cache
 #pragma omp for schedule(dynamic, 1)
     for (int64_t bg = 0; bg < B * Hkv; ++bg) {
       const int64_t b = bg / Hkv, g = bg % Hkv;
-      const Group<T> a{out + (b * H + g * G) * D,
-                       q + (b * H + g * G) * D,
-                       k_cache + g * block_size * D,
-                       v_cache + g * block_size * D,
-                       block_table + b * max_blocks,
-                       int64_t(seq_lens[b]),
-                       G,
-                       D,
-                       block_stride,
-                       block_size,
-                       sc};
+      const Group<T, KV> a{out + (b * H + g * G) * D,
+                           q + (b * H + g * G) * D,
+                           k_cache + g * block_size * D,
+                           v_cache + g * block_size * D,
+                           block_table + b * max_blocks,
+                           int64_t(seq_lens[b]),
+                           G,
+                           D,
+                           block_stride,
+                           block_size,
+                           sc};
 #if defined(__AVX512F__)
-      if constexpr (std::is_same_v<T, float>) {
+      if constexpr (std::is_same_v<T, float> && std::is_same_v<KV, float>) {
         group_dispatch(a, S, inv);
         continue;
       }
+#if defined(RLHF_ATT_DECODE_F16_AVX512)
+      if constexpr (std::is_same_v<T, float> && std::is_same_v<KV, f16>) {
+        group_dispatch(a, S, inv);
+        continue;
+      }
+#endif
 #endif
       group_generic(a, S, inv);
     }
@@ -271,5 +307,11 @@ template void attention_decode_cpu<float>(float*, const float*, const float*, co
 template void attention_decode_cpu<double>(double*, const double*, const double*, const double*,
                                            const int32_t*, const int32_t*, int64_t, int64_t,
                                            int64_t, int64_t, int64_t, int64_t, int64_t);
+template void attention_decode_cpu<float, f16>(float*, const float*, const f16*, const f16*,
+                                               const int32_t*, const int32_t*, int64_t, int64_t,
+                                               int64_t, int64_t, int64_t, int64_t, int64_t);
+template void attention_decode_cpu<double, f16>(double*, const double*, const f16*, const f16*,
+                                                const int32_t*, const int32_t*, int64_t, int64_t,
+                                                int64_t, int64_t, int64_t, int64_t, int64_t);
 
 }  // namespace rlhf::model
