@@ -20,6 +20,10 @@ struct Experience {
   std::vector<int32_t> resp_len;  ///< (B)
   std::vector<double> score;      ///< (B) reward per sample (after normalisation if asked)
   std::vector<float> lp_old, lp_ref, values, kl, advantages, returns;  ///< (B, Tr)
+  /// The old-log-prob pass was skipped (PpoTrainer::old_logprobs_are_current): lp_old and kl are
+  /// zeros here, and the update takes lp_old = sg[lp] from its own forward pass, where the two are
+  /// equal by construction (one optimizer step on the policy that generated the batch).
+  bool lp_old_is_current = false;
   /// Σ resp_len: the response (action) tokens of the step.
   int64_t response_tokens() const {
     int64_t n = 0;

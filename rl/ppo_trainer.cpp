@@ -105,6 +105,12 @@ std::vector<double> PpoTrainer::reward_model_scores(const std::vector<Sample>& s
   return std::vector<double>(all.begin(), all.end());
 }
 
+bool PpoTrainer::old_logprobs_are_current(int64_t B) const {
+  const bool kl_in_reward = !opt_.use_kl_loss && kl_.value() > 0;
+  return opt_.max_epochs == 1 && opt_.train_batch_size == B && opt_.freezing_actor_steps <= 0 &&
+         !kl_in_reward;
+}
+
 Experience PpoTrainer::make_experience(const std::vector<Sample>& samples,
                                        std::vector<double> scores) {
   Experience e;
@@ -121,6 +127,7 @@ Experience PpoTrainer::make_experience(const std::vector<Sample>& samples,
     e.Tr = std::max<int64_t>(e.Tr, int64_t(s.response.size()));
   }
   RLHF_CHECK(e.Tr >= 1, "every response of the step is empty");
+  e.lp_old_is_current = opt_.skip_current_old_logprobs && old_logprobs_are_current(e.B);
   // Old / reference log-probs and values of this rank's slice.
   const int64_t per = e.B / N, first = comm_.rank() * per, Tr = e.Tr;
   std::vector<float> lp_old(size_t(per * Tr), 0.0f), lp_ref(size_t(per * Tr), 0.0f),
@@ -138,9 +145,11 @@ Experience PpoTrainer::make_experience(const std::vector<Sample>& samples,
         for (size_t k = 0; k < mb[size_t(r)]->response.size(); ++k)
           dst[size_t((a + r) * Tr + int64_t(k))] = src[size_t(b.resp_pos[size_t(r)] + int64_t(k))];
     };
-    m_.actor->forward_lm(b.tokens.data(), b.targets.data(), b.B, b.T, buf.data(), nullptr, false,
-                         inv_temp);
-    scatter(lp_old, buf);
+    if (!e.lp_old_is_current) {
+      m_.actor->forward_lm(b.tokens.data(), b.targets.data(), b.B, b.T, buf.data(), nullptr, false,
+                           inv_temp);
+      scatter(lp_old, buf);
+    }
     if (m_.ref) {
       m_.ref->forward_lm(b.tokens.data(), b.targets.data(), b.B, b.T, buf.data(), nullptr, false,
                          inv_temp);
@@ -151,13 +160,15 @@ Experience PpoTrainer::make_experience(const std::vector<Sample>& samples,
       scatter(values, buf);
     }
   }
-  e.lp_old = allgather_rows(lp_old);
+  e.lp_old =
+      e.lp_old_is_current ? std::vector<float>(size_t(e.B * Tr), 0.0f) : allgather_rows(lp_old);
   e.lp_ref = m_.ref ? allgather_rows(lp_ref) : e.lp_old;
   e.values = uses_critic(opt_.estimator) ? allgather_rows(values)
                                          : std::vector<float>(size_t(e.B * Tr), 0.0f);
-  // Per-token KL estimate of π_old against π_ref.
+  // Per-token KL estimate of π_old against π_ref (by train() when lp_old is the update's own).
   e.kl.assign(size_t(e.B * Tr), 0.0f);
-  rl::kl_forward_cpu(e.kl.data(), e.lp_old.data(), e.lp_ref.data(), e.B * Tr, opt_.kl_estimator);
+  if (!e.lp_old_is_current)
+    rl::kl_forward_cpu(e.kl.data(), e.lp_old.data(), e.lp_ref.data(), e.B * Tr, opt_.kl_estimator);
   for (int64_t i = 0; i < e.B; ++i)
     for (int64_t t = e.resp_len[size_t(i)]; t < Tr; ++t) e.kl[size_t(i * Tr + t)] = 0.0f;
   // Scores: optional running normalisation.
@@ -219,7 +230,7 @@ PpoTrainer::MicroBatch PpoTrainer::micro_batch(const Experience& e, const std::v
   return mb;
 }
 
-void PpoTrainer::actor_micro_batch(const MicroBatch& mb, Sums& sums) {
+void PpoTrainer::actor_micro_batch(MicroBatch& mb, bool current, Sums& sums) {
   const Batch& b = mb.b;
   const int64_t NT = b.B * b.T;
   const float inv_temp = float(1.0 / std::max(opt_.temperature, 1e-6));
@@ -227,6 +238,14 @@ void PpoTrainer::actor_micro_batch(const MicroBatch& mb, Sums& sums) {
   std::vector<float> lp(size_t(NT), 0.0f), ent(size_t(NT), 0.0f), dlp(size_t(NT), 0.0f);
   m_.actor->forward_lm(b.tokens.data(), b.targets.data(), b.B, b.T, lp.data(), ent.data(), true,
                        inv_temp);
+  if (current) {  // lp_old = sg[lp]: the policy that generated the batch, not yet updated
+    std::vector<float> kl_cur(size_t(NT), 0.0f);
+    if (m_.ref) kl_forward_cpu(kl_cur.data(), lp.data(), mb.ref_lp.data(), NT, opt_.kl_estimator);
+    for (int64_t p : mb.tok_pos) {
+      mb.old_lp[size_t(p)] = lp[size_t(p)];
+      sums.kl_current += kl_cur[size_t(p)];
+    }
+  }
   std::vector<float> tok_loss(size_t(NT), 0.0f);
   std::vector<uint8_t> clipped(size_t(NT), 0);
   if (opt_.policy_loss == PolicyLossType::kGspo) {
@@ -290,6 +309,7 @@ PpoStats PpoTrainer::train(const Experience& e, int64_t rl_step) {
              "training rank(s)",
              TB, MB, N);
   const bool train_actor = rl_step >= opt_.freezing_actor_steps;
+  RLHF_ASSERT(!e.lp_old_is_current || (train_actor && opt_.max_epochs == 1 && TB == e.B));
   const bool train_critic = critic_opt_ != nullptr;
   const parallel::CommStats c0 = comm_.stats();
   Sums sums;
@@ -309,8 +329,8 @@ PpoStats PpoTrainer::train(const Experience& e, int64_t rl_step) {
       const int64_t mine = s0 + comm_.rank() * (TB / N);
       for (int64_t a = 0; a < TB / N; a += MB) {
         const std::vector<int64_t> ids(order.begin() + mine + a, order.begin() + mine + a + MB);
-        const MicroBatch mb = micro_batch(e, ids, n_tok);
-        if (train_actor) actor_micro_batch(mb, sums);
+        MicroBatch mb = micro_batch(e, ids, n_tok);
+        if (train_actor) actor_micro_batch(mb, e.lp_old_is_current, sums);
         if (train_critic) critic_micro_batch(mb, sums);
       }
       if (train_actor) {
@@ -326,10 +346,10 @@ PpoStats PpoTrainer::train(const Experience& e, int64_t rl_step) {
       ++n_opt;
     }
   }
-  double local[6] = {sums.policy,  sums.value, sums.kl_loss,
-                     sums.entropy, sums.clip,  sums.approx_kl},
-         tot[6];
-  comm_.all_reduce(local, tot, 6);
+  double local[7] = {sums.policy, sums.value,     sums.kl_loss,   sums.entropy,
+                     sums.clip,   sums.approx_kl, sums.kl_current},
+         tot[7];
+  comm_.all_reduce(local, tot, 7);
   const double steps = double(std::max<int64_t>(n_opt, 1));
   st.policy_loss = tot[0] / steps;
   st.value_loss = tot[1] / steps;
@@ -340,9 +360,11 @@ PpoStats PpoTrainer::train(const Experience& e, int64_t rl_step) {
   st.actor_grad_norm = s_an / steps;
   st.critic_grad_norm = s_cn / steps;
   st.optimizer_steps = n_opt;
-  double kl_sum = 0;
-  for (int64_t i = 0; i < e.B; ++i)
-    for (int64_t t = 0; t < e.resp_len[size_t(i)]; ++t) kl_sum += e.kl[size_t(i * e.Tr + t)];
+  // KL(π_old ‖ π_ref) of the rollout: from the experience, or summed by the update's forward.
+  double kl_sum = tot[6];
+  if (!e.lp_old_is_current)
+    for (int64_t i = 0; i < e.B; ++i)
+      for (int64_t t = 0; t < e.resp_len[size_t(i)]; ++t) kl_sum += e.kl[size_t(i * e.Tr + t)];
   st.kl = kl_sum / double(std::max<int64_t>(e.response_tokens(), 1));
   st.kl_coef = kl_.value();
   st.comm_seconds = comm_.stats().seconds - c0.seconds;

@@ -44,6 +44,9 @@ struct PpoOptions {
   double temperature = 1.0;  ///< the generation temperature; log-probs use logits / temperature
   int64_t freezing_actor_steps = -1;  ///< RL steps during which only the critic learns
   bool normalize_reward = false;      ///< running mean/std normalisation of the scores
+  /// Skip the forward pass that computes lp_old when it provably equals the update's own lp
+  /// (old_logprobs_are_current); false computes it always (tests compare the two).
+  bool skip_current_old_logprobs = true;
   double max_norm = 1.0;
   int32_t pad_id = 0;
   uint64_t seed = 42;
@@ -103,8 +106,18 @@ class PpoTrainer {
   /// Reward-model scores of the samples (value of the last token). Collective.
   std::vector<double> reward_model_scores(const std::vector<Sample>& samples);
 
+  /// True when lp_old of a batch of B samples equals, bit for bit, the log-probs the update's own
+  /// forward pass computes, so that make_experience can skip the old-log-prob pass (as TRL does for
+  /// num_iterations = 1; docs/algorithms.md, "Skipping the old-log-prob pass"): --max_epochs 1 and
+  /// --train_batch_size = B (one optimizer step, taken on the weights that generated the batch),
+  /// the actor never frozen, and no KL in the reward (which needs lp_old before the update: PPO
+  /// with --init_kl_coef > 0 and no --use_kl_loss). The reference pass still runs when β > 0.
+  bool old_logprobs_are_current(int64_t B) const;
+
   /// Log-probs (old, ref), values, KL, rewards and advantages of the samples (the global batch,
-  /// in canonical order); scores one per sample. Collective.
+  /// in canonical order); scores one per sample. Collective. Skips the old-log-prob pass when
+  /// old_logprobs_are_current(B) (and options().skip_current_old_logprobs): then
+  /// Experience::lp_old_is_current is set and train() derives lp_old and the KL metric itself.
   Experience make_experience(const std::vector<Sample>& samples, std::vector<double> scores);
 
   /// Trains on the experience of RL step `rl_step` (0-based): --max_epochs passes in optimizer
@@ -142,13 +155,15 @@ class PpoTrainer {
   // optimizer step): the loss metrics.
   struct Sums {
     double policy = 0, value = 0, kl_loss = 0, entropy = 0, clip = 0, approx_kl = 0;
+    double kl_current = 0;  // Σ KL(π ‖ π_ref) over tokens, unweighted (lp_old_is_current only)
   };
   Batch make_batch(const std::vector<const Sample*>& s) const;
   std::vector<float> allgather_rows(const std::vector<float>& local);
   // ids: the samples of the micro-batch; step_tokens: response tokens of the whole optimizer step.
   MicroBatch micro_batch(const Experience& e, const std::vector<int64_t>& ids,
                          int64_t step_tokens) const;
-  void actor_micro_batch(const MicroBatch& mb, Sums& sums);
+  // current: lp_old is taken from this forward (Experience::lp_old_is_current).
+  void actor_micro_batch(MicroBatch& mb, bool current, Sums& sums);
   void critic_micro_batch(const MicroBatch& mb, Sums& sums);
 
   PpoModels m_;

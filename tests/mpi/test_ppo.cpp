@@ -6,6 +6,8 @@
 
 #include <mpi.h>
 
+#include <functional>
+
 #include "core/cuda_check.h"
 #include "parallel/zero3.h"
 
@@ -46,6 +48,7 @@ struct Run {
   std::vector<std::vector<float>> actor, critic;
   rl::PpoStats stats;
   std::vector<float> lp_old, lp_ref, values, advantages;  // the experience
+  bool lp_old_skipped = false;
 };
 
 // The three models on the CPU (ZeRO-3 over comm) or, with `nccl`, on the GPU (ZeRO-3 over the
@@ -53,7 +56,8 @@ struct Run {
 Run run(parallel::Comm& comm, bool ppo, const model::ModelConfig& cfg, bool gpu = false,
         parallel::Comm* nccl = nullptr, double adam_eps = 1e-8,
         rl::LossAggMode agg = rl::LossAggMode::kTokenMean,
-        rl::PolicyLossType loss = rl::PolicyLossType::kPpo) {
+        rl::PolicyLossType loss = rl::PolicyLossType::kPpo,
+        const std::function<void(rl::PpoOptions&)>& tweak = {}, uint64_t ref_seed = 11) {
   const int N = comm.size();
   model::ParamLayout layout(cfg, model::HeadKind::kLM);
   model::ParamLayout vlayout(cfg, model::HeadKind::kValue);
@@ -75,7 +79,7 @@ Run run(parallel::Comm& comm, bool ppo, const model::ModelConfig& cfg, bool gpu 
   REQUIRE((!gpu || N == 1 || nccl != nullptr));
   auto actor = make(layout, false), ref = make(layout, true), critic = make(vlayout, false);
   init_store(actor->store(), 11);
-  init_store(ref->store(), 11);
+  init_store(ref->store(), ref_seed);
   init_store(critic->store(), 12);
   rl::PpoModels m;
   m.actor = actor.get();
@@ -96,6 +100,7 @@ Run run(parallel::Comm& comm, bool ppo, const model::ModelConfig& cfg, bool gpu 
   o.loss_agg_mode = agg;
   o.policy_loss = loss;
   o.generate_max_len = 6;  // the longest synthetic response is 5 tokens
+  if (tweak) tweak(o);
   rl::PpoOptimizers opts;
   opts.actor_adam.lr = 1e-2;
   opts.actor_adam.eps = adam_eps;
@@ -111,6 +116,7 @@ Run run(parallel::Comm& comm, bool ppo, const model::ModelConfig& cfg, bool gpu 
   r.lp_ref = exp.lp_ref;
   r.values = exp.values;
   r.advantages = exp.advantages;
+  r.lp_old_skipped = exp.lp_old_is_current;
   r.stats = tr.train(exp, 0);
   r.actor = full_weights(actor->store());
   if (ppo) r.critic = full_weights(critic->store());
@@ -191,6 +197,65 @@ TEST_CASE("grpo: every --loss_agg_mode, and GSPO, on N ranks == on 1 rank") {
                       name);
       }
     }
+}
+
+TEST_CASE("ppo/grpo: skipping the old-log-prob pass gives the update of computing it") {
+  auto world = parallel::make_comm(MPI_COMM_WORLD, "train_comm");
+  auto self = parallel::make_comm(MPI_COMM_SELF, "self");
+  const auto cfg = small_config(false);
+  // One optimizer step per rollout batch (16 samples), one epoch: lp_old equals the update's lp.
+  auto one_step = [](bool skip, double kl) {
+    return [skip, kl](rl::PpoOptions& o) {
+      o.max_epochs = 1;
+      o.train_batch_size = 16;
+      o.micro_train_batch_size = 2;
+      o.micro_rollout_batch_size = 2;
+      o.init_kl_coef = kl;
+      o.skip_current_old_logprobs = skip;
+    };
+  };
+  for (bool ppo : {false, true}) {
+    // GRPO keeps its KL loss; PPO needs its KL out of the reward for lp_old to be skippable.
+    const double kl = ppo ? 0.0 : 0.05;
+    const std::string name = ppo ? "ppo (gae, no KL)" : "grpo (KL loss)";
+    // A reference other than the initial policy, so that the KL metric is not 0.
+    const Run computed = run(*self, ppo, cfg, false, nullptr, 1e-8, rl::LossAggMode::kTokenMean,
+                             rl::PolicyLossType::kPpo, one_step(false, kl), 13);
+    const Run skipped = run(*self, ppo, cfg, false, nullptr, 1e-8, rl::LossAggMode::kTokenMean,
+                            rl::PolicyLossType::kPpo, one_step(true, kl), 13);
+    CHECK_MESSAGE(!computed.lp_old_skipped, name);
+    CHECK_MESSAGE(skipped.lp_old_skipped, name);
+    CHECK_MESSAGE(skipped.stats.optimizer_steps == 1, name);
+    // The computed lp_old equals the update's lp bit for bit (the forward is batch-invariant), so
+    // nothing clipped and no drift: the skipped run must give the same weights exactly.
+    CHECK_MESSAGE(computed.stats.approx_kl == 0.0, name);
+    CHECK_MESSAGE(computed.stats.clip_frac == 0.0, name);
+    for (size_t u = 0; u < computed.actor.size(); ++u) {
+      auto c = test::compare_arrays(computed.actor[u].data(), skipped.actor[u].data(),
+                                    int64_t(computed.actor[u].size()));
+      INFO(c.summary(name + " actor unit " + std::to_string(u)));
+      CHECK(c.max_abs_err == 0.0);
+    }
+    CHECK_MESSAGE(computed.stats.policy_loss == skipped.stats.policy_loss, name);
+    // The KL metric, summed by the update's forward instead of from the experience.
+    CHECK_MESSAGE(skipped.stats.kl == doctest::Approx(computed.stats.kl).epsilon(1e-12), name);
+    if (!ppo) CHECK_MESSAGE(skipped.stats.kl > 0, name);
+    // And on N ranks, skipping still trains like 1 rank.
+    const Run many = run(*world, ppo, cfg, false, nullptr, 1e-8, rl::LossAggMode::kTokenMean,
+                         rl::PolicyLossType::kPpo, one_step(true, kl), 13);
+    CHECK_MESSAGE(many.lp_old_skipped, name);
+    compare(skipped, many, name + " skipped, N=" + std::to_string(world->size()));
+  }
+  // Where the KL sits in the reward (PPO, β > 0) or there are two epochs, the pass stays.
+  const Run kl_reward = run(*self, true, cfg, false, nullptr, 1e-8, rl::LossAggMode::kTokenMean,
+                            rl::PolicyLossType::kPpo, one_step(true, 0.05));
+  CHECK(!kl_reward.lp_old_skipped);
+  const Run epochs = run(*self, false, cfg, false, nullptr, 1e-8, rl::LossAggMode::kTokenMean,
+                         rl::PolicyLossType::kPpo, [&](rl::PpoOptions& o) {
+                           one_step(true, 0.05)(o);
+                           o.max_epochs = 2;
+                         });
+  CHECK(!epochs.lp_old_skipped);
 }
 
 TEST_CASE("ppo/grpo on the device: one RL step over NCCL follows the CPU step") {
