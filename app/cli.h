@@ -269,13 +269,16 @@ struct RmArgs {
 /// and `ppo`. Continuous batching replaces a micro-batch size: every prompt is queued at once and
 /// an engine decodes as many sequences together as --gen_kv_cache_mb and --gen_max_num_seqs allow.
 struct GenerationArgs {
-  int64_t generate_max_len = 1024;    ///< --generate_max_len: max new tokens per sample
-  double temperature = 1.0;           ///< --temperature: 0 = greedy
-  double top_p = 1.0;                 ///< --top_p: nucleus sampling, 1 = off
-  int64_t top_k = -1;                 ///< --top_k: -1 = off
-  bool greedy = false;                ///< --greedy: argmax decoding
-  int64_t n_samples_per_prompt = 1;   ///< --n_samples_per_prompt: completions per prompt
-  int64_t gen_kv_cache_mb = 1024;     ///< --gen_kv_cache_mb: KV cache budget per engine (MiB)
+  int64_t generate_max_len = 1024;   ///< --generate_max_len: max new tokens per sample
+  double temperature = 1.0;          ///< --temperature: 0 = greedy
+  double top_p = 1.0;                ///< --top_p: nucleus sampling, 1 = off
+  int64_t top_k = -1;                ///< --top_k: -1 = off
+  bool greedy = false;               ///< --greedy: argmax decoding
+  int64_t n_samples_per_prompt = 1;  ///< --n_samples_per_prompt: completions per prompt
+  int64_t gen_kv_cache_mb = 1024;    ///< --gen_kv_cache_mb: KV cache budget per engine (MiB)
+  /// --kv_cache_dtype (vLLM's name) of CPU engines: auto = fp16 | fp16 | fp32 (exact, twice the
+  /// bytes); GPU engines keep bf16
+  std::string kv_cache_dtype = "auto";
   int64_t gen_max_num_seqs = 256;     ///< --gen_max_num_seqs: most sequences decoded at once
   int vllm_tensor_parallel_size = 1;  ///< --vllm_tensor_parallel_size: ranks per engine
   /// --vllm_gpu_memory_utilization: share of a GPU's memory a GPU engine may hold (weights,
@@ -357,6 +360,8 @@ struct PpoArgs {
   double eval_temperature = 0.6;          ///< --eval_temperature
   int64_t eval_n_samples_per_prompt = 4;  ///< --eval_n_samples_per_prompt
   bool eval_before_training = false;      ///< --eval_before_training: also at step 0
+  bool async_train = false;               ///< --async_train: generate ahead while training
+  int64_t async_queue_size = 1;           ///< --async_queue_size: most steps a rollout waits
   int64_t log_completions = 0;  ///< --log_completions N: samples.jsonl every N steps (0 = off)
   OptimArgs optim;              ///< schedule, betas, l2, max_norm (not learning_rate)
   GenerationArgs gen;
@@ -467,20 +472,25 @@ struct ImportArgs {
 /// `rlhf bench [suite...]`: benchmarks, JSON lines on stdout (rank 0) and a table in the log.
 struct BenchArgs {
   CommonArgs common;
-  std::vector<std::string> suites;     ///< positional: train | generate | comm | sync | all
-  std::string model_config;            ///< --model_config: "" = the stories15M shape
-  int64_t tokens_per_step = 4096;      ///< --tokens_per_step: tokens per optimizer step (global)
-  int64_t seq_len = 256;               ///< --seq_len: sequence length of the training benchmark
-  int64_t micro_train_batch_size = 0;  ///< --micro_train_batch_size: 0 = whole step in one pass
-  int64_t steps = 3;                   ///< --steps: timed steps
-  int64_t warmup = 1;                  ///< --warmup: untimed steps first
-  ZeroArgs zero;                       ///< --zero_stage, --adam_offload, --gradient_checkpointing
-  ParallelArgs parallel;               ///< --threads, --ranks_per_node, ...
-  std::string output;                  ///< --output: also append the JSON lines to this file
-  int64_t min_bytes = 1024;            ///< --min_bytes: comm, smallest size (nccl-tests -b)
-  int64_t max_bytes = 256ll << 20;     ///< --max_bytes: comm, largest size (-e)
-  int64_t step_factor = 4;             ///< --step_factor: comm, size multiplier (-f)
-  int64_t iters = 20;                  ///< --iters: comm, timed calls per size (-n)
+  std::vector<std::string> suites;      ///< positional: train | generate | comm | sync | all
+  std::string model_config;             ///< --model_config: "" = the stories15M shape
+  int64_t tokens_per_step = 4096;       ///< --tokens_per_step: tokens per optimizer step (global)
+  int64_t seq_len = 256;                ///< --seq_len: sequence length of the training benchmark
+  int64_t micro_train_batch_size = 0;   ///< --micro_train_batch_size: 0 = whole step in one pass
+  int64_t steps = 3;                    ///< --steps: timed steps
+  int64_t warmup = 1;                   ///< --warmup: untimed steps first
+  ZeroArgs zero;                        ///< --zero_stage, --adam_offload, --gradient_checkpointing
+  ParallelArgs parallel;                ///< --threads, --ranks_per_node, ...
+  std::string output;                   ///< --output: also append the JSON lines to this file
+  int64_t min_bytes = 1024;             ///< --min_bytes: comm, smallest size (nccl-tests -b)
+  int64_t max_bytes = 256ll << 20;      ///< --max_bytes: comm, largest size (-e)
+  int64_t step_factor = 4;              ///< --step_factor: comm, size multiplier (-f)
+  int64_t iters = 20;                   ///< --iters: comm, timed calls per size (-n)
+  std::string kv_cache_dtype = "auto";  ///< --kv_cache_dtype: generate, the engine's KV cache
+  std::string pretrain;  ///< --pretrain: generate, a real model instead of random weights
+  std::string gen_batches = "1,8,64";  ///< --gen_batches: generate, the fixed runs' batch sizes
+  int64_t gen_long_requests = 256;     ///< --gen_long_requests: generate, ragged run (0 = skip)
+  int64_t gen_long_fixed_batch = 8;    ///< --gen_long_fixed_batch: generate, long run (0 = skip)
   void bind(OptionSet& o);
   void validate();
 };

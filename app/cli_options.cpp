@@ -57,6 +57,19 @@ void BenchArgs::bind(OptionSet& o) {
   o.add("max_bytes", max_bytes, "comm: largest message (bytes)").check(ge(4));
   o.add("step_factor", step_factor, "comm: size multiplier between rows").check(ge(2));
   o.add("iters", iters, "comm: timed calls per size").check(ge(1));
+  o.add("kv_cache_dtype", kv_cache_dtype,
+        "generate: KV cache element type (auto = fp16; fp32 also runs for the long-context ratio)")
+      .check(one_of({"auto", "fp16", "fp32"}));
+  o.add("pretrain", pretrain,
+        "generate: a real model (any --pretrain format) instead of random weights of "
+        "--model_config");
+  o.add("gen_batches", gen_batches, "generate: batch sizes of the fixed-length runs (comma list)");
+  o.add("gen_long_requests", gen_long_requests,
+        "generate: requests of the ragged run, 64-1024 new tokens each (0 = skip)")
+      .check(ge(0));
+  o.add("gen_long_fixed_batch", gen_long_fixed_batch,
+        "generate: batch of the 1024-token run next to the same batch at 128 (0 = skip)")
+      .check(ge(0));
 }
 
 void BenchArgs::validate() {
@@ -258,6 +271,10 @@ void GenerationArgs::bind(OptionSet& o) {
   o.add("n_samples_per_prompt", n_samples_per_prompt, "Completions per prompt").check(ge(1));
   o.add("gen_kv_cache_mb", gen_kv_cache_mb, "KV cache budget of a generation engine (MiB)")
       .check(ge(1));
+  o.add("kv_cache_dtype", kv_cache_dtype,
+        "KV cache element type of CPU engines: auto or fp16 (half the bytes attention reads), "
+        "fp32 (exact, twice the bytes); GPU engines keep bf16")
+      .check(one_of({"auto", "fp16", "fp32"}));
   o.add("gen_max_num_seqs", gen_max_num_seqs, "Most sequences a generation engine decodes at once")
       .check(ge(1));
   o.add("vllm_tensor_parallel_size", vllm_tensor_parallel_size,
@@ -411,6 +428,13 @@ void PpoArgs::bind(OptionSet& o) {
         "Completions per evaluation prompt (pass@k up to this k)")
       .check(ge(1));
   o.add("eval_before_training", eval_before_training, "Also evaluate before the first step");
+  o.add("async_train", async_train,
+        "One-step off-policy: generation ranks generate the next rollout while the training ranks "
+        "train (needs --gen_ranks_per_node >= 1)");
+  o.add("async_queue_size", async_queue_size,
+        "With --async_train: a rollout made with weights of version v is trained at version <= "
+        "v + this (0 = synchronous)")
+      .check(ge(0));
   o.add("log_completions", log_completions,
         "Every N steps, the step's prompts, completions, scores and advantages to "
         "<save_path>/samples.jsonl (0 = off)")

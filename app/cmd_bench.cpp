@@ -140,6 +140,25 @@ int run_bench(const BenchArgs& args) {
     bench::BenchGenerateOptions o;
     if (!args.model_config.empty()) o.config = io::load_model_config_file(args.model_config);
     o.seed = static_cast<uint64_t>(args.common.seed);
+    o.kv_dtype =
+        args.kv_cache_dtype == "fp32" ? rollout::KvDtype::kFloat32 : rollout::KvDtype::kFloat16;
+    o.pretrain = args.pretrain;
+    o.batches.clear();
+    for (const std::string& b : split_commas(args.gen_batches)) {
+      size_t used = 0;
+      int64_t v = 0;
+      try {
+        v = std::stoll(b, &used);
+      } catch (const std::exception&) {
+        used = 0;
+      }
+      if (used != b.size() || v < 1)
+        throw UsageError(
+            fmt::format("--gen_batches {}: '{}' is not a batch size >= 1", args.gen_batches, b));
+      o.batches.push_back(v);
+    }
+    o.long_requests = args.gen_long_requests;
+    o.long_fixed_batch = args.gen_long_fixed_batch;
     LOG0_INFO("bench generate: {} threads per rank", threads);
     bench::run_bench_generate(o, emit);
   }
@@ -179,6 +198,13 @@ int run_bench(const BenchArgs& args) {
                   row["phase"].get<std::string>(), row["seconds"].get<double>(),
                   100 * row["share"].get<double>(), row["comm_s"].get<double>(),
                   row["gflops_per_s_per_rank"].get<double>());
+      else if (row["bench"] == "rl_async")
+        LOG0_INFO(
+            "bench rl: 1 trainer + 1 generation rank | sync {:.2f}s/step | async {:.2f}s/step "
+            "({:.2f}x; trainers waited {:.2f}s a step) | sync gen {:.2f}s, logprob+train {:.2f}s",
+            row["sync_step_s"].get<double>(), row["async_step_s"].get<double>(),
+            row["speedup"].get<double>(), row["async_wait_s"].get<double>(),
+            row["sync_gen_s"].get<double>(), row["sync_train_s"].get<double>());
       else if (row["bench"] == "rl_filter")
         LOG0_INFO(
             "bench rl: {} | {:.3f}s/step | {} of {} samples trained | {:.4f}s per trained "

@@ -74,6 +74,8 @@ rl::RlRunConfig rl_run_config(const PpoArgs& a, const char* cmd) {
   c.step.overlong_buffer_len = a.overlong_buffer_len;
   c.step.overlong_penalty_factor = a.overlong_penalty_factor;
   c.step.log_completions = a.log_completions;
+  c.step.async_train = a.async_train;
+  c.step.async_queue_size = a.async_queue_size;
   c.actor_adam = make_adamw(a.optim, a.actor_learning_rate);
   c.critic_adam = make_adamw(a.optim, a.critic_learning_rate);
   c.lr_scheduler = a.optim.lr_scheduler;

@@ -2,6 +2,7 @@
 
 #include <mpi.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <vector>
@@ -144,6 +145,52 @@ void bench_filtering(const BenchRlOptions& opt, const std::string& dir, parallel
   }
 }
 
+// Mean of metric `key` over the records of steps 2..N of metrics.jsonl (all with one step).
+double mean_after_first(const std::vector<nlohmann::json>& recs, const char* key) {
+  const size_t first = recs.size() > 1 ? 1 : 0;
+  double s = 0;
+  for (size_t i = first; i < recs.size(); ++i) s += recs[i].value(key, 0.0);
+  return s / double(std::max<size_t>(recs.size() - first, 1));
+}
+
+// The main run's configuration on 1 training + 1 generation rank, synchronous and with
+// --async_train: the step time each way (2 ranks only).
+void bench_async(const BenchRlOptions& opt, const rl::RlRunConfig& base, const std::string& dir,
+                 parallel::Comm& comm, const Emit& emit) {
+  double step_s[2] = {0, 0}, gen_s = 0, train_s = 0, wait_s = 0;
+  for (bool async : {false, true}) {
+    rl::RlRunConfig a = base;
+    a.command = async ? "bench rl (async)" : "bench rl (sync, disaggregated)";
+    a.runtime.gen_ranks_per_node = 1;
+    a.step.async_train = async;
+    a.step.async_queue_size = 1;
+    a.max_steps = opt.async_steps;
+    a.save_path = (fs::path(dir) / (async ? "async" : "sync")).string();
+    a.prompts.save_dir = a.save_path;
+    a.ckpt_path = (fs::path(a.save_path) / "checkpoints").string();
+    a.logging_steps = opt.async_steps;
+    rl::run_rl(a);
+    if (comm.rank() != 0) continue;
+    const auto recs = io::read_jsonl((fs::path(a.save_path) / "metrics.jsonl").string());
+    step_s[async] = mean_after_first(recs, "step_s");
+    if (async) {
+      wait_s = mean_after_first(recs, "async_wait_s");
+    } else {
+      gen_s = mean_after_first(recs, "gen_s");
+      train_s = mean_after_first(recs, "logprob_s") + mean_after_first(recs, "train_s");
+    }
+  }
+  if (comm.rank() == 0)
+    emit({{"bench", "rl_async"},
+          {"steps", opt.async_steps},
+          {"sync_step_s", step_s[0]},
+          {"async_step_s", step_s[1]},
+          {"speedup", step_s[0] / std::max(step_s[1], 1e-12)},
+          {"async_wait_s", wait_s},
+          {"sync_gen_s", gen_s},
+          {"sync_train_s", train_s}});
+}
+
 }  // namespace
 
 void run_bench_rl(const BenchRlOptions& opt, const Emit& emit) {
@@ -262,6 +309,7 @@ void run_bench_rl(const BenchRlOptions& opt, const Emit& emit) {
   }
   comm->barrier();
   if (opt.filter_steps > 0) bench_filtering(opt, dir, *comm, emit);
+  if (opt.async_steps > 0 && world == 2) bench_async(opt, a, dir, *comm, emit);
   if (rank == 0) {
     std::error_code ec;
     fs::remove_all(dir, ec);

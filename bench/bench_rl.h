@@ -25,6 +25,9 @@ struct BenchRlOptions {
   /// GRPO steps of the dynamic-filtering comparison (the tiny model on 1-digit additions, with
   /// and without --dynamic_filtering); 0 skips it.
   int64_t filter_steps = 60;
+  /// Steps of each run of the async comparison (2 ranks only: 1 training + 1 generation rank,
+  /// the main run's shape synchronous and with --async_train); 0 skips it.
+  int64_t async_steps = 6;
   uint64_t seed = 42;
   std::string work_dir = "/tmp";  ///< a fresh rlhf_bench_rl_XXXXXX folder in it, removed after
 };
@@ -42,7 +45,11 @@ struct BenchRlOptions {
 /// additions and filter_steps GRPO steps with the math reward without and with
 /// --dynamic_filtering, each a row
 ///   {"bench":"rl_filter", dynamic_filtering, steps, step_s, samples_generated,
-///    samples_trained, seconds_per_trained_sample, reward_first_tenth, reward_last_tenth}.
+///    samples_trained, seconds_per_trained_sample, reward_first_tenth, reward_last_tenth};
+/// then (async_steps > 0, 2 ranks) the main run's GRPO on 1 training + 1 generation rank, without
+/// and with --async_train (queue 1), a row
+///   {"bench":"rl_async", steps, sync_step_s, async_step_s, speedup, async_wait_s,
+///    sync_gen_s, sync_train_s}  (means over steps 2..N).
 /// FLOPs per step, with S the tokens of all sequences (prompt + response) and T their mean length:
 /// S·F_fwd(T) for generation (prefill and decode), S·F_fwd,reward(T) for the reward model,
 /// S·F_fwd(T)·(1 + reference) for the old and reference log-probs, S·F_train(T)·max_epochs for the

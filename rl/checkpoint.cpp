@@ -96,7 +96,16 @@ void save_train_checkpoint(const std::string& path, const std::vector<Checkpoint
   if (tokenizer != nullptr) io::write_tokenizer_hdf5(*w, *tokenizer);
   w->create_group("/trainer");
   w->write_string_attr("/trainer", "format", kTrainFormat);
-  w->write_string_attr("/trainer", "state", trainer_state.dump());
+  // Rollouts generated ahead (--async_train) can pass an attribute's 64 KiB: their JSON text goes
+  // to a dataset of bytes, /trainer/async_queue.
+  nlohmann::json attr_state = trainer_state;
+  if (attr_state.contains("async_queue")) {
+    const std::string q = attr_state["async_queue"].dump();
+    w->write_dataset<uint8_t>("/trainer/async_queue", reinterpret_cast<const uint8_t*>(q.data()),
+                              {int64_t(q.size())});
+    attr_state.erase("async_queue");
+  }
+  w->write_string_attr("/trainer", "state", attr_state.dump());
   if (trainer_state.contains("step"))
     w->write_int_attr("/trainer", "step", trainer_state["step"].get<int64_t>());
   w->commit();
@@ -147,7 +156,12 @@ nlohmann::json load_train_checkpoint(const std::string& path,
       s.store->load_moments(u, m.data(), v.data());
     }
   }
-  return nlohmann::json::parse(r.read_string_attr("/trainer", "state"));
+  nlohmann::json state = nlohmann::json::parse(r.read_string_attr("/trainer", "state"));
+  if (r.exists("/trainer/async_queue")) {
+    const std::vector<uint8_t> q = r.read_dataset_vector<uint8_t>("/trainer/async_queue");
+    state["async_queue"] = nlohmann::json::parse(q.begin(), q.end());
+  }
+  return state;
 }
 
 std::string latest_valid_checkpoint(const std::string& dir) {

@@ -9,6 +9,8 @@
 //   /optimizer/<group>/m/<HF name>   AdamW first moments, consolidated (any rank count resumes)
 //   /optimizer/<group>/v/<HF name>   AdamW second moments
 //   /trainer                         attrs: format, step, the trainer's JSON state ("state")
+//   /trainer/async_queue             with --async_train: the rollouts generated ahead, as the
+//                                    UTF-8 JSON text of the state's "async_queue" (uint8)
 // Moments are stored per tensor, unpadded, so a checkpoint made on N ranks loads on M ranks.
 #pragma once
 

@@ -120,6 +120,8 @@ nlohmann::json run_settings(const RlRunConfig& c, int64_t total_steps) {
           {"actor_learning_rate", c.actor_adam.lr},
           {"critic_learning_rate", c.critic_adam.lr},
           {"dynamic_filtering", c.step.dynamic_filtering},
+          {"async_train", c.step.async_train},
+          {"async_queue_size", c.step.async_train ? c.step.async_queue_size : 0},
           {"generate_max_len", c.step.generate_max_len}};
 }
 
@@ -179,6 +181,11 @@ int run_rl(const RlRunConfig& c) {
   const bool trains = topo.trains();
   const auto t_start = Clock::now();
   std::unique_ptr<parallel::Comm> world = parallel::make_comm(topo.world(), "world");
+  // Async training overlaps generation ranks with training ranks: they must be different ranks.
+  RLHF_CHECK(!c.step.async_train || !pl.colocated(),
+             "--async_train needs generation ranks apart from the training ranks: colocated, "
+             "every rank both generates and trains, so there is nothing to overlap\nhint: add "
+             "--gen_ranks_per_node 1 (or more)");
 
   // --- models
   const io::ModelSource src =
@@ -279,7 +286,9 @@ int run_rl(const RlRunConfig& c) {
     return sync.sync(m.actor ? &m.actor->store() : nullptr,
                      engine ? engine->unit_buffers() : std::vector<float*>());
   };
-  RlStep step(parts, c.step, steps_per_episode);
+  RlStepOptions so = c.step;
+  so.total_steps = total_steps;
+  RlStep step(parts, so, steps_per_episode);
 
   // --- resume
   std::vector<CheckpointSlot> slots;

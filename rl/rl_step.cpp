@@ -108,8 +108,11 @@ std::vector<rollout::Sample> RlStep::generate(int64_t round, nlohmann::json& tot
       }
     }
   }
-  const double compute_s = since(t);
   const parallel::CommStats c0 = p_.world->stats();
+  // The engines' generation time: the slowest rank's (a rank without an engine spends none).
+  const double local_s = since(t);
+  double compute_s = 0;
+  p_.world->all_reduce(&local_s, &compute_s, 1, parallel::ReduceOp::kMax);
   std::vector<rollout::Sample> samples = rollout::gather_samples(local, *p_.world);
   int64_t tokens = 0;
   for (const auto& s : samples) tokens += int64_t(s.response.size());
@@ -200,7 +203,7 @@ void RlStep::collect(std::vector<rollout::Sample>& kept, std::vector<double>& ke
     if (!need_more) break;
   }
   rec["gen_tokens_per_s"] =
-      rec["gen_tokens"].get<double>() / std::max(rec["gen_s"].get<double>(), 1e-9);
+      rec["gen_tokens"].get<double>() / std::max(rec["gen_compute_s"].get<double>(), 1e-9);
   for (const char* k : {"gen_tokens", "gen_comm_bytes", "reward_comm_bytes"})
     if (rec.contains(k)) rec[k] = int64_t(rec[k].get<double>());
   if (!trains) return;
@@ -227,6 +230,8 @@ void RlStep::train(const std::vector<rollout::Sample>& samples, const std::vecto
   rec["logprob_s"] = since(t);
   rec["logprob_comm_s"] = comm.stats().seconds - c0.seconds;
   rec["logprob_comm_bytes"] = comm.stats().bytes - c0.bytes;
+  // 1 when the old-log-prob pass was skipped (lp_old = the update's own lp; docs/algorithms.md).
+  rec["logprob_old_skipped"] = exp.lp_old_is_current ? 1 : 0;
   t = Clock::now();
   const PpoStats st = p_.trainer->train(exp, step_);
   const double train_s = since(t);
@@ -271,6 +276,42 @@ void RlStep::train(const std::vector<rollout::Sample>& samples, const std::vecto
   }
 }
 
+RlStep::Batch RlStep::next_batch() {
+  Batch b;
+  b.version = step_;  // the engines hold the weights after step_ updates
+  collect(b.samples, b.scores, b.rec);
+  return b;
+}
+
+bool RlStep::wants_batch(int64_t in_hand) const {
+  // Rollouts made for the steps done, the current one and the queued ones.
+  const int64_t made = step_ + in_hand + int64_t(queue_.size());
+  return opt_.total_steps < 0 || made < opt_.total_steps;
+}
+
+void RlStep::train_batch(Batch& b, nlohmann::json& rec) {
+  const std::string where = fmt::format("RL step {}", step_ + 1);
+  // Train on whole optimizer steps of whole groups: with dynamic filtering a capped step may
+  // hold fewer groups than --rollout_batch_size.
+  const int64_t n = opt_.n_samples_per_prompt, TB = p_.trainer->options().train_batch_size;
+  int64_t groups = int64_t(b.samples.size()) / n;
+  while (groups > 0 && (groups * n) % TB != 0) --groups;
+  b.samples.resize(size_t(groups * n));
+  b.scores.resize(b.samples.size());
+  if (groups > 0) {
+    parallel::set_watch_context(where + ", log-probs and training");
+    train(b.samples, b.scores, rec);
+  } else {
+    LOG0_WARN("step {}: no group kept by dynamic filtering after {} round(s): nothing to train",
+              step_ + 1, rec.value("filter_rounds", int64_t(1)));
+    rec["trained_samples"] = 0;
+    for (const char* k :
+         {"kl_mean", "policy_loss", "value_loss", "kl_loss", "clip_frac", "approx_kl", "entropy",
+          "logprob_s", "logprob_comm_s", "train_s", "train_comm_s", "train_tokens_per_s"})
+      rec[k] = 0.0;
+  }
+}
+
 nlohmann::json RlStep::step() {
   const auto t_step = Clock::now();
   reset_peak_rss();  // the step's own peak, below
@@ -280,29 +321,31 @@ nlohmann::json RlStep::step() {
   const std::string where = fmt::format("RL step {}", step_ + 1);
   parallel::set_watch_context(where + ", rollout");
   nlohmann::json rec = {{"step", step_ + 1}, {"episode", step_ / steps_per_episode_}};
-  std::vector<rollout::Sample> kept;
-  std::vector<double> kept_scores;
-  collect(kept, kept_scores, rec);
-  if (topo.trains()) {
-    // Train on whole optimizer steps of whole groups: with dynamic filtering a capped step may
-    // hold fewer groups than --rollout_batch_size.
-    const int64_t n = opt_.n_samples_per_prompt, TB = p_.trainer->options().train_batch_size;
-    int64_t groups = int64_t(kept.size()) / n;
-    while (groups > 0 && (groups * n) % TB != 0) --groups;
-    kept.resize(size_t(groups * n));
-    kept_scores.resize(kept.size());
-    if (groups > 0) {
-      parallel::set_watch_context(where + ", log-probs and training");
-      train(kept, kept_scores, rec);
-    } else {
-      LOG0_WARN("step {}: no group kept by dynamic filtering after {} round(s): nothing to train",
-                step_ + 1, rec.value("filter_rounds", int64_t(1)));
-      rec["trained_samples"] = 0;
-      for (const char* k :
-           {"kl_mean", "policy_loss", "value_loss", "kl_loss", "clip_frac", "approx_kl", "entropy",
-            "logprob_s", "logprob_comm_s", "train_s", "train_comm_s", "train_tokens_per_s"})
-        rec[k] = 0.0;
-    }
+  // The rollouts this step needs before it can train, made with nothing to overlap: the
+  // synchronous loop's one, or at the start of an async run its queue of k.
+  const int64_t k = opt_.async_train ? opt_.async_queue_size : 0;
+  while (int64_t(queue_.size()) < std::max<int64_t>(k, 1) && (queue_.empty() || wants_batch(0)))
+    queue_.push_back(next_batch());
+  Batch b = std::move(queue_.front());
+  queue_.pop_front();
+  rec.update(b.rec);  // the metrics of its generation and rewards
+  rec["rollout_weight_version"] = b.version;
+  rec["rollout_staleness"] = step_ - b.version;  // optimizer updates since it was generated
+  if (k >= 1 && wants_batch(1)) {
+    // Async: the trainers train on this rollout while the engines (disjoint ranks) generate a
+    // later one; both meet in its gather, where the trainers' wait is what did not overlap.
+    const auto t_overlap = Clock::now();
+    if (topo.trains()) train_batch(b, rec);
+    parallel::set_watch_context(where + ", rollout ahead");
+    Batch ahead = next_batch();
+    // On the training ranks gen_s was the wait for the engines after training (what the overlap
+    // did not hide): this step's async_wait_s. The rollout's own gen_s is the engines' time.
+    rec["async_wait_s"] = ahead.rec.value("gen_s", 0.0);
+    rec["async_overlap_s"] = since(t_overlap);
+    ahead.rec["gen_s"] = ahead.rec.value("gen_compute_s", 0.0);
+    queue_.push_back(std::move(ahead));
+  } else if (topo.trains()) {
+    train_batch(b, rec);
   }
   parallel::set_watch_context(where + ", weight sync");
   const auto t_sync = Clock::now();
@@ -339,6 +382,22 @@ nlohmann::json RlStep::state() const {
     st["reward_mean"] = m.mean;
     st["reward_m2"] = m.m2;
   }
+  if (!queue_.empty()) {
+    nlohmann::json q = nlohmann::json::array();
+    for (const Batch& b : queue_) {
+      nlohmann::json samples = nlohmann::json::array();
+      for (const rollout::Sample& x : b.samples)
+        samples.push_back({{"prompt_pos", x.prompt_pos},
+                           {"sample_index", x.sample_index},
+                           {"prompt", x.prompt},
+                           {"response", x.response},
+                           {"gen_logprobs", x.gen_logprobs},
+                           {"stopped", x.stopped}});
+      q.push_back(
+          {{"version", b.version}, {"scores", b.scores}, {"rec", b.rec}, {"samples", samples}});
+    }
+    st["async_queue"] = std::move(q);
+  }
   return st;
 }
 
@@ -349,6 +408,31 @@ void RlStep::load_state(const nlohmann::json& st) {
   };
   step_ = need("step").get<int64_t>();
   round_ = st.value("rounds", step_);  // checkpoints from before dynamic filtering: one per step
+  queue_.clear();
+  if (st.contains("async_queue")) {
+    RLHF_CHECK(opt_.async_train,
+               "the checkpoint holds {} rollout(s) generated ahead by --async_train, and this run "
+               "is synchronous\nhint: resume with --async_train (and the same "
+               "--async_queue_size)",
+               st.at("async_queue").size());
+    for (const nlohmann::json& q : st.at("async_queue")) {
+      Batch b;
+      b.version = q.at("version").get<int64_t>();
+      b.scores = q.at("scores").get<std::vector<double>>();
+      b.rec = q.at("rec");
+      for (const nlohmann::json& x : q.at("samples")) {
+        rollout::Sample smp;
+        smp.prompt_pos = x.at("prompt_pos").get<int64_t>();
+        smp.sample_index = x.at("sample_index").get<int64_t>();
+        smp.prompt = x.at("prompt").get<std::vector<int32_t>>();
+        smp.response = x.at("response").get<std::vector<int32_t>>();
+        smp.gen_logprobs = x.at("gen_logprobs").get<std::vector<float>>();
+        smp.stopped = x.at("stopped").get<bool>();
+        b.samples.push_back(std::move(smp));
+      }
+      queue_.push_back(std::move(b));
+    }
+  }
   if (!p_.trainer) return;
   p_.trainer->kl_controller().set_value(need("kl_coef").get<double>());
   p_.trainer->set_steps(need("actor_steps").get<int64_t>(), need("critic_steps").get<int64_t>());

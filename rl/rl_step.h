@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <vector>
 
@@ -46,6 +47,14 @@ struct RlStepOptions {
   int64_t overlong_buffer_len = 0;
   double overlong_penalty_factor = 1.0;
   int64_t log_completions = 0;  ///< --log_completions: every N steps, log_samples (0 = off)
+  /// One-step off-policy training (--async_train; docs/algorithms.md "Async"): with dedicated
+  /// generation ranks, the engines generate the rollout of a later step while the trainers train
+  /// on this one. async_queue_size k (--async_queue_size): a rollout generated with the weights
+  /// of version v is trained at version ≤ v + k; k = 0 is the synchronous loop.
+  bool async_train = false;
+  int64_t async_queue_size = 1;
+  /// Steps the run will take (-1 = unknown): the engines do not generate ahead past the last.
+  int64_t total_steps = -1;
 };
 
 /// What a step trained on, for --log_completions: one entry per kept sample, in training order.
@@ -95,7 +104,8 @@ class RlStep {
 
   /// What a checkpoint keeps of the loop (meaningful on training ranks): the step, the generation
   /// rounds, the KL coefficient, the optimizers' step counts, the running reward moments, the
-  /// prompt position.
+  /// prompt position, and with --async_train the rollouts generated ahead ("async_queue": their
+  /// samples, scores and weight versions, so a resumed run trains on exactly them).
   nlohmann::json state() const;
   /// Restores state(): every rank passes the same record (from train rank 0). Throws rlhf::Error
   /// naming a missing key.
@@ -105,7 +115,22 @@ class RlStep {
   static nlohmann::json broadcast_json(const nlohmann::json& j, int root, parallel::Comm& comm);
 
  private:
-  struct Round;  // one generation round's samples and scores
+  // A rollout ready to train on: its kept samples and scores (training ranks), the weight version
+  // the engines generated it with (steps done then), and its generation/reward metrics.
+  struct Batch {
+    std::vector<rollout::Sample> samples;
+    std::vector<double> scores;
+    int64_t version = 0;
+    nlohmann::json rec = nlohmann::json::object();
+  };
+  // Generates (and scores) the next rollout: collect() into a Batch.
+  Batch next_batch();
+  // Whether another rollout should be generated now: one that some step will train on, given
+  // `in_hand` rollouts taken off the queue by the current step.
+  bool wants_batch(int64_t in_hand) const;
+  // Trains on a popped batch (training ranks): resize to whole optimizer steps, train() or the
+  // empty-step record.
+  void train_batch(Batch& b, nlohmann::json& rec);
   // The global prompt position of prompt i (0..rollout_batch_size−1) of generation round r.
   int64_t prompt_position(int64_t round, int64_t i) const;
   // Phase 1: this engine's share of the round's prompts, all samples of them; gathered to all.
@@ -127,6 +152,7 @@ class RlStep {
   int64_t steps_per_episode_;
   int64_t step_ = 0;
   int64_t round_ = 0;
+  std::deque<Batch> queue_;  // rollouts generated and not yet trained on (oldest first)
 };
 
 }  // namespace rlhf::rl

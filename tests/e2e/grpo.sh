@@ -58,7 +58,7 @@ import json, sys
 need = ["step", "reward_mean", "reward_std", "response_length_mean", "response_length_max",
         "kl_mean", "policy_loss", "value_loss", "clip_frac", "approx_kl", "entropy",
         "actor_grad_norm", "actor_lr", "gen_s", "gen_comm_s", "gen_comm_bytes", "reward_s",
-        "reward_comm_s", "reward_comm_bytes", "logprob_s", "logprob_comm_s", "logprob_comm_bytes",
+        "reward_comm_s", "reward_comm_bytes", "logprob_s", "logprob_comm_s", "logprob_comm_bytes", "logprob_old_skipped",
         "train_s", "train_comm_s", "train_comm_bytes", "sync_s", "sync_comm_s", "sync_bytes",
         "gen_tokens_per_s", "train_tokens_per_s", "step_s"]
 for i, l in enumerate(open(sys.argv[1])):
