@@ -81,6 +81,17 @@ struct Engine::Tp {
   std::vector<Layer> layers;
 };
 
+/// The decode copies: each linear weight of each layer and the LM head packed in panels of 16
+/// output rows (model::linear_decode_pack), and the layer views that point at them.
+struct Engine::Packed {
+  struct Layer {
+    std::vector<float> wq, wk, wv, wo, wg, wu, wd;
+    LayerW w;  // the packed linears, with the unpacked norms and biases
+  };
+  std::vector<Layer> layers;
+  std::vector<float> lm_head;
+};
+
 const char* to_string(FinishReason r) {
   return r == FinishReason::kStop ? "stop" : "length";
 }
@@ -327,6 +338,35 @@ model::LayerRun<float> Engine::layer_run(int64_t N, const int32_t* pos,
   return run;
 }
 
+void Engine::pack_weights() {
+  const model::ModelConfig& c = layout_.config();
+  if (!packed_) packed_ = std::make_unique<Packed>();
+  packed_->layers.resize(size_t(c.num_hidden_layers));
+  const int64_t C = c.hidden_size, Q = spec_.q_dim(), KV = spec_.kv_dim(), F = spec_.F;
+  auto pack = [](std::vector<float>& dst, const float* w, int64_t IC, int64_t OC) {
+    checked_resize(dst, model::linear_decode_packed_size(IC, OC), "the engine's packed weights");
+    model::linear_decode_pack(dst.data(), w, IC, OC);
+    return static_cast<const float*>(dst.data());
+  };
+  for (int l = 0; l < c.num_hidden_layers; ++l) {
+    Packed::Layer& p = packed_->layers[size_t(l)];
+    const LayerW w = layer_weights(l);
+    p.w = w;
+    p.w.wq = pack(p.wq, w.wq, C, Q);
+    p.w.wk = pack(p.wk, w.wk, C, KV);
+    p.w.wv = pack(p.wv, w.wv, C, KV);
+    p.w.wo = pack(p.wo, w.wo, Q, C);
+    p.w.wg = pack(p.wg, w.wg, C, F);
+    p.w.wu = pack(p.wu, w.wu, C, F);
+    p.w.wd = pack(p.wd, w.wd, F, C);
+  }
+  pack(packed_->lm_head, lm_head_weight(), C, c.vocab_size);
+}
+
+model::LayerParams<const float> Engine::packed_layer_weights(int l) const {
+  return packed_->layers[size_t(l)].w;
+}
+
 model::LayerParams<const float> Engine::layer_weights(int l) const {
   if (tp_) return tp_->layers[size_t(l)].w;
   const int u = layout_.layer_unit(l);
@@ -353,8 +393,8 @@ const float* Engine::head_logits(const float* x, int64_t N, Rows& r, float* logi
       r.ln.data(), r.rstd.data(), x,
       weights_.unit_buffer(hu) + layout_.unit(hu).at("model.norm.weight").offset, N, c.hidden_size,
       c.rms_norm_eps);
-  model::linear_decode_cpu(logits, r.ln.data(), lm_head_weight(),
-                           static_cast<const float*>(nullptr), N, c.hidden_size, c.vocab_size);
+  model::linear_decode_packed_cpu(logits, r.ln.data(), packed_->lm_head.data(), nullptr, N,
+                                  c.hidden_size, c.vocab_size);
   return logits;
 }
 
@@ -383,7 +423,9 @@ const float* Engine::prefill(const std::vector<int32_t>& prompt, const int32_t* 
   model::embedding_forward_cpu(
       r.x.data(), prompt.data(),
       weights_.unit_buffer(eu) + layout_.unit(eu).at("embed_tokens.weight").offset, P, C, V);
-  model::LayerRun<float> run = layer_run(P, w.ppos.data(), &model::linear_rows_cpu<float>);
+  // The prompt's rows through BLAS GEMM (a prompt is always prefilled alone, so its result does
+  // not depend on the batch).
+  model::LayerRun<float> run = layer_run(P, w.ppos.data(), &model::linear_forward_cpu<float>);
   for (int l = 0; l < c.num_hidden_layers; ++l) {
     // The prompt attends to itself causally; its K/V go to the cache for the decode steps.
     run.attention = [&, l](float* atty, const float* q, const float* k, const float* v) {
@@ -436,8 +478,9 @@ const float* Engine::decode_step(const std::vector<Seq*>& active) {
   model::embedding_forward_cpu(
       r.x.data(), w.tokens.data(),
       weights_.unit_buffer(eu) + layout_.unit(eu).at("embed_tokens.weight").offset, B, C, V);
-  // Each row at its own position; the batch-invariant decode kernel for every linear.
-  model::LayerRun<float> run = layer_run(B, w.pos.data(), &model::linear_decode_cpu<float>);
+  // Each row at its own position; the batch-invariant decode kernel (packed weights) for every
+  // linear.
+  model::LayerRun<float> run = layer_run(B, w.pos.data(), &model::linear_decode_packed_cpu);
   for (int l = 0; l < c.num_hidden_layers; ++l) {
     run.attention = [&, l](float* atty, const float* q, const float* k, const float* v) {
       for (int64_t b = 0; b < B; ++b)
@@ -445,7 +488,8 @@ const float* Engine::decode_step(const std::vector<Seq*>& active) {
                       v + b * KV);
       attend_cached(atty, q, l, w.table.data(), w.lens.data(), B, w.max_blocks);
     };
-    model::decoder_layer_forward_cpu(r.x.data(), a, r.x.data(), layer_weights(l), spec_, run);
+    model::decoder_layer_forward_cpu(r.x.data(), a, r.x.data(), packed_layer_weights(l), spec_,
+                                     run);
   }
   return head_logits(r.x.data(), B, r, w.logits.data());
 }
@@ -458,6 +502,7 @@ std::vector<GenerationResult> Engine::generate(const std::vector<GenerationReque
   const auto t_start = Clock::now();
   stats_ = EngineStats{};
   if (tp_) slice_weights();  // the unit buffers may have changed (weight sync) since last time
+  if (!cuda_) pack_weights();
 #ifdef RLHF_CUDA
   if (cuda_ && !device_weights_current_) {
     std::vector<const float*> units;

@@ -1,4 +1,6 @@
-// The generation engine: owns a full fp32 copy of the policy's weights and a paged KV cache;
+// The generation engine: owns a full fp32 copy of the policy's weights (and, on the CPU, a copy
+// of its linear weights and LM head packed for the decode kernel: as much memory again), and a
+// paged KV cache;
 // prefills prompts, then decodes every active sequence together, one token per sequence per step,
 // with continuous batching (a finished sequence's slot and KV blocks go to the next waiting request
 // at once). Optionally tensor parallel (Megatron style) over the ranks of one engine.
@@ -194,7 +196,11 @@ class Engine {
   struct Seq;
   struct Rows;
   struct Work;
-  struct Tp;  // tensor-parallel slices (null for TP 1)
+  struct Tp;      // tensor-parallel slices (null for TP 1)
+  struct Packed;  // the decode copies of the linear weights (model::linear_decode_pack)
+  // Packs this rank's linear weights and the LM head for the decode kernel (every generate(): the
+  // unit buffers may have changed since).
+  void pack_weights();
   // TP > 1: copies this rank's slices out of the full unit buffers (every generate()).
   void slice_weights();
   // Prompt forward for positions [0, P) of `blocks`: writes K/V, returns the last row's logits.
@@ -208,6 +214,8 @@ class Engine {
                                    model::LinearFn<float> linear) const;
   // Layer l's weights (this rank's slices under tensor parallelism).
   model::LayerParams<const float> layer_weights(int l) const;
+  // Layer l's weights with its linears packed for linear_decode_packed_cpu (decode steps).
+  model::LayerParams<const float> packed_layer_weights(int l) const;
   // attention_decode_cpu over layer l's cache, in the cache's element type.
   void attend_cached(float* out, const float* q, int l, const int32_t* table, const int32_t* lens,
                      int64_t B, int64_t max_blocks) const;
@@ -222,6 +230,7 @@ class Engine {
   std::unique_ptr<KvCache> cache_;
   std::unique_ptr<Work> work_;
   std::unique_ptr<Tp> tp_;
+  std::unique_ptr<Packed> packed_;
   std::unique_ptr<EngineCuda> cuda_;     // options.cuda
   bool device_weights_current_ = false;  // the device units were written directly
   EngineStats stats_;

@@ -22,6 +22,33 @@ namespace rlhf::model {
 template <typename T>
 void linear_decode_cpu(T* y, const T* x, const T* w, const T* b, int64_t M, int64_t IC, int64_t OC);
 
+/// Output rows per panel of a packed weight (linear_decode_pack): one 16-lane fp32 vector.
+inline constexpr int64_t kDecodePanel = 16;
+
+/// Floats of a weight (OC, IC) packed by linear_decode_pack: ⌈OC / 16⌉ · 16 · IC.
+inline int64_t linear_decode_packed_size(int64_t IC, int64_t OC) {
+  return (OC + kDecodePanel - 1) / kDecodePanel * kDecodePanel * IC;
+}
+
+/// Packs w (OC, IC), row-major (HF's (out, in)), for linear_decode_packed_cpu: panels of 16
+/// output rows, k-major inside a panel, zeros past OC:
+///   wp[(p·IC + k)·16 + l] = w[(16p + l)·IC + k]   (16p + l < OC), 0 otherwise.
+/// wp: linear_decode_packed_size(IC, OC) floats. OpenMP over panels.
+void linear_decode_pack(float* wp, const float* w, int64_t IC, int64_t OC);
+
+/// y = x · wᵀ + b (assigned) from wp = linear_decode_pack(w): the decode kernel of the engine.
+/// y: (M, OC); x: (M, IC); b: (OC) or nullptr. Outer-product form: each 16-output vector of a
+/// packed panel is loaded once per k and applied to up to 8 input rows held in registers, so the
+/// weights stream from memory once per 8 rows (batch 1 is bound by memory bandwidth, larger
+/// batches by FMA throughput).
+///
+/// Batch-invariant and exact in order: y[m, o] = fma(x[m, IC−1], w[o, IC−1], … fma(x[m, 1],
+/// w[o, 1], x[m, 0]·w[o, 0]) …) + b[o] — one fused multiply-add per k in k order, whatever M, the
+/// row's place in the batch or the thread count (the portable path computes the same sequence
+/// with std::fma, bit for bit). y must not alias x. Throws rlhf::Error on a negative dimension.
+void linear_decode_packed_cpu(float* y, const float* x, const float* wp, const float* b, int64_t M,
+                              int64_t IC, int64_t OC);
+
 /// Rows at or below which linear_rows_cpu uses linear_decode_cpu rather than BLAS.
 inline constexpr int64_t kDecodeKernelMaxRows = 64;
 

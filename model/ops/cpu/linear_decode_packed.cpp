@@ -1,0 +1,158 @@
+// The engine's decode linear over packed weights (model/ops/linear_decode.h): outer products of
+// 16-output weight vectors with up to 8 input rows held in registers, one FMA per k in k order.
+#include <algorithm>
+#include <cmath>
+
+#include "core/error.h"
+#include "model/ops/cpu/avx512_util.h"
+#include "model/ops/linear_decode.h"
+
+namespace rlhf::model {
+
+namespace {
+
+// Input rows per register block: 8 rows × 2 panels = 16 accumulators.
+constexpr int64_t kMR = 8;
+// Below this many multiply-adds the call stays on one thread (a fork costs a few µs).
+constexpr int64_t kParallelMacs = 1 << 16;
+
+#if defined(__AVX512F__)
+RLHF_AVX512_DIAGNOSTICS_PUSH
+
+// Rows [0, MR) of x against NP (1 or 2) consecutive panels starting at wp (stride IC·16 between
+// panels): y[i·ldy + 16·p + l] for l < valid[p].
+template <int MR, int NP>
+inline void block(float* y, int64_t ldy, const float* x, const float* wp, const float* b,
+                  int64_t IC, const int64_t* valid) {
+  __m512 acc[MR][NP];
+  const int64_t pstride = IC * kDecodePanel;
+  // k = 0: the product alone (fma(x0, w0, 0) rounds the same as x0·w0).
+  {
+    __m512 wv[NP];
+#pragma GCC unroll 2
+    for (int p = 0; p < NP; ++p) wv[p] = _mm512_loadu_ps(wp + p * pstride);
+#pragma GCC unroll 8
+    for (int i = 0; i < MR; ++i) {
+      const __m512 xb = _mm512_set1_ps(x[i * IC]);
+#pragma GCC unroll 2
+      for (int p = 0; p < NP; ++p) acc[i][p] = _mm512_mul_ps(xb, wv[p]);
+    }
+  }
+  for (int64_t k = 1; k < IC; ++k) {
+    __m512 wv[NP];
+#pragma GCC unroll 2
+    for (int p = 0; p < NP; ++p) wv[p] = _mm512_loadu_ps(wp + p * pstride + k * kDecodePanel);
+#pragma GCC unroll 8
+    for (int i = 0; i < MR; ++i) {
+      const __m512 xb = _mm512_set1_ps(x[i * IC + k]);
+#pragma GCC unroll 2
+      for (int p = 0; p < NP; ++p) acc[i][p] = _mm512_fmadd_ps(xb, wv[p], acc[i][p]);
+    }
+  }
+#pragma GCC unroll 2
+  for (int p = 0; p < NP; ++p) {
+    const __mmask16 m = first_lanes(valid[p]);
+    const __m512 bv =
+        b != nullptr ? _mm512_maskz_loadu_ps(m, b + p * kDecodePanel) : _mm512_setzero_ps();
+#pragma GCC unroll 8
+    for (int i = 0; i < MR; ++i)
+      _mm512_mask_storeu_ps(y + i * ldy + p * kDecodePanel, m, _mm512_add_ps(acc[i][p], bv));
+  }
+}
+
+// Every row of x against NP panels: blocks of 8 rows, then the 1–7 left.
+template <int NP>
+inline void panels(float* y, int64_t ldy, const float* x, const float* wp, const float* b,
+                   int64_t M, int64_t IC, const int64_t* valid) {
+  int64_t m = 0;
+  for (; m + kMR <= M; m += kMR) block<8, NP>(y + m * ldy, ldy, x + m * IC, wp, b, IC, valid);
+  float* ym = y + m * ldy;
+  const float* xm = x + m * IC;
+  switch (M - m) {
+    case 7:
+      return block<7, NP>(ym, ldy, xm, wp, b, IC, valid);
+    case 6:
+      return block<6, NP>(ym, ldy, xm, wp, b, IC, valid);
+    case 5:
+      return block<5, NP>(ym, ldy, xm, wp, b, IC, valid);
+    case 4:
+      return block<4, NP>(ym, ldy, xm, wp, b, IC, valid);
+    case 3:
+      return block<3, NP>(ym, ldy, xm, wp, b, IC, valid);
+    case 2:
+      return block<2, NP>(ym, ldy, xm, wp, b, IC, valid);
+    case 1:
+      return block<1, NP>(ym, ldy, xm, wp, b, IC, valid);
+    default:
+      return;
+  }
+}
+
+RLHF_AVX512_DIAGNOSTICS_POP
+#endif
+
+// Portable path: the same fused multiply-adds in the same order, one output at a time.
+[[maybe_unused]] void panels_portable(float* y, int64_t ldy, const float* x, const float* wp,
+                                      const float* b, int64_t M, int64_t IC, int64_t np,
+                                      const int64_t* valid) {
+  for (int64_t p = 0; p < np; ++p)
+    for (int64_t l = 0; l < valid[p]; ++l) {
+      const float* w = wp + p * IC * kDecodePanel + l;
+      for (int64_t m = 0; m < M; ++m) {
+        const float* xr = x + m * IC;
+        float acc = xr[0] * w[0];
+        for (int64_t k = 1; k < IC; ++k) acc = std::fma(xr[k], w[k * kDecodePanel], acc);
+        y[m * ldy + p * kDecodePanel + l] = acc + (b != nullptr ? b[p * kDecodePanel + l] : 0.0f);
+      }
+    }
+}
+
+}  // namespace
+
+void linear_decode_pack(float* wp, const float* w, int64_t IC, int64_t OC) {
+  RLHF_CHECK(IC >= 0 && OC >= 0, "linear_decode_pack: negative dimension IC={} OC={}", IC, OC);
+  const int64_t np = (OC + kDecodePanel - 1) / kDecodePanel;
+#pragma omp parallel for schedule(static) if (IC * OC >= kParallelMacs)
+  for (int64_t p = 0; p < np; ++p)
+    for (int64_t k = 0; k < IC; ++k)
+      for (int64_t l = 0; l < kDecodePanel; ++l) {
+        const int64_t o = p * kDecodePanel + l;
+        wp[(p * IC + k) * kDecodePanel + l] = o < OC ? w[o * IC + k] : 0.0f;
+      }
+}
+
+void linear_decode_packed_cpu(float* y, const float* x, const float* wp, const float* b, int64_t M,
+                              int64_t IC, int64_t OC) {
+  RLHF_CHECK(M >= 0 && IC >= 0 && OC >= 0,
+             "linear_decode_packed_cpu: negative dimension M={} IC={} OC={}", M, IC, OC);
+  if (M == 0 || OC == 0) return;
+  if (IC == 0) {  // an empty sum: the bias alone
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t o = 0; o < OC; ++o) y[m * OC + o] = b != nullptr ? b[o] : 0.0f;
+    return;
+  }
+  // Tasks of two panels (32 outputs); threads take them one at a time (dynamic: on a shared
+  // machine a descheduled thread does not hold back half of the matrix). The result does not
+  // depend on which thread computes a task.
+  const int64_t np = (OC + kDecodePanel - 1) / kDecodePanel, ntasks = (np + 1) / 2;
+#pragma omp parallel for schedule(dynamic, 4) if (M * IC * OC >= kParallelMacs)
+  for (int64_t t = 0; t < ntasks; ++t) {
+    const int64_t p0 = 2 * t, n = std::min<int64_t>(2, np - p0);
+    int64_t valid[2];
+    for (int64_t p = 0; p < n; ++p)
+      valid[p] = std::min<int64_t>(kDecodePanel, OC - (p0 + p) * kDecodePanel);
+    float* yt = y + p0 * kDecodePanel;
+    const float* wt = wp + p0 * IC * kDecodePanel;
+    const float* bt = b != nullptr ? b + p0 * kDecodePanel : nullptr;
+#if defined(__AVX512F__)
+    if (n == 2)
+      panels<2>(yt, OC, x, wt, bt, M, IC, valid);
+    else
+      panels<1>(yt, OC, x, wt, bt, M, IC, valid);
+#else
+    panels_portable(yt, OC, x, wt, bt, M, IC, n, valid);
+#endif
+  }
+}
+
+}  // namespace rlhf::model
