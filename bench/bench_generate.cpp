@@ -106,9 +106,11 @@ double bench_sgemm_decode_shapes(const model::ModelConfig& cfg, int64_t rows, co
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(rows), int(OC), int(IC), 1.0f,
                   x.data(), int(IC), w.data(), int(IC), 0.0f, y.data(), int(OC));
     });
+    // The engine's decode kernel: packed weights (packing is done once per generate(), untimed).
+    std::vector<float> wp(size_t(model::linear_decode_packed_size(IC, OC)));
+    model::linear_decode_pack(wp.data(), w.data(), IC, OC);
     const double tk = best_of([&] {
-      model::linear_decode_cpu(y.data(), x.data(), w.data(), static_cast<const float*>(nullptr),
-                               rows, IC, OC);
+      model::linear_decode_packed_cpu(y.data(), x.data(), wp.data(), nullptr, rows, IC, OC);
     });
     flops_total += flops * double(count);
     t_sgemm += ts * double(count);

@@ -44,10 +44,10 @@ struct BenchGenerateOptions {
 /// (GB = 1e9), as STREAM reports it. Emits {"bench":"triad", ...}.
 double bench_triad(int64_t bytes_per_array, int reps, const Emit& emit);
 
-/// sgemm (OpenBLAS, y = x·Wᵀ) and the decode kernel (model::linear_decode_cpu) on every linear of
-/// one decode step of `cfg` with `rows` tokens (q, k, v, o, gate, up, down per layer, the LM head),
-/// flop-weighted: Σ flops / Σ time. Emits one row per shape; returns the sgemm figure and puts the
-/// decode kernel's into *decode_kernel_gflops when given.
+/// sgemm (OpenBLAS, y = x·Wᵀ) and the decode kernel (model::linear_decode_packed_cpu) on every
+/// linear of one decode step of `cfg` with `rows` tokens (q, k, v, o, gate, up, down per layer, the
+/// LM head), flop-weighted: Σ flops / Σ time. Emits one row per shape; returns the sgemm figure and
+/// puts the decode kernel's into *decode_kernel_gflops when given.
 double bench_sgemm_decode_shapes(const model::ModelConfig& cfg, int64_t rows, const Emit& emit,
                                  double* decode_kernel_gflops = nullptr);
 

@@ -262,6 +262,8 @@ void run_bench_rl(const BenchRlOptions& opt, const Emit& emit) {
     const double f_rm = model::forward_flops_per_token(cfg, T, model::HeadKind::kReward);
     const double f_train = model::training_flops_per_token(cfg, T);
     const double ref = a.ppo.init_kl_coef > 0 ? 1.0 : 0.0;
+    // The old-log-prob pass is skipped where it equals the update's own (logprob_old_skipped).
+    const double old = 1.0 - mean("logprob_old_skipped");
     struct Phase {
       const char* name;
       double seconds, comm_s, flop;
@@ -269,7 +271,7 @@ void run_bench_rl(const BenchRlOptions& opt, const Emit& emit) {
     const std::vector<Phase> phases = {
         {"gen", mean("gen_s"), mean("gen_comm_s"), S * f_fwd},
         {"reward", mean("reward_s"), mean("reward_comm_s"), S * f_rm},
-        {"logprob", mean("logprob_s"), mean("logprob_comm_s"), S * f_fwd * (1 + ref)},
+        {"logprob", mean("logprob_s"), mean("logprob_comm_s"), S * f_fwd * (old + ref)},
         {"train", mean("train_s"), mean("train_comm_s"), S * f_train * double(a.ppo.max_epochs)},
         {"sync", mean("sync_s"), mean("sync_comm_s"), 0.0}};
     const double step_s = mean("step_s");

@@ -52,9 +52,9 @@ struct BenchRlOptions {
 ///    sync_gen_s, sync_train_s}  (means over steps 2..N).
 /// FLOPs per step, with S the tokens of all sequences (prompt + response) and T their mean length:
 /// S·F_fwd(T) for generation (prefill and decode), S·F_fwd,reward(T) for the reward model,
-/// S·F_fwd(T)·(1 + reference) for the old and reference log-probs, S·F_train(T)·max_epochs for the
-/// update (model::forward_flops_per_token / training_flops_per_token). Throws rlhf::Error when the
-/// folder cannot be made.
+/// S·F_fwd(T)·(old + reference) for the old (unless skipped) and reference log-probs,
+/// S·F_train(T)·max_epochs for the update (model::forward_flops_per_token /
+/// training_flops_per_token). Throws rlhf::Error when the folder cannot be made.
 void run_bench_rl(const BenchRlOptions& opt, const Emit& emit);
 
 }  // namespace rlhf::bench
