@@ -1,7 +1,8 @@
 # Thin wrapper around CMake/CTest (CMakeLists.txt is the source of truth).
 # `make test` and `make demo` each do the whole set-up on a fresh machine.
 BUILD ?= build
-# `make demo` builds only the rlhf binary, without CUDA (no backend, no emulator, no tests), here.
+# `make demo` builds only the rlhf binary, without CUDA (no backend, no emulator, no tests) and
+# with precompiled headers, here.
 DEMO_BUILD ?= build-demo
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
@@ -28,7 +29,7 @@ test: test-deps build
 	cd $(BUILD) && ctest --output-on-failure --timeout 1200
 
 demo-build: deps
-	cmake -S . -B $(DEMO_BUILD) -DRLHF_CUDA=OFF -DRLHF_CUDA_EMU=OFF $(CMAKE_FLAGS)
+	cmake -S . -B $(DEMO_BUILD) -DRLHF_CUDA=OFF -DRLHF_CUDA_EMU=OFF -DRLHF_PCH=ON $(CMAKE_FLAGS)
 	cmake --build $(DEMO_BUILD) -j $(JOBS) --target rlhf
 
 demo: demo-build

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <doctest/doctest.h>
+#include <omp.h>
 #include <fmt/format.h>
 
 #include <cmath>
@@ -14,6 +15,15 @@
 #include <vector>
 
 namespace rlhf::test {
+
+/// Sets the OpenMP thread count for a scope and restores it afterwards.
+struct ScopedThreads {
+  int saved = omp_get_max_threads();
+  explicit ScopedThreads(int n) { omp_set_num_threads(n); }
+  ~ScopedThreads() { omp_set_num_threads(saved); }
+  ScopedThreads(const ScopedThreads&) = delete;
+  ScopedThreads& operator=(const ScopedThreads&) = delete;
+};
 
 /// Uniform values in [lo, hi) from a fixed seed.
 template <typename T>

@@ -17,6 +17,8 @@ MPIEXEC=${MPIEXEC:-mpiexec}
 W=$(mktemp -d)
 trap 'rm -rf "$W"' EXIT
 fail() { echo "FAIL: $*"; exit 1; }
+# shellcheck source=lib/resume.sh
+. "$SRC/tests/e2e/lib/resume.sh"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
 MPI=("$MPIEXEC" --oversubscribe --bind-to none)
 TASK="builtin:addition?n=2000&digits=1&seed=1"
@@ -35,29 +37,6 @@ run() {  # run <name> <args...>
   timeout 300 "${MPI[@]}" -np 2 "$RLHF" "${GRPO[@]}" --save_path "$W/$name" \
     --ckpt_path "$W/$name/ckpt" "$@" > "$W/$name.log" 2>&1 \
     || { tail "$W/$name.log"; fail "$name exited"; }
-}
-# Everything but the timings must be identical, record by record.
-same_metrics() {
-  python3 - "$1" "$2" <<'EOF'
-import json, sys
-def load(p):
-    out = []
-    for l in open(p):
-        r = json.loads(l)
-        out.append({k: v for k, v in r.items()
-                    if not (k.endswith("_s") or "per_s" in k or "GBps" in k
-                            or k == "peak_rss_bytes")})
-    return out
-a, b = load(sys.argv[1]), load(sys.argv[2])
-if len(a) != len(b):
-    print(f"{len(a)} vs {len(b)} records")
-    sys.exit(1)
-for x, y in zip(a, b):
-    if x != y:
-        diff = {k: (x.get(k), y.get(k)) for k in set(x) | set(y) if x.get(k) != y.get(k)}
-        print(f"step {x.get('step')}: {diff}")
-        sys.exit(1)
-EOF
 }
 
 # (a) Queue 0 == synchronous.
@@ -103,7 +82,6 @@ run resumed --max_steps 8 --async_train --save_steps 4 --load_checkpoint
 grep -q "resumed from .*step_4.h5 at step 4" "$W/resumed.log" || fail "the async run did not resume"
 same_metrics "$W/straight/metrics.jsonl" "$W/resumed/metrics.jsonl" \
   || fail "async: 4 + resume + 4 steps differ from 8 steps straight"
-fp() { grep -o "weights fingerprint [0-9a-f]*" "$1" | tail -1 | awk '{ print $3 }'; }
 fa=$(fp "$W/straight.log")
 fb=$(fp "$W/resumed.log")
 [ -n "$fa" ] && [ "$fa" = "$fb" ] || fail "async resume: final weights differ: $fa vs $fb"

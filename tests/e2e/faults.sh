@@ -15,6 +15,8 @@ MPIEXEC=${MPIEXEC:-mpiexec}
 W=$(mktemp -d)
 trap 'rm -rf "$W"' EXIT
 fail() { echo "FAIL: $*"; exit 1; }
+# shellcheck source=lib/resume.sh
+. "$SRC/tests/e2e/lib/resume.sh"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
 MPI=("$MPIEXEC" --oversubscribe --bind-to none)
 TASK="builtin:addition?n=2000&digits=1&seed=1"
@@ -66,30 +68,6 @@ stopped_rank generate_stopped generate "engine 1 has sent no progress for [0-9]+
   generate --pretrain "$W/sft/model.h5" --dataset "$W/prompts.jsonl" --input_key input \
   --generate_max_len 8 --output_path "$W/gen.jsonl"
 
-# Everything but the timings must be identical, record by record.
-same_metrics() {
-  python3 - "$1" "$2" <<'EOF'
-import json, sys
-def load(p):
-    out = []
-    for l in open(p):
-        r = json.loads(l)
-        out.append({k: v for k, v in r.items()
-                    if not (k.endswith("_s") or "per_s" in k or "GBps" in k or k == "mfu"
-                            or k == "peak_rss_bytes")})
-    return out
-a, b = load(sys.argv[1]), load(sys.argv[2])
-if len(a) != len(b):
-    print(f"{len(a)} vs {len(b)} records")
-    sys.exit(1)
-for x, y in zip(a, b):
-    if x != y:
-        diff = {k: (x.get(k), y.get(k)) for k in set(x) | set(y) if x.get(k) != y.get(k)}
-        print(f"step {x.get('step')}: {diff}")
-        sys.exit(1)
-EOF
-}
-fp() { grep -o "weights fingerprint [0-9a-f]*" "$1" | tail -1 | awk '{ print $3 }'; }
 
 # preempt <name> <how: usr1-mpirun | term-ranks> <command...>: signals the job once its first
 # step is in metrics.jsonl; the job must exit 3 after writing a checkpoint.

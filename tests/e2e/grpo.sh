@@ -16,6 +16,8 @@ MPIEXEC=${MPIEXEC:-mpiexec}
 W=$(mktemp -d)
 trap 'rm -rf "$W"' EXIT
 fail() { echo "FAIL: $*"; exit 1; }
+# shellcheck source=lib/resume.sh
+. "$SRC/tests/e2e/lib/resume.sh"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
 MPI=("$MPIEXEC" --oversubscribe --bind-to none)
 TASK="builtin:addition?n=2000&digits=1&seed=1"
@@ -90,32 +92,8 @@ grep -q "resumed from .*step_$K.h5 at step $K" "$W/second.log" || fail "the run 
 # The step count changed (K -> 2K): the resume says so.
 grep -q "settings that differ from the checkpoint's: total_steps $K -> $((2 * K))" "$W/second.log" \
   || fail "the changed step count was not reported"
-# Everything but the timings must be identical, record by record.
-same_metrics() {
-  python3 - "$1" "$2" <<'EOF'
-import json, sys
-def load(p):
-    out = []
-    for l in open(p):
-        r = json.loads(l)
-        out.append({k: v for k, v in r.items()
-                    if not (k.endswith("_s") or "per_s" in k or "GBps" in k
-                            or k == "peak_rss_bytes")})
-    return out
-a, b = load(sys.argv[1]), load(sys.argv[2])
-if len(a) != len(b):
-    print(f"{len(a)} vs {len(b)} records")
-    sys.exit(1)
-for x, y in zip(a, b):
-    if x != y:
-        diff = {k: (x.get(k), y.get(k)) for k in set(x) | set(y) if x.get(k) != y.get(k)}
-        print(f"step {x.get('step')}: {diff}")
-        sys.exit(1)
-EOF
-}
 same_metrics "$W/straight/metrics.jsonl" "$W/resumed/metrics.jsonl" \
   || fail "k + k steps after resume differ from 2k steps straight"
-fp() { grep -o "weights fingerprint [0-9a-f]*" "$1" | tail -1 | awk '{ print $3 }'; }
 fa=$(fp "$W/straight.log")
 fb=$(fp "$W/second.log")
 [ -n "$fa" ] && [ "$fa" = "$fb" ] || fail "final weights differ: $fa (straight) vs $fb (resumed)"

@@ -15,13 +15,14 @@ MPIEXEC=${MPIEXEC:-mpiexec}
 W=$(mktemp -d)
 trap 'rm -rf "$W"' EXIT
 fail() { echo "FAIL: $*"; exit 1; }
+# shellcheck source=lib/resume.sh
+. "$SRC/tests/e2e/lib/resume.sh"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
 MPI=(timeout 300 "$MPIEXEC" --oversubscribe --bind-to none)
 RL=(--model_config "$SRC/examples/models/tiny.toml" --prompt_data "builtin:addition?n=64&digits=1&seed=1"
     --input_key input --label_key label --reward math --n_samples_per_prompt 4 --rollout_batch_size 8
     --train_batch_size 32 --micro_train_batch_size 4 --generate_max_len 6 --actor_learning_rate 1e-3
     --max_steps 2 --seed 1 --threads 1)
-fp() { grep -o "weights fingerprint [0-9a-f]*" "$1" | tail -1 | awk '{ print $3 }'; }
 # run <name> <np> <command> <args...>: runs, checks the exit status and 2 metrics records.
 run() {
   local name=$1 np=$2 cmd=$3

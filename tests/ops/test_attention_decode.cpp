@@ -22,13 +22,7 @@ using namespace rlhf;
 
 namespace {
 
-struct ScopedThreads {
-  int saved = omp_get_max_threads();
-  explicit ScopedThreads(int n) { omp_set_num_threads(n); }
-  ~ScopedThreads() { omp_set_num_threads(saved); }
-  ScopedThreads(const ScopedThreads&) = delete;
-  ScopedThreads& operator=(const ScopedThreads&) = delete;
-};
+using test::ScopedThreads;
 
 struct Case {
   std::vector<int32_t> lens;  // per sequence

@@ -18,13 +18,7 @@ using namespace rlhf;
 
 namespace {
 
-struct ScopedThreads {
-  int saved = omp_get_max_threads();
-  explicit ScopedThreads(int n) { omp_set_num_threads(n); }
-  ~ScopedThreads() { omp_set_num_threads(saved); }
-  ScopedThreads(const ScopedThreads&) = delete;
-  ScopedThreads& operator=(const ScopedThreads&) = delete;
-};
+using test::ScopedThreads;
 
 // ref[m, o] = Σ_k x[m, k]·w[o, k] (+ b[o]) in double, and the bound Σ_k |x·w| (+ |b|) that scales
 // the rounding error of a float dot product of length IC.

@@ -17,13 +17,7 @@ using namespace rlhf;
 
 namespace {
 
-struct ScopedThreads {
-  int saved = omp_get_max_threads();
-  explicit ScopedThreads(int n) { omp_set_num_threads(n); }
-  ~ScopedThreads() { omp_set_num_threads(saved); }
-  ScopedThreads(const ScopedThreads&) = delete;
-  ScopedThreads& operator=(const ScopedThreads&) = delete;
-};
+using test::ScopedThreads;
 
 std::vector<float> pack(const std::vector<float>& w, int64_t IC, int64_t OC) {
   std::vector<float> wp(size_t(model::linear_decode_packed_size(IC, OC)), -7.0f);

@@ -18,14 +18,7 @@ using namespace rlhf;
 
 namespace {
 
-// Sets the OpenMP thread count for a scope and restores it afterwards.
-struct ScopedThreads {
-  int saved = omp_get_max_threads();
-  explicit ScopedThreads(int n) { omp_set_num_threads(n); }
-  ~ScopedThreads() { omp_set_num_threads(saved); }
-  ScopedThreads(const ScopedThreads&) = delete;
-  ScopedThreads& operator=(const ScopedThreads&) = delete;
-};
+using test::ScopedThreads;
 
 // Naive reference in double, written plainly: z = scale·x, log p_j = z_j − log Σ exp(z),
 // entropy = −Σ p log p.

@@ -1,0 +1,30 @@
+# Helpers the e2e scripts source (this folder is not a test: ctest runs tests/e2e/*.sh only).
+
+# same_metrics A B: metrics.jsonl files A and B hold the same records, key by key, except the
+# timings and the machine-dependent figures (*_s, *per_s*, *GBps*, mfu, peak_rss_bytes); prints
+# the first difference and fails.
+same_metrics() {
+  python3 - "$1" "$2" <<'PYEOF'
+import json, sys
+def load(p):
+    out = []
+    for l in open(p):
+        r = json.loads(l)
+        out.append({k: v for k, v in r.items()
+                    if not (k.endswith("_s") or "per_s" in k or "GBps" in k or k == "mfu"
+                            or k == "peak_rss_bytes")})
+    return out
+a, b = load(sys.argv[1]), load(sys.argv[2])
+if len(a) != len(b):
+    print(f"{len(a)} vs {len(b)} records")
+    sys.exit(1)
+for x, y in zip(a, b):
+    if x != y:
+        diff = {k: (x.get(k), y.get(k)) for k in set(x) | set(y) if x.get(k) != y.get(k)}
+        print(f"step {x.get('step')}: {diff}")
+        sys.exit(1)
+PYEOF
+}
+
+# fp LOG: the last "weights fingerprint" a run printed in LOG.
+fp() { grep -o "weights fingerprint [0-9a-f]*" "$1" | tail -1 | awk '{ print $3 }'; }
