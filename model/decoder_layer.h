@@ -42,8 +42,8 @@ struct LayerActs {
   T *gate = nullptr, *up = nullptr, *h = nullptr;  ///< (N, F)
 };
 
-/// y = x·wᵀ + b (assigned) for M rows: linear_forward_cpu (BLAS, training), linear_rows_cpu
-/// (prefill), linear_decode_cpu (batch-invariant decode).
+/// y = x·wᵀ + b (assigned) for M rows: linear_forward_cpu (BLAS: training and engine prefill), or
+/// linear_decode_packed_cpu (batch-invariant decode; w is then the packed weight).
 template <typename T>
 using LinearFn = void (*)(T* y, const T* x, const T* w, const T* b, int64_t M, int64_t IC,
                           int64_t OC);
