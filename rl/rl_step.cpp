@@ -384,18 +384,11 @@ nlohmann::json RlStep::state() const {
   }
   if (!queue_.empty()) {
     nlohmann::json q = nlohmann::json::array();
-    for (const Batch& b : queue_) {
-      nlohmann::json samples = nlohmann::json::array();
-      for (const rollout::Sample& x : b.samples)
-        samples.push_back({{"prompt_pos", x.prompt_pos},
-                           {"sample_index", x.sample_index},
-                           {"prompt", x.prompt},
-                           {"response", x.response},
-                           {"gen_logprobs", x.gen_logprobs},
-                           {"stopped", x.stopped}});
-      q.push_back(
-          {{"version", b.version}, {"scores", b.scores}, {"rec", b.rec}, {"samples", samples}});
-    }
+    for (const Batch& b : queue_)  // samples in gather_samples' byte form
+      q.push_back({{"version", b.version},
+                   {"scores", b.scores},
+                   {"rec", b.rec},
+                   {"samples", rollout::serialize_samples(b.samples)}});
     st["async_queue"] = std::move(q);
   }
   return st;
@@ -420,16 +413,8 @@ void RlStep::load_state(const nlohmann::json& st) {
       b.version = q.at("version").get<int64_t>();
       b.scores = q.at("scores").get<std::vector<double>>();
       b.rec = q.at("rec");
-      for (const nlohmann::json& x : q.at("samples")) {
-        rollout::Sample smp;
-        smp.prompt_pos = x.at("prompt_pos").get<int64_t>();
-        smp.sample_index = x.at("sample_index").get<int64_t>();
-        smp.prompt = x.at("prompt").get<std::vector<int32_t>>();
-        smp.response = x.at("response").get<std::vector<int32_t>>();
-        smp.gen_logprobs = x.at("gen_logprobs").get<std::vector<float>>();
-        smp.stopped = x.at("stopped").get<bool>();
-        b.samples.push_back(std::move(smp));
-      }
+      const auto bytes = q.at("samples").get<std::vector<uint8_t>>();
+      b.samples = rollout::deserialize_samples(bytes.data(), bytes.size());
       queue_.push_back(std::move(b));
     }
   }
