@@ -140,8 +140,7 @@ int run_bench(const BenchArgs& args) {
     bench::BenchGenerateOptions o;
     if (!args.model_config.empty()) o.config = io::load_model_config_file(args.model_config);
     o.seed = static_cast<uint64_t>(args.common.seed);
-    o.kv_dtype =
-        args.kv_cache_dtype == "fp32" ? rollout::KvDtype::kFloat32 : rollout::KvDtype::kFloat16;
+    o.kv_dtype = rollout::kv_dtype_from_string(args.kv_cache_dtype);
     o.pretrain = args.pretrain;
     o.batches.clear();
     for (const std::string& b : split_commas(args.gen_batches)) {

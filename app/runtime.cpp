@@ -40,8 +40,7 @@ rollout::EngineOptions engine_options(const GenerationArgs& gen, parallel::Devic
   o.gpu_memory_utilization = gen.vllm_gpu_memory_utilization;
   o.cuda_graphs = !gen.enforce_eager;
   // auto and fp16 mean fp16 in a CPU engine; a GPU engine keeps bf16 whatever this says.
-  o.kv_cache_dtype =
-      gen.kv_cache_dtype == "fp32" ? rollout::KvDtype::kFloat32 : rollout::KvDtype::kFloat16;
+  o.kv_cache_dtype = rollout::kv_dtype_from_string(gen.kv_cache_dtype);
   return o;
 }
 

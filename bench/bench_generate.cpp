@@ -178,7 +178,7 @@ void run_bench_generate(const BenchGenerateOptions& opt, const Emit& emit) {
   eo.kv_cache_dtype = opt.kv_dtype;
   {
     const rollout::KvCache probe(cfg, int64_t(1) << 30, eo.block_size,
-                                 opt.kv_dtype == rollout::KvDtype::kFloat16 ? 2 : 4);
+                                 rollout::kv_element_bytes(opt.kv_dtype));
     eo.kv_cache_bytes =
         max_batch * probe.blocks_for(opt.prompt_len + longest) * probe.bytes_per_block();
   }

@@ -237,7 +237,7 @@ Engine::Engine(const model::ParamLayout& layout, const EngineOptions& options)
 #endif
   } else {
     cache_ = std::make_unique<KvCache>(kv_cfg, opt_.kv_cache_bytes, opt_.block_size,
-                                       opt_.kv_cache_dtype == KvDtype::kFloat16 ? 2 : 4);
+                                       kv_element_bytes(opt_.kv_cache_dtype));
   }
   // P <= kMaxPositionEmbeddings and D <= kMaxHeadDim (ModelConfig::validate): P·D/2 <= 2^35.
   const int64_t P = c.max_position_embeddings, D = c.D();

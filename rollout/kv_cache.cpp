@@ -12,6 +12,13 @@ const char* to_string(KvDtype d) {
   return d == KvDtype::kFloat16 ? "fp16" : "fp32";
 }
 
+KvDtype kv_dtype_from_string(const std::string& name) {
+  if (name == "fp32") return KvDtype::kFloat32;
+  RLHF_CHECK(name == "fp16" || name == "auto",
+             "unknown KV cache dtype '{}' (expected auto, fp16 or fp32)", name);
+  return KvDtype::kFloat16;
+}
+
 template <>
 const float* KvCache::base<float>() const {
   RLHF_CHECK(data_ != nullptr, "KV cache: fp32 keys/values asked of a {} cache", to_string(dtype_));

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "model/config.h"
@@ -17,6 +18,13 @@ namespace rlhf::rollout {
 enum class KvDtype { kFloat32, kFloat16 };
 /// "fp32" | "fp16".
 const char* to_string(KvDtype d);
+/// "fp32" → kFloat32; "fp16" and "auto" (a CPU engine's default) → kFloat16. Throws rlhf::Error
+/// naming any other value.
+KvDtype kv_dtype_from_string(const std::string& name);
+/// Bytes of one cached element: 4 (fp32) or 2 (fp16); KvCache's element_bytes.
+inline int64_t kv_element_bytes(KvDtype d) {
+  return d == KvDtype::kFloat16 ? 2 : 4;
+}
 
 /// A pool of KV blocks. Block `i` of layer `l` holds positions [0, block_size) of whichever
 /// sequence owns it: K at k(l) + i·Hkv·block_size·D, shape (Hkv, block_size, D) — head-major, so

@@ -3,8 +3,8 @@
 #pragma once
 
 #include <doctest/doctest.h>
-#include <omp.h>
 #include <fmt/format.h>
+#include <omp.h>
 
 #include <cmath>
 #include <cstdint>

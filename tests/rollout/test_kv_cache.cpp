@@ -73,6 +73,15 @@ TEST_CASE("KV cache: blocks from the byte budget, allocation never exceeds it") 
   CHECK(kv.used_blocks() == 0);
 }
 
+TEST_CASE("KV cache dtype names: --kv_cache_dtype's values, anything else refused by name") {
+  CHECK(rollout::kv_dtype_from_string("fp32") == rollout::KvDtype::kFloat32);
+  CHECK(rollout::kv_dtype_from_string("fp16") == rollout::KvDtype::kFloat16);
+  CHECK(rollout::kv_dtype_from_string("auto") == rollout::KvDtype::kFloat16);
+  CHECK_THROWS_WITH_AS(rollout::kv_dtype_from_string("bf16"), doctest::Contains("'bf16'"), Error);
+  CHECK(rollout::kv_element_bytes(rollout::KvDtype::kFloat16) == 2);
+  CHECK(rollout::kv_element_bytes(rollout::KvDtype::kFloat32) == 4);
+}
+
 TEST_CASE("KV cache: a budget below one block is a clear error") {
   CHECK_THROWS_WITH_AS(rollout::KvCache(small_config(), 100, 16),
                        doctest::Contains("--gen_kv_cache_mb"), Error);
