@@ -7,13 +7,13 @@
 #   bench  rlhf bench train|generate|sync --device cuda (135M and ~1B shapes)
 #   grpo135m  GRPO steps on the GPU at the SmolLM-135M shape (random weights): step time, phases
 # Each step runs under its own time limit and writes <out dir>/<step>.log; the bench rows go to
-# <out dir>/bench.jsonl. One rank: Open MPI runs as a singleton (no mpirun, no daemon).
+# <out dir>/bench.jsonl, the runs' metrics (with "run": name) to <out dir>/metrics.jsonl. One rank: Open MPI runs as a singleton (no mpirun, no daemon).
 # Usage: scripts/gpu_check.sh <rlhf-gpu.tar.xz> <out dir> [step ...]   (default: all, in order)
 set -u
 TAR=$1
 OUT=$2
 shift 2
-STEPS=${*:-env tests mpi e2e bench grpo135m}
+STEPS=${*:-env tests mpi bench e2e grpo135m}
 SRC=$(cd "$(dirname "$0")/.." && pwd)
 ROOT=/tmp/rlhf-gpu
 mkdir -p "$OUT"
@@ -27,14 +27,20 @@ for lib in libcublasLt.so.13 libcublas.so.13 libcudnn.so.9 libnccl.so.2; do
   if [ -z "$p" ]; then echo "gpu_check: $lib not found on this machine"; continue; fi
   NV="$NV:$(dirname "$p")"
 done
-export LD_LIBRARY_PATH="$ROOT/lib$NV${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-if ! "$ROOT/bin/rlhf" --version > /dev/null 2>&1; then
-  export LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$ROOT/lib-fallback"
+# The bundle's libraries for rlhf's binaries only (wrappers), not for the machine's own tools.
+LIBS="$ROOT/lib$NV"
+if ! LD_LIBRARY_PATH="$LIBS" "$ROOT/bin/rlhf" --version > /dev/null 2>&1; then
+  LIBS="$LIBS:$ROOT/lib-fallback"
 fi
+mkdir -p "$ROOT/wrap"
+for b in rlhf rlhf_tests rlhf_mpi_tests; do
+  printf '#!/bin/sh\nLD_LIBRARY_PATH="%s" exec "%s" "$@"\n' "$LIBS" "$ROOT/bin/$b" > "$ROOT/wrap/$b"
+  chmod +x "$ROOT/wrap/$b"
+done
 export OMPI_MCA_mca_base_component_path="$ROOT/openmpi" OMPI_MCA_ess_singleton_isolated=1
 export OMPI_MCA_btl=self,vader OMPI_MCA_pml=ob1 OMPI_MCA_btl_vader_single_copy_mechanism=none
 export OMPI_MCA_mtl="^ofi,psm,psm2" OMPI_MCA_osc="^ucx" OMPI_MCA_coll="^han"
-BIN=$ROOT/bin
+BIN=$ROOT/wrap
 RLHF=$BIN/rlhf
 TASK="builtin:addition?n=400&digits=1&seed=1"
 TMP=/tmp/rlhf-gpu-run
@@ -48,7 +54,7 @@ run() {  # run <step> <seconds> <command...>: output to <out>/<step>.log and the
   timeout -k 5 "$secs" "$@" >> "$OUT/$step.log" 2>&1
   local rc=$?
   echo "=== $step: rc $rc after $((SECONDS - t0))s" | tee -a "$OUT/$step.log"
-  tail -n 12 "$OUT/$step.log" | grep -v "^===" | cut -c1-400
+  grep -v -e "^===" -e "\] | " -e "\] +--" "$OUT/$step.log" | tail -n 8 | cut -c1-300
   return $rc
 }
 
@@ -57,8 +63,8 @@ step_env() {
     nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.max.mem \
       --format=csv
     nvcc --version | tail -1
-    echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
-    ldd "$RLHF" | grep -E "cuda|cublas|nccl|cudnn|not found"
+    echo "libraries: $LIBS"
+    LD_LIBRARY_PATH="$LIBS" ldd "$ROOT/bin/rlhf" | grep -E "cuda|cublas|nccl|cudnn|not found"
     lscpu | grep -E "Model name|^CPU\(s\)|Flags" | cut -c1-200
     "$RLHF" --version
   } > "$OUT/env.log" 2>&1
@@ -66,35 +72,35 @@ step_env() {
 }
 
 step_tests() {
-  run tests 200 "$BIN/rlhf_tests" -sf='*_cuda.cpp,*test_cuda_check.cpp' -s=false --duration=true
+  run tests 150 "$BIN/rlhf_tests" -sf='*_cuda.cpp,*test_cuda_check.cpp' -s=false --duration=true
 }
 
 step_mpi() {
-  run mpi 150 "$BIN/rlhf_mpi_tests" -tc='*nccl*,*device*,*gpu*' --duration=true
+  run mpi 100 "$BIN/rlhf_mpi_tests" -tc='*nccl*,*device*,*gpu*' --duration=true
 }
 
 step_e2e() {
   local SFT=(sft --model_config "$SRC/examples/models/tiny.toml" --dataset "$TASK" --max_len 16
     --train_batch_size 16 --micro_train_batch_size 8 --learning_rate 3e-3 --max_steps 30
     --seed 1 --threads 4 --logging_steps 10)
-  run e2e 60 "$RLHF" "${SFT[@]}" --device cpu --save_path "$TMP/sft_cpu"
-  run e2e 60 "$RLHF" "${SFT[@]}" --device cuda --save_path "$TMP/sft_gpu"
+  run e2e 30 "$RLHF" "${SFT[@]}" --device cpu --save_path "$TMP/sft_cpu"
+  run e2e 30 "$RLHF" "${SFT[@]}" --device cuda --save_path "$TMP/sft_gpu"
   local GRPO=(grpo --pretrain "$TMP/sft_cpu/model.h5" --prompt_data "$TASK" --input_key input
     --label_key label --reward math --n_samples_per_prompt 8 --rollout_batch_size 16
     --train_batch_size 128 --micro_train_batch_size 16 --generate_max_len 6
     --actor_learning_rate 3e-4 --max_steps 8 --seed 1 --threads 4)
-  run e2e 90 "$RLHF" "${GRPO[@]}" --device cpu --save_path "$TMP/grpo_cpu"
-  run e2e 90 "$RLHF" "${GRPO[@]}" --device cuda --save_path "$TMP/grpo_gpu"
+  run e2e 45 "$RLHF" "${GRPO[@]}" --device cpu --save_path "$TMP/grpo_cpu"
+  run e2e 45 "$RLHF" "${GRPO[@]}" --device cuda --save_path "$TMP/grpo_gpu"
   for r in sft_cpu sft_gpu grpo_cpu grpo_gpu; do
-    cp "$TMP/$r/metrics.jsonl" "$OUT/e2e_$r.jsonl" 2> /dev/null
+    sed "s/^{/{\"run\":\"$r\",/" "$TMP/$r/metrics.jsonl" >> "$OUT/metrics.jsonl" 2> /dev/null
   done
 }
 
 step_bench() {
-  run bench 150 "$RLHF" bench train --device cuda --tokens_per_step 16384 --seq_len 1024 \
-    --steps 3 --warmup 1 --output "$OUT/bench_train.jsonl"
-  run bench 90 "$RLHF" bench generate --device cuda --output "$OUT/bench_generate.jsonl"
-  run bench 40 "$RLHF" bench sync --device cuda --output "$OUT/bench_sync.jsonl"
+  run bench 120 "$RLHF" bench train --device cuda --tokens_per_step 16384 --seq_len 1024 \
+    --steps 3 --warmup 1 --output "$OUT/bench.jsonl"
+  run bench 60 "$RLHF" bench generate --device cuda --output "$OUT/bench.jsonl"
+  run bench 30 "$RLHF" bench sync --device cuda --output "$OUT/bench.jsonl"
 }
 
 step_grpo135m() {  # SmolLM-135M's body with Llama 2's 32,000-token vocabulary (tokenizer.model
@@ -102,15 +108,15 @@ step_grpo135m() {  # SmolLM-135M's body with Llama 2's 32,000-token vocabulary (
   sed -e 's/^vocab_size = .*/vocab_size = 32000/' -e 's/^bos_token_id = .*/bos_token_id = 1/' \
     -e 's/^eos_token_id = .*/eos_token_id = 2/' "$SRC/examples/models/smollm-135M.toml" \
     > "$TMP/m135.toml"
-  run grpo135m 60 "$RLHF" sft --model_config "$TMP/m135.toml" \
+  run grpo135m 30 "$RLHF" sft --model_config "$TMP/m135.toml" \
     --tokenizer "$(dirname "$TAR")/tokenizer.model" --dataset "$TASK" --max_len 32 \
     --train_batch_size 8 --micro_train_batch_size 8 --max_steps 1 --device cuda \
     --save_path "$TMP/m135"
-  run grpo135m 120 "$RLHF" grpo --pretrain "$TMP/m135/model.h5" --prompt_data "$TASK" \
+  run grpo135m 90 "$RLHF" grpo --pretrain "$TMP/m135/model.h5" --prompt_data "$TASK" \
     --input_key input --label_key label --reward math --n_samples_per_prompt 8 \
     --rollout_batch_size 8 --train_batch_size 64 --micro_train_batch_size 16 \
     --generate_max_len 128 --max_steps 4 --seed 1 --device cuda --save_path "$TMP/g135"
-  cp "$TMP/g135/metrics.jsonl" "$OUT/grpo135m.jsonl" 2> /dev/null
+  sed 's/^{/{"run":"grpo135m",/' "$TMP/g135/metrics.jsonl" >> "$OUT/metrics.jsonl" 2> /dev/null
 }
 
 for s in $STEPS; do "step_$s"; done
