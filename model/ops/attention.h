@@ -69,12 +69,17 @@ void attention_backward_cuda(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, con
                              int64_t B, int64_t T_, int64_t H, int64_t Hkv, int64_t D,
                              cudaStream_t stream);
 
-/// Keys per split of attention_decode_cuda (flash-decoding: each block handles one split of one
-/// sequence and KV head; a second kernel combines the splits).
-inline constexpr int64_t kAttentionDecodeSplit = 256;
+/// Keys per split of attention_decode_cuda (flash-decoding: the keys of one sequence and KV head
+/// are cut into splits of this many positions; a second kernel combines the partial results).
+inline constexpr int64_t kAttentionDecodeSplit = 64;
+/// Blocks per (sequence, KV head) of attention_decode_cuda: block p takes splits p, p + P, ...,
+/// so a short sequence in a long cache spreads its few splits over several blocks and the grid
+/// (and workspace) does not grow with the cache length. Fixed, so results do not depend on the
+/// device, the cache capacity or the batch.
+inline constexpr int64_t kAttentionDecodeCtas = 16;
 
-/// fp32 workspace bytes attention_decode_cuda needs: B·H·ceil(T_max / kAttentionDecodeSplit)·
-/// (D + 2)·4.
+/// fp32 workspace bytes attention_decode_cuda needs: B·H·kAttentionDecodeCtas·(D + 2)·4 (T_max is
+/// validated, and does not change the size).
 size_t attention_decode_cuda_workspace_bytes(int64_t B, int64_t H, int64_t D, int64_t T_max);
 
 /// One decoding step over a KV cache (one query per sequence, it attends to every cached position

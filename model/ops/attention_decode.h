@@ -41,8 +41,8 @@ void attention_decode_cpu(T* out, const T* q, const KV* k_cache, const KV* v_cac
                           int64_t max_blocks);
 
 #ifdef RLHF_CUDA
-/// fp32 workspace bytes attention_decode_paged_cuda needs (split partial results over up to
-/// max_blocks·block_size positions per sequence).
+/// fp32 workspace bytes attention_decode_paged_cuda needs (kAttentionDecodeCtas partial results
+/// per sequence and query head, model/ops/attention.h; max_blocks and block_size are validated).
 size_t attention_decode_paged_cuda_workspace_bytes(int64_t B, int64_t H, int64_t D,
                                                    int64_t max_blocks, int64_t block_size);
 

@@ -29,15 +29,31 @@ __global__ void rmsnorm_forward_kernel(bf16* y, float* rstd, bf16* residual_out,
   const bf16* xr = x + n * C;
   bf16* yr = y + n * C;
   const bf16* src = xr;  // the row that is normalised
+  // Chunks of kUnroll elements per lane: every load of a chunk is issued before its stores (ro
+  // may alias rr, so without the chunking each store would wait on the previous load). The sum
+  // of squares still runs over c in increasing order per lane.
+  constexpr int kUnroll = 8;
   float ss = 0.0f;
   if (residual_in != nullptr) {
     const bf16* rr = residual_in + n * C;
     bf16* ro = residual_out + n * C;
-    for (int64_t c = lane; c < C; c += kWarpSize) {
-      const bf16 s = to_bf16(to_f32(rr[c]) + to_f32(xr[c]));
-      ro[c] = s;  // same thread reads rr[c] then writes ro[c]: ro may alias rr
-      const float sf = to_f32(s);
-      ss += sf * sf;
+    for (int64_t c0 = lane; c0 < C; c0 += kWarpSize * kUnroll) {
+      float a[kUnroll], b[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int64_t c = c0 + int64_t{u} * kWarpSize;
+        a[u] = c < C ? to_f32(rr[c]) : 0.0f;
+        b[u] = c < C ? to_f32(xr[c]) : 0.0f;
+      }
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int64_t c = c0 + int64_t{u} * kWarpSize;
+        if (c >= C) break;
+        const bf16 s = to_bf16(a[u] + b[u]);
+        ro[c] = s;  // this lane read rr[c] above: ro may alias rr
+        const float sf = to_f32(s);
+        ss += sf * sf;
+      }
     }
     src = ro;
   } else {
@@ -50,7 +66,20 @@ __global__ void rmsnorm_forward_kernel(bf16* y, float* rstd, bf16* residual_out,
   const float r = rsqrtf(ss / static_cast<float>(C) + eps);
   if (lane == 0) rstd[n] = r;
   // src[c] for this lane's c was written (fused case) by this same lane above: visible to it.
-  for (int64_t c = lane; c < C; c += kWarpSize) yr[c] = to_bf16(to_f32(src[c]) * r * to_f32(w[c]));
+  for (int64_t c0 = lane; c0 < C; c0 += kWarpSize * kUnroll) {
+    float v[kUnroll], wv[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t c = c0 + int64_t{u} * kWarpSize;
+      v[u] = c < C ? to_f32(src[c]) : 0.0f;
+      wv[u] = c < C ? to_f32(w[c]) : 0.0f;
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t c = c0 + int64_t{u} * kWarpSize;
+      if (c < C) yr[c] = to_bf16(v[u] * r * wv[u]);
+    }
+  }
 }
 
 // dx_c += r·w_c·dy_c − (r³/C)·x_c·Σ_k w_k·dy_k·x_k, one warp per row.
