@@ -181,7 +181,7 @@ void ParallelArgs::bind(OptionSet& o) {
       .env("RLHF_DEVICE");
   o.add("attn_implementation", attn_implementation,
         "GPU attention: flash (this project's flash-attention kernels, deterministic) or cudnn "
-        "(cuDNN's fused attention where it can serve the shape; not yet verified on a GPU)")
+        "(cuDNN's fused tensor-core attention where it can serve the shape)")
       .check(one_of({"flash", "cudnn"}));
   o.add("comm_timeout", comm_timeout,
         "Seconds one collective or wait may block before the watchdog names it and ends the job "

@@ -45,6 +45,7 @@ int run_bench(const BenchArgs& args) {
   std::vector<std::pair<std::string, model::ModelConfig>> gpu_models;
   if (cuda) {
     parallel::select_node_local_cuda_device(MPI_COMM_WORLD);
+    parallel::use_attention_implementation(args.parallel.attn_implementation);
     LOG0_INFO("bench: device cuda ({})", cuda_device_summary());
     if (!args.model_config.empty())
       gpu_models.emplace_back(args.model_config, io::load_model_config_file(args.model_config));
@@ -120,9 +121,25 @@ int run_bench(const BenchArgs& args) {
             row["sgemm_gflops_per_s"].get<double>());
     });
   }
+  // --gen_batches, for both generate benchmarks (CPU and GPU).
+  std::vector<int64_t> gen_batches;
+  for (const std::string& b : split_commas(args.gen_batches)) {
+    size_t used = 0;
+    int64_t v = 0;
+    try {
+      v = std::stoll(b, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used != b.size() || v < 1)
+      throw UsageError(
+          fmt::format("--gen_batches {}: '{}' is not a batch size >= 1", args.gen_batches, b));
+    gen_batches.push_back(v);
+  }
   if (wants("generate") && cuda) {
     bench::BenchGenerateCudaOptions o;
     o.models = gpu_models;
+    o.batches = gen_batches;
     o.seed = static_cast<uint64_t>(args.common.seed);
     bench::run_bench_generate_cuda(o, [&](const nlohmann::json& row) {
       emit(row);
@@ -142,20 +159,7 @@ int run_bench(const BenchArgs& args) {
     o.seed = static_cast<uint64_t>(args.common.seed);
     o.kv_dtype = rollout::kv_dtype_from_string(args.kv_cache_dtype);
     o.pretrain = args.pretrain;
-    o.batches.clear();
-    for (const std::string& b : split_commas(args.gen_batches)) {
-      size_t used = 0;
-      int64_t v = 0;
-      try {
-        v = std::stoll(b, &used);
-      } catch (const std::exception&) {
-        used = 0;
-      }
-      if (used != b.size() || v < 1)
-        throw UsageError(
-            fmt::format("--gen_batches {}: '{}' is not a batch size >= 1", args.gen_batches, b));
-      o.batches.push_back(v);
-    }
+    o.batches = gen_batches;
     o.long_requests = args.gen_long_requests;
     o.long_fixed_batch = args.gen_long_fixed_batch;
     LOG0_INFO("bench generate: {} threads per rank", threads);

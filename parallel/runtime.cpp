@@ -114,11 +114,19 @@ Device setup_device(const RuntimeOptions& opts, const Topology& topo, int* cuda_
 #ifdef RLHF_CUDA
   const int dev = select_node_local_cuda_device(world);
   if (cuda_device != nullptr) *cuda_device = dev;
-  model::set_attention_impl(opts.attn_implementation == "cudnn" ? model::AttentionImpl::kCudnn
-                                                                : model::AttentionImpl::kFlash);
+  use_attention_implementation(opts.attn_implementation);
   LOG0_INFO("device: cuda, one GPU per rank (rank 0: device {}, {})", dev, cuda_device_summary());
 #endif
   return device;
+}
+
+void use_attention_implementation(const std::string& name) {
+#ifdef RLHF_CUDA
+  model::set_attention_impl(name == "cudnn" ? model::AttentionImpl::kCudnn
+                                            : model::AttentionImpl::kFlash);
+#else
+  (void)name;
+#endif
 }
 
 const char* device_name(Device d) {

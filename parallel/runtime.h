@@ -42,6 +42,11 @@ Device resolve_device(const std::string& flag);
 /// visible GPUs; returns the device. Collective over `world`. Throws rlhf::Error without CUDA.
 int select_node_local_cuda_device(MPI_Comm world);
 
+/// --attn_implementation for every GPU attention of this process (model::set_attention_impl):
+/// "cudnn" (cuDNN's fused attention where it serves the shape) or anything else = "flash". No-op
+/// in a build without CUDA.
+void use_attention_implementation(const std::string& name);
+
 /// Resolves opts.device on every rank (collective over the world: all ranks must agree; a job
 /// where some ranks see a GPU and others do not is refused) and, for cuda, selects each rank's GPU
 /// and the attention implementation. *cuda_device gets the device (-1 on cpu).

@@ -6,6 +6,8 @@
 #include <string>
 
 #include "core/error.h"
+#include "model/ops/attention.h"
+#include "parallel/runtime.h"
 #include "tests/test_util.h"
 
 #ifdef RLHF_NCCL
@@ -92,5 +94,17 @@ TEST_CASE("CUDNN_CHECK throws with cuDNN's error string") {
   INFO(e);
   CHECK(contains(e, "cuDNN error"));
   CHECK(contains(e, "CUDNN_STATUS_BAD_PARAM"));
+}
+#endif
+
+#ifdef RLHF_CUDA
+TEST_CASE("use_attention_implementation (--attn_implementation) sets the GPU attention") {
+  // rlhf bench once skipped this call: its GPU training ran the flash kernels under "cudnn".
+  const model::AttentionImpl before = model::attention_impl();
+  parallel::use_attention_implementation("cudnn");
+  CHECK(model::attention_impl() == model::AttentionImpl::kCudnn);
+  parallel::use_attention_implementation("flash");
+  CHECK(model::attention_impl() == model::AttentionImpl::kFlash);
+  model::set_attention_impl(before);
 }
 #endif
