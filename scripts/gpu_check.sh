@@ -4,9 +4,11 @@
 #   tests  the CUDA unit tests (rlhf_tests, every *_cuda.cpp file and test_cuda_check.cpp)
 #   mpi    the NCCL, device-store, weight-sync and GPU RL-step tests of rlhf_mpi_tests (1 rank)
 #   e2e    sft and grpo, --device cpu against --device cuda with the same seed (tiny model)
-#   bench  rlhf bench train|generate|sync --device cuda (135M and ~1B shapes)
+#   bench  rlhf bench train (flash and cudnn attention)|generate|sync --device cuda (135M, ~1B)
 #   grpo135m  GRPO steps on the GPU at the SmolLM-135M shape (random weights): step time, phases
-# Each step runs under its own time limit and writes <out dir>/<step>.log; the bench rows go to
+#   profile   per-kernel GPU time (ncu) of a 1B training step (cuDNN attention) and of decode
+#             steps at batch 1 (not in the default list)
+# Each step runs under its own time limit and writes <out dir>/<step>.log (grpo135m: e2e.log); the bench rows go to
 # <out dir>/bench.jsonl, the runs' metrics (with "run": name) to <out dir>/metrics.jsonl. One rank: Open MPI runs as a singleton (no mpirun, no daemon).
 # Usage: scripts/gpu_check.sh <rlhf-gpu.tar.xz> <out dir> [step ...]   (default: all, in order)
 set -u
@@ -65,6 +67,8 @@ step_env() {
     nvcc --version | tail -1
     echo "libraries: $LIBS"
     LD_LIBRARY_PATH="$LIBS" ldd "$ROOT/bin/rlhf" | grep -E "cuda|cublas|nccl|cudnn|not found"
+    LD_LIBRARY_PATH="$LIBS" ldd "$ROOT/bin/rlhf" | awk '/nccl|cudnn|cublas/ {print $3}' |
+      xargs -n1 readlink -f  # the versions, in the files' names
     lscpu | grep -E "Model name|^CPU\(s\)|Flags" | cut -c1-200
     "$RLHF" --version
   } > "$OUT/env.log" 2>&1
@@ -97,8 +101,11 @@ step_e2e() {
 }
 
 step_bench() {
-  run bench 120 "$RLHF" bench train --device cuda --tokens_per_step 16384 --seq_len 1024 \
-    --steps 3 --warmup 1 --output "$OUT/bench.jsonl"
+  local impl
+  for impl in flash cudnn; do
+    run bench 120 "$RLHF" bench train --device cuda --tokens_per_step 16384 --seq_len 1024 \
+      --steps 3 --warmup 1 --attn_implementation "$impl" --output "$OUT/bench.jsonl"
+  done
   run bench 60 "$RLHF" bench generate --device cuda --output "$OUT/bench.jsonl"
   run bench 30 "$RLHF" bench sync --device cuda --output "$OUT/bench.jsonl"
 }
@@ -108,15 +115,41 @@ step_grpo135m() {  # SmolLM-135M's body with Llama 2's 32,000-token vocabulary (
   sed -e 's/^vocab_size = .*/vocab_size = 32000/' -e 's/^bos_token_id = .*/bos_token_id = 1/' \
     -e 's/^eos_token_id = .*/eos_token_id = 2/' "$SRC/examples/models/smollm-135M.toml" \
     > "$TMP/m135.toml"
-  run grpo135m 30 "$RLHF" sft --model_config "$TMP/m135.toml" \
+  run e2e 30 "$RLHF" sft --model_config "$TMP/m135.toml" \
     --tokenizer "$(dirname "$TAR")/tokenizer.model" --dataset "$TASK" --max_len 32 \
     --train_batch_size 8 --micro_train_batch_size 8 --max_steps 1 --device cuda \
     --save_path "$TMP/m135"
-  run grpo135m 90 "$RLHF" grpo --pretrain "$TMP/m135/model.h5" --prompt_data "$TASK" \
+  run e2e 90 "$RLHF" grpo --pretrain "$TMP/m135/model.h5" --prompt_data "$TASK" \
     --input_key input --label_key label --reward math --n_samples_per_prompt 8 \
     --rollout_batch_size 8 --train_batch_size 64 --micro_train_batch_size 16 \
     --generate_max_len 128 --max_steps 4 --seed 1 --device cuda --save_path "$TMP/g135"
   sed 's/^{/{"run":"grpo135m",/' "$TMP/g135/metrics.jsonl" >> "$OUT/metrics.jsonl" 2> /dev/null
+}
+
+step_profile() {  # per-kernel GPU time (Nsight Compute, one metric, no clock locking) of a
+  # training step at the ~1B shape and of the first decode steps at 135M and 1B, batch 1: the
+  # kernels' sum against the benchmark's wall-clock step shows the host's share.
+  cat > "$TMP/m1b.toml" << 'EOF'
+model_type = "llama"
+vocab_size = 128256
+hidden_size = 2048
+intermediate_size = 8192
+num_hidden_layers = 16
+num_attention_heads = 32
+num_key_value_heads = 8
+max_position_embeddings = 4096
+rope_theta = 500000.0
+tie_word_embeddings = true
+EOF
+  local NCU=(ncu --clock-control none --metrics gpu__time_duration.sum --print-summary per-kernel
+    --csv)
+  run profile 90 "${NCU[@]}" --launch-count 3000 "$RLHF" bench train --device cuda \
+    --model_config "$TMP/m1b.toml" --tokens_per_step 16384 --seq_len 1024 --steps 1 --warmup 1 \
+    --attn_implementation cudnn
+  run profile 60 "${NCU[@]}" --launch-count 1500 "$RLHF" bench generate --device cuda \
+    --model_config "$SRC/examples/models/smollm-135M.toml" --gen_batches 1
+  run profile 60 "${NCU[@]}" --launch-count 1500 "$RLHF" bench generate --device cuda \
+    --model_config "$TMP/m1b.toml" --gen_batches 1
 }
 
 for s in $STEPS; do "step_$s"; done
