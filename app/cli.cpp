@@ -329,6 +329,27 @@ OptionSpec& OptionSpec::env(std::string name) {
   return *this;
 }
 
+OptionSpec& OptionSpec::alias(const std::string& name) {
+  RLHF_ASSERT(app != nullptr);
+  std::visit(
+      [&](auto* field) {
+        using T = std::remove_pointer_t<decltype(field)>;
+        CLI::Option* o = nullptr;
+        if constexpr (std::is_same_v<T, bool>) {
+          o = app->add_flag("--" + name, *field, description);
+        } else {
+          o = app->add_option("--" + name, *field, description);
+          if constexpr (!std::is_same_v<T, std::array<double, 2>>)
+            o->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+        }
+        o->group("");  // hidden: the description of the main name mentions it
+        alias_cli.push_back(o);
+      },
+      target);
+  aliases.push_back(name);
+  return *this;
+}
+
 OptionValue OptionSpec::value() const {
   return std::visit([](auto* field) { return OptionValue{*field}; }, target);
 }
@@ -349,6 +370,7 @@ OptionSpec& OptionSet::add(const std::string& key, T& field, std::string descrip
   spec.key = key;
   spec.description = std::move(description);
   spec.target = &field;
+  spec.app = app_;
   const std::string flag = "--" + key;
   if constexpr (std::is_same_v<T, bool>) {
     spec.cli = app_->add_flag(flag, field, spec.description);
@@ -422,7 +444,8 @@ void merge_toml(OptionSet& set, const std::string& path) {
     if (key == "config") usage_fail("{}: 'config' cannot be set inside a config file", where);
     OptionSpec* spec = nullptr;
     for (OptionSpec& s : set.specs())
-      if (s.key == key) spec = &s;
+      if (s.key == key || std::find(s.aliases.begin(), s.aliases.end(), key) != s.aliases.end())
+        spec = &s;
     if (spec == nullptr)
       usage_fail("{}: unknown key '{}' for `rlhf {}`{}", where, key, set.command(),
                  did_you_mean(key, keys));
@@ -595,6 +618,11 @@ ParsedCommand parse_args(const std::vector<std::string>& argv) {
     if (spec.cli->count() > 0) {
       spec.source = OptionSource::kCommandLine;
       spec.origin = "--" + spec.key;
+    }
+    for (size_t a = 0; a < spec.alias_cli.size(); ++a) {
+      if (spec.alias_cli[a]->count() == 0) continue;
+      spec.source = OptionSource::kCommandLine;
+      spec.origin = "--" + spec.aliases[a];
     }
   }
   const std::string config_path =

@@ -73,6 +73,9 @@ struct OptionSpec {
   bool is_required = false;  ///< string option that must end up non-empty
   std::string env_name;      ///< environment variable consulted when neither flag nor file set it
   CLI::Option* cli = nullptr;
+  CLI::App* app = nullptr;              ///< the subcommand it belongs to
+  std::vector<std::string> aliases;     ///< other names (flag and TOML key), e.g. OpenRLHF's
+  std::vector<CLI::Option*> alias_cli;  ///< their (hidden) CLI options
   OptionSource source = OptionSource::kDefault;
   std::string origin;  ///< "--flag", "file.toml:3:1" or "environment variable X"
 
@@ -82,6 +85,9 @@ struct OptionSpec {
   OptionSpec& required();
   /// The option also reads `name` from the environment when not given by flag or file.
   OptionSpec& env(std::string name);
+  /// `--name` (and TOML key `name`) sets the option too; hidden from --help (say so in the
+  /// description).
+  OptionSpec& alias(const std::string& name);
 
   /// The current value of the bound field.
   OptionValue value() const;
@@ -285,8 +291,19 @@ struct GenerationArgs {
   /// buffers, KV cache), capped by what is free when it starts
   double vllm_gpu_memory_utilization = 0.95;
   bool enforce_eager = false;  ///< --enforce_eager: no CUDA graphs for GPU decode steps
+  /// --env_command: multi-turn episodes with an environment program (JSON lines, one per
+  /// generation rank) or builtin:toy; "" = single-turn
+  std::string env_command;
+  double env_timeout = 60;    ///< --env_timeout: seconds per batch of turn ends
+  int64_t env_max_turns = 4;  ///< --env_max_turns: model turns per episode
+  /// --stop_strings (alias --vllm_stop_strings): comma-separated; a turn (or, without
+  /// --env_command, the sample) ends when one appears
+  std::string stop_strings;
 
   void bind(OptionSet& o);
+  /// Throws UsageError for environment flags that cannot work (--env_command with a GPU or
+  /// tensor-parallel engine, bad --stop_strings). `device` is --device's value ("" = cpu).
+  void validate(const std::string& device) const;
 };
 
 /// The rule rewards (`--reward` and its options), shared by `ppo`, `grpo` and `eval`.

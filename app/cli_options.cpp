@@ -8,6 +8,7 @@
 
 #include "app/cli.h"
 #include "core/log.h"
+#include "rl/episodes.h"
 
 namespace rlhf::app {
 
@@ -287,6 +288,35 @@ void GenerationArgs::bind(OptionSet& o) {
       .check(le(1));
   o.add("enforce_eager", enforce_eager,
         "GPU engines: launch every decode step's kernels instead of replaying CUDA graphs");
+  o.add("env_command", env_command,
+        "Multi-turn episodes: environment program, one per generation rank, JSON lines on "
+        "stdin/stdout (README: Multi-turn rollouts), or builtin:toy; CPU engines only");
+  o.add("env_timeout", env_timeout, "Seconds the environment may take per batch of turn ends")
+      .check(gt(0));
+  o.add("env_max_turns", env_max_turns, "With --env_command: model turns per episode").check(ge(1));
+  o.add("stop_strings", stop_strings,
+        "Comma-separated stop strings (\\, = comma, \\n = newline): end a turn, or the sample "
+        "without --env_command (alias --vllm_stop_strings)")
+      .alias("vllm_stop_strings");
+}
+
+void GenerationArgs::validate(const std::string& device) const {
+  try {
+    (void)rl::parse_stop_strings(stop_strings);
+  } catch (const Error& e) {
+    usage_fail("{}", e.what());
+  }
+  if (env_command.empty()) return;
+  if (device == "cuda")
+    usage_fail(
+        "--env_command runs on CPU generation engines only (observation tokens are prefilled by "
+        "the CPU engine's decode step), not with --device cuda\nhint: drop --device cuda for a "
+        "run with an environment");
+  if (vllm_tensor_parallel_size > 1)
+    usage_fail(
+        "--env_command needs --vllm_tensor_parallel_size 1 (got {}): one environment "
+        "program per generation rank",
+        vllm_tensor_parallel_size);
 }
 
 void GenerateArgs::bind(OptionSet& o) {
@@ -445,8 +475,11 @@ void PpoArgs::validate() {
   model.validate();
   if (common.log_dir.empty())
     common.log_dir = (std::filesystem::path(ckpt.save_path) / "logs").string();
-  if (rewards.reward.empty() && reward_pretrain.empty())
-    usage_fail("no reward: give --reward (a rule: math, countdown, ...) or --reward_pretrain");
+  if (rewards.reward.empty() && reward_pretrain.empty() && gen.env_command.empty())
+    usage_fail(
+        "no reward: give --reward (a rule: math, countdown, ...), --reward_pretrain, or an "
+        "--env_command that gives rewards");
+  gen.validate(parallel.device);
   rewards.validate(label_key);
   const bool group = advantage_estimator != "gae" && advantage_estimator != "reinforce";
   if (group && gen.n_samples_per_prompt < 2)
@@ -485,7 +518,9 @@ void PpoArgs::validate() {
         "--label_key label");
 }
 
-void GenerateArgs::validate() {}
+void GenerateArgs::validate() {
+  gen.validate(parallel.device);
+}
 
 void EvalArgs::bind(OptionSet& o) {
   common.bind(o);
@@ -511,6 +546,7 @@ void EvalArgs::bind(OptionSet& o) {
 }
 
 void EvalArgs::validate() {
+  gen.validate(parallel.device);
   if (rewards.reward.empty())
     usage_fail(
         "--reward is required: rlhf eval scores every completion with a rule reward\nhint: e.g. "

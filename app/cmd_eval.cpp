@@ -34,6 +34,7 @@
 #include "parallel/comm.h"
 #include "parallel/runtime.h"
 #include "parallel/topology.h"
+#include "rl/environment.h"
 #include "rl/evaluate.h"
 #include "rl/prompts.h"
 #include "rl/rewards.h"
@@ -139,6 +140,18 @@ int run_eval(const EvalArgs& args) {
         layout, engine_options(args.gen, device, tp_comm.get(), tokenizer->eos_id()));
     io::load_model_weights(src, layout, engine->unit_buffers());  // any --pretrain format
   }
+  // Multi-turn episodes (--env_command, --stop_strings): one environment per engine rank; its
+  // reward scores a sample where given, else --reward.
+  std::unique_ptr<rl::Environment> env;
+  if (engine && !args.gen.env_command.empty()) {
+    RLHF_CHECK(!engine->on_gpu(),
+               "--env_command needs a CPU generation engine\nhint: drop "
+               "--device cuda");
+    env = rl::make_environment(args.gen.env_command, args.gen.env_timeout);
+  }
+  eo.episodes.env = env.get();
+  eo.episodes.stop_strings = rl::parse_stop_strings(args.gen.stop_strings);
+  eo.episodes.max_turns = args.gen.env_max_turns;
 
   // --- generate, gather, score (rank 0), summary everywhere
   std::vector<rl::EvalRecord> records;

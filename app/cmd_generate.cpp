@@ -57,6 +57,8 @@
 #include "parallel/mpi_check.h"
 #include "parallel/topology.h"
 #include "parallel/watchdog.h"
+#include "rl/environment.h"
+#include "rl/episodes.h"
 #include "rollout/engine.h"
 #include "rollout/samples.h"
 
@@ -418,24 +420,27 @@ int run_generate(const GenerateArgs& args) {
         report(make_report(engine_id, false, done, my_total, st, bpb));
       }
     };
-    std::vector<rollout::GenerationResult> results;
+    // Multi-turn episodes (--env_command, --stop_strings): one environment per engine rank.
+    RLHF_CHECK(args.gen.env_command.empty() || !engine.on_gpu(),
+               "--env_command needs a CPU generation engine\nhint: drop --device cuda");
+    const std::unique_ptr<rl::Environment> env =
+        args.gen.env_command.empty()
+            ? nullptr
+            : rl::make_environment(args.gen.env_command, args.gen.env_timeout);
+    rl::EpisodeOptions episodes;
+    episodes.env = env.get();
+    episodes.stop_strings = rl::parse_stop_strings(args.gen.stop_strings);
+    episodes.max_turns = args.gen.env_max_turns;
+    std::vector<rl::EpisodeContext> contexts;
+    for (int64_t i = lo; i < hi; ++i) contexts.push_back({&prompts[size_t(i)].text, nullptr});
+    std::vector<rollout::Sample> mine_samples;
     parallel::maybe_inject_stop("generate", rank);  // tests: a silent engine
-    if (!mine.empty()) results = engine.generate(mine, progress);
+    if (!mine.empty())
+      mine_samples =
+          rl::generate_episodes(engine, mine, contexts, lo, *tokenizer, episodes, progress);
     const rollout::EngineStats st = mine.empty() ? rollout::EngineStats{} : engine.stats();
     report(make_report(engine_id, true, my_total, my_total, st, bpb));
-    if (leader) {
-      local.reserve(results.size());
-      for (rollout::GenerationResult& res : results) {
-        rollout::Sample s;
-        s.prompt_pos = lo + res.request_index;
-        s.sample_index = res.sample_index;
-        s.prompt = mine[size_t(res.request_index)].prompt;
-        s.response = std::move(res.tokens);
-        s.gen_logprobs = std::move(res.logprobs);
-        s.stopped = res.finish == rollout::FinishReason::kStop;
-        local.push_back(std::move(s));
-      }
-    }
+    if (leader) local = std::move(mine_samples);
   }
   // Idle ranks wait here asleep; rank 0 prints progress while it waits.
   const auto poll = [&] {
@@ -457,27 +462,36 @@ int run_generate(const GenerateArgs& args) {
   {
     std::ofstream f(tmp, std::ios::trunc);
     RLHF_CHECK(f.good(), "--output_path {}: cannot open {} for writing", args.output_path, tmp);
+    const bool with_env = !args.gen.env_command.empty();
     for (const rollout::Sample& s : samples) {
       const size_t i = static_cast<size_t>(s.prompt_pos);
       stops += s.stopped;
       tokens += int64_t(s.response.size());
-      const nlohmann::ordered_json j = {
+      nlohmann::ordered_json j = {
           {"prompt_index", s.prompt_pos},
           {"sample_index", s.sample_index},
           {"prompt", prompts[i].text},
           {"completion", tokenizer->decode(s.response, /*skip_special_tokens=*/true)},
           {"completion_token_ids", s.response},
           {"logprobs", s.gen_logprobs},
-          {"finish_reason", s.stopped ? "stop" : "length"},
+          {"finish_reason", rollout::to_string(s.finish)},
           {"prompt_tokens", s.prompt.size()},
           {"completion_tokens", s.response.size()}};
+      if (with_env) {  // multi-turn: which tokens the environment wrote, turns, its reward
+        j["action_mask"] =
+            s.action_mask.empty() ? std::vector<uint8_t>(s.response.size(), 1) : s.action_mask;
+        j["turns"] = s.turns;
+        j["env_reward"] =
+            s.has_env_reward ? nlohmann::ordered_json(s.env_reward) : nlohmann::ordered_json();
+      }
       // Byte-level completions need not be valid UTF-8: invalid bytes become U+FFFD in the text
       // (the token ids keep them exactly).
       f << j.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace) << '\n';
     }
     f.flush();
     RLHF_CHECK(f.good(), "--output_path {}: write to {} failed", args.output_path, tmp);
-    LOG0_INFO("finish reasons: {} stop, {} length", stops, int64_t(samples.size()) - stops);
+    LOG0_INFO("finish reasons: {} ended on their own (EOS, stop string, environment), {} cut",
+              stops, int64_t(samples.size()) - stops);
   }
   std::error_code ec;
   std::filesystem::rename(tmp, out, ec);

@@ -76,6 +76,10 @@ rl::RlRunConfig rl_run_config(const PpoArgs& a, const char* cmd) {
   c.step.log_completions = a.log_completions;
   c.step.async_train = a.async_train;
   c.step.async_queue_size = a.async_queue_size;
+  c.env_command = a.gen.env_command;
+  c.env_timeout = a.gen.env_timeout;
+  c.env_max_turns = a.gen.env_max_turns;
+  c.stop_strings = a.gen.stop_strings;
   c.actor_adam = make_adamw(a.optim, a.actor_learning_rate);
   c.critic_adam = make_adamw(a.optim, a.critic_learning_rate);
   c.lr_scheduler = a.optim.lr_scheduler;

@@ -52,7 +52,62 @@ bool whitens(AdvantageEstimator e) {
          e == AdvantageEstimator::kReinforceBaseline;
 }
 
+namespace {
+
+// compute_advantages over each row's action tokens only (AdvantageInput::mask): the rows
+// compacted to their action tokens, the estimator run on them, the results scattered back.
+AdvantageOutput compute_masked(const AdvantageInput& in, AdvantageEstimator est) {
+  const int64_t B = in.B, Tr = in.Tr;
+  std::vector<std::vector<int64_t>> pos(static_cast<size_t>(B));  // action positions of each row
+  int64_t Ta = 1;
+  for (int64_t i = 0; i < B; ++i) {
+    RLHF_CHECK(in.resp_len[i] >= 0 && in.resp_len[i] <= Tr,
+               "advantages: sample {} has response length {} outside [0, {}]", i, in.resp_len[i],
+               Tr);
+    for (int64_t t = 0; t < in.resp_len[i]; ++t)
+      if (in.mask[i * Tr + t] != 0) pos[size_t(i)].push_back(t);
+    Ta = std::max<int64_t>(Ta, int64_t(pos[size_t(i)].size()));
+  }
+  std::vector<int32_t> len(static_cast<size_t>(B));
+  std::vector<double> kl, values;
+  if (in.kl) kl.assign(size_t(B * Ta), 0.0);
+  if (in.values) values.assign(size_t(B * Ta), 0.0);
+  for (int64_t i = 0; i < B; ++i) {
+    const auto& p = pos[size_t(i)];
+    len[size_t(i)] = int32_t(p.size());
+    for (size_t k = 0; k < p.size(); ++k) {
+      if (in.kl) kl[size_t(i * Ta) + k] = in.kl[i * Tr + p[k]];
+      if (in.values) values[size_t(i * Ta) + k] = in.values[i * Tr + p[k]];
+    }
+  }
+  AdvantageInput c = in;
+  c.Tr = Ta;
+  c.resp_len = len.data();
+  c.kl = in.kl ? kl.data() : nullptr;
+  c.values = in.values ? values.data() : nullptr;
+  c.mask = nullptr;
+  const AdvantageOutput a = compute_advantages(c, est);
+  AdvantageOutput out;
+  out.reward.assign(size_t(B * Tr), 0.0);
+  out.advantages.assign(size_t(B * Tr), 0.0);
+  out.returns.assign(size_t(B * Tr), 0.0);
+  out.shaped_score = a.shaped_score;
+  for (int64_t i = 0; i < B; ++i) {
+    const auto& p = pos[size_t(i)];
+    for (size_t k = 0; k < p.size(); ++k) {
+      const size_t from = size_t(i * Ta) + k, to = size_t(i * Tr + p[k]);
+      out.reward[to] = a.reward[from];
+      out.advantages[to] = a.advantages[from];
+      out.returns[to] = a.returns[from];
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
 AdvantageOutput compute_advantages(const AdvantageInput& in, AdvantageEstimator est) {
+  if (in.mask != nullptr) return compute_masked(in, est);
   const int64_t B = in.B, Tr = in.Tr;
   const int n = in.group_size;
   RLHF_CHECK(B >= 1 && Tr >= 1, "advantages: empty batch (B={}, Tr={})", B, Tr);

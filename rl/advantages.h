@@ -37,6 +37,12 @@ struct AdvantageInput {
   double score_clip = 10.0;           ///< s_i is clipped to [−clip, clip] first
   /// group_norm divides by the group's std; false: --no_advantage_std_norm (= dr_grpo's s − mean).
   bool std_norm = true;
+  /// (B, Tr) action mask, or nullptr (every token below resp_len is an action). Multi-turn
+  /// episodes: tokens with mask 0 (environment observations) are context, not steps — the
+  /// estimators run over each row's action tokens only, in order (so the score lands on the last
+  /// action token, GAE bootstraps from the next action token's value, whitening averages over
+  /// action tokens), and the outputs are 0 at mask-0 tokens.
+  const uint8_t* mask = nullptr;
 };
 
 /// Per-token results, (B, Tr) each (zero beyond each response).

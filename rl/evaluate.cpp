@@ -9,25 +9,39 @@
 namespace rlhf::rl {
 
 std::vector<double> score_samples(
-    RewardFn& reward, const std::vector<rollout::Sample>& samples,
+    RewardFn* reward, const std::vector<rollout::Sample>& samples,
     const std::function<const Prompt&(const rollout::Sample&)>& prompt_of,
     const io::Tokenizer& tokenizer, std::vector<std::string>* completions) {
   const size_t B = samples.size();
   std::vector<std::string> texts(B);
-  std::vector<RewardInput> in(B);
+  std::vector<RewardInput> in;
+  std::vector<size_t> ruled;  // the samples the rule scores: those without an environment reward
+  std::vector<double> scores(B, 0.0);
   for (size_t i = 0; i < B; ++i) {
     const rollout::Sample& s = samples[i];
-    const Prompt& p = prompt_of(s);
     texts[i] = tokenizer.decode(s.response, true);
-    RewardInput& r = in[i];
+    if (s.has_env_reward) {
+      scores[i] = s.env_reward;
+      continue;
+    }
+    if (reward == nullptr) continue;
+    const Prompt& p = prompt_of(s);
+    RewardInput r;
     r.prompt = p.text;
     r.completion = texts[i];
     r.label = p.label.is_null() ? nullptr : &p.label;
     r.record = &p.record;
     r.completion_tokens = int64_t(s.response.size());
     r.stopped = s.stopped;
+    in.push_back(r);
+    ruled.push_back(i);
   }
-  std::vector<double> scores = reward.score(in);
+  if (!in.empty()) {
+    const std::vector<double> rule = reward->score(in);
+    RLHF_CHECK(rule.size() == in.size(), "reward {}: {} scores for {} samples", reward->name(),
+               rule.size(), in.size());
+    for (size_t k = 0; k < ruled.size(); ++k) scores[ruled[k]] = rule[k];
+  }
   if (completions != nullptr) *completions = std::move(texts);
   return scores;
 }
@@ -108,6 +122,7 @@ EvalSummary evaluate(rollout::Engine* engine, const parallel::Topology& topology
     const int64_t lo = P * e / E, hi = P * (e + 1) / E;
     const int64_t max_pos = engine->layout().config().max_position_embeddings;
     std::vector<rollout::GenerationRequest> reqs;
+    std::vector<EpisodeContext> ctx;
     for (int64_t i = lo; i < hi; ++i) {
       rollout::GenerationRequest r;
       r.id = uint64_t(i);
@@ -117,18 +132,11 @@ EvalSummary evaluate(rollout::Engine* engine, const parallel::Topology& topology
                                            max_pos - int64_t(prompts[size_t(i)].tokens.size()));
       r.sampling = options.sampling;
       reqs.push_back(std::move(r));
+      ctx.push_back({&prompts[size_t(i)].text, &prompts[size_t(i)].label});
     }
-    const auto results = engine->generate(reqs);
-    if (engine->tp_rank() == 0) {
-      for (const auto& res : results) {
-        rollout::Sample s;
-        s.prompt_pos = lo + res.request_index;
-        s.sample_index = res.sample_index;
-        s.response = res.tokens;
-        s.stopped = res.finish == rollout::FinishReason::kStop;
-        local.push_back(std::move(s));
-      }
-    }
+    std::vector<rollout::Sample> mine =
+        generate_episodes(*engine, reqs, ctx, lo, tokenizer, options.episodes);
+    if (engine->tp_rank() == 0) local = std::move(mine);
   }
   const std::vector<rollout::Sample> samples = rollout::gather_samples(local, world);
   nlohmann::json summary;
@@ -138,7 +146,7 @@ EvalSummary evaluate(rollout::Engine* engine, const parallel::Topology& topology
       return prompts[size_t(s.prompt_pos)];
     };
     const std::vector<double> scores =
-        score_samples(reward, samples, prompt_of, tokenizer, records ? &texts : nullptr);
+        score_samples(&reward, samples, prompt_of, tokenizer, records ? &texts : nullptr);
     EvalSummary s =
         summarize_eval(samples, scores, options.n_samples_per_prompt, options.correct_threshold);
     s.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

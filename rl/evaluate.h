@@ -14,6 +14,7 @@
 #include "io/tokenizer.h"
 #include "parallel/comm.h"
 #include "parallel/topology.h"
+#include "rl/episodes.h"
 #include "rl/prompts.h"
 #include "rl/rewards.h"
 #include "rollout/engine.h"
@@ -21,11 +22,13 @@
 
 namespace rlhf::rl {
 
-/// The reward of every sample: each completion decoded (special tokens skipped) and scored with
-/// its prompt's text, label and record. prompt_of(s) is the prompt of sample s. completions, when
-/// not null, receives the decoded texts. Throws what reward.score throws.
+/// The reward of every sample: the environment's where it gave one (Sample::has_env_reward),
+/// else the rule reward — each completion decoded (special tokens skipped) and scored with its
+/// prompt's text, label and record — or 0 when reward is null. prompt_of(s) is the prompt of
+/// sample s. completions, when not null, receives the decoded texts. Throws what reward->score
+/// throws.
 std::vector<double> score_samples(
-    RewardFn& reward, const std::vector<rollout::Sample>& samples,
+    RewardFn* reward, const std::vector<rollout::Sample>& samples,
     const std::function<const Prompt&(const rollout::Sample&)>& prompt_of,
     const io::Tokenizer& tokenizer, std::vector<std::string>* completions = nullptr);
 
@@ -61,6 +64,9 @@ struct EvalOptions {
   int64_t generate_max_len = 1024;   ///< --generate_max_len (capped by the context)
   rollout::SamplingParams sampling;  ///< --eval_temperature (or --temperature), top_p, top_k
   double correct_threshold = 1.0;    ///< a sample is correct when its score reaches this
+  /// Multi-turn episodes with an environment (--env_command), as in training; its reward scores
+  /// a sample where given, else the rule reward.
+  EpisodeOptions episodes;
 };
 
 /// One evaluated sample (what `rlhf eval` writes per line).

@@ -121,12 +121,21 @@ Experience PpoTrainer::make_experience(const std::vector<Sample>& samples,
              "{} samples do not split over {} training ranks\nhint: make "
              "--rollout_batch_size x --n_samples_per_prompt a multiple of the training ranks",
              e.B, N);
+  bool multi_turn = false;
   for (const Sample& s : samples) {
     e.samples.push_back(&s);
     e.resp_len.push_back(int32_t(s.response.size()));
+    e.act_len.push_back(int32_t(rollout::action_tokens(s)));
     e.Tr = std::max<int64_t>(e.Tr, int64_t(s.response.size()));
+    multi_turn = multi_turn || !s.action_mask.empty();
   }
   RLHF_CHECK(e.Tr >= 1, "every response of the step is empty");
+  if (multi_turn) {  // observation tokens are context: mask 0
+    e.mask.assign(size_t(e.B * e.Tr), 0);
+    for (int64_t i = 0; i < e.B; ++i)
+      for (size_t t = 0; t < samples[size_t(i)].response.size(); ++t)
+        e.mask[size_t(i * e.Tr) + t] = rollout::is_action(samples[size_t(i)], t) ? 1 : 0;
+  }
   e.lp_old_is_current = opt_.skip_current_old_logprobs && old_logprobs_are_current(e.B);
   // Old / reference log-probs and values of this rank's slice.
   const int64_t per = e.B / N, first = comm_.rank() * per, Tr = e.Tr;
@@ -170,7 +179,8 @@ Experience PpoTrainer::make_experience(const std::vector<Sample>& samples,
   if (!e.lp_old_is_current)
     rl::kl_forward_cpu(e.kl.data(), e.lp_old.data(), e.lp_ref.data(), e.B * Tr, opt_.kl_estimator);
   for (int64_t i = 0; i < e.B; ++i)
-    for (int64_t t = e.resp_len[size_t(i)]; t < Tr; ++t) e.kl[size_t(i * Tr + t)] = 0.0f;
+    for (int64_t t = 0; t < Tr; ++t)
+      if (!e.is_action(i, t)) e.kl[size_t(i * Tr + t)] = 0.0f;
   // Scores: optional running normalisation.
   if (opt_.normalize_reward) {
     reward_moments_.update(scores);
@@ -193,6 +203,7 @@ Experience PpoTrainer::make_experience(const std::vector<Sample>& samples,
   in.gamma = opt_.gamma;
   in.lambd = opt_.lambd;
   in.std_norm = opt_.advantage_std_norm;
+  in.mask = e.mask.empty() ? nullptr : e.mask.data();
   const AdvantageOutput out = compute_advantages(in, opt_.estimator);
   e.advantages.assign(out.advantages.begin(), out.advantages.end());
   e.returns.assign(out.returns.begin(), out.returns.end());
@@ -211,11 +222,13 @@ PpoTrainer::MicroBatch PpoTrainer::micro_batch(const Experience& e, const std::v
   mb.seq.assign(NT, -1);
   const double w_tok = 1.0 / double(std::max<int64_t>(step_tokens, 1));
   for (int64_t r = 0; r < mb.b.B; ++r) {
-    const int64_t len = e.resp_len[size_t(ids[size_t(r)])];
-    const double w = loss_agg_weight(opt_.loss_agg_mode, len, step_tokens, opt_.train_batch_size,
-                                     opt_.generate_max_len);
+    const int64_t i = ids[size_t(r)], len = e.resp_len[size_t(i)];
+    // Per-sequence aggregation counts the sequence's action tokens (observations are context).
+    const double w = loss_agg_weight(opt_.loss_agg_mode, e.act_len[size_t(i)], step_tokens,
+                                     opt_.train_batch_size, opt_.generate_max_len);
     for (int64_t k = 0; k < len; ++k) {
-      const size_t p = size_t(mb.b.resp_pos[size_t(r)] + k), q = size_t(ids[size_t(r)] * e.Tr + k);
+      if (!e.is_action(i, k)) continue;  // an observation token: no loss, no KL, no entropy
+      const size_t p = size_t(mb.b.resp_pos[size_t(r)] + k), q = size_t(i * e.Tr + k);
       mb.old_lp[p] = e.lp_old[q];
       mb.ref_lp[p] = e.lp_ref[q];
       mb.adv[p] = e.advantages[q];
@@ -323,7 +336,7 @@ PpoStats PpoTrainer::train(const Experience& e, int64_t rl_step) {
     std::shuffle(order.begin(), order.end(), rng);
     for (int64_t s0 = 0; s0 < e.B; s0 += TB) {
       int64_t n_tok = 0;  // response tokens of this optimizer step, all ranks
-      for (int64_t i = s0; i < s0 + TB; ++i) n_tok += e.resp_len[size_t(order[size_t(i)])];
+      for (int64_t i = s0; i < s0 + TB; ++i) n_tok += e.act_len[size_t(order[size_t(i)])];
       if (train_actor) actor_opt_->zero_grad();
       if (train_critic) critic_opt_->zero_grad();
       const int64_t mine = s0 + comm_.rank() * (TB / N);
@@ -365,6 +378,7 @@ PpoStats PpoTrainer::train(const Experience& e, int64_t rl_step) {
   if (!e.lp_old_is_current)
     for (int64_t i = 0; i < e.B; ++i)
       for (int64_t t = 0; t < e.resp_len[size_t(i)]; ++t) kl_sum += e.kl[size_t(i * e.Tr + t)];
+  // (e.kl is 0 at observation tokens; the mean is over action tokens.)
   st.kl = kl_sum / double(std::max<int64_t>(e.response_tokens(), 1));
   st.kl_coef = kl_.value();
   st.comm_seconds = comm_.stats().seconds - c0.seconds;

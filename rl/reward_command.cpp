@@ -1,10 +1,5 @@
 // --reward_command: the external scoring program (rl/rewards.h run_reward_command).
-#include <fcntl.h>
 #include <poll.h>
-#include <pthread.h>
-#include <signal.h>
-#include <spawn.h>
-#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -18,6 +13,7 @@
 #include "core/error.h"
 #include "io/text_util.h"
 #include "rl/rewards.h"
+#include "rl/subprocess.h"
 
 namespace rlhf::rl {
 
@@ -35,209 +31,14 @@ using io::trim_whitespace;
 
 namespace {
 
-// A file descriptor that closes itself.
-class Fd {
- public:
-  Fd() = default;
-  explicit Fd(int fd) : fd_(fd) {}
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  ~Fd() { reset(); }
-  int get() const { return fd_; }
-  bool open() const { return fd_ >= 0; }
-  void reset(int fd = -1) {
-    if (fd_ >= 0) ::close(fd_);
-    fd_ = fd;
-  }
-
- private:
-  int fd_ = -1;
-};
-
-// A pipe whose ends are close-on-exec and numbered >= 3 (so that dup2 onto 0, 1, 2 in the child
-// cannot clobber another end, even when this process runs with a standard stream closed).
-void make_pipe(Fd& read_end, Fd& write_end, bool nonblocking_read, bool nonblocking_write) {
-  int p[2];
-  RLHF_CHECK(::pipe2(p, O_CLOEXEC) == 0, "--reward_command: pipe failed: {}", std::strerror(errno));
-  for (int i = 0; i < 2; ++i) {
-    if (p[i] < 3) {
-      const int moved = ::fcntl(p[i], F_DUPFD_CLOEXEC, 3);
-      const int err = errno;
-      if (moved < 0) {
-        ::close(p[0]);
-        ::close(p[1]);
-        RLHF_FAIL("--reward_command: fcntl(F_DUPFD_CLOEXEC) failed: {}", std::strerror(err));
-      }
-      ::close(p[i]);
-      p[i] = moved;
-    }
-  }
-  read_end.reset(p[0]);
-  write_end.reset(p[1]);
-  if (nonblocking_read) ::fcntl(p[0], F_SETFL, ::fcntl(p[0], F_GETFL) | O_NONBLOCK);
-  if (nonblocking_write) ::fcntl(p[1], F_SETFL, ::fcntl(p[1], F_GETFL) | O_NONBLOCK);
-}
-
-// Blocks SIGPIPE in this thread for its lifetime, so that a write to a command that closed its
-// stdin fails with EPIPE instead of killing the process; a SIGPIPE raised meanwhile is consumed.
-// (Unlike signal(SIGPIPE, SIG_IGN), this changes nothing for the other threads.)
-class SigpipeBlock {
- public:
-  SigpipeBlock() {
-    sigemptyset(&set_);
-    sigaddset(&set_, SIGPIPE);
-    pthread_sigmask(SIG_BLOCK, &set_, &old_);
-    sigset_t pending;
-    sigemptyset(&pending);
-    sigpending(&pending);
-    was_pending_ = sigismember(&pending, SIGPIPE) == 1;
-  }
-  SigpipeBlock(const SigpipeBlock&) = delete;
-  SigpipeBlock& operator=(const SigpipeBlock&) = delete;
-  ~SigpipeBlock() {
-    if (!was_pending_) {
-      const timespec zero{};
-      while (sigtimedwait(&set_, nullptr, &zero) == SIGPIPE) {
-      }
-    }
-    pthread_sigmask(SIG_SETMASK, &old_, nullptr);
-  }
-
- private:
-  sigset_t set_, old_;
-  bool was_pending_ = false;
-};
-
-// The spawned command: the leader of its own process group. The destructor kills the group and
-// reaps the leader unless reap() did; the leader is only ever reaped last, so its pid (which is
-// the group id) cannot be reused while the group may still be signalled.
-class ChildGroup {
- public:
-  ChildGroup(const std::string& command, int in_fd, int out_fd, int err_fd) {
-    posix_spawn_file_actions_t fa;
-    posix_spawnattr_t attr;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawnattr_init(&attr);
-    posix_spawn_file_actions_adddup2(&fa, in_fd, 0);
-    posix_spawn_file_actions_adddup2(&fa, out_fd, 1);
-    posix_spawn_file_actions_adddup2(&fa, err_fd, 2);
-    posix_spawnattr_setflags(
-        &attr, POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETSIGMASK);
-    posix_spawnattr_setpgroup(&attr, 0);
-    // Signals this process ignores or blocks would stay ignored or blocked in the command.
-    sigset_t def, mask;
-    sigemptyset(&def);
-    for (int s : {SIGPIPE, SIGTERM, SIGINT, SIGQUIT, SIGHUP, SIGCHLD, SIGUSR1, SIGUSR2, SIGALRM})
-      sigaddset(&def, s);
-    sigemptyset(&mask);
-    posix_spawnattr_setsigdefault(&attr, &def);
-    posix_spawnattr_setsigmask(&attr, &mask);
-    std::string arg0 = "sh", arg1 = "-c", arg2 = command;
-    char* argv[] = {arg0.data(), arg1.data(), arg2.data(), nullptr};
-    const int rc = posix_spawn(&pid_, "/bin/sh", &fa, &attr, argv, environ);
-    posix_spawn_file_actions_destroy(&fa);
-    posix_spawnattr_destroy(&attr);
-    RLHF_CHECK(rc == 0, "--reward_command '{}': cannot start /bin/sh: {}", command,
-               std::strerror(rc));
-#ifdef SYS_pidfd_open
-    pidfd_.reset(static_cast<int>(::syscall(SYS_pidfd_open, pid_, 0)));  // -1 on old kernels
-#endif
-  }
-  ChildGroup(const ChildGroup&) = delete;
-  ChildGroup& operator=(const ChildGroup&) = delete;
-  ~ChildGroup() {
-    if (!reaped_) kill_and_reap();
-  }
-
-  pid_t pid() const {
-    return pid_;
-  }
-  int pidfd() const {
-    return pidfd_.get();
-  }
-
-  // Whether the leader has exited (it stays a zombie until reap()).
-  bool exited() {
-    siginfo_t info{};
-    while (::waitid(P_PID, static_cast<id_t>(pid_), &info, WEXITED | WNOHANG | WNOWAIT) != 0)
-      if (errno != EINTR) return true;  // ECHILD: someone else reaped it
-    return info.si_pid == pid_;
-  }
-
-  // Reaps the exited leader (without signalling its group) and returns its wait status. When this
-  // process ignores SIGCHLD the kernel reaps it and its status is lost: 0 then, as the output
-  // decides.
-  int reap() {
-    int status = 0;
-    while (::waitpid(pid_, &status, 0) < 0) {
-      if (errno == EINTR) continue;
-      status = 0;
-      break;
-    }
-    reaped_ = true;
-    return status;
-  }
-
-  // SIGTERM to the group, up to kTermGraceMs for the leader to exit, SIGKILL to the group, reap.
-  void kill_and_reap() {
-    constexpr int kTermGraceMs = 250;
-    ::kill(-pid_, SIGTERM);
-    const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(kTermGraceMs);
-    while (!exited() && std::chrono::steady_clock::now() < until) {
-      pollfd p{pidfd_.get(), POLLIN, 0};
-      if (pidfd_.open())
-        ::poll(&p, 1, 10);
-      else
-        ::usleep(5000);
-    }
-    ::kill(-pid_, SIGKILL);  // the rest of the group (the leader may have gone on SIGTERM)
-    reap();
-  }
-
- private:
-  pid_t pid_ = -1;
-  Fd pidfd_;
-  bool reaped_ = false;
-};
-
-// The last `max` bytes of s on one line, for an error message: newlines become " | ", other
-// control characters '?', a cut multi-byte character is dropped.
-std::string quote_tail(std::string_view s, size_t max = 600) {
-  s = trim_whitespace(s);
-  bool cut = false;
-  if (s.size() > max) {
-    s = s.substr(s.size() - max);
-    while (!s.empty() && (static_cast<unsigned char>(s.front()) & 0xC0) == 0x80) s.remove_prefix(1);
-    cut = true;
-  }
-  std::string out = cut ? "..." : "";
-  for (size_t i = 0; i < s.size(); ++i) {
-    const char c = s[i];
-    if (c == '\n') {
-      out += " | ";
-    } else if (c == '\r' && i + 1 < s.size() && s[i + 1] == '\n') {
-    } else if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) {
-      out += c == '\t' || c == '\r' ? ' ' : '?';
-    } else {
-      out += c;
-    }
-  }
-  return out;
-}
-
-// Appends data to a buffer that keeps only its last `keep` bytes.
-void append_tail(std::string& tail, const char* data, size_t n, size_t keep) {
-  if (n >= keep) {
-    tail.assign(data + n - keep, keep);
-    return;
-  }
-  tail.append(data, n);
-  if (tail.size() > 2 * keep) tail.erase(0, tail.size() - keep);
-}
-
-std::string last_bytes(const std::string& tail, size_t keep) {
-  return tail.size() > keep ? tail.substr(tail.size() - keep) : tail;
-}
+using subprocess::append_tail;
+using subprocess::ChildGroup;
+using subprocess::Fd;
+using subprocess::fmt_bytes;
+using subprocess::last_bytes;
+using subprocess::make_pipe;
+using subprocess::quote_tail;
+using subprocess::SigpipeBlock;
 
 // A score: a decimal or scientific number, nothing else on the line. Non-finite values (nan, inf,
 // 1e999) are rejected with `not_finite` set.
@@ -267,12 +68,6 @@ std::optional<double> parse_score(std::string_view s, bool& not_finite) {
   return v;
 }
 
-std::string fmt_bytes(size_t n) {
-  if (n % (size_t(1) << 20) == 0) return fmt::format("{} MiB", n >> 20);
-  if (n % (size_t(1) << 10) == 0) return fmt::format("{} KiB", n >> 10);
-  return fmt::format("{} bytes", n);
-}
-
 constexpr const char* kOutputHint =
     "hint: the command must write one number per line on stdout, one line per input line, in "
     "order; write logs to stderr";
@@ -296,11 +91,11 @@ std::vector<double> run_reward_command(const std::string& command,
                                     std::chrono::duration<double>(std::min(timeout_s, 1e8)));
 
   Fd in_r, in_w, out_r, out_w, err_r, err_w;
-  make_pipe(in_r, in_w, false, true);
-  make_pipe(out_r, out_w, true, false);
-  make_pipe(err_r, err_w, true, false);
+  make_pipe(in_r, in_w, false, true, "--reward_command");
+  make_pipe(out_r, out_w, true, false, "--reward_command");
+  make_pipe(err_r, err_w, true, false, "--reward_command");
   SigpipeBlock sigpipe_block;
-  ChildGroup child(command, in_r.get(), out_w.get(), err_w.get());
+  ChildGroup child(command, in_r.get(), out_w.get(), err_w.get(), "--reward_command");
   in_r.reset();
   out_w.reset();
   err_w.reset();

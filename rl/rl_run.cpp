@@ -149,14 +149,21 @@ Eval load_eval(const RlRunConfig& c, const io::Tokenizer& tok, const model::Mode
 void log_step(const nlohmann::json& r, int64_t total_steps) {
   const double elapsed = r["elapsed_s"].get<double>();
   const int64_t step = r["step"].get<int64_t>();
+  // Multi-turn runs: the environment's phase (inside gen) and the episodes' turns.
+  const std::string env =
+      r.contains("env_s") ? fmt::format(" | env {:.2f}s, {:.2f} turns, {} obs tokens",
+                                        r["env_s"].get<double>(), r.value("env_turns_mean", 0.0),
+                                        r.value("env_observation_tokens", int64_t(0)))
+                          : std::string();
   LOG0_INFO(
       "step {}/{} | reward {:.3f} | kl {:.4f} | loss {:.4f} | len {:.1f} | gen {:.2f}s (comm "
-      "{:.2f}s) | reward {:.2f}s | logprob {:.2f}s (comm {:.2f}s) | train {:.2f}s (comm {:.2f}s) | "
+      "{:.2f}s){} | reward {:.2f}s | logprob {:.2f}s (comm {:.2f}s) | train {:.2f}s (comm {:.2f}s) "
+      "| "
       "sync {:.2f}s busbw {:.2f} GB/s | {:.0f} gen tok/s | {:.0f} train tok/s | {:.1f}s/step | "
       "elapsed {:.0f}s | eta {:.0f}s | peak RSS {}",
       step, total_steps, r["reward_mean"].get<double>(), r["kl_mean"].get<double>(),
       r["policy_loss"].get<double>(), r["response_length_mean"].get<double>(),
-      r["gen_s"].get<double>(), r["gen_comm_s"].get<double>(), r["reward_s"].get<double>(),
+      r["gen_s"].get<double>(), r["gen_comm_s"].get<double>(), env, r["reward_s"].get<double>(),
       r["logprob_s"].get<double>(), r["logprob_comm_s"].get<double>(), r["train_s"].get<double>(),
       r["train_comm_s"].get<double>(), r["sync_s"].get<double>(),
       r["sync_busbw_GBps"].get<double>(), r["gen_tokens_per_s"].get<double>(),
@@ -208,6 +215,17 @@ int run_rl(const RlRunConfig& c) {
     eo.unit_room = parallel::WeightSync::engine_unit_room(layout, n_train);
     engine = std::make_unique<rollout::Engine>(layout, eo);
   }
+  // Multi-turn episodes: one environment per generation rank (a program started now).
+  std::unique_ptr<Environment> env;
+  if (topo.generates() && !c.env_command.empty()) {
+    RLHF_CHECK(!engine->on_gpu() && engine->tp_size() == 1,
+               "--env_command needs a CPU generation engine with --vllm_tensor_parallel_size 1");
+    env = make_environment(c.env_command, c.env_timeout);
+  }
+  EpisodeOptions episodes;
+  episodes.env = env.get();
+  episodes.stop_strings = parse_stop_strings(c.stop_strings);
+  episodes.max_turns = c.env_max_turns;
   parallel::WeightSync sync(topo, rt.train_comm.get(), layout,
                             c.sync_bucket_mb * (int64_t(1) << 20));
 
@@ -232,6 +250,7 @@ int run_rl(const RlRunConfig& c) {
              c.eval_dataset);
   Eval eval;
   if (!c.eval_dataset.empty()) eval = load_eval(c, *tokenizer, src.config, world_rank);
+  eval.options.episodes = episodes;
   const auto evaluate_now = [&]() {
     return evaluate(engine.get(), topo, *world, eval.prompts, *reward, *tokenizer, eval.options)
         .to_json("eval_");
@@ -256,6 +275,7 @@ int run_rl(const RlRunConfig& c) {
   parts.reward = reward.get();
   parts.prompts = &prompts;
   parts.tokenizer = tokenizer.get();
+  parts.episodes = episodes;
   std::unique_ptr<io::MetricsWriter> samples_log;
   parts.log_samples = [&](const StepSamples& s) {
     if (!samples_log)
@@ -288,6 +308,7 @@ int run_rl(const RlRunConfig& c) {
   };
   RlStepOptions so = c.step;
   so.total_steps = total_steps;
+  so.environment = !c.env_command.empty();
   RlStep step(parts, so, steps_per_episode);
 
   // --- resume

@@ -35,6 +35,12 @@ struct RlRunConfig {
   RewardOptions reward_options;
   PpoOptions ppo;      ///< algorithm, batch sizes, epochs (ppo.seed, ppo.pad_id are set by the run)
   RlStepOptions step;  ///< rollout batch, samples per prompt, generation
+  /// Multi-turn episodes: --env_command ("" = none; make_environment), --env_timeout (s),
+  /// --env_max_turns, --stop_strings (parse_stop_strings).
+  std::string env_command;
+  double env_timeout = 60;
+  int64_t env_max_turns = 4;
+  std::string stop_strings;
   optim::AdamWConfig actor_adam, critic_adam;       ///< lr = --actor/critic_learning_rate
   std::string lr_scheduler = "cosine_with_min_lr";  ///< --lr_scheduler
   double lr_warmup_ratio = 0.03;                    ///< --lr_warmup_ratio

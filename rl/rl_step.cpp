@@ -58,6 +58,7 @@ void add(nlohmann::json& rec, const char* key, double x) {
 std::vector<rollout::Sample> RlStep::generate(int64_t round, nlohmann::json& totals) {
   const auto t = Clock::now();
   std::vector<rollout::Sample> local;
+  EpisodeStats env_stats;
   if (p_.engine) {
     // Engine e samples prompts [e·RB/E, (e+1)·RB/E) of this round (all ranks of a
     // tensor-parallel engine together; its rank 0 alone contributes the samples).
@@ -94,19 +95,16 @@ std::vector<rollout::Sample> RlStep::generate(int64_t round, nlohmann::json& tot
             double(st.generated_tokens) / std::max(s, 1e-9), s);
       };
     }
-    const auto results = p_.engine->generate(reqs, progress);
-    if (p_.engine->tp_rank() == 0) {  // TP: the other ranks of the engine hold the same
-      for (const auto& res : results) {
-        rollout::Sample s;
-        s.prompt_pos = lo + res.request_index;
-        s.sample_index = res.sample_index;
-        s.prompt = reqs[size_t(res.request_index)].prompt;
-        s.response = res.tokens;
-        s.gen_logprobs = res.logprobs;
-        s.stopped = res.finish == rollout::FinishReason::kStop;
-        local.push_back(std::move(s));
-      }
+    std::vector<EpisodeContext> ctx;
+    for (int64_t i = lo; i < hi; ++i) {
+      const Prompt& prompt = p_.prompts->at(prompt_position(round, i));
+      ctx.push_back({&prompt.text, &prompt.label});
     }
+    // Every rank of the engine generates; its rank 0 alone contributes the samples.
+    RLHF_CHECK(p_.tokenizer != nullptr, "internal error: a generation rank needs the tokenizer");
+    std::vector<rollout::Sample> mine = generate_episodes(*p_.engine, reqs, ctx, lo, *p_.tokenizer,
+                                                          p_.episodes, progress, &env_stats);
+    if (p_.engine->tp_rank() == 0) local = std::move(mine);
   }
   const parallel::CommStats c0 = p_.world->stats();
   // The engines' generation time: the slowest rank's (a rank without an engine spends none).
@@ -121,6 +119,12 @@ std::vector<rollout::Sample> RlStep::generate(int64_t round, nlohmann::json& tot
   add(totals, "gen_comm_s", p_.world->stats().seconds - c0.seconds);
   add(totals, "gen_comm_bytes", double(p_.world->stats().bytes - c0.bytes));
   add(totals, "gen_tokens", double(tokens));
+  if (opt_.environment) {
+    // The environment's time: the slowest rank's (it is part of gen_s).
+    double env_s = 0;
+    p_.world->all_reduce(&env_stats.env_s, &env_s, 1, parallel::ReduceOp::kMax);
+    add(totals, "env_s", env_s);
+  }
   return samples;
 }
 
@@ -131,11 +135,11 @@ std::vector<double> RlStep::score(int64_t round, const std::vector<rollout::Samp
   const parallel::CommStats c0 = comm.stats();
   const int64_t B = int64_t(samples.size());
   std::vector<double> scores(size_t(B), 0.0);
-  if (p_.reward) {
+  if (p_.reward || opt_.environment) {  // the environment's reward where given, else the rule's
     std::vector<double> rule(size_t(B), 0.0);
     if (comm.rank() == 0)
       rule = score_samples(
-          *p_.reward, samples,
+          p_.reward, samples,
           [&](const rollout::Sample& x) -> const Prompt& {
             return p_.prompts->at(prompt_position(round, x.prompt_pos));
           },
@@ -165,6 +169,7 @@ void RlStep::collect(std::vector<rollout::Sample>& kept, std::vector<double>& ke
   const int64_t RB = opt_.rollout_batch_size, n = opt_.n_samples_per_prompt;
   std::vector<double> all_scores;
   int64_t rounds = 0, groups = 0, len_max = 0, stops = 0, resp_tokens = 0;
+  int64_t turns = 0, obs_tokens = 0, env_rewarded = 0;  // multi-turn episodes
   for (;;) {
     const int64_t round = round_++;
     ++rounds;
@@ -194,6 +199,9 @@ void RlStep::collect(std::vector<rollout::Sample>& kept, std::vector<double>& ke
         len_max = std::max<int64_t>(len_max, int64_t(s.response.size()));
         stops += s.stopped;
         resp_tokens += int64_t(s.response.size());
+        turns += s.turns;
+        obs_tokens += int64_t(s.response.size()) - rollout::action_tokens(s);
+        env_rewarded += s.has_env_reward;
       }
       need_more = opt_.dynamic_filtering && int64_t(kept.size()) < RB * n &&
                   rounds < opt_.max_num_gen_batches;
@@ -214,6 +222,11 @@ void RlStep::collect(std::vector<rollout::Sample>& kept, std::vector<double>& ke
   rec["response_length_mean"] = double(resp_tokens) / B;
   rec["response_length_max"] = len_max;
   rec["stop_fraction"] = double(stops) / B;
+  if (opt_.environment) {
+    rec["env_turns_mean"] = double(turns) / B;   // model turns per episode
+    rec["env_observation_tokens"] = obs_tokens;  // appended by the environment, all samples
+    rec["env_reward_fraction"] = double(env_rewarded) / B;  // episodes the environment scored
+  }
   if (opt_.dynamic_filtering) {
     rec["filter_rounds"] = rounds;
     rec["filter_groups_generated"] = groups;

@@ -21,6 +21,7 @@
 #include "parallel/comm.h"
 #include "parallel/topology.h"
 #include "parallel/weight_sync.h"
+#include "rl/episodes.h"
 #include "rl/ppo_trainer.h"
 #include "rl/prompts.h"
 #include "rl/rewards.h"
@@ -53,6 +54,9 @@ struct RlStepOptions {
   /// of version v is trained at version ≤ v + k; k = 0 is the synchronous loop.
   bool async_train = false;
   int64_t async_queue_size = 1;
+  /// The run has an environment (--env_command; RlStepParts::episodes.env on the generation
+  /// ranks): every rank then records its metrics (env_s, turns, observation tokens).
+  bool environment = false;
   /// Steps the run will take (-1 = unknown): the engines do not generate ahead past the last.
   int64_t total_steps = -1;
 };
@@ -80,6 +84,11 @@ struct RlStepParts {
   const io::Tokenizer* tokenizer = nullptr;  ///< decodes completions for the rule rewards
   /// Puts the trainer's weights into every engine; collective over the world.
   std::function<parallel::SyncStats()> sync_weights;
+  /// Multi-turn episodes (--env_command, --env_max_turns, --stop_strings): the environment on
+  /// ranks with an engine (one per generation rank). A sample's score is the environment's
+  /// reward when it gave one, else the rule reward (then plus the reward model and the overlong
+  /// shaping, as always).
+  EpisodeOptions episodes;
   /// Receives the trained samples every --log_completions steps, on train rank 0 (may be empty).
   std::function<void(const StepSamples&)> log_samples;
 };

@@ -19,6 +19,7 @@
 #include "model/ops/rmsnorm.h"
 #include "model/ops/rope.h"
 #include "model/ops/swiglu.h"
+#include "rollout/engine_run.h"
 
 #ifdef RLHF_CUDA
 #include "rollout/engine_cuda.h"
@@ -93,7 +94,19 @@ struct Engine::Packed {
 };
 
 const char* to_string(FinishReason r) {
-  return r == FinishReason::kStop ? "stop" : "length";
+  switch (r) {
+    case FinishReason::kStop:
+      return "stop";
+    case FinishReason::kLength:
+      return "length";
+    case FinishReason::kStopString:
+      return "stop_string";
+    case FinishReason::kEnvDone:
+      return "env_done";
+    case FinishReason::kMaxTurns:
+      return "max_turns";
+  }
+  return "?";
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -117,19 +130,6 @@ float* EngineWeights::acquire_grads(int u) {
 
 // ---------------------------------------------------------------------------------------------
 // State
-
-/// One sample being generated.
-struct Engine::Seq {
-  int64_t request_index = 0;
-  uint64_t request_id = 0;
-  int64_t sample_index = 0;
-  const SamplingParams* sampling = nullptr;
-  std::vector<int32_t> blocks;  // its KV blocks (worst case, allocated at admission)
-  int64_t len = 0;              // positions in the cache
-  int32_t next_token = -1;      // last sampled token: fed at position len by the next step
-  int64_t max_new = 0;
-  GenerationResult result;
-};
 
 /// The activations of one forward over up to `rows` rows (one layer at a time), grown on demand
 /// and reused across steps (first touch of fresh memory is expensive here).
@@ -175,10 +175,14 @@ struct Engine::Work {
   std::vector<float> logits;  // (B, V) decode logits
   std::vector<int32_t> tokens, pos, lens, table;
   int64_t max_blocks = 0;
+  int64_t rows = 0;                  // decode rows: one per sequence, more with observations
+  std::vector<int64_t> last_row;     // per sequence: its last row (whose logits are sampled)
   std::vector<float> patt, plogits;  // prefill: attention probabilities, last row's logits
   std::vector<int32_t> ppos, plens, ptable;
   // One sampler per OpenMP thread.
   std::vector<Sampler> samplers;
+  std::vector<Seq*> batch;            // the sequences of a decode step
+  std::vector<SampledToken> sampled;  // their sampled tokens
 };
 
 Engine::Engine(const model::ParamLayout& layout, const EngineOptions& options)
@@ -444,19 +448,30 @@ const float* Engine::prefill(const std::vector<int32_t>& prompt, const int32_t* 
 void Engine::prepare_decode(const std::vector<Seq*>& active) {
   const int64_t B = static_cast<int64_t>(active.size());
   Work& w = *work_;
-  w.tokens.resize(static_cast<size_t>(B));
-  w.pos.resize(static_cast<size_t>(B));
-  w.lens.resize(static_cast<size_t>(B));
+  // One row per token to feed: each sequence's last sampled token, then any observation tokens
+  // (multi-turn), at consecutive positions.
+  w.rows = 0;
   w.max_blocks = 0;
-  for (const Seq* s : active)
+  w.last_row.resize(static_cast<size_t>(B));
+  for (int64_t b = 0; b < B; ++b) {
+    const Seq* s = active[size_t(b)];
+    w.rows += 1 + static_cast<int64_t>(s->extra.size());
+    w.last_row[size_t(b)] = w.rows - 1;
     w.max_blocks = std::max(w.max_blocks, static_cast<int64_t>(s->blocks.size()));
-  w.table.assign(static_cast<size_t>(B * w.max_blocks), 0);
+  }
+  w.tokens.resize(static_cast<size_t>(w.rows));
+  w.pos.resize(static_cast<size_t>(w.rows));
+  w.lens.resize(static_cast<size_t>(w.rows));
+  w.table.assign(static_cast<size_t>(w.rows * w.max_blocks), 0);
+  int64_t row = 0;
   for (int64_t b = 0; b < B; ++b) {
     const Seq& s = *active[size_t(b)];
-    w.tokens[size_t(b)] = s.next_token;
-    w.pos[size_t(b)] = int32_t(s.len);
-    w.lens[size_t(b)] = int32_t(s.len + 1);
-    std::copy(s.blocks.begin(), s.blocks.end(), w.table.begin() + b * w.max_blocks);
+    for (int64_t j = 0; j <= static_cast<int64_t>(s.extra.size()); ++j, ++row) {
+      w.tokens[size_t(row)] = j == 0 ? s.next_token : s.extra[size_t(j - 1)];
+      w.pos[size_t(row)] = int32_t(s.len + j);
+      w.lens[size_t(row)] = int32_t(s.len + j + 1);
+      std::copy(s.blocks.begin(), s.blocks.end(), w.table.begin() + row * w.max_blocks);
+    }
   }
 }
 
@@ -465,42 +480,107 @@ const float* Engine::decode_step(const std::vector<Seq*>& active) {
   const int64_t B = static_cast<int64_t>(active.size());
   Work& w = *work_;
   prepare_decode(active);
+  const int64_t R = w.rows;  // B, plus a sequence's observation tokens (multi-turn)
 #ifdef RLHF_CUDA
-  if (cuda_)
+  if (cuda_) {
+    RLHF_ASSERT(R == B);  // generate() refuses observations on a GPU engine
     return cuda_->decode(w.tokens.data(), w.pos.data(), w.lens.data(), w.table.data(), B,
                          w.max_blocks);
+  }
 #endif
   const int64_t C = c.hidden_size, V = c.vocab_size, KV = spec_.kv_dim();
   Rows& r = w.decode;
-  model::LayerActs<float> a = r.acts(B, spec_);
+  model::LayerActs<float> a = r.acts(R, spec_);
   grow(w.logits, B * V, "the engine's decode logits");
   const int eu = layout_.embedding_unit();
   model::embedding_forward_cpu(
       r.x.data(), w.tokens.data(),
-      weights_.unit_buffer(eu) + layout_.unit(eu).at("embed_tokens.weight").offset, B, C, V);
+      weights_.unit_buffer(eu) + layout_.unit(eu).at("embed_tokens.weight").offset, R, C, V);
   // Each row at its own position; the batch-invariant decode kernel (packed weights) for every
-  // linear.
-  model::LayerRun<float> run = layer_run(B, w.pos.data(), &model::linear_decode_packed_cpu);
+  // linear. Every row's K/V is written before any row attends, so the rows of one sequence
+  // attend causally to each other (lens = position + 1).
+  model::LayerRun<float> run = layer_run(R, w.pos.data(), &model::linear_decode_packed_cpu);
   for (int l = 0; l < c.num_hidden_layers; ++l) {
     run.attention = [&, l](float* atty, const float* q, const float* k, const float* v) {
-      for (int64_t b = 0; b < B; ++b)
-        cache_->write(l, w.table.data() + b * w.max_blocks, w.pos[size_t(b)], 1, k + b * KV,
-                      v + b * KV);
-      attend_cached(atty, q, l, w.table.data(), w.lens.data(), B, w.max_blocks);
+      for (int64_t i = 0; i < R; ++i)
+        cache_->write(l, w.table.data() + i * w.max_blocks, w.pos[size_t(i)], 1, k + i * KV,
+                      v + i * KV);
+      attend_cached(atty, q, l, w.table.data(), w.lens.data(), R, w.max_blocks);
     };
     model::decoder_layer_forward_cpu(r.x.data(), a, r.x.data(), packed_layer_weights(l), spec_,
                                      run);
   }
+  // Only each sequence's last row is sampled: move those rows to the front (last_row[b] >= b).
+  if (R > B)
+    for (int64_t b = 0; b < B; ++b)
+      std::copy_n(r.x.data() + w.last_row[size_t(b)] * C, C, r.x.data() + b * C);
   return head_logits(r.x.data(), B, r, w.logits.data());
 }
 
 // ---------------------------------------------------------------------------------------------
 // Scheduling
 
+void Engine::decode_and_sample(std::vector<std::unique_ptr<Seq>>& active,
+                               std::vector<std::unique_ptr<Seq>>& turning, Run& run) {
+  const auto t_step = Clock::now();
+  Work& w = *work_;
+  const int64_t V = layout_.config().vocab_size;
+  std::vector<Seq*>& batch = w.batch;
+  batch.clear();
+  for (auto& s : active) batch.push_back(s.get());
+  const int64_t B = static_cast<int64_t>(batch.size());
+  const float* logits = decode_step(batch);
+  w.sampled.resize(static_cast<size_t>(B));
+  std::exception_ptr error;
+#pragma omp parallel for schedule(dynamic, 1)
+  for (int64_t b = 0; b < B; ++b) {
+    try {
+      const Seq& s = *batch[size_t(b)];
+      const double u = counter_uniform(s.sampling->seed, s.request_id, uint64_t(s.sample_index),
+                                       uint64_t(s.result.tokens.size()));
+      w.sampled[size_t(b)] =
+          w.samplers[size_t(omp_get_thread_num())].sample(logits + b * V, *s.sampling, u);
+    } catch (...) {
+#pragma omp critical(rlhf_engine_error)
+      if (!error) error = std::current_exception();
+    }
+  }
+  if (error) std::rethrow_exception(error);
+  ++stats_.decode_steps;
+  stats_.decode_tokens += B;
+  stats_.max_active = std::max(stats_.max_active, B);
+  for (const Seq* s : batch)
+    stats_.kv_bytes_read += double(s->len + 1) * double(cache_->bytes_per_token());
+  size_t kept = 0;
+  for (int64_t b = 0; b < B; ++b) {
+    Seq& s = *active[size_t(b)];
+    s.len += 1 + static_cast<int64_t>(s.extra.size());  // the rows fed this step are now cached
+    s.extra.clear();
+    const Run::Outcome o = run.append(s, w.sampled[size_t(b)]);
+    if (o == Run::Outcome::kFinished) continue;
+    if (o == Run::Outcome::kTurnEnd) {
+      turning.push_back(std::move(active[size_t(b)]));
+      continue;
+    }
+    if (kept != size_t(b)) active[kept] = std::move(active[size_t(b)]);
+    ++kept;
+  }
+  active.resize(kept);
+  stats_.decode_s += since(t_step);
+}
+
 std::vector<GenerationResult> Engine::generate(const std::vector<GenerationRequest>& requests,
-                                               const ProgressFn& progress) {
+                                               const ProgressFn& progress, const TurnHooks* hooks) {
   const auto t_start = Clock::now();
   stats_ = EngineStats{};
+  if (hooks != nullptr) {
+    RLHF_CHECK(hooks->max_turns >= 1, "multi-turn generation: max_turns must be >= 1, got {}",
+               hooks->max_turns);
+    RLHF_CHECK(!hooks->on_turn_end || (cuda_ == nullptr && tp_ == nullptr),
+               "--env_command needs a CPU generation engine with --vllm_tensor_parallel_size 1 "
+               "(observation tokens are prefilled by the CPU engine's decode step only)\nhint: "
+               "drop --device cuda / --vllm_tensor_parallel_size for runs with an environment");
+  }
   if (tp_) slice_weights();  // the unit buffers may have changed (weight sync) since last time
   if (!cuda_) pack_weights();
 #ifdef RLHF_CUDA
@@ -571,11 +651,9 @@ std::vector<GenerationResult> Engine::generate(const std::vector<GenerationReque
   };
   std::deque<Pending> pending;
   for (int64_t i = 0; i < R; ++i) pending.push_back({i, 0, requests[size_t(i)].n_samples});
-  std::vector<std::vector<GenerationResult>> results(static_cast<size_t>(R));
-  for (int64_t i = 0; i < R; ++i)
-    results[size_t(i)].resize(static_cast<size_t>(requests[size_t(i)].n_samples));
+  Run run(requests, *cache_, stats_, hooks, eos, opt_.ignore_eos, V);
   std::vector<std::unique_ptr<Seq>> active;
-  int64_t samples_done = 0;
+  std::vector<std::unique_ptr<Seq>> turning;  // their turn ended this step (multi-turn)
   // If anything throws mid-way, the running sequences' blocks go back to the pool, so the engine
   // stays usable for the next call.
   struct ReleaseOnExit {
@@ -585,32 +663,10 @@ std::vector<GenerationResult> Engine::generate(const std::vector<GenerationReque
       for (auto& s : seqs)
         if (s && !s->blocks.empty()) cache.release(s->blocks);
     }
-  } release_on_exit{*cache_, active};
-
-  // Appends a sampled token; true when the sample is finished (its blocks are then released and
-  // its result stored).
-  auto append = [&](Seq& s, const SampledToken& t) {
-    s.result.tokens.push_back(t.token);
-    s.result.logprobs.push_back(t.logprob);
-    ++stats_.generated_tokens;
-    const bool stop = !opt_.ignore_eos && t.token == eos;
-    const bool length = static_cast<int64_t>(s.result.tokens.size()) >= s.max_new;
-    if (!stop && !length) {
-      s.next_token = t.token;
-      return false;
-    }
-    s.result.finish = stop ? FinishReason::kStop : FinishReason::kLength;
-    cache_->release(s.blocks);
-    s.blocks.clear();
-    results[size_t(s.request_index)][size_t(s.sample_index)] = std::move(s.result);
-    ++samples_done;
-    return true;
-  };
+  } release_on_exit{*cache_, active}, release_turning{*cache_, turning};
 
   bool waiting = false;
-  std::vector<Seq*> batch;
-  std::vector<SampledToken> sampled;
-  while (!pending.empty() || !active.empty()) {
+  while (!pending.empty() || !active.empty() || !turning.empty()) {
     // --- admission: first come, first served, as long as slots and KV blocks allow
     while (!pending.empty()) {
       Pending& pr = pending.front();
@@ -661,64 +717,24 @@ std::vector<GenerationResult> Engine::generate(const std::vector<GenerationReque
       stats_.prefill_tokens += static_cast<int64_t>(r.prompt.size());
       for (auto& s : group) {
         const double u = counter_uniform(r.sampling.seed, r.id, uint64_t(s->sample_index), 0);
-        if (!append(*s, w.samplers[0].sample(logits, r.sampling, u)))
-          active.push_back(std::move(s));
+        const Run::Outcome o = run.append(*s, w.samplers[0].sample(logits, r.sampling, u));
+        if (o == Run::Outcome::kGoing) active.push_back(std::move(s));
+        if (o == Run::Outcome::kTurnEnd) turning.push_back(std::move(s));
       }
       stats_.prefill_s += since(t_prefill);
       pr.next_sample += want;
       pr.remaining -= want;
       if (pr.remaining == 0) pending.pop_front();
     }
-    if (active.empty()) continue;  // everything admitted so far finished at its first token
-
-    // --- one decode step over every active sequence
-    const auto t_step = Clock::now();
-    batch.clear();
-    for (auto& s : active) batch.push_back(s.get());
-    const int64_t B = static_cast<int64_t>(batch.size());
-    const float* logits = decode_step(batch);
-    sampled.resize(static_cast<size_t>(B));
-    std::exception_ptr error;
-#pragma omp parallel for schedule(dynamic, 1)
-    for (int64_t b = 0; b < B; ++b) {
-      try {
-        const Seq& s = *batch[size_t(b)];
-        const double u = counter_uniform(s.sampling->seed, s.request_id, uint64_t(s.sample_index),
-                                         uint64_t(s.result.tokens.size()));
-        sampled[size_t(b)] =
-            w.samplers[size_t(omp_get_thread_num())].sample(logits + b * V, *s.sampling, u);
-      } catch (...) {
-#pragma omp critical(rlhf_engine_error)
-        if (!error) error = std::current_exception();
-      }
-    }
-    if (error) std::rethrow_exception(error);
-    ++stats_.decode_steps;
-    stats_.decode_tokens += B;
-    stats_.max_active = std::max(stats_.max_active, B);
-    for (const Seq* s : batch)
-      stats_.kv_bytes_read += double(s->len + 1) * double(cache_->bytes_per_token());
-    size_t kept = 0;
-    for (int64_t b = 0; b < B; ++b) {
-      Seq& s = *active[size_t(b)];
-      ++s.len;  // the token fed this step is now cached
-      if (append(s, sampled[size_t(b)])) continue;
-      if (kept != size_t(b)) active[kept] = std::move(active[size_t(b)]);
-      ++kept;
-    }
-    active.resize(kept);
-    stats_.decode_s += since(t_step);
-    if (progress) progress(stats_, samples_done, samples_total);
+    if (active.empty() && turning.empty()) continue;  // all admitted finished at a first token
+    if (!active.empty()) decode_and_sample(active, turning, run);
+    if (!turning.empty()) run.resolve_turns(turning, active);  // the environment's answers
+    if (progress) progress(stats_, run.samples_done, samples_total);
   }
   stats_.peak_kv_blocks = cache_->peak_used_blocks();
   stats_.total_s = since(t_start);
-  if (progress) progress(stats_, samples_done, samples_total);
-
-  std::vector<GenerationResult> out;
-  out.reserve(static_cast<size_t>(samples_total));
-  for (auto& per_request : results)
-    for (auto& r : per_request) out.push_back(std::move(r));
-  return out;
+  if (progress) progress(stats_, run.samples_done, samples_total);
+  return run.take_results();
 }
 
 }  // namespace rlhf::rollout

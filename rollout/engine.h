@@ -17,6 +17,7 @@
 #include "model/ops/cuda_types.h"
 #include "model/provider.h"
 #include "parallel/comm.h"
+#include "rollout/finish_reason.h"
 #include "rollout/kv_cache.h"
 #include "rollout/sampling.h"
 
@@ -64,19 +65,53 @@ struct GenerationRequest {
   SamplingParams sampling;
 };
 
-/// Why a sample stopped.
-enum class FinishReason { kStop, kLength };
-/// "stop" (EOS sampled) | "length" (max_new_tokens or the position limit reached).
-const char* to_string(FinishReason r);
-
 /// One completion.
 struct GenerationResult {
   int64_t request_index = 0;    ///< position of the request in generate()'s argument
   uint64_t request_id = 0;      ///< GenerationRequest::id
   int64_t sample_index = 0;     ///< 0..n_samples−1
-  std::vector<int32_t> tokens;  ///< generated ids; ends with the EOS id when finish == kStop
-  std::vector<float> logprobs;  ///< per token: log softmax(logits / T)[token], full vocabulary
+  std::vector<int32_t> tokens;  ///< response ids; ends with the EOS id when finish == kStop
+  /// Per token: log softmax(logits / T)[token], full vocabulary; 0 at observation tokens.
+  std::vector<float> logprobs;
+  /// Per token with a turn hook: 1 = sampled by the model, 0 = an observation the hook appended
+  /// (context: no loss). Empty without a turn hook (every token sampled).
+  std::vector<uint8_t> action_mask;
+  int64_t turns = 1;  ///< model turns taken (1 without a turn hook)
   FinishReason finish = FinishReason::kLength;
+};
+
+/// A sample at the end of one of its turns — it sampled EOS, or TurnHooks::ends_turn said its
+/// turn ends at its last token (a stop string) — as TurnHooks::on_turn_end sees it and answers.
+struct TurnEnd {
+  int64_t request_index = 0;  ///< as in GenerationResult
+  uint64_t request_id = 0;
+  int64_t sample_index = 0;
+  int64_t turn = 0;        ///< 0-based index of the turn that ended
+  int64_t turn_begin = 0;  ///< response position where that turn began
+  bool eos = false;        ///< it ended with EOS: the episode ends whatever the answer
+  const std::vector<int32_t>* tokens = nullptr;  ///< the response so far (valid during the call)
+  // --- the hook's answer
+  /// Tokens to append (action mask 0) before the model's next turn; prefilled onto the sample's
+  /// own KV blocks (the sequence so far is not run again). Each in [0, vocab).
+  std::vector<int32_t> observation;
+  bool done = false;  ///< the episode is over
+};
+
+/// Multi-turn generation (rl/episodes.h builds these from an environment and stop strings).
+/// A sample continues until EOS, done, max_turns turns, or its length limit (generated and
+/// observation tokens together count against max_new_tokens; an observation that does not fit is
+/// cut and the sample ends with "length").
+struct TurnHooks {
+  /// Whether a sample's current turn ends at its last token, given its response tokens and where
+  /// the turn began (a stop string in tokens [turn_begin, end)). Called once per sampled token
+  /// (not EOS), serially. Null: turns end at EOS only.
+  std::function<bool(const std::vector<int32_t>& response, int64_t turn_begin)> ends_turn;
+  /// Called after each engine step with every sample whose turn ended in it, ordered by
+  /// (request_index, sample_index); fills each one's observation and done. Null: a stop string
+  /// ends the sample ("stop_string") and no observation is ever appended. Needs a CPU engine
+  /// with tensor parallel size 1 (rlhf::Error otherwise).
+  std::function<void(std::vector<TurnEnd>& ends)> on_turn_end;
+  int64_t max_turns = 1;  ///< a sample ends after this many model turns (>= 1)
 };
 
 /// Counters of one generate() call.
@@ -87,10 +122,13 @@ struct EngineStats {
   int64_t generated_tokens = 0;  ///< sampled tokens (first tokens from prefill + decode tokens)
   int64_t decode_tokens = 0;     ///< tokens produced by decode steps (Σ batch over steps)
   int64_t decode_steps = 0;
-  int64_t max_active = 0;       ///< largest decode batch
-  int64_t admission_waits = 0;  ///< times the next request had to wait for KV blocks / a slot
-  int64_t peak_kv_blocks = 0;   ///< most KV blocks in use at once
-  double kv_bytes_read = 0;     ///< Σ over decode steps of the K/V bytes attention read
+  int64_t max_active = 0;          ///< largest decode batch
+  int64_t admission_waits = 0;     ///< times the next request had to wait for KV blocks / a slot
+  int64_t peak_kv_blocks = 0;      ///< most KV blocks in use at once
+  int64_t turn_ends = 0;           ///< turns that ended and went to TurnHooks::on_turn_end
+  int64_t observation_tokens = 0;  ///< observation tokens appended (and prefilled, when fed)
+  double turn_hook_s = 0;          ///< wall time inside TurnHooks::on_turn_end
+  double kv_bytes_read = 0;        ///< Σ over decode steps of the K/V bytes attention read
   double prefill_s = 0, decode_s = 0, total_s = 0;  ///< wall time in prefill, decode steps, all
   double mean_active_batch() const {
     return decode_steps > 0 ? double(decode_tokens) / double(decode_steps) : 0.0;
@@ -184,8 +222,16 @@ class Engine {
   /// Throws rlhf::Error on an empty prompt, a token outside the vocabulary, a prompt that leaves
   /// no room under max_position_embeddings, bad sampling parameters (naming the request), or a
   /// single sample whose worst case exceeds the whole KV cache.
+  ///
+  /// hooks (optional): multi-turn episodes (TurnHooks). Observation rows are fed with the
+  /// sample's next decode step, through the same batch-invariant decode kernels (one row per
+  /// token at its position, causal over the sample's cache), so the tokens still depend only on
+  /// the request, the sample and the hooks' answers. Without hooks the decode loop is the
+  /// single-turn one, unchanged. Throws what the hooks throw, and rlhf::Error for an observation
+  /// token outside the vocabulary.
   std::vector<GenerationResult> generate(const std::vector<GenerationRequest>& requests,
-                                         const ProgressFn& progress = {});
+                                         const ProgressFn& progress = {},
+                                         const TurnHooks* hooks = nullptr);
 
   /// Counters of the last generate() call.
   const EngineStats& stats() const {
@@ -194,6 +240,7 @@ class Engine {
 
  private:
   struct Seq;
+  struct Run;  // one generate() call's bookkeeping (rollout/engine_run.h)
   struct Rows;
   struct Work;
   struct Tp;      // tensor-parallel slices (null for TP 1)
@@ -207,7 +254,12 @@ class Engine {
   const float* prefill(const std::vector<int32_t>& prompt, const int32_t* blocks);
   // One decode step over the active sequences (their last tokens at their positions): logits.
   const float* decode_step(const std::vector<Seq*>& active);
-  // Fills the decode inputs (tokens, positions, lengths, block table) of the active sequences.
+  // One decode step over `active`, then a token sampled for each and routed (Run::append):
+  // finished ones leave, those whose turn ended move to `turning`.
+  void decode_and_sample(std::vector<std::unique_ptr<Seq>>& active,
+                         std::vector<std::unique_ptr<Seq>>& turning, Run& run);
+  // Fills the decode inputs (tokens, positions, lengths, block table) of the active sequences:
+  // one row per token to feed (the last sampled token, then any observation tokens).
   void prepare_decode(const std::vector<Seq*>& active);
   // The layer routine's run settings for N rows at `pos` with `linear` (attention set per layer).
   model::LayerRun<float> layer_run(int64_t N, const int32_t* pos,

@@ -51,8 +51,24 @@ struct Reader {
 
 }  // namespace
 
+int64_t action_tokens(const Sample& s) {
+  if (s.action_mask.empty()) return int64_t(s.response.size());
+  int64_t n = 0;
+  for (uint8_t m : s.action_mask) n += m != 0;
+  return n;
+}
+
+namespace {
+
+// The format tag of the multi-turn form (a negative first word; the untagged form starts with
+// the sample count).
+constexpr int64_t kFormatV2 = -2;
+
+}  // namespace
+
 std::vector<uint8_t> serialize_samples(const std::vector<Sample>& samples) {
   std::vector<uint8_t> b;
+  put<int64_t>(b, kFormatV2);
   put<int64_t>(b, int64_t(samples.size()));
   for (const Sample& s : samples) {
     put(b, s.prompt_pos);
@@ -61,13 +77,20 @@ std::vector<uint8_t> serialize_samples(const std::vector<Sample>& samples) {
     put_vec(b, s.prompt);
     put_vec(b, s.response);
     put_vec(b, s.gen_logprobs);
+    put<uint8_t>(b, uint8_t(s.finish));
+    put_vec(b, s.action_mask);
+    put<int32_t>(b, s.turns);
+    put<uint8_t>(b, s.has_env_reward ? 1 : 0);
+    put<double>(b, s.env_reward);
   }
   return b;
 }
 
 std::vector<Sample> deserialize_samples(const uint8_t* data, size_t size) {
   Reader r{data, size};
-  const int64_t n = r.get<int64_t>();
+  int64_t n = r.get<int64_t>();
+  const bool v2 = n == kFormatV2;
+  if (v2) n = r.get<int64_t>();
   RLHF_CHECK(n >= 0 && n < (int64_t(1) << 40), "sample buffer malformed");
   std::vector<Sample> out(static_cast<size_t>(n));
   for (Sample& s : out) {
@@ -77,6 +100,17 @@ std::vector<Sample> deserialize_samples(const uint8_t* data, size_t size) {
     s.prompt = r.get_vec<int32_t>();
     s.response = r.get_vec<int32_t>();
     s.gen_logprobs = r.get_vec<float>();
+    s.finish = s.stopped ? FinishReason::kStop : FinishReason::kLength;
+    if (!v2) continue;
+    const uint8_t f = r.get<uint8_t>();
+    RLHF_CHECK(f <= uint8_t(FinishReason::kMaxTurns), "sample buffer malformed");
+    s.finish = FinishReason(f);
+    s.action_mask = r.get_vec<uint8_t>();
+    RLHF_CHECK(s.action_mask.empty() || s.action_mask.size() == s.response.size(),
+               "sample buffer malformed");
+    s.turns = r.get<int32_t>();
+    s.has_env_reward = r.get<uint8_t>() != 0;
+    s.env_reward = r.get<double>();
   }
   RLHF_CHECK(r.left == 0, "sample buffer has {} trailing bytes", r.left);
   return out;

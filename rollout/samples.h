@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "parallel/comm.h"
+#include "rollout/finish_reason.h"
 
 namespace rlhf::rollout {
 
@@ -17,10 +18,28 @@ struct Sample {
   std::vector<int32_t> prompt;      ///< prompt token ids (BOS included)
   std::vector<int32_t> response;    ///< generated ids (ends with EOS when stopped)
   std::vector<float> gen_logprobs;  ///< the engine's sampling log-probs, one per response token
-  bool stopped = false;             ///< ended with EOS
+  /// Ended on its own (EOS, a stop string or the environment's done; see ended_naturally), not
+  /// cut by --generate_max_len or --env_max_turns.
+  bool stopped = false;
+  FinishReason finish = FinishReason::kLength;  ///< why it ended
+  /// Per response token: 1 = sampled by the model, 0 = an environment observation (context: no
+  /// loss, no KL, no entropy). Empty = every token sampled (single-turn generation).
+  std::vector<uint8_t> action_mask;
+  int32_t turns = 1;            ///< model turns of the episode
+  bool has_env_reward = false;  ///< the environment gave a reward (env_reward)
+  double env_reward = 0;        ///< the last reward the environment gave for this episode
 };
 
-/// Bytes of a sample list; deserialize_samples(serialize_samples(x)) == x.
+/// Whether response token k of s was sampled by the model (action mask 1).
+inline bool is_action(const Sample& s, size_t k) {
+  return s.action_mask.empty() || s.action_mask[k] != 0;
+}
+
+/// Response tokens of s sampled by the model (action mask 1).
+int64_t action_tokens(const Sample& s);
+
+/// Bytes of a sample list; deserialize_samples(serialize_samples(x)) == x. (The bytes start with
+/// a format tag; deserialize_samples also reads the earlier, untagged single-turn form.)
 std::vector<uint8_t> serialize_samples(const std::vector<Sample>& samples);
 /// Throws rlhf::Error on a malformed buffer.
 std::vector<Sample> deserialize_samples(const uint8_t* data, size_t size);

@@ -949,3 +949,41 @@ TEST_CASE("cli: a TRL option name says which rlhf flag means the same") {
   CHECK(contains(with({"--save_pat", "1"}), "did you mean '--save_path'"));
   CHECK(contains(with({"--learning_rate", "1e-6"}), "--actor_learning_rate"));
 }
+
+TEST_CASE("multi-turn flags: --env_command, --stop_strings and its OpenRLHF alias") {
+  const std::vector<std::string> base = {"generate", "--pretrain",    "m.h5",   "--dataset",
+                                         "p.jsonl",  "--output_path", "o.jsonl"};
+  auto with = [&](std::initializer_list<std::string> extra) {
+    std::vector<std::string> a = base;
+    a.insert(a.end(), extra);
+    return a;
+  };
+  const ParsedCommand p = parse(with({"--env_command", "python3 env.py", "--env_max_turns", "3",
+                                      "--stop_strings", "</calc>,\\n"}));
+  const auto& g = std::get<app::GenerateArgs>(p.args);
+  CHECK(g.gen.env_command == "python3 env.py");
+  CHECK(g.gen.env_max_turns == 3);
+  CHECK(g.gen.env_timeout == 60);
+  CHECK(g.gen.stop_strings == "</calc>,\\n");
+  // OpenRLHF's --vllm_stop_strings sets the same option (flag and TOML key), and says so.
+  const ParsedCommand q = parse(with({"--vllm_stop_strings", "</tool>"}));
+  CHECK(std::get<app::GenerateArgs>(q.args).gen.stop_strings == "</tool>");
+  bool found = false;
+  for (const app::ConfigRow& r : q.config)
+    if (r.key == "stop_strings")
+      found = r.value == "</tool>" && r.source == app::OptionSource::kCommandLine;
+  CHECK(found);
+  const TempToml toml("vllm_stop_strings = \"</a>\"\n");
+  const ParsedCommand t = parse(with({"--config", toml.str()}));
+  CHECK(std::get<app::GenerateArgs>(t.args).gen.stop_strings == "</a>");
+  // Errors name the flag.
+  CHECK(contains(usage_error(with({"--stop_strings", "a\\q"})), "--stop_strings"));
+  CHECK(contains(usage_error(with({"--env_command", "x", "--device", "cuda"})), "--env_command"));
+  CHECK(contains(usage_error(with({"--env_command", "x", "--vllm_tensor_parallel_size", "2"})),
+                 "--env_command"));
+  CHECK(contains(usage_error(with({"--env_max_turns", "0"})), "--env_max_turns"));
+  // grpo without --reward is fine when an environment gives rewards.
+  const ParsedCommand r = parse({"grpo", "--model_config", "m.toml", "--prompt_data", "p.jsonl",
+                                 "--n_samples_per_prompt", "2", "--env_command", "builtin:toy"});
+  CHECK(std::get<app::GrpoArgs>(r.args).gen.env_command == "builtin:toy");
+}

@@ -57,7 +57,8 @@ Run run(parallel::Comm& comm, bool ppo, const model::ModelConfig& cfg, bool gpu 
         parallel::Comm* nccl = nullptr, double adam_eps = 1e-8,
         rl::LossAggMode agg = rl::LossAggMode::kTokenMean,
         rl::PolicyLossType loss = rl::PolicyLossType::kPpo,
-        const std::function<void(rl::PpoOptions&)>& tweak = {}, uint64_t ref_seed = 11) {
+        const std::function<void(rl::PpoOptions&)>& tweak = {}, uint64_t ref_seed = 11,
+        const std::function<void(std::vector<rollout::Sample>&)>& edit_samples = {}) {
   const int N = comm.size();
   model::ParamLayout layout(cfg, model::HeadKind::kLM);
   model::ParamLayout vlayout(cfg, model::HeadKind::kValue);
@@ -107,7 +108,8 @@ Run run(parallel::Comm& comm, bool ppo, const model::ModelConfig& cfg, bool gpu 
   opts.critic_adam = opts.actor_adam;
   opts.actor_schedule = opts.critic_schedule = optim::LrSchedule("constant", 1e-2, 0, 100);
   rl::PpoTrainer tr(m, o, opts, comm);
-  const auto samples = synthetic_samples(cfg.vocab_size);
+  auto samples = synthetic_samples(cfg.vocab_size);
+  if (edit_samples) edit_samples(samples);
   std::vector<double> scores;
   for (size_t i = 0; i < samples.size(); ++i) scores.push_back(double((i * 7) % 3 == 0));
   auto exp = tr.make_experience(samples, scores);
@@ -315,4 +317,59 @@ TEST_CASE("ppo/grpo on the device: one RL step over NCCL follows the CPU step") 
     if (ppo) check(gpu.critic, cpu.critic, full_weights(c0), "critic");
   }
 #endif
+}
+
+TEST_CASE("multi-turn: observation tokens carry no loss, KL or entropy") {
+  auto world = parallel::make_comm(MPI_COMM_WORLD, "train_comm");
+  auto self = parallel::make_comm(MPI_COMM_SELF, "self");
+  const auto cfg = small_config(false);
+  const int32_t V = int32_t(cfg.vocab_size);
+  // (a) Observations appended after the last action token (an episode cut by the length limit)
+  // influence nothing before them (causal model) and must add nothing: the step equals the one on
+  // the responses without them — GRPO (KL loss, entropy bonus) and PPO (GAE, KL in the reward).
+  const auto append_obs = [V](std::vector<rollout::Sample>& ss) {
+    for (rollout::Sample& x : ss) {
+      x.action_mask.assign(x.response.size(), 1);
+      for (int k = 0; k < 2; ++k) {
+        x.response.push_back(int32_t((x.prompt_pos * 5 + k) % V));
+        x.gen_logprobs.push_back(0.0f);
+        x.action_mask.push_back(0);
+      }
+    }
+  };
+  for (bool ppo : {false, true}) {
+    const std::string name = ppo ? "ppo" : "grpo";
+    const Run plain = run(*self, ppo, cfg);
+    const Run masked = run(*self, ppo, cfg, false, nullptr, 1e-8, rl::LossAggMode::kTokenMean,
+                           rl::PolicyLossType::kPpo, {}, 11, append_obs);
+    CHECK_MESSAGE(masked.stats.entropy == doctest::Approx(plain.stats.entropy).epsilon(1e-5), name);
+    CHECK_MESSAGE(masked.stats.kl == doctest::Approx(plain.stats.kl).epsilon(1e-5), name);
+    compare(plain, masked, name + ": trailing observations vs none");
+    // Without the mask the same tokens would be trained on: a different step.
+    const Run unmasked = run(*self, ppo, cfg, false, nullptr, 1e-8, rl::LossAggMode::kTokenMean,
+                             rl::PolicyLossType::kPpo, {}, 11, [&](auto& ss) {
+                               append_obs(ss);
+                               for (auto& x : ss) x.action_mask.clear();
+                             });
+    CHECK_MESSAGE(std::fabs(unmasked.stats.actor_grad_norm - plain.stats.actor_grad_norm) >
+                      1e-3 * plain.stats.actor_grad_norm,
+                  name);
+  }
+  // (b) Observations in the middle of responses: N ranks == 1 rank.
+  const auto insert_obs = [V](std::vector<rollout::Sample>& ss) {
+    for (rollout::Sample& x : ss) {
+      if (x.response.size() < 2) continue;
+      x.action_mask.assign(x.response.size(), 1);
+      x.response.insert(x.response.begin() + 1, {int32_t(3 % V), int32_t(4 % V)});
+      x.gen_logprobs.insert(x.gen_logprobs.begin() + 1, {0.0f, 0.0f});
+      x.action_mask.insert(x.action_mask.begin() + 1, {0, 0});
+    }
+  };
+  for (bool ppo : {false, true}) {
+    const Run one = run(*self, ppo, cfg, false, nullptr, 1e-8, rl::LossAggMode::kTokenMean,
+                        rl::PolicyLossType::kPpo, {}, 11, insert_obs);
+    const Run many = run(*world, ppo, cfg, false, nullptr, 1e-8, rl::LossAggMode::kTokenMean,
+                         rl::PolicyLossType::kPpo, {}, 11, insert_obs);
+    compare(one, many, std::string(ppo ? "ppo" : "grpo") + " with observations, N ranks vs 1");
+  }
 }

@@ -149,3 +149,46 @@ TEST_CASE("adaptive KL controller (Ziegler et al. 2019)") {
   kl.update(3.0, 100);  // error −0.5 → clipped −0.2 → β·(1 − 0.002)
   CHECK(kl.value() == doctest::Approx(0.1002 * 0.998).epsilon(1e-12));
 }
+
+TEST_CASE("multi-turn mask: observation tokens are skipped, hand-computed GAE") {
+  // One sample of 5 response tokens: action, action, observation, observation, action; score 1;
+  // V = [0.5, 0.4, 9, 9, 0.3] (the observation values must be ignored). Over the action tokens
+  // this is the 3-token case above: δ = [−0.1, −0.1, 0.7], A = [0.5, 0.6, 0.7], R = [1, 1, 1];
+  // the observation tokens get 0.
+  const int32_t len[1] = {5};
+  const double score[1] = {1.0};
+  const double V[5] = {0.5, 0.4, 9.0, 9.0, 0.3};
+  const uint8_t mask[5] = {1, 1, 0, 0, 1};
+  rl::AdvantageInput in;
+  in.B = 1;
+  in.Tr = 5;
+  in.resp_len = len;
+  in.score = score;
+  in.values = V;
+  in.mask = mask;
+  const auto out = rl::compute_advantages(in, AdvantageEstimator::kGae);
+  const double R[5] = {1, 1, 0, 0, 1};
+  const double A[5] = {-1.224744871, 0, 0, 0, 1.224744871};  // whitened over the 3 actions
+  for (int t = 0; t < 5; ++t) {
+    CHECK(out.returns[size_t(t)] == doctest::Approx(R[t]));
+    CHECK(out.advantages[size_t(t)] == doctest::Approx(A[t]).epsilon(1e-7));
+  }
+  CHECK(out.reward[4] == 1.0);  // the score lands on the last action token
+  CHECK(out.reward[2] == 0.0);
+
+  // group_norm over 2 samples: every action token carries its sample's advantage, ±0.7071.
+  const int32_t len2[2] = {4, 3};
+  const double score2[2] = {1.0, 0.0};
+  const uint8_t mask2[8] = {1, 0, 0, 1, 1, 1, 1, 0};
+  rl::AdvantageInput g;
+  g.B = 2;
+  g.Tr = 4;
+  g.group_size = 2;
+  g.resp_len = len2;
+  g.score = score2;
+  g.mask = mask2;
+  const auto go = rl::compute_advantages(g, AdvantageEstimator::kGroupNorm);
+  const double want[8] = {0.7071067, 0, 0, 0.7071067, -0.7071067, -0.7071067, -0.7071067, 0};
+  for (int k = 0; k < 8; ++k)
+    CHECK(go.advantages[size_t(k)] == doctest::Approx(want[k]).epsilon(1e-6));
+}

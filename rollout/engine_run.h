@@ -1,0 +1,67 @@
+// Internal to the engine (rollout/engine.cpp, rollout/engine_run.cpp): a sample being generated,
+// and the bookkeeping of one generate() call — how a sampled token ends a sample or a turn, the
+// turn hooks' answers, and the results.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "rollout/engine.h"
+
+namespace rlhf::rollout {
+
+/// One sample being generated.
+struct Engine::Seq {
+  int64_t request_index = 0;
+  uint64_t request_id = 0;
+  int64_t sample_index = 0;
+  const SamplingParams* sampling = nullptr;
+  std::vector<int32_t> blocks;  // its KV blocks (worst case, allocated at admission)
+  int64_t len = 0;              // positions in the cache
+  int32_t next_token = -1;      // last sampled token: fed at position len by the next step
+  /// Observation tokens fed after next_token (positions len+1, ...) by the next step: one decode
+  /// row each. Empty in single-turn generation.
+  std::vector<int32_t> extra;
+  int64_t max_new = 0;
+  int64_t turn = 0;        // index of the current turn
+  int64_t turn_begin = 0;  // response position where the current turn began
+  bool eos = false;        // the turn that ended last ended with EOS
+  GenerationResult result;
+};
+
+/// The bookkeeping of one generate() call: the results by (request, sample) and the samples
+/// finished so far; with hooks, the samples whose turn ended in the current step.
+struct Engine::Run {
+  /// What a sampled token did to its sample.
+  enum class Outcome { kGoing, kFinished, kTurnEnd };
+
+  Run(const std::vector<GenerationRequest>& requests, KvCache& cache, EngineStats& stats,
+      const TurnHooks* hooks, int32_t eos, bool ignore_eos, int64_t vocab_size);
+
+  /// Appends a sampled token to s. kFinished: s is done (its blocks released, its result
+  /// stored); kTurnEnd: its turn ended (hooks with on_turn_end; the caller parks it in
+  /// `turning`); kGoing: it continues with the token as next_token.
+  Outcome append(Seq& s, const SampledToken& t);
+  /// Ends s with reason r: releases its blocks and stores its result.
+  void finish(Seq& s, FinishReason r);
+  /// Asks the hooks about every sample in `turning` (one on_turn_end call), then finishes each or
+  /// appends its observation and moves it to `active`. `turning` is empty afterwards.
+  void resolve_turns(std::vector<std::unique_ptr<Seq>>& turning,
+                     std::vector<std::unique_ptr<Seq>>& active);
+  /// The results in (request_index, sample_index) order.
+  std::vector<GenerationResult> take_results();
+
+  int64_t samples_done = 0;
+
+ private:
+  KvCache& cache_;
+  EngineStats& stats_;
+  const TurnHooks* hooks_;
+  int32_t eos_;
+  bool ignore_eos_;
+  int64_t vocab_size_;
+  std::vector<std::vector<GenerationResult>> results_;
+};
+
+}  // namespace rlhf::rollout
