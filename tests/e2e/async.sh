@@ -13,14 +13,10 @@
 set -u
 RLHF=$1
 SRC=$2
-MPIEXEC=${MPIEXEC:-mpiexec}
-W=$(mktemp -d)
-trap 'rm -rf "$W"' EXIT
-fail() { echo "FAIL: $*"; exit 1; }
+# shellcheck source=lib/common.sh
+. "$SRC/tests/e2e/lib/common.sh"
 # shellcheck source=lib/resume.sh
 . "$SRC/tests/e2e/lib/resume.sh"
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
-MPI=("$MPIEXEC" --oversubscribe --bind-to none)
 TASK="builtin:addition?n=2000&digits=1&seed=1"
 
 "$RLHF" sft --model_config "$SRC/examples/models/tiny.toml" --dataset "$TASK" --max_len 16 \

@@ -11,12 +11,8 @@
 set -u
 RLHF=$1
 SRC=$2
-MPIEXEC=${MPIEXEC:-mpiexec}
-W=$(mktemp -d)
-trap 'rm -rf "$W"' EXIT
-fail() { echo "FAIL: $*"; exit 1; }
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
-MPI=("$MPIEXEC" --oversubscribe --bind-to none)
+# shellcheck source=lib/common.sh
+. "$SRC/tests/e2e/lib/common.sh"
 TASK="builtin:addition?n=2000&digits=1&seed=1"
 HELD_OUT="builtin:addition?n=32&digits=1&seed=77"
 

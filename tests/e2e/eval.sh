@@ -12,11 +12,8 @@
 set -u
 RLHF=$1
 SRC=$2
-MPIEXEC=${MPIEXEC:-mpiexec}
-W=$(mktemp -d)
-trap 'rm -rf "$W"' EXIT
-fail() { echo "FAIL: $*"; exit 1; }
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
+# shellcheck source=lib/common.sh
+. "$SRC/tests/e2e/lib/common.sh"
 command -v python3 >/dev/null || { echo "SKIP: python3 is needed to check the JSONL"; exit 77; }
 MPI=(timeout 300 "$MPIEXEC" --oversubscribe --allow-run-as-root --bind-to none)
 TASK="builtin:addition?n=2000&digits=1&seed=1"

@@ -10,10 +10,8 @@
 set -u
 RLHF=$1
 SRC=$2
-MPIEXEC=${MPIEXEC:-mpiexec}
-W=$(mktemp -d)
-trap 'rm -rf "$W"' EXIT
-fail() { echo "FAIL: $*"; exit 1; }
+# shellcheck source=lib/common.sh
+. "$SRC/tests/e2e/lib/common.sh"
 export OMP_NUM_THREADS=2
 
 # --- a tiny policy: 30 sft steps on a 16-word text

@@ -11,13 +11,10 @@
 set -u
 RLHF=$1
 SRC=$2
-MPIEXEC=${MPIEXEC:-mpiexec}
-W=$(mktemp -d)
-trap 'rm -rf "$W"' EXIT
-fail() { echo "FAIL: $*"; exit 1; }
+# shellcheck source=lib/common.sh
+. "$SRC/tests/e2e/lib/common.sh"
 # shellcheck source=lib/resume.sh
 . "$SRC/tests/e2e/lib/resume.sh"
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
 MPI=(timeout 300 "$MPIEXEC" --oversubscribe --bind-to none)
 RL=(--model_config "$SRC/examples/models/tiny.toml" --prompt_data "builtin:addition?n=64&digits=1&seed=1"
     --input_key input --label_key label --reward math --n_samples_per_prompt 4 --rollout_batch_size 8

@@ -6,11 +6,8 @@
 set -u
 RLHF=$1
 SRC=$2
-MPIEXEC=${MPIEXEC:-mpiexec}
-W=$(mktemp -d)
-trap 'rm -rf "$W"' EXIT
-fail() { echo "FAIL: $*"; exit 1; }
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
+# shellcheck source=lib/common.sh
+. "$SRC/tests/e2e/lib/common.sh"
 
 awk 'BEGIN { srand(3); split("kind nice helpful good", g, " "); split("rude mean bad awful", b, " ");
   for (i = 0; i < 256; i++) { c = ""; r = "";
