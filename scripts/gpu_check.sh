@@ -27,7 +27,7 @@ for lib in libcublasLt.so.13 libcublas.so.13 libcudnn.so.9 libnccl.so.2; do
   p=$(find /usr/local/cuda/ /usr/local/cuda*/ /usr/lib/x86_64-linux-gnu /opt /usr/local/lib \
     -name "$lib" 2> /dev/null | head -1)
   if [ -z "$p" ]; then echo "gpu_check: $lib not found on this machine"; continue; fi
-  NV="$NV:$(dirname "$p")"
+  case ":$NV:" in *":$(dirname "$p"):"*) ;; *) NV="$NV:$(dirname "$p")" ;; esac
 done
 # The bundle's libraries for rlhf's binaries only (wrappers), not for the machine's own tools.
 LIBS="$ROOT/lib$NV"

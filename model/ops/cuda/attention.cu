@@ -420,14 +420,14 @@ __device__ __forceinline__ void load_kv_tiles(float* __restrict__ tk, float* __r
   }
 }
 
-// Block: (b, KV head g, p) for p < kAttentionDecodeCtas; it owns the key splits p, p + P, p + 2P,
-// ... (P = kAttentionDecodeCtas, kAttentionDecodeSplit keys each) below len = lens[b] clamped to
-// [0, cap], in that order, in tiles of 32, and writes their joint partial state (m, l,
-// un-normalised acc) for every head of the group; a block that owns no key writes nothing (the
-// combine reads only blocks p < ceil(len / split)). The grid does not grow with cap, so short
-// sequences in a long cache neither wait on one block's serial walk nor launch empty blocks.
-// Warp w handles the query heads hh = w, w + 4, ... (< G) of the group, so K/V are read once per
-// group. Shared: q rows (G, D), K, V tiles.
+// Block: (b, KV head g, part) for part < kAttentionDecodeCtas; it owns the key splits part,
+// part + P, part + 2P, ... (P = kAttentionDecodeCtas, kAttentionDecodeSplit keys each) below
+// len = lens[b] clamped to [0, cap], in that order, in tiles of 32, and writes their joint partial
+// state (m, l, un-normalised acc) for every head of the group; a block that owns no key writes
+// nothing (the combine reads only blocks part < ceil(len / split)). The grid does not grow with
+// cap, so short sequences in a long cache neither wait on one block's serial walk nor launch
+// empty blocks. Warp w handles the query heads hh = w, w + 4, ... (< G) of the group, so K/V are
+// read once per group. Shared: q rows (G, D), K, V tiles.
 template <int kDC>
 __global__ void __launch_bounds__(kWarps* kWarpSize)
     attn_decode_kernel(float* part_acc, float* part_ml, const bf16* q, const bf16* k_cache,
@@ -441,12 +441,12 @@ __global__ void __launch_bounds__(kWarps* kWarpSize)
   float* sq = smem;        // (G, D)
   float* sk = sq + G * D;  // (kBc, ks)
   float* sv = sk + kBc * ks;
-  const int p = static_cast<int>(blockIdx.x % P);
+  const int part = static_cast<int>(blockIdx.x % P);  // not p: the softmax weight below
   const int bg = static_cast<int>(blockIdx.x / P);
   const int b = bg / Hkv, g = bg % Hkv;
   const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
   const int len = max(0, min(cap, lens[b]));
-  if (p * kSplit >= len) return;  // block-uniform, before any barrier
+  if (part * kSplit >= len) return;  // block-uniform, before any barrier
   for (int i = threadIdx.x; i < G * D; i += blockDim.x)
     sq[i] = to_f32(q[(static_cast<int64_t>(b) * H + g * G) * D + i]);  // heads g·G .. g·G+G−1
   float m[kDecodeMaxHeadsPerWarp], l[kDecodeMaxHeadsPerWarp], acc[kDecodeMaxHeadsPerWarp][kDC];
@@ -457,7 +457,7 @@ __global__ void __launch_bounds__(kWarps* kWarpSize)
 #pragma unroll
     for (int c = 0; c < kDC; ++c) acc[i][c] = 0.0f;
   }
-  for (int sp = p; sp * kSplit < len; sp += P) {  // block-uniform
+  for (int sp = part; sp * kSplit < len; sp += P) {  // block-uniform
     const int c0 = sp * kSplit, c1 = min(len, c0 + kSplit);
     for (int s0 = c0; s0 < c1; s0 += kBc) {  // block-uniform
       __syncthreads();
@@ -492,7 +492,7 @@ __global__ void __launch_bounds__(kWarps* kWarpSize)
   for (int i = 0; i < kDecodeMaxHeadsPerWarp; ++i) {
     const int hh = warp + kWarps * i;
     if (hh >= G) continue;
-    const int64_t slot = (static_cast<int64_t>(b) * H + g * G + hh) * P + p;
+    const int64_t slot = (static_cast<int64_t>(b) * H + g * G + hh) * P + part;
 #pragma unroll
     for (int c = 0; c < kDC; ++c) {
       const int d = lane + kWarpSize * c;
