@@ -68,6 +68,8 @@ bool JsonlReader::next(nlohmann::json& out) {
       out = nlohmann::json::parse(text.begin(), text.end());
     } catch (const nlohmann::json::parse_error& e) {
       RLHF_FAIL("{}:{}: malformed JSON: {} (column {})", path_, line_, json_error_text(e), e.byte);
+    } catch (const nlohmann::json::exception& e) {  // e.g. a number beyond double: 1e8192
+      RLHF_FAIL("{}:{}: malformed JSON: {}", path_, line_, json_error_text(e));
     }
     RLHF_CHECK(out.is_object(), "{}:{}: expected a JSON object, got {}", path_, line_,
                out.type_name());
@@ -114,6 +116,8 @@ nlohmann::json parse_json_file(const std::string& path) {
     // e.byte counts the characters read, the offending one included.
     const auto [line, col] = line_column_of(text, e.byte > 0 ? e.byte - 1 : 0);
     RLHF_FAIL("{}:{}:{}: malformed JSON: {}", path, line, col, json_error_text(e));
+  } catch (const nlohmann::json::exception& e) {  // e.g. a number beyond double: 1e8192
+    RLHF_FAIL("{}: malformed JSON: {}", path, json_error_text(e));
   }
 }
 

@@ -81,6 +81,13 @@ TEST_CASE("json file: parse errors give file:line:column") {
                       p + ":3:8: malformed JSON: ");
   const std::string q = dir.write("trail.json", "{\"a\": 1,\n\"b\": 2,\n}");
   RLHF_CHECK_CONTAINS(test::error_of([&] { io::parse_json_file(q); }), q + ":3:1: malformed JSON");
+  // A number beyond double is nlohmann's out_of_range, not a parse_error: still rlhf::Error.
+  const std::string big = dir.write("big.json", "{\"hidden_size\": 1e8192}");
+  RLHF_CHECK_CONTAINS(test::error_of([&] { io::parse_json_file(big); }),
+                      big + ": malformed JSON: ");
+  const std::string big_lines = dir.write("big.jsonl", "{\"a\": 1}\n{\"a\": 1e8192}\n");
+  RLHF_CHECK_CONTAINS(test::error_of([&] { io::read_jsonl(big_lines); }),
+                      big_lines + ":2: malformed JSON: ");
   const std::string missing = dir.file("nope.json");
   CHECK(test::error_of([&] { io::parse_json_file(missing); }) ==
         "cannot open " + missing + ": No such file or directory");
