@@ -285,6 +285,8 @@ struct GenerationArgs {
   /// --kv_cache_dtype (vLLM's name) of CPU engines: auto = fp16 | fp16 | fp32 (exact, twice the
   /// bytes); GPU engines keep bf16
   std::string kv_cache_dtype = "auto";
+  /// --kv_block_size: positions per KV block (0 = 256 on the CPU, 16 on a GPU)
+  int64_t kv_block_size = 0;
   int64_t gen_max_num_seqs = 256;     ///< --gen_max_num_seqs: most sequences decoded at once
   int vllm_tensor_parallel_size = 1;  ///< --vllm_tensor_parallel_size: ranks per engine
   /// --vllm_gpu_memory_utilization: share of a GPU's memory a GPU engine may hold (weights,
@@ -504,7 +506,8 @@ struct BenchArgs {
   int64_t step_factor = 4;              ///< --step_factor: comm, size multiplier (-f)
   int64_t iters = 20;                   ///< --iters: comm, timed calls per size (-n)
   std::string kv_cache_dtype = "auto";  ///< --kv_cache_dtype: generate, the engine's KV cache
-  std::string pretrain;  ///< --pretrain: generate, a real model instead of random weights
+  int64_t kv_block_size = 0;  ///< --kv_block_size: generate, positions per KV block (0 = 256)
+  std::string pretrain;       ///< --pretrain: generate, a real model instead of random weights
   std::string gen_batches = "1,8,64";  ///< --gen_batches: generate, the fixed runs' batch sizes
   int64_t gen_long_requests = 256;     ///< --gen_long_requests: generate, ragged run (0 = skip)
   int64_t gen_long_fixed_batch = 8;    ///< --gen_long_fixed_batch: generate, long run (0 = skip)

@@ -61,6 +61,9 @@ void BenchArgs::bind(OptionSet& o) {
   o.add("kv_cache_dtype", kv_cache_dtype,
         "generate: KV cache element type (auto = fp16; fp32 also runs for the long-context ratio)")
       .check(one_of({"auto", "fp16", "fp32"}));
+  o.add("kv_block_size", kv_block_size,
+        "generate: positions per KV block of the engine (0 = the CPU default, 256)")
+      .check(ge(0));
   o.add("pretrain", pretrain,
         "generate: a real model (any --pretrain format) instead of random weights of "
         "--model_config");
@@ -276,6 +279,10 @@ void GenerationArgs::bind(OptionSet& o) {
         "KV cache element type of CPU engines: auto or fp16 (half the bytes attention reads), "
         "fp32 (exact, twice the bytes); GPU engines keep bf16")
       .check(one_of({"auto", "fp16", "fp32"}));
+  o.add("kv_block_size", kv_block_size,
+        "Positions per KV block of a generation engine (0 = 256 on the CPU, where longer "
+        "contiguous runs read faster; 16 on a GPU)")
+      .check(ge(0));
   o.add("gen_max_num_seqs", gen_max_num_seqs, "Most sequences a generation engine decodes at once")
       .check(ge(1));
   o.add("vllm_tensor_parallel_size", vllm_tensor_parallel_size,

@@ -158,6 +158,7 @@ int run_bench(const BenchArgs& args) {
     if (!args.model_config.empty()) o.config = io::load_model_config_file(args.model_config);
     o.seed = static_cast<uint64_t>(args.common.seed);
     o.kv_dtype = rollout::kv_dtype_from_string(args.kv_cache_dtype);
+    o.block_size = args.kv_block_size;
     o.pretrain = args.pretrain;
     o.batches = gen_batches;
     o.long_requests = args.gen_long_requests;

@@ -41,6 +41,7 @@ rollout::EngineOptions engine_options(const GenerationArgs& gen, parallel::Devic
   o.cuda_graphs = !gen.enforce_eager;
   // auto and fp16 mean fp16 in a CPU engine; a GPU engine keeps bf16 whatever this says.
   o.kv_cache_dtype = rollout::kv_dtype_from_string(gen.kv_cache_dtype);
+  o.block_size = gen.kv_block_size;
   return o;
 }
 

@@ -194,6 +194,8 @@ Engine::Engine(const model::ParamLayout& layout, const EngineOptions& options)
              "the generation engine needs a model with an LM head, not '{}'",
              model::to_string(layout.head()));
   RLHF_CHECK(opt_.max_batch >= 1, "engine: max_batch must be >= 1, got {}", opt_.max_batch);
+  RLHF_CHECK(opt_.block_size >= 0, "engine: --kv_block_size must be >= 0, got {}", opt_.block_size);
+  if (opt_.block_size == 0) opt_.block_size = opt_.cuda ? kGpuKvBlockSize : kCpuKvBlockSize;
   const model::ModelConfig& c = layout.config();
   spec_ = model::layer_spec(c);   // this rank's dims (narrowed below under tensor parallelism)
   model::ModelConfig kv_cfg = c;  // the KV heads this rank caches

@@ -281,6 +281,16 @@ TEST_CASE("continuous batching: each request's completion is its own whatever th
   std::reverse(reversed.begin(), reversed.end());
   check_same(together, by_key(engine->generate(reversed)), "reversed submission order");
 
+  // The block size moves positions between blocks, never the arithmetic: 16-position blocks
+  // (a GPU engine's) and odd 7-position ones give the CPU default's bits.
+  REQUIRE(engine->kv_cache().block_size() == rollout::kCpuKvBlockSize);
+  for (const int64_t bs : {16, 7}) {
+    EngineOptions other;
+    other.block_size = bs;
+    check_same(together, by_key(make_engine(cfg, other)->generate(reqs)),
+               "KV blocks of " + std::to_string(bs) + " positions");
+  }
+
   EngineOptions two_slots;
   two_slots.max_batch = 2;
   auto narrow = make_engine(cfg, two_slots);
@@ -387,6 +397,10 @@ TEST_CASE("generation stops at max_position_embeddings; bad requests are clear e
   r.sampling.greedy = false;
   r.sampling.top_p = 1.5;
   CHECK_THROWS_WITH_AS(engine->generate({r}), doctest::Contains("top_p"), Error);
+  EngineOptions negative;
+  negative.block_size = -1;
+  CHECK_THROWS_WITH_AS(make_engine(tiny(false, model::RopeStyle::kRotateHalf, true), negative),
+                       doctest::Contains("--kv_block_size"), Error);
 }
 
 TEST_CASE("unit buffers are the weights the engine reads, and it has no gradients") {

@@ -110,6 +110,9 @@ RLHF_AVX512_DIAGNOSTICS_PUSH
 #define RLHF_ATT_DECODE_F16_AVX512 1
 #endif
 
+// Blocks of a head's K (or V) rows prefetched ahead of the one being read.
+constexpr int64_t kPrefetchBlocks = 1;
+
 // Chunk c (16 lanes, the last one masked by `tail`) of a row of D values, widened to fp32.
 template <int NV>
 inline __m512 load_chunk(const float* p, int c, __mmask16 tail) {
@@ -124,11 +127,68 @@ inline __m512 load_chunk(const f16* p, int c, __mmask16 tail) {
 }
 #endif
 
+// Query heads one V pass serves at once: 2·NV·GB accumulators of the chunk stay within 24 of the
+// 32 vector registers.
+template <int NV>
+constexpr int64_t heads_per_pass() {
+  return std::max(1, std::min(4, 12 / NV));
+}
+
+// out_j = (Σ_s e[j, s] · V[s]) / Z_j for the GB heads j0 .. j0 + GB − 1 of a group, reading each
+// cached V row once for all of them. Even and odd positions go to two accumulator sets (two
+// independent FMA chains per lane), added at the end: the order is fixed by the position alone.
+template <int NV, int GB, typename KV, typename Prefetch>
+void value_pass(const Group<float, KV>& a, const float* S, const float* inv, int64_t j0,
+                const Prefetch& prefetch_block) {
+  const int64_t n = a.n, D = a.D;
+  const __mmask16 tail = first_lanes(D - 16 * (NV - 1));
+  __m512 acc0[GB][NV], acc1[GB][NV];
+  for (int h = 0; h < GB; ++h)
+    for (int c = 0; c < NV; ++c) acc0[h][c] = acc1[h][c] = _mm512_setzero_ps();
+  RowCursor cur{a.table, a.bs, a.block_stride, a.D};
+  int64_t s = 0;
+  for (; s + 1 < n; s += 2) {
+    if (cur.r == 0 && j0 == 0) prefetch_block(a.v, cur.blk + kPrefetchBlocks);
+    const KV* v0 = a.v + cur.offset();
+    cur.next();
+    const KV* v1 = a.v + cur.offset();
+    cur.next();
+    for (int c = 0; c < NV; ++c) {
+      const __m512 x0 = load_chunk<NV>(v0, c, tail), x1 = load_chunk<NV>(v1, c, tail);
+      for (int h = 0; h < GB; ++h) {
+        const float* p = S + (j0 + h) * n + s;
+        acc0[h][c] = _mm512_fmadd_ps(_mm512_set1_ps(p[0]), x0, acc0[h][c]);
+        acc1[h][c] = _mm512_fmadd_ps(_mm512_set1_ps(p[1]), x1, acc1[h][c]);
+      }
+    }
+  }
+  if (s < n) {  // an odd last position
+    const KV* v0 = a.v + cur.offset();
+    for (int c = 0; c < NV; ++c) {
+      const __m512 x0 = load_chunk<NV>(v0, c, tail);
+      for (int h = 0; h < GB; ++h)
+        acc0[h][c] = _mm512_fmadd_ps(_mm512_set1_ps(S[(j0 + h) * n + s]), x0, acc0[h][c]);
+    }
+  }
+  for (int h = 0; h < GB; ++h) {
+    const __m512 iz = _mm512_set1_ps(inv[j0 + h]);
+    float* o = a.out + (j0 + h) * D;
+    for (int c = 0; c < NV; ++c) {
+      const __m512 r = _mm512_mul_ps(_mm512_add_ps(acc0[h][c], acc1[h][c]), iz);
+      if (c == NV - 1)
+        _mm512_mask_storeu_ps(o + 16 * c, tail, r);
+      else
+        _mm512_storeu_ps(o + 16 * c, r);
+    }
+  }
+}
+
 // fp32 AVX-512 path for D ≤ 16·NV: a head's D values are NV 16-lane chunks (the last one masked)
 // held in registers. Scores go 16 positions at a time — 16 dot-product accumulators, reduced
-// together by hsum16_f32 into one vector of 16 scores — and the weighted sum of values keeps its
-// NV accumulators in registers. Same formula and order of positions as group_generic. KV: float,
-// or f16 widened in registers as it is loaded (half the bytes from memory, the same fp32 math).
+// together by hsum16_f32 into one vector of 16 scores — and the weighted sum of values is
+// value_pass (accumulators in registers, each V row read once per chunk of heads). Same formula
+// as group_generic; the value sum adds even and odd positions separately. KV: float, or f16
+// widened in registers as it is loaded (half the bytes from memory, the same fp32 math).
 template <int NV, typename KV>
 void group_f32(const Group<float, KV>& a, float* S, float* inv) {
   const int64_t n = a.n, G = a.G, D = a.D;
@@ -144,13 +204,13 @@ void group_f32(const Group<float, KV>& a, float* S, float* inv) {
     for (int64_t off = 0; off < span * int64_t(sizeof(KV)); off += 64)
       _mm_prefetch(p + off, _MM_HINT_T0);
   };
-  prefetch_block(a.k, 0);
+  for (int64_t i = 0; i < kPrefetchBlocks; ++i) prefetch_block(a.k, i);
   RowCursor cur{a.table, a.bs, a.block_stride, a.D};
   for (int64_t s0 = 0; s0 < n; s0 += 16) {
     const int64_t rows = std::min<int64_t>(16, n - s0);
     const KV* kr[16];
     for (int64_t i = 0; i < rows; ++i, cur.next()) {
-      if (cur.r == 0) prefetch_block(a.k, cur.blk + 1);
+      if (cur.r == 0) prefetch_block(a.k, cur.blk + kPrefetchBlocks);
       kr[i] = a.k + cur.offset();
     }
     for (int64_t j = 0; j < G; ++j) {
@@ -170,28 +230,27 @@ void group_f32(const Group<float, KV>& a, float* S, float* inv) {
                             _mm512_mul_ps(hsum16_f32(acc), scale));
     }
   }
-  prefetch_block(a.v, 0);
+  for (int64_t i = 0; i < kPrefetchBlocks; ++i) prefetch_block(a.v, i);
   softmax_rows(S, inv, G, n);
-  for (int64_t j = 0; j < G; ++j) {
-    const float* p = S + j * n;
-    __m512 acc[NV];
-    for (int c = 0; c < NV; ++c) acc[c] = _mm512_setzero_ps();
-    cur = RowCursor{a.table, a.bs, a.block_stride, a.D};
-    for (int64_t s = 0; s < n; ++s, cur.next()) {
-      if (cur.r == 0 && j == 0) prefetch_block(a.v, cur.blk + 1);
-      const KV* vr = a.v + cur.offset();
-      const __m512 ps = _mm512_set1_ps(p[s]);
-      for (int c = 0; c < NV; ++c) acc[c] = _mm512_fmadd_ps(ps, load(vr, c), acc[c]);
+  // Heads in chunks of up to heads_per_pass<NV>() (their 2·NV accumulators each stay in
+  // registers): each chunk reads every cached V row once.
+  for (int64_t j = 0; j < G;) {
+    const int64_t gb = std::min<int64_t>(G - j, heads_per_pass<NV>());
+    switch (gb) {
+      case 4:
+        value_pass<NV, 4>(a, S, inv, j, prefetch_block);
+        break;
+      case 3:
+        value_pass<NV, 3>(a, S, inv, j, prefetch_block);
+        break;
+      case 2:
+        value_pass<NV, 2>(a, S, inv, j, prefetch_block);
+        break;
+      default:
+        value_pass<NV, 1>(a, S, inv, j, prefetch_block);
+        break;
     }
-    const __m512 iz = _mm512_set1_ps(inv[j]);
-    float* o = a.out + j * D;
-    for (int c = 0; c < NV; ++c) {
-      const __m512 r = _mm512_mul_ps(acc[c], iz);
-      if (c == NV - 1)
-        _mm512_mask_storeu_ps(o + 16 * c, tail, r);
-      else
-        _mm512_storeu_ps(o + 16 * c, r);
-    }
+    j += gb;
   }
 }
 
