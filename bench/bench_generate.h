@@ -34,7 +34,10 @@ struct BenchGenerateOptions {
   int64_t long_fixed_batch = 8;
   /// The engine's KV cache element type (--kv_cache_dtype; the CLI's default is fp16).
   rollout::KvDtype kv_dtype = rollout::KvDtype::kFloat16;
+  int64_t block_size = 0;  ///< positions per KV block (--kv_block_size; 0 = the CPU default)
   int repeats = 3;         ///< timed repeats of each fixed-length run (the fastest is reported)
+  /// Rounds of (fixed run at new_tokens, long run) for the long ratio: the fastest of each side.
+  int long_rounds = 3;
   int64_t triad_mb = 256;  ///< bytes of each of the triad's three arrays
   uint64_t seed = 42;
 };
@@ -51,6 +54,14 @@ double bench_triad(int64_t bytes_per_array, int reps, const Emit& emit);
 double bench_sgemm_decode_shapes(const model::ModelConfig& cfg, int64_t rows, const Emit& emit,
                                  double* decode_kernel_gflops = nullptr);
 
+/// Decode attention alone (model::attention_decode_cpu, fp16 cache) over every layer of `cfg` for
+/// `batch` sequences of `positions` cached positions each, in blocks of `block_size` positions
+/// handed out in a shuffled order: the fastest of 5 timed steps after an untimed one. Returns the
+/// K/V bytes read per second (GB/s) and emits {"bench":"attention_decode", batch, positions,
+/// block_size, step_ms, kv_bytes_per_step, GBps, threads}. Throws rlhf::Error on a size < 1.
+double bench_attention_decode(const model::ModelConfig& cfg, int64_t batch, int64_t positions,
+                              int64_t block_size, const Emit& emit);
+
 /// Runs the fixed-length decode runs (each batch size: that many requests of prompt_len random
 /// tokens, new_tokens each, EOS ignored, temperature 1; one untimed warm-up, then the fastest of
 /// `repeats` timed runs) and the ragged run (timed once), and emits per run {"bench":"generate",
@@ -58,9 +69,11 @@ double bench_sgemm_decode_shapes(const model::ModelConfig& cfg, int64_t rows, co
 /// kv_bytes_per_step, read_GBps, triad_GBps, ratio_to_triad, decode_gflops_per_s,
 /// sgemm_gflops_per_s, ratio_to_sgemm, mean_batch, kv_cache_dtype, ...}; the ragged run adds
 /// ratio_to_fixed (its tokens/s over the fixed run's at the same batch); the long fixed runs
-/// ("fixed_long", timed once each) add ratio_to_fixed (over the fixed run of the same batch and
-/// dtype at new_tokens) and, in kv_dtype, ratio_to_fp32 (over the same run with an fp32 cache).
-/// One rank only.
+/// ("fixed_long": long_rounds rounds of the fixed run at new_tokens then the long run, the
+/// fastest of each) add ratio_to_fixed (over that fixed run, same batch and dtype) and, in
+/// kv_dtype, ratio_to_fp32 (over the same run with an fp32 cache). With long runs, first
+/// bench_attention_decode at their mean context in 16-position blocks and in the engine's
+/// (--kv_block_size). One rank only.
 void run_bench_generate(const BenchGenerateOptions& opt, const Emit& emit);
 
 }  // namespace rlhf::bench
