@@ -49,6 +49,8 @@ import subprocess
 import sys
 import time
 
+from libstdcxx_random import MT19937_64, uniform_below  # next to this file
+
 
 def parse_args():
     p = argparse.ArgumentParser(
@@ -113,45 +115,6 @@ def log(msg):
 
 
 # --- rlhf's prompts: std::mt19937_64 and libstdc++'s uniform_int_distribution ----------------
-
-class MT19937_64:
-    """std::mt19937_64, bit for bit."""
-    N, M, MASK = 312, 156, (1 << 64) - 1
-
-    def __init__(self, seed):
-        self.mt = [seed & self.MASK]
-        for i in range(1, self.N):
-            prev = self.mt[-1]
-            self.mt.append((6364136223846793005 * (prev ^ (prev >> 62)) + i) & self.MASK)
-        self.i = self.N
-
-    def __call__(self):
-        if self.i >= self.N:
-            mt = self.mt
-            for k in range(self.N):
-                y = (mt[k] & 0xFFFFFFFF80000000) | (mt[(k + 1) % self.N] & 0x7FFFFFFF)
-                v = mt[(k + self.M) % self.N] ^ (y >> 1)
-                mt[k] = v ^ 0xB5026F5AA96619E9 if y & 1 else v
-            self.i = 0
-        y = self.mt[self.i]
-        self.i += 1
-        y ^= (y >> 29) & 0x5555555555555555
-        y ^= (y << 17) & 0x71D67FFFEDA60000
-        y ^= (y << 37) & 0xFFF7EEE000000000
-        y ^= y >> 43
-        return y & self.MASK
-
-
-def uniform_below(gen, n):
-    """libstdc++ (GCC >= 11) uniform_int_distribution(0, n-1) over a 64-bit engine: Lemire's
-    multiply-shift with rejection."""
-    p = gen() * n
-    if (p & MT19937_64.MASK) < n:
-        threshold = ((1 << 64) - n) % n
-        while (p & MT19937_64.MASK) < threshold:
-            p = gen() * n
-    return p >> 64
-
 
 def rlhf_prompts(seed, vocab, prompt_len, batches):
     """The prompts of rlhf bench generate's fixed runs: one generator, batch sizes in order,
