@@ -324,6 +324,11 @@ void GenerationArgs::validate(const std::string& device) const {
         "--env_command needs --vllm_tensor_parallel_size 1 (got {}): one environment "
         "program per generation rank",
         vllm_tensor_parallel_size);
+  if (stop_strings.empty() && env_max_turns > 1)
+    LOG0_WARN(
+        "--env_command without --stop_strings: a turn ends only at EOS or --generate_max_len, "
+        "and neither lets the environment answer, so every episode has one turn\nhint: pass the "
+        "strings that end an action, e.g. --stop_strings \"</calc>\"");
 }
 
 void GenerateArgs::bind(OptionSet& o) {

@@ -950,6 +950,31 @@ TEST_CASE("cli: a TRL option name says which rlhf flag means the same") {
   CHECK(contains(with({"--learning_rate", "1e-6"}), "--actor_learning_rate"));
 }
 
+TEST_CASE(
+    "multi-turn flags: --env_command without --stop_strings warns that episodes have one turn") {
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / fmt::format("rlhf_test_env_warn_{}", ::getpid());
+  auto warned = [&](const std::vector<std::string>& extra) {
+    std::filesystem::remove_all(dir);
+    rlhf::init_logging({0, 1, "off", dir.string()});
+    std::vector<std::string> args = {
+        "grpo",       "--model_config",         "m.toml", "--prompt_data",
+        "p.jsonl",    "--n_samples_per_prompt", "2",      "--env_command",
+        "builtin:toy"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    (void)parse(args);
+    rlhf::flush_logs();
+    rlhf::init_logging({});
+    std::ifstream in(dir / "rank_00000.log");
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    return contains(text, "without --stop_strings");
+  };
+  CHECK(warned({}));
+  CHECK(!warned({"--stop_strings", "</calc>"}));
+  CHECK(!warned({"--env_max_turns", "1"}));  // one turn asked for: nothing to warn about
+  std::filesystem::remove_all(dir);
+}
+
 TEST_CASE("multi-turn flags: --env_command, --stop_strings and its OpenRLHF alias") {
   const std::vector<std::string> base = {"generate", "--pretrain",    "m.h5",   "--dataset",
                                          "p.jsonl",  "--output_path", "o.jsonl"};
