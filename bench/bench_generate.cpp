@@ -223,20 +223,21 @@ void run_bench_generate(const BenchGenerateOptions& opt, const Emit& emit) {
   eo.max_batch = max_batch;
   eo.ignore_eos = true;
   eo.kv_cache_dtype = opt.kv_dtype;
-  eo.block_size = opt.block_size > 0 ? opt.block_size : rollout::kCpuKvBlockSize;
+  eo.block_size = opt.block_size;
+  const int64_t block_size = eo.resolved_block_size();  // what the engine will use
   if (opt.long_fixed_batch > 0) {
     // Decode attention alone at the long run's mean context, in 16-position blocks (a GPU
     // engine's, vLLM's) and in the engine's: what the block size is worth.
     const int64_t ctx = opt.prompt_len + opt.long_new_tokens / 2;
     const double g16 = bench_attention_decode(cfg, opt.long_fixed_batch, ctx, 16, emit);
-    const double g = bench_attention_decode(cfg, opt.long_fixed_batch, ctx, eo.block_size, emit);
+    const double g = bench_attention_decode(cfg, opt.long_fixed_batch, ctx, block_size, emit);
     LOG0_INFO(
         "attention decode fp16 batch {} x {} positions: {:.1f} GB/s in 16-position blocks, {:.1f} "
         "GB/s in {}-position blocks ({:.2f}x)",
-        opt.long_fixed_batch, ctx, g16, g, eo.block_size, g / g16);
+        opt.long_fixed_batch, ctx, g16, g, block_size, g / g16);
   }
   {
-    const rollout::KvCache probe(cfg, int64_t(1) << 30, eo.block_size,
+    const rollout::KvCache probe(cfg, int64_t(1) << 30, block_size,
                                  rollout::kv_element_bytes(opt.kv_dtype));
     eo.kv_cache_bytes =
         max_batch * probe.blocks_for(opt.prompt_len + longest) * probe.bytes_per_block();
@@ -327,7 +328,6 @@ void run_bench_generate(const BenchGenerateOptions& opt, const Emit& emit) {
   };
 
   double fixed_at_long_batch = 0;
-  std::map<int64_t, double> fixed_tok_s;  // batch -> tokens/s of the fixed run
   for (int64_t B : opt.batches) {
     std::vector<rollout::GenerationRequest> reqs;
     for (int64_t i = 0; i < B; ++i) reqs.push_back(request(uint64_t(i), opt.new_tokens));
@@ -338,7 +338,6 @@ void run_bench_generate(const BenchGenerateOptions& opt, const Emit& emit) {
       if (rep == 0 || engine.stats().total_s < st.total_s) st = engine.stats();
     }
     if (B == opt.long_batch) fixed_at_long_batch = double(st.generated_tokens) / st.total_s;
-    fixed_tok_s[B] = double(st.generated_tokens) / st.total_s;
     report("fixed", B, B, opt.new_tokens, st, 0.0, engine);
   }
   if (opt.long_fixed_batch > 0) {
@@ -377,7 +376,8 @@ void run_bench_generate(const BenchGenerateOptions& opt, const Emit& emit) {
       report("fixed_long", B, B, opt.long_new_tokens, l32, fp32_long / tok_s(s32), *e32);
     }
     const auto [sst, lst] = paired(engine);
-    if (!fixed_tok_s.count(B)) report("fixed", B, B, opt.new_tokens, sst, 0.0, engine);
+    if (std::find(opt.batches.begin(), opt.batches.end(), B) == opt.batches.end())
+      report("fixed", B, B, opt.new_tokens, sst, 0.0, engine);  // not among the fixed runs
     report("fixed_long", B, B, opt.long_new_tokens, lst, tok_s(lst) / tok_s(sst), engine,
            fp32_long > 0 ? tok_s(lst) / fp32_long : 0.0);
   }

@@ -195,7 +195,7 @@ Engine::Engine(const model::ParamLayout& layout, const EngineOptions& options)
              model::to_string(layout.head()));
   RLHF_CHECK(opt_.max_batch >= 1, "engine: max_batch must be >= 1, got {}", opt_.max_batch);
   RLHF_CHECK(opt_.block_size >= 0, "engine: --kv_block_size must be >= 0, got {}", opt_.block_size);
-  if (opt_.block_size == 0) opt_.block_size = opt_.cuda ? kGpuKvBlockSize : kCpuKvBlockSize;
+  opt_.block_size = opt_.resolved_block_size();
   const model::ModelConfig& c = layout.config();
   spec_ = model::layer_spec(c);   // this rank's dims (narrowed below under tensor parallelism)
   model::ModelConfig kv_cfg = c;  // the KV heads this rank caches

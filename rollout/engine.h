@@ -26,7 +26,7 @@ namespace rlhf::rollout {
 /// Default positions per KV block of a CPU engine. Decode attention reads one KV head's rows of a
 /// block as one contiguous run (block_size·head_dim elements): with 16-position blocks a run is
 /// 1.5 KB at head_dim 48 and the thread waits on memory (8–9 GB/s of one core's ~29 GB/s
-/// sequential read on the development machine); 256-position runs read 1.6–1.9× faster once the
+/// sequential read on the development machine); 256-position runs read 1.5–1.9× faster once the
 /// cache outgrows L3. The cost is at most 255 unused positions per sequence.
 inline constexpr int64_t kCpuKvBlockSize = 256;
 /// Default positions per KV block of a GPU engine (vLLM's; the paged decode kernel splits a
@@ -41,7 +41,7 @@ struct EngineOptions {
   /// per byte of budget; keys and values rounded to 11 significant bits). A GPU engine keeps bf16.
   KvDtype kv_cache_dtype = KvDtype::kFloat32;
   /// Positions per KV block (--kv_block_size); 0 = the device's default, kCpuKvBlockSize or
-  /// kGpuKvBlockSize.
+  /// kGpuKvBlockSize (resolved_block_size()).
   int64_t block_size = 0;
   int64_t max_batch = 256;    ///< most sequences decoded at once (vLLM max_num_seqs)
   int32_t eos_token_id = -1;  ///< stop token; -1 = the model config's eos_token_id
@@ -64,6 +64,12 @@ struct EngineOptions {
   /// lands the trainers' padded shards whole (parallel::WeightSync::engine_unit_room). The engine
   /// reads only [0, numel) of each.
   std::vector<int64_t> unit_room;
+
+  /// The block size an engine built with these options uses: block_size, or when it is 0 the
+  /// default of the device `cuda` names.
+  int64_t resolved_block_size() const {
+    return block_size > 0 ? block_size : cuda ? kGpuKvBlockSize : kCpuKvBlockSize;
+  }
 };
 
 /// One prompt to complete n_samples times.

@@ -110,9 +110,6 @@ RLHF_AVX512_DIAGNOSTICS_PUSH
 #define RLHF_ATT_DECODE_F16_AVX512 1
 #endif
 
-// Blocks of a head's K (or V) rows prefetched ahead of the one being read.
-constexpr int64_t kPrefetchBlocks = 1;
-
 // Chunk c (16 lanes, the last one masked by `tail`) of a row of D values, widened to fp32.
 template <int NV>
 inline __m512 load_chunk(const float* p, int c, __mmask16 tail) {
@@ -148,7 +145,7 @@ void value_pass(const Group<float, KV>& a, const float* S, const float* inv, int
   RowCursor cur{a.table, a.bs, a.block_stride, a.D};
   int64_t s = 0;
   for (; s + 1 < n; s += 2) {
-    if (cur.r == 0 && j0 == 0) prefetch_block(a.v, cur.blk + kPrefetchBlocks);
+    if (cur.r == 0 && j0 == 0) prefetch_block(a.v, cur.blk + 1);
     const KV* v0 = a.v + cur.offset();
     cur.next();
     const KV* v1 = a.v + cur.offset();
@@ -204,13 +201,13 @@ void group_f32(const Group<float, KV>& a, float* S, float* inv) {
     for (int64_t off = 0; off < span * int64_t(sizeof(KV)); off += 64)
       _mm_prefetch(p + off, _MM_HINT_T0);
   };
-  for (int64_t i = 0; i < kPrefetchBlocks; ++i) prefetch_block(a.k, i);
+  prefetch_block(a.k, 0);
   RowCursor cur{a.table, a.bs, a.block_stride, a.D};
   for (int64_t s0 = 0; s0 < n; s0 += 16) {
     const int64_t rows = std::min<int64_t>(16, n - s0);
     const KV* kr[16];
     for (int64_t i = 0; i < rows; ++i, cur.next()) {
-      if (cur.r == 0) prefetch_block(a.k, cur.blk + kPrefetchBlocks);
+      if (cur.r == 0) prefetch_block(a.k, cur.blk + 1);
       kr[i] = a.k + cur.offset();
     }
     for (int64_t j = 0; j < G; ++j) {
@@ -230,7 +227,7 @@ void group_f32(const Group<float, KV>& a, float* S, float* inv) {
                             _mm512_mul_ps(hsum16_f32(acc), scale));
     }
   }
-  for (int64_t i = 0; i < kPrefetchBlocks; ++i) prefetch_block(a.v, i);
+  prefetch_block(a.v, 0);
   softmax_rows(S, inv, G, n);
   // Heads in chunks of up to heads_per_pass<NV>() (their 2·NV accumulators each stay in
   // registers): each chunk reads every cached V row once.
