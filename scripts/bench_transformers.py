@@ -43,12 +43,11 @@ import argparse
 import json
 import os
 import platform
-import re
-import statistics
 import subprocess
 import sys
 import time
 
+from bench_common import cpu_name, rlhf_version, spread  # next to this file
 from libstdcxx_random import MT19937_64, uniform_below  # next to this file
 
 
@@ -204,27 +203,6 @@ def run_rlhf(args):
             sys.exit(f"bench_transformers: rlhf ran {row.get('threads')} threads, not "
                      f"{args.threads}")
     return cmd, rows
-
-
-def rlhf_version(path):
-    try:
-        r = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=30)
-        return (r.stdout or r.stderr).strip().splitlines()[0] if r.returncode == 0 else None
-    except (OSError, subprocess.SubprocessError, IndexError):
-        return None
-
-
-def cpu_name():
-    try:
-        with open("/proc/cpuinfo") as f:
-            m = re.search(r"^model name\s*:\s*(.*)$", f.read(), re.M)
-            return m.group(1).strip() if m else platform.processor()
-    except OSError:
-        return platform.processor()
-
-
-def spread(xs):
-    return {"median": statistics.median(xs), "min": min(xs), "max": max(xs)}
 
 
 def main():

@@ -80,13 +80,13 @@ import os
 import platform
 import re
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from importlib.metadata import PackageNotFoundError, version
 
+from bench_common import cpu_name, rlhf_version, spread  # next to this file
 from libstdcxx_random import MASK64, MT19937_64, uniform_below  # next to this file
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -574,10 +574,6 @@ def per_run(res):
     return row
 
 
-def spread(xs):
-    return {"median": statistics.median(xs), "min": min(xs), "max": max(xs)}
-
-
 def fmt(s, f="{:.1f}"):
     return f"{f.format(s['median'])} ({f.format(s['min'])}-{f.format(s['max'])})"
 
@@ -595,23 +591,6 @@ def sha256_file(path):
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()
-
-
-def rlhf_version(path):
-    try:
-        r = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=30)
-        return (r.stdout or r.stderr).strip().splitlines()[0] if r.returncode == 0 else None
-    except (OSError, subprocess.SubprocessError, IndexError):
-        return None
-
-
-def cpu_name():
-    try:
-        with open("/proc/cpuinfo") as f:
-            m = re.search(r"^model name\s*:\s*(.*)$", f.read(), re.M)
-            return m.group(1).strip() if m else platform.processor()
-    except OSError:
-        return platform.processor()
 
 
 def prepare_prompts(a, work):
