@@ -153,9 +153,9 @@ void Transformer<T>::reserve(int64_t B, int64_t T_len, bool for_backward) {
 template <typename T>
 int64_t Transformer<T>::activation_bytes() const {
   size_t n = res_.size() + layers_.size() + lnf_.size() + rstdf_.size() + logits_.size() +
-             lse_.size() + entropy_.size() + dres_.size() + dln_.size() + datty_.size() +
-             dq_.size() + dk_.size() + dv_.size() + dq_raw_.size() + dk_raw_.size() + dh_.size() +
-             dgate_.size() + dup_.size() + dlnf_.size();
+             lse_.size() + entropy_.size() + sweep_res_.size() + dres_.size() + dln_.size() +
+             datty_.size() + dq_.size() + dk_.size() + dv_.size() + dq_raw_.size() +
+             dk_raw_.size() + dh_.size() + dgate_.size() + dup_.size() + dlnf_.size();
   return static_cast<int64_t>(n * sizeof(T));
 }
 
@@ -206,11 +206,29 @@ const T* Transformer<T>::x_last() const {
 }
 
 template <typename T>
-void Transformer<T>::final_norm(const T* head_params) {
+void Transformer<T>::final_norm(const T* head_params, const T* x) {
   const UnitLayout& hu = layout_.unit(layout_.head_unit());
-  rmsnorm_forward_cpu(lnf_.data(), rstdf_.data(), x_last(),
+  rmsnorm_forward_cpu(lnf_.data(), rstdf_.data(), x,
                       head_params + hu.at("model.norm.weight").offset, N_, C_,
                       layout_.config().rms_norm_eps);
+}
+
+template <typename T>
+void Transformer<T>::lm_logprobs(const T* w, T* lp, T* entropy, bool keep_logits) {
+  // Kept for backward, the (N, V) logits are whole (backward turns them into dlogits in place);
+  // otherwise rows go through a bounded chunk buffer.
+  const int64_t chunk =
+      keep_logits ? N_ : std::min<int64_t>(N_, std::max<int64_t>(1, (int64_t(1) << 24) / V_));
+  grow(logits_, chunk * V_, "logits");
+  T* ent = entropy ? entropy_.data() : nullptr;
+  for (int64_t r0 = 0; r0 < N_; r0 += chunk) {
+    const int64_t rows = std::min(chunk, N_ - r0);
+    linear_forward_cpu(logits_.data(), lnf_.data() + r0 * C_, w, static_cast<const T*>(nullptr),
+                       rows, C_, V_);
+    logprob_forward_cpu(lp + r0, lse_.data() + r0, ent ? ent + r0 : nullptr, logits_.data(),
+                        targets_.data() + r0, rows, V_, inv_temperature_);
+  }
+  if (entropy) std::copy(entropy_.data(), entropy_.data() + N_, entropy);
 }
 
 template <typename T>
@@ -226,22 +244,9 @@ void Transformer<T>::forward_lm(UnitProvider<T>& p, const int32_t* tokens, const
   const int hu = layout_.head_unit(), eu = layout_.embedding_unit();
   const bool tied = layout_.config().tie_word_embeddings;
   const T* hp = p.acquire_params(hu);
-  final_norm(hp);
+  final_norm(hp, x_last());
   const T* w = acquire_lm_head(p, layout_, hp, static_cast<T*>(nullptr)).w;
-  // With backward the (N, V) logits are kept (backward turns them into dlogits in place);
-  // without, rows go through a bounded chunk buffer.
-  const int64_t chunk =
-      for_backward ? N_ : std::min<int64_t>(N_, std::max<int64_t>(1, (int64_t(1) << 24) / V_));
-  grow(logits_, chunk * V_, "logits");
-  T* ent = entropy ? entropy_.data() : nullptr;
-  for (int64_t r0 = 0; r0 < N_; r0 += chunk) {
-    const int64_t rows = std::min(chunk, N_ - r0);
-    linear_forward_cpu(logits_.data(), lnf_.data() + r0 * C_, w, static_cast<const T*>(nullptr),
-                       rows, C_, V_);
-    logprob_forward_cpu(lp + r0, lse_.data() + r0, ent ? ent + r0 : nullptr, logits_.data(),
-                        targets_.data() + r0, rows, V_, inv_temperature);
-  }
-  if (entropy) std::copy(entropy_.data(), entropy_.data() + N_, entropy);
+  lm_logprobs(w, lp, entropy, for_backward);
   if (tied) p.release_params(eu);
   p.release_params(hu);
   p.end_pass(false);
@@ -259,7 +264,7 @@ void Transformer<T>::forward_logits(UnitProvider<T>& p, const int32_t* tokens, i
   const int hu = layout_.head_unit(), eu = layout_.embedding_unit();
   const bool tied = layout_.config().tie_word_embeddings;
   const T* hp = p.acquire_params(hu);
-  final_norm(hp);
+  final_norm(hp, x_last());
   const T* w = acquire_lm_head(p, layout_, hp, static_cast<T*>(nullptr)).w;
   linear_forward_cpu(logits, lnf_.data(), w, static_cast<const T*>(nullptr), N_, C_, V_);
   if (tied) p.release_params(eu);
@@ -321,7 +326,7 @@ void Transformer<T>::forward_scalar(UnitProvider<T>& p, const int32_t* tokens, i
   trunk_forward(p, tokens, B, T_len, for_backward);
   const int hu = layout_.head_unit();
   const T* hp = p.acquire_params(hu);
-  final_norm(hp);
+  final_norm(hp, x_last());
   linear_forward_cpu(values, lnf_.data(), hp + layout_.unit(hu).at("score.weight").offset,
                      static_cast<const T*>(nullptr), N_, C_, int64_t(1));
   p.release_params(hu);

@@ -12,6 +12,18 @@
 
 namespace rlhf::model {
 
+/// One micro-batch of a forward-only sweep (Transformer::forward_lm_sweep / forward_scalar_sweep):
+/// B right-padded sequences of seq_len tokens. tokens, targets: (B, seq_len) int32 (targets: the
+/// LM head's, as in forward_lm; unused by the scalar head); out: (B, seq_len) — the log-probs or
+/// the scalar values.
+template <typename T>
+struct ForwardBatch {
+  const int32_t* tokens = nullptr;
+  const int32_t* targets = nullptr;
+  int64_t B = 0, seq_len = 0;
+  T* out = nullptr;
+};
+
 /// Forward/backward of the whole model for a batch of B right-padded sequences of length T
 /// (N = B·T tokens; position of token t is t). Parameters come from a UnitProvider, one unit at a
 /// time, so the same code runs on full local buffers and on ZeRO-3 shards.
@@ -53,6 +65,22 @@ class Transformer {
   /// Scalar-head backward for the last forward_scalar(for_backward = true); dvalues (B, T).
   void backward_scalar(UnitProvider<T>& p, const T* dvalues);
 
+  /// Forward-only LM passes over several micro-batches, unit-major: each unit is acquired once
+  /// and applied to every batch before the next (one ZeRO-3 gather per unit for the whole list
+  /// instead of one per micro-batch). Each batch's lp is bit-identical to forward_lm(for_backward =
+  /// false) on that batch alone: the same kernels run on the same shapes. Holds every batch's
+  /// residual stream at once (Σ B·seq_len·hidden_size elements; sweep_residual_bytes). Ends any
+  /// backward state. Throws what forward_lm throws.
+  void forward_lm_sweep(UnitProvider<T>& p, const std::vector<ForwardBatch<T>>& batches,
+                        T inv_temperature = T(1));
+
+  /// forward_lm_sweep for the scalar head: out = values (B, seq_len), bit-identical to
+  /// forward_scalar(for_backward = false) on each batch.
+  void forward_scalar_sweep(UnitProvider<T>& p, const std::vector<ForwardBatch<T>>& batches);
+
+  /// Bytes a sweep holds for its residual streams per token (hidden_size elements of T).
+  int64_t sweep_residual_bytes_per_token() const { return C_ * int64_t(sizeof(T)); }
+
   /// Bytes of activation memory currently allocated (for the memory report).
   int64_t activation_bytes() const;
 
@@ -73,7 +101,9 @@ class Transformer {
   void trunk_forward(UnitProvider<T>& p, const int32_t* tokens, int64_t B, int64_t T_,
                      bool for_backward);
   void trunk_backward(UnitProvider<T>& p, T* dres);
-  void final_norm(const T* head_params);
+  void final_norm(const T* head_params, const T* x);
+  void lm_logprobs(const T* w, T* lp, T* entropy, bool keep_logits);
+  std::vector<int64_t> sweep_trunk(UnitProvider<T>& p, const std::vector<ForwardBatch<T>>& batches);
   const T* x_last() const;
   void head_backward_common(UnitProvider<T>& p, const T* head_params, T* head_grads);
 
@@ -97,6 +127,7 @@ class Transformer {
   std::vector<T> res_;     // (L+1, N, C)
   std::vector<T> layers_;  // (n_sets, layer_floats)
   std::vector<T> lnf_, rstdf_, logits_, lse_, entropy_;
+  std::vector<T> sweep_res_;  // a sweep's residual streams, batch after batch (Σ N_b, C)
   // Backward scratch.
   std::vector<T> dres_, dln_, datty_, dq_, dk_, dv_, dq_raw_, dk_raw_, dh_, dgate_, dup_, dlnf_;
   int64_t cap_N_ = 0, cap_T_ = 0, cap_sets_ = 0;

@@ -14,7 +14,41 @@
 
 namespace rlhf::parallel {
 
+std::vector<size_t> sweep_groups(const std::vector<ForwardBatch>& batches, int64_t bytes_per_token,
+                                 int64_t budget_bytes) {
+  std::vector<size_t> first{0};
+  int64_t held = 0;
+  for (size_t i = 0; i < batches.size(); ++i) {
+    const int64_t bytes = batches[i].B * batches[i].seq_len * bytes_per_token;
+    if (held > 0 && held + bytes > budget_bytes) {
+      first.push_back(i);
+      held = 0;
+    }
+    held += bytes;
+  }
+  if (!batches.empty()) first.push_back(batches.size());
+  return first;
+}
+
+void TrainModel::forward_lm_sweep(const std::vector<ForwardBatch>& batches, float inv_temperature) {
+  for (const ForwardBatch& b : batches)
+    forward_lm(b.tokens, b.targets, b.B, b.seq_len, b.out, nullptr, false, inv_temperature);
+}
+
+void TrainModel::forward_scalar_sweep(const std::vector<ForwardBatch>& batches) {
+  for (const ForwardBatch& b : batches) forward_scalar(b.tokens, b.B, b.seq_len, b.out, false);
+}
+
 namespace {
+
+// The batches of [first[g], first[g+1]) for each group of sweep_groups.
+template <typename Fn>
+void for_each_group(const std::vector<ForwardBatch>& batches, int64_t bytes_per_token, Fn&& fn) {
+  const std::vector<size_t> first = sweep_groups(batches, bytes_per_token, kSweepResidualBytes);
+  for (size_t g = 0; g + 1 < first.size(); ++g)
+    fn(std::vector<ForwardBatch>(batches.begin() + std::ptrdiff_t(first[g]),
+                                 batches.begin() + std::ptrdiff_t(first[g + 1])));
+}
 
 // Binds a network to a store and forwards every call with the store as its unit provider.
 template <typename Store, typename Net, typename Provider>
@@ -36,9 +70,27 @@ class BoundModel final : public TrainModel {
     net_.forward_scalar(provider(), tokens, B, T, values, for_backward);
   }
   void backward_scalar(const float* dvalues) override { net_.backward_scalar(provider(), dvalues); }
+  void forward_lm_sweep(const std::vector<ForwardBatch>& batches, float inv_temperature) override {
+    if constexpr (kCpu)
+      for_each_group(batches, net_.sweep_residual_bytes_per_token(),
+                     [&](const std::vector<ForwardBatch>& g) {
+                       net_.forward_lm_sweep(provider(), g, inv_temperature);
+                     });
+    else
+      TrainModel::forward_lm_sweep(batches, inv_temperature);
+  }
+  void forward_scalar_sweep(const std::vector<ForwardBatch>& batches) override {
+    if constexpr (kCpu)
+      for_each_group(
+          batches, net_.sweep_residual_bytes_per_token(),
+          [&](const std::vector<ForwardBatch>& g) { net_.forward_scalar_sweep(provider(), g); });
+    else
+      TrainModel::forward_scalar_sweep(batches);
+  }
   int64_t activation_bytes() const override { return net_.activation_bytes(); }
 
  private:
+  static constexpr bool kCpu = std::is_same_v<Net, model::Transformer<float>>;
   Provider& provider() {
     if constexpr (std::is_same_v<Provider, model::UnitProvider<float>>)
       return store_->provider();

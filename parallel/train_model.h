@@ -6,14 +6,30 @@
 
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "model/layout.h"
+#include "model/transformer.h"
 #include "parallel/param_store.h"
 #include "parallel/runtime.h"
 
 namespace rlhf::parallel {
 
 class DeviceZero3Store;
+
+/// One micro-batch of a forward-only sweep: tokens, targets (B, seq_len) int32 and out
+/// (B, seq_len) fp32 (log-probs or values), host arrays (model::ForwardBatch).
+using ForwardBatch = model::ForwardBatch<float>;
+
+/// Bytes of residual stream a CPU forward sweep holds at once: the batches that do not fit start
+/// a new group, which gathers every unit again (256 MiB: e.g. 116k tokens of a 576-wide model).
+inline constexpr int64_t kSweepResidualBytes = int64_t(256) << 20;
+
+/// Splits `batches` into consecutive groups whose Σ B·seq_len·bytes_per_token stays within
+/// budget_bytes (a batch over the budget on its own is a group). Returns the first index of each
+/// group followed by batches.size(); {0} for no batches.
+std::vector<size_t> sweep_groups(const std::vector<ForwardBatch>& batches, int64_t bytes_per_token,
+                                 int64_t budget_bytes);
 
 /// The forward/backward contracts are those of model::Transformer (model/transformer.h): tokens
 /// and targets (B, T) int32, lp / entropy / values and their gradients (B, T) fp32, all host
@@ -34,6 +50,14 @@ class TrainModel {
   virtual void forward_scalar(const int32_t* tokens, int64_t B, int64_t T, float* values,
                               bool for_backward) = 0;
   virtual void backward_scalar(const float* dvalues) = 0;
+  /// Forward-only passes over micro-batches: each batch's out = its log-probs (forward_lm_sweep)
+  /// or values (forward_scalar_sweep), bit for bit those of forward_lm / forward_scalar
+  /// (for_backward = false) on that batch; no backward state is left. On the CPU the batches run
+  /// unit-major (model::Transformer::forward_lm_sweep) in groups of sweep_groups(...,
+  /// kSweepResidualBytes), so a ZeRO-3 store gathers each unit once per group rather than once
+  /// per micro-batch; this default (the GPU model) runs them one after another. Collective.
+  virtual void forward_lm_sweep(const std::vector<ForwardBatch>& batches, float inv_temperature);
+  virtual void forward_scalar_sweep(const std::vector<ForwardBatch>& batches);
   /// Bytes of activation memory (host or device) the model currently holds.
   virtual int64_t activation_bytes() const = 0;
 };

@@ -81,25 +81,51 @@ std::vector<float> PpoTrainer::allgather_rows(const std::vector<float>& local) {
   return all;
 }
 
+std::vector<PpoTrainer::Batch> PpoTrainer::rollout_micro_batches(
+    const std::vector<Sample>& samples) const {
+  const int64_t per = int64_t(samples.size()) / comm_.size(), first = comm_.rank() * per;
+  std::vector<Batch> batches;
+  for (int64_t a = 0; a < per; a += opt_.micro_rollout_batch_size) {
+    std::vector<const Sample*> mb;
+    for (int64_t i = a; i < std::min(per, a + opt_.micro_rollout_batch_size); ++i)
+      mb.push_back(&samples[size_t(first + i)]);
+    batches.push_back(make_batch(mb));
+    batches.back().first = a;
+  }
+  return batches;
+}
+
+std::vector<parallel::ForwardBatch> PpoTrainer::forward_batches(const std::vector<Batch>& batches,
+                                                                std::vector<float>& out) {
+  int64_t total = 0;
+  for (const Batch& b : batches) total += b.B * b.T;
+  out.assign(size_t(total), 0.0f);
+  std::vector<parallel::ForwardBatch> fb;
+  int64_t at = 0;
+  for (const Batch& b : batches) {
+    fb.push_back({b.tokens.data(), b.targets.data(), b.B, b.T, out.data() + at});
+    at += b.B * b.T;
+  }
+  return fb;
+}
+
 std::vector<double> PpoTrainer::reward_model_scores(const std::vector<Sample>& samples) {
   RLHF_CHECK(m_.reward != nullptr, "reward model scores need --reward_pretrain");
   const int64_t B = int64_t(samples.size()), N = comm_.size();
   RLHF_CHECK(B % N == 0, "{} samples do not split over {} training ranks", B, N);
   const int64_t per = B / N, first = comm_.rank() * per;
-  std::vector<float> local(static_cast<size_t>(per));
+  std::vector<Batch> batches = rollout_micro_batches(samples);
   std::vector<float> values;
-  for (int64_t a = 0; a < per; a += opt_.micro_rollout_batch_size) {
-    std::vector<const Sample*> mb;
-    for (int64_t i = a; i < std::min(per, a + opt_.micro_rollout_batch_size); ++i)
-      mb.push_back(&samples[size_t(first + i)]);
-    Batch b = make_batch(mb);
-    values.resize(size_t(b.B * b.T));
-    m_.reward->forward_scalar(b.tokens.data(), b.B, b.T, values.data(), false);
+  m_.reward->forward_scalar_sweep(forward_batches(batches, values));
+  std::vector<float> local(static_cast<size_t>(per));
+  int64_t at = 0;
+  for (const Batch& b : batches) {
     for (int64_t r = 0; r < b.B; ++r) {
-      const int64_t last =
-          r * b.T + int64_t(mb[size_t(r)]->prompt.size() + mb[size_t(r)]->response.size()) - 1;
-      local[size_t(a + r)] = values[size_t(last)];
+      const Sample& x = samples[size_t(first + b.first + r)];
+      const int64_t last = r * b.T + int64_t(x.prompt.size() + x.response.size()) - 1;
+      local[size_t(b.first + r)] = values[size_t(at + last)];
     }
+    at += b.B * b.T;
   }
   const auto all = allgather_rows(local);
   return std::vector<double>(all.begin(), all.end());
@@ -141,33 +167,33 @@ Experience PpoTrainer::make_experience(const std::vector<Sample>& samples,
   const int64_t per = e.B / N, first = comm_.rank() * per, Tr = e.Tr;
   std::vector<float> lp_old(size_t(per * Tr), 0.0f), lp_ref(size_t(per * Tr), 0.0f),
       values(size_t(per * Tr), 0.0f);
-  std::vector<float> buf, vbuf;
   const float inv_temp = float(1.0 / std::max(opt_.temperature, 1e-6));
-  for (int64_t a = 0; a < per; a += opt_.micro_rollout_batch_size) {
-    std::vector<const Sample*> mb;
-    for (int64_t i = a; i < std::min(per, a + opt_.micro_rollout_batch_size); ++i)
-      mb.push_back(&samples[size_t(first + i)]);
-    Batch b = make_batch(mb);
-    buf.resize(size_t(b.B * b.T));
-    auto scatter = [&](std::vector<float>& dst, const std::vector<float>& src) {
-      for (int64_t r = 0; r < b.B; ++r)
-        for (size_t k = 0; k < mb[size_t(r)]->response.size(); ++k)
-          dst[size_t((a + r) * Tr + int64_t(k))] = src[size_t(b.resp_pos[size_t(r)] + int64_t(k))];
-    };
-    if (!e.lp_old_is_current) {
-      m_.actor->forward_lm(b.tokens.data(), b.targets.data(), b.B, b.T, buf.data(), nullptr, false,
-                           inv_temp);
-      scatter(lp_old, buf);
+  // Each pass is one sweep over this rank's micro-batches: each unit is gathered once.
+  std::vector<Batch> batches = rollout_micro_batches(samples);
+  std::vector<float> pass_out;
+  auto scatter = [&](std::vector<float>& dst) {
+    int64_t at = 0;
+    for (const Batch& b : batches) {
+      for (int64_t r = 0; r < b.B; ++r) {
+        const Sample& x = samples[size_t(first + b.first + r)];
+        for (size_t k = 0; k < x.response.size(); ++k)
+          dst[size_t((b.first + r) * Tr + int64_t(k))] =
+              pass_out[size_t(at + b.resp_pos[size_t(r)] + int64_t(k))];
+      }
+      at += b.B * b.T;
     }
-    if (m_.ref) {
-      m_.ref->forward_lm(b.tokens.data(), b.targets.data(), b.B, b.T, buf.data(), nullptr, false,
-                         inv_temp);
-      scatter(lp_ref, buf);
-    }
-    if (m_.critic && uses_critic(opt_.estimator)) {
-      m_.critic->forward_scalar(b.tokens.data(), b.B, b.T, buf.data(), false);
-      scatter(values, buf);
-    }
+  };
+  if (!e.lp_old_is_current) {
+    m_.actor->forward_lm_sweep(forward_batches(batches, pass_out), inv_temp);
+    scatter(lp_old);
+  }
+  if (m_.ref) {
+    m_.ref->forward_lm_sweep(forward_batches(batches, pass_out), inv_temp);
+    scatter(lp_ref);
+  }
+  if (m_.critic && uses_critic(opt_.estimator)) {
+    m_.critic->forward_scalar_sweep(forward_batches(batches, pass_out));
+    scatter(values);
   }
   e.lp_old =
       e.lp_old_is_current ? std::vector<float>(size_t(e.B * Tr), 0.0f) : allgather_rows(lp_old);

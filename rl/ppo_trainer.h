@@ -140,6 +140,7 @@ class PpoTrainer {
     std::vector<int32_t> tokens, targets;
     std::vector<int64_t> resp_pos;  ///< per sample in the batch: position of response token 0
     int64_t B = 0, T = 0;
+    int64_t first = 0;  ///< index of the batch's first sample in this rank's slice
   };
   // The per-token experience of one micro-batch in batch positions (B, T), and its weights.
   struct MicroBatch {
@@ -159,6 +160,13 @@ class PpoTrainer {
   };
   Batch make_batch(const std::vector<const Sample*>& s) const;
   std::vector<float> allgather_rows(const std::vector<float>& local);
+  // This rank's slice of `samples` (the global batch) in micro-batches of
+  // --micro_rollout_batch_size, for the forward-only passes.
+  std::vector<Batch> rollout_micro_batches(const std::vector<Sample>& samples) const;
+  // The sweep's view of `batches`, writing each batch's (B, T) output into consecutive parts of
+  // `out` (resized here).
+  static std::vector<parallel::ForwardBatch> forward_batches(const std::vector<Batch>& batches,
+                                                             std::vector<float>& out);
   // ids: the samples of the micro-batch; step_tokens: response tokens of the whole optimizer step.
   MicroBatch micro_batch(const Experience& e, const std::vector<int64_t>& ids,
                          int64_t step_tokens) const;

@@ -260,6 +260,35 @@ TEST_CASE("ppo/grpo: skipping the old-log-prob pass gives the update of computin
   CHECK(!epochs.lp_old_skipped);
 }
 
+TEST_CASE("experience: each forward-only pass gathers each unit once, whatever the micro-batch") {
+  auto world = parallel::make_comm(MPI_COMM_WORLD, "train_comm");
+  const auto cfg = small_config(false);
+  // PPO: old (two epochs), reference and value passes, all ZeRO-3 over the world. Two micro-batch
+  // sizes: one sample per forward-only micro-batch (8/N micro-batches a rank) and all of them.
+  // The passes sweep unit-major, so the bytes moved do not depend on the micro-batch count; the
+  // training (micro_train_batch_size fixed) moves the same bytes in both runs.
+  auto micro = [](int64_t m) { return [m](rl::PpoOptions& o) { o.micro_rollout_batch_size = m; }; };
+  int64_t bytes[2];
+  Run r[2];
+  for (int i = 0; i < 2; ++i) {
+    const int64_t b0 = world->stats().bytes;
+    r[i] = run(*world, true, cfg, false, nullptr, 1e-8, rl::LossAggMode::kTokenMean,
+               rl::PolicyLossType::kPpo, micro(i == 0 ? 1 : 16 / world->size()));
+    bytes[i] = world->stats().bytes - b0;
+  }
+  CHECK(!r[0].lp_old_skipped);
+  if (world->size() > 1) CHECK(bytes[1] > 0);
+  CHECK(bytes[0] == bytes[1]);
+  // The same experience: one sample per micro-batch is unpadded, the other padded to the longest.
+  for (auto [a, b, what] : {std::tuple{&r[0].lp_old, &r[1].lp_old, "lp_old"},
+                            std::tuple{&r[0].lp_ref, &r[1].lp_ref, "lp_ref"},
+                            std::tuple{&r[0].values, &r[1].values, "values"}}) {
+    auto c = test::compare_arrays(a->data(), b->data(), int64_t(a->size()));
+    INFO(c.summary(what));
+    CHECK(c.max_abs_err <= 1e-6);
+  }
+}
+
 TEST_CASE("ppo/grpo on the device: one RL step over NCCL follows the CPU step") {
   if (!select_gpu_per_rank()) {
     MESSAGE("skipped: needs a CUDA device per rank (and NCCL)");
