@@ -7,22 +7,11 @@
 
 #include "model/arch.h"
 #include "model/decoder_layer.h"
+#include "model/forward_batch.h"
 #include "model/layout.h"
 #include "model/provider.h"
 
 namespace rlhf::model {
-
-/// One micro-batch of a forward-only sweep (Transformer::forward_lm_sweep / forward_scalar_sweep):
-/// B right-padded sequences of seq_len tokens. tokens, targets: (B, seq_len) int32 (targets: the
-/// LM head's, as in forward_lm; unused by the scalar head); out: (B, seq_len) — the log-probs or
-/// the scalar values.
-template <typename T>
-struct ForwardBatch {
-  const int32_t* tokens = nullptr;
-  const int32_t* targets = nullptr;
-  int64_t B = 0, seq_len = 0;
-  T* out = nullptr;
-};
 
 /// Forward/backward of the whole model for a batch of B right-padded sequences of length T
 /// (N = B·T tokens; position of token t is t). Parameters come from a UnitProvider, one unit at a

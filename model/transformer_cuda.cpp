@@ -16,9 +16,8 @@
 
 namespace rlhf::model {
 
-namespace {
-
-void check_ids(const int32_t* ids, int64_t N, int64_t V, bool allow_minus_one, const char* what) {
+void TransformerCuda::check_ids(const int32_t* ids, int64_t N, int64_t V, bool allow_minus_one,
+                                const char* what) {
   for (int64_t n = 0; n < N; ++n) {
     const int32_t t = ids[n];
     RLHF_CHECK((allow_minus_one && t == -1) || (t >= 0 && t < V),
@@ -28,6 +27,8 @@ void check_ids(const int32_t* ids, int64_t N, int64_t V, bool allow_minus_one, c
                what, t, n, V, allow_minus_one ? " and is not -1 (no target)" : "");
   }
 }
+
+namespace {
 
 void download(float* host, const float* dev, int64_t n, cudaStream_t s) {
   CUDA_CHECK(cudaMemcpyAsync(host, dev, static_cast<size_t>(n) * sizeof(float),
@@ -107,10 +108,10 @@ void TransformerCuda::point_layer(Saved& s, int set) {
   }
 }
 
-LayerRunCuda TransformerCuda::layer_run(const Saved& a, cudaStream_t s) const {
+LayerRunCuda TransformerCuda::layer_run(const Saved& a, cudaStream_t s, const int32_t* pos) const {
   LayerRunCuda run;
   run.N = N_;
-  run.pos = pos_.get();
+  run.pos = pos != nullptr ? pos : pos_.get();
   run.rope_cos = rope_cos_.get();
   run.rope_sin = rope_sin_.get();
   run.fused_qkv = fused_qkv_;
@@ -177,11 +178,14 @@ void TransformerCuda::reserve(int64_t B, int64_t T_len, bool for_backward, cudaS
 int64_t TransformerCuda::activation_bytes() const {
   int64_t n = 0;
   for (const DeviceArray<bf16>* a :
-       {&res_, &layers_, &proj_, &qkv_, &lnf_, &logits_, &values_, &dres_, &dln_, &datty_, &dq_,
-        &dk_, &dv_, &dq_raw_, &dk_raw_, &dh_, &dgate_, &dup_, &dlnf_})
+       {&res_,       &layers_,       &proj_,   &qkv_, &lnf_,   &logits_, &values_,
+        &sweep_res_, &sweep_values_, &dres_,   &dln_, &datty_, &dq_,     &dk_,
+        &dv_,        &dq_raw_,       &dk_raw_, &dh_,  &dgate_, &dup_,    &dlnf_})
+    n += a->bytes();
+  for (const DeviceArray<int32_t>* a : {&sweep_tokens_, &sweep_targets_, &sweep_pos_})
     n += a->bytes();
   for (const DeviceArray<float>* a :
-       {&layer_f32_, &rstdf_, &lse_, &entropy_, &lp_, &dlp_, &dentropy_})
+       {&layer_f32_, &rstdf_, &lse_, &entropy_, &lp_, &dlp_, &dentropy_, &sweep_lp_})
     n += a->bytes();
   return n;
 }
@@ -201,10 +205,10 @@ void TransformerCuda::upload_ids(const int32_t* tokens, const int32_t* targets, 
 // Forward
 
 void TransformerCuda::layer_forward(const bf16* params, int l, const bf16* x_in, bf16* x_out,
-                                    Saved& a, cudaStream_t s) {
+                                    Saved& a, cudaStream_t s, const int32_t* pos) {
   const LayerParams<const bf16> w(layout_.unit(layout_.layer_unit(l)), params);
   LayerScratchCuda scratch{proj_.get(), fused_qkv_ ? qkv_.get() : nullptr};
-  decoder_layer_forward_cuda(x_out, a.acts, scratch, x_in, w, spec_, layer_run(a, s));
+  decoder_layer_forward_cuda(x_out, a.acts, scratch, x_in, w, spec_, layer_run(a, s, pos));
 }
 
 void TransformerCuda::trunk_forward(DeviceUnitProvider& p, bool for_backward) {
@@ -233,11 +237,10 @@ const bf16* TransformerCuda::x_last() const {
   return res_.get() + (kept_ ? L_ : L_ % 2) * N_ * C_;
 }
 
-void TransformerCuda::final_norm(const bf16* head_params, cudaStream_t s) {
+void TransformerCuda::final_norm(const bf16* head_params, const bf16* x, cudaStream_t s) {
   const UnitLayout& hu = layout_.unit(layout_.head_unit());
-  rmsnorm_forward_cuda(lnf_.get(), rstdf_.get(), x_last(),
-                       head_params + hu.at("model.norm.weight").offset, N_, C_,
-                       layout_.config().rms_norm_eps, s);
+  rmsnorm_forward_cuda(lnf_.get(), rstdf_.get(), x, head_params + hu.at("model.norm.weight").offset,
+                       N_, C_, layout_.config().rms_norm_eps, s);
 }
 
 int64_t TransformerCuda::logit_chunk_rows() const {
@@ -258,7 +261,7 @@ void TransformerCuda::forward_lm(DeviceUnitProvider& p, const int32_t* tokens,
   inv_temperature_ = inv_temperature;
   const int hu = layout_.head_unit(), eu = layout_.embedding_unit();
   const bf16* hp = p.acquire_params(hu);
-  final_norm(hp, s);
+  final_norm(hp, x_last(), s);
   const auto head = acquire_lm_head(p, layout_, hp, static_cast<float*>(nullptr));
   const bf16* w = head.w;
   const bool tied = head.tied;
@@ -293,7 +296,7 @@ void TransformerCuda::forward_logits(DeviceUnitProvider& p, const int32_t* token
   trunk_forward(p, false);
   const int hu = layout_.head_unit(), eu = layout_.embedding_unit();
   const bf16* hp = p.acquire_params(hu);
-  final_norm(hp, s);
+  final_norm(hp, x_last(), s);
   const auto head = acquire_lm_head(p, layout_, hp, static_cast<float*>(nullptr));
   const bf16* w = head.w;
   const bool tied = head.tied;
@@ -327,7 +330,7 @@ void TransformerCuda::forward_scalar(DeviceUnitProvider& p, const int32_t* token
   trunk_forward(p, for_backward);
   const int hu = layout_.head_unit();
   const bf16* hp = p.acquire_params(hu);
-  final_norm(hp, s);
+  final_norm(hp, x_last(), s);
   values_.resize(N_, "values");
   linear_forward_cuda(values_.get(), lnf_.get(), hp + layout_.unit(hu).at("score.weight").offset,
                       nullptr, N_, C_, 1, s);

@@ -12,6 +12,7 @@
 #include "core/device_memory.h"
 #include "model/decoder_layer.h"
 #include "model/device_provider.h"
+#include "model/forward_batch.h"
 #include "model/layout.h"
 
 namespace rlhf::model {
@@ -77,6 +78,21 @@ class TransformerCuda {
   /// host (rounded to bf16 on the device).
   void backward_scalar(DeviceUnitProvider& p, const float* dvalues);
 
+  /// Forward-only LM passes over several micro-batches, unit-major (contract of
+  /// Transformer::forward_lm_sweep): each unit acquired once for all of them; each batch's lp
+  /// (B, seq_len) fp32 host out, bit-identical to forward_lm(for_backward = false) on that batch.
+  /// Holds every batch's residual stream on the device (Σ B·seq_len·hidden_size bf16), its ids,
+  /// positions and outputs; synchronises the stream once, at the end.
+  void forward_lm_sweep(DeviceUnitProvider& p, const std::vector<ForwardBatch<float>>& batches,
+                        float inv_temperature = 1.0f);
+
+  /// forward_lm_sweep for the scalar head: each batch's values (B, seq_len) fp32 host out,
+  /// bit-identical to forward_scalar(for_backward = false).
+  void forward_scalar_sweep(DeviceUnitProvider& p, const std::vector<ForwardBatch<float>>& batches);
+
+  /// Bytes a sweep holds for its residual streams per token (hidden_size bf16).
+  int64_t sweep_residual_bytes_per_token() const { return C_ * int64_t(sizeof(bf16)); }
+
   /// Bytes of device memory the activations and scratch currently hold.
   int64_t activation_bytes() const;
 
@@ -92,19 +108,27 @@ class TransformerCuda {
     LayerActsCuda acts;
     float* att_lse = nullptr;
   };
+  // Throws rlhf::Error naming the first id outside [0, V) (−1 allowed with allow_minus_one).
+  static void check_ids(const int32_t* ids, int64_t N, int64_t V, bool allow_minus_one,
+                        const char* what);
   void reserve(int64_t B, int64_t T_, bool for_backward, cudaStream_t s);
   int64_t layer_bf16() const;
   int64_t layer_f32() const;
   void point_layer(Saved& a, int set);
-  LayerRunCuda layer_run(const Saved& a, cudaStream_t s) const;
+  // pos: the (N) device positions of the layer's tokens (nullptr = pos_).
+  LayerRunCuda layer_run(const Saved& a, cudaStream_t s, const int32_t* pos = nullptr) const;
   void upload_ids(const int32_t* tokens, const int32_t* targets, cudaStream_t s);
   void trunk_forward(DeviceUnitProvider& p, bool for_backward);
   void layer_forward(const bf16* params, int l, const bf16* x_in, bf16* x_out, Saved& a,
-                     cudaStream_t s);
+                     cudaStream_t s, const int32_t* pos = nullptr);
   void layer_backward(const bf16* params, float* grads, int l, const bf16* x_in, Saved& a,
                       bf16* dres, cudaStream_t s);
   void trunk_backward(DeviceUnitProvider& p, bf16* dres);
-  void final_norm(const bf16* head_params, cudaStream_t s);
+  void final_norm(const bf16* head_params, const bf16* x, cudaStream_t s);
+  // The sweep's trunk: every batch's residual stream after the last layer, in sweep_res_.
+  void sweep_trunk(DeviceUnitProvider& p, const std::vector<ForwardBatch<float>>& batches, bool lm);
+  // B_, T_, N_ of one batch of a sweep (the scratch is sized for the largest).
+  void sweep_geometry(const ForwardBatch<float>& b);
   const bf16* x_last() const;
   int64_t logit_chunk_rows() const;
   void head_backward_common(DeviceUnitProvider& p, const bf16* head_params, float* head_grads);
@@ -133,6 +157,13 @@ class TransformerCuda {
   DeviceArray<bf16> lnf_, logits_;
   DeviceArray<float> rstdf_, lse_, entropy_, lp_, dlp_, dentropy_;
   DeviceArray<bf16> values_;
+  // A forward sweep's batches end to end: residual streams (Σ N_b, C), ids and positions (Σ N_b),
+  // outputs (Σ N_b); sweep_offset_ is each batch's first row, then Σ N_b.
+  DeviceArray<bf16> sweep_res_, sweep_values_;
+  DeviceArray<int32_t> sweep_tokens_, sweep_targets_, sweep_pos_;
+  DeviceArray<float> sweep_lp_;
+  std::vector<int64_t> sweep_offset_;
+  std::vector<int32_t> sweep_host_ids_;  // host staging of the uploads: tokens, positions, targets
   // Backward scratch.
   DeviceArray<bf16> dres_, dln_, datty_, dq_, dk_, dv_, dq_raw_, dk_raw_, dh_, dgate_, dup_, dlnf_;
 };

@@ -71,26 +71,19 @@ class BoundModel final : public TrainModel {
   }
   void backward_scalar(const float* dvalues) override { net_.backward_scalar(provider(), dvalues); }
   void forward_lm_sweep(const std::vector<ForwardBatch>& batches, float inv_temperature) override {
-    if constexpr (kCpu)
-      for_each_group(batches, net_.sweep_residual_bytes_per_token(),
-                     [&](const std::vector<ForwardBatch>& g) {
-                       net_.forward_lm_sweep(provider(), g, inv_temperature);
-                     });
-    else
-      TrainModel::forward_lm_sweep(batches, inv_temperature);
+    for_each_group(batches, net_.sweep_residual_bytes_per_token(),
+                   [&](const std::vector<ForwardBatch>& g) {
+                     net_.forward_lm_sweep(provider(), g, inv_temperature);
+                   });
   }
   void forward_scalar_sweep(const std::vector<ForwardBatch>& batches) override {
-    if constexpr (kCpu)
-      for_each_group(
-          batches, net_.sweep_residual_bytes_per_token(),
-          [&](const std::vector<ForwardBatch>& g) { net_.forward_scalar_sweep(provider(), g); });
-    else
-      TrainModel::forward_scalar_sweep(batches);
+    for_each_group(
+        batches, net_.sweep_residual_bytes_per_token(),
+        [&](const std::vector<ForwardBatch>& g) { net_.forward_scalar_sweep(provider(), g); });
   }
   int64_t activation_bytes() const override { return net_.activation_bytes(); }
 
  private:
-  static constexpr bool kCpu = std::is_same_v<Net, model::Transformer<float>>;
   Provider& provider() {
     if constexpr (std::is_same_v<Provider, model::UnitProvider<float>>)
       return store_->provider();

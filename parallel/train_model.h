@@ -8,8 +8,8 @@
 #include <memory>
 #include <vector>
 
+#include "model/forward_batch.h"
 #include "model/layout.h"
-#include "model/transformer.h"
 #include "parallel/param_store.h"
 #include "parallel/runtime.h"
 
@@ -21,8 +21,9 @@ class DeviceZero3Store;
 /// (B, seq_len) fp32 (log-probs or values), host arrays (model::ForwardBatch).
 using ForwardBatch = model::ForwardBatch<float>;
 
-/// Bytes of residual stream a CPU forward sweep holds at once: the batches that do not fit start
-/// a new group, which gathers every unit again (256 MiB: e.g. 116k tokens of a 576-wide model).
+/// Bytes of residual stream a forward sweep holds at once (host fp32 on the CPU, device bf16 on
+/// the GPU): the batches that do not fit start a new group, which gathers every unit again
+/// (256 MiB: e.g. 116k tokens of a 576-wide model on the CPU).
 inline constexpr int64_t kSweepResidualBytes = int64_t(256) << 20;
 
 /// Splits `batches` into consecutive groups whose Σ B·seq_len·bytes_per_token stays within
@@ -52,10 +53,11 @@ class TrainModel {
   virtual void backward_scalar(const float* dvalues) = 0;
   /// Forward-only passes over micro-batches: each batch's out = its log-probs (forward_lm_sweep)
   /// or values (forward_scalar_sweep), bit for bit those of forward_lm / forward_scalar
-  /// (for_backward = false) on that batch; no backward state is left. On the CPU the batches run
-  /// unit-major (model::Transformer::forward_lm_sweep) in groups of sweep_groups(...,
-  /// kSweepResidualBytes), so a ZeRO-3 store gathers each unit once per group rather than once
-  /// per micro-batch; this default (the GPU model) runs them one after another. Collective.
+  /// (for_backward = false) on that batch; no backward state is left. The batches run unit-major
+  /// (model::Transformer::forward_lm_sweep, TransformerCuda::forward_lm_sweep) in groups of
+  /// sweep_groups(..., kSweepResidualBytes), so a ZeRO-3 store gathers each unit once per group
+  /// rather than once per micro-batch; this default runs them one after another (a model without
+  /// sweeps). Collective.
   virtual void forward_lm_sweep(const std::vector<ForwardBatch>& batches, float inv_temperature);
   virtual void forward_scalar_sweep(const std::vector<ForwardBatch>& batches);
   /// Bytes of activation memory (host or device) the model currently holds.

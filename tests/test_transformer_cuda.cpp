@@ -34,12 +34,16 @@ class TestDeviceParams : public model::DeviceUnitProvider {
           std::make_unique<test::DeviceBuffer<float>>(std::vector<float>(size_t(n), 0.0f)));
     }
   }
-  const model::bf16* acquire_params(int u) override { return params_.at(size_t(u))->get(); }
+  const model::bf16* acquire_params(int u) override {
+    ++acquired.at(size_t(u));
+    return params_.at(size_t(u))->get();
+  }
   void release_params(int) override {}
   float* acquire_grads(int u) override { return grads_.at(size_t(u))->get(); }
   void release_grads(int) override {}
   cudaStream_t stream() const override { return s_; }
   std::vector<float> grads(int u) const { return grads_.at(size_t(u))->download(); }
+  std::vector<int> acquired = std::vector<int>(64, 0);  // acquire_params calls per unit
   bool guards_intact() const {
     for (const auto& p : params_)
       if (!p->guards_intact()) return false;
@@ -280,5 +284,71 @@ TEST_CASE("transformer cuda: bad token ids are refused on the host") {
       gpu.forward_lm(D, tokens.data(), targets.data(), 1, 4, lp.data(), nullptr, false),
       doctest::Contains("target -2 at position 1"));
   CHECK_THROWS_WITH(gpu.backward_lm(D, lp.data(), nullptr), doctest::Contains("backward_lm needs"));
+#endif
+}
+
+TEST_CASE(
+    "transformer cuda: a forward sweep gives one forward a batch's outputs, one acquire a unit") {
+  RLHF_SKIP_WITHOUT_CUDA_DEVICE();
+#ifdef RLHF_CUDA
+  const std::vector<Case> cases = {
+      {"llama tied lm", small_config(model::RopeStyle::kRotateHalf, true, false, 4, 2),
+       HeadKind::kLM},
+      {"qwen2 untied lm, chunked head",
+       small_config(model::RopeStyle::kInterleaved, false, true, 4, 2), HeadKind::kLM, false,
+       5 * 256 * 2},
+      {"value head", small_config(model::RopeStyle::kRotateHalf, false, false, 4, 4),
+       HeadKind::kValue}};
+  for (const Case& cs : cases) {
+    SUBCASE(cs.name.c_str()) {
+      model::ParamLayout layout(cs.cfg, cs.head);
+      model::LocalParams<float> P(layout);
+      P.init(7, 0.05);
+      const bool lm = cs.head == HeadKind::kLM;
+      const std::vector<int64_t> Bs{3, 1, 2}, Ts{7, 9, 4};
+      std::vector<std::vector<int32_t>> tokens, targets;
+      for (size_t i = 0; i < Bs.size(); ++i) {
+        tokens.push_back(test::random_tokens(Bs[i] * Ts[i], cs.cfg.vocab_size, 50 + i));
+        targets.push_back(test::random_tokens(Bs[i] * Ts[i], cs.cfg.vocab_size, 60 + i));
+        targets.back()[1] = -1;
+      }
+      test::TestStream s;
+      TestDeviceParams D(P, s.get());
+      model::TransformerCuda gpu(layout, false, cs.logit_chunk_bytes);
+      const float inv_temp = 1.0f / 0.7f;
+      std::vector<std::vector<float>> one(Bs.size()), swept(Bs.size());
+      for (size_t i = 0; i < Bs.size(); ++i) {
+        one[i].assign(size_t(Bs[i] * Ts[i]), 0.0f);
+        if (lm)
+          gpu.forward_lm(D, tokens[i].data(), targets[i].data(), Bs[i], Ts[i], one[i].data(),
+                         nullptr, false, inv_temp);
+        else
+          gpu.forward_scalar(D, tokens[i].data(), Bs[i], Ts[i], one[i].data(), false);
+      }
+      const std::vector<int> per_batch = D.acquired;
+      std::fill(D.acquired.begin(), D.acquired.end(), 0);
+      std::vector<model::ForwardBatch<float>> batches;
+      for (size_t i = 0; i < Bs.size(); ++i) {
+        swept[i].assign(size_t(Bs[i] * Ts[i]), -99.0f);
+        batches.push_back({tokens[i].data(), targets[i].data(), Bs[i], Ts[i], swept[i].data()});
+      }
+      if (lm)
+        gpu.forward_lm_sweep(D, batches, inv_temp);
+      else
+        gpu.forward_scalar_sweep(D, batches);
+      for (size_t i = 0; i < Bs.size(); ++i) CHECK(swept[i] == one[i]);
+      for (int u = 0; u < layout.num_units(); ++u) {
+        CHECK(per_batch[size_t(u)] == 3 * D.acquired[size_t(u)]);
+        CHECK(D.acquired[size_t(u)] == ((cs.cfg.tie_word_embeddings && lm && u == 0) ? 2 : 1));
+      }
+      // A bad id in the last batch is refused on the host before anything runs.
+      if (lm) {
+        tokens[2][3] = int32_t(cs.cfg.vocab_size);
+        CHECK_THROWS_WITH_AS(gpu.forward_lm_sweep(D, batches, inv_temp),
+                             doctest::Contains("token id"), Error);
+      }
+      CHECK(D.guards_intact());
+    }
+  }
 #endif
 }

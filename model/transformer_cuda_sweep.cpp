@@ -1,0 +1,174 @@
+// Forward-only sweeps of TransformerCuda over several micro-batches, unit-major (the GPU side of
+// model/transformer_sweep.cpp): each unit is acquired once for all the batches, so a ZeRO-3
+// store gathers it once per pass instead of once per micro-batch.
+#ifdef RLHF_CUDA
+#include <algorithm>
+
+#include "core/cuda_check.h"
+#include "core/error.h"
+#include "model/layer_params.h"
+#include "model/ops/embedding.h"
+#include "model/ops/linear.h"
+#include "model/ops/logprob.h"
+#include "model/transformer_cuda.h"
+
+namespace rlhf::model {
+
+// Checks every batch on the host, uploads all ids and positions at once, sizes the per-batch
+// scratch for the largest batch, then embeds every batch into its rows of sweep_res_ and runs
+// each layer over every batch (output through res_, copied back into the batch's rows). Per
+// batch the kernels and shapes are those of trunk_forward without backward: the same bits.
+void TransformerCuda::sweep_trunk(DeviceUnitProvider& p,
+                                  const std::vector<ForwardBatch<float>>& batches, bool lm) {
+  const cudaStream_t s = p.stream();
+  sweep_offset_.assign(1, 0);
+  size_t largest = 0;
+  for (size_t i = 0; i < batches.size(); ++i) {
+    const ForwardBatch<float>& b = batches[i];
+    RLHF_CHECK(b.B >= 1 && b.seq_len >= 1, "batch must be non-empty, got B={} T={}", b.B,
+               b.seq_len);
+    const int64_t N = b.B * b.seq_len;
+    check_ids(b.tokens, N, V_, false, "token id");
+    if (lm) check_ids(b.targets, N, V_, true, "target");
+    sweep_offset_.push_back(sweep_offset_.back() + N);
+    if (N > batches[largest].B * batches[largest].seq_len) largest = i;
+  }
+  const int64_t total = sweep_offset_.back();
+  reserve(batches[largest].B, batches[largest].seq_len, false, s);  // checks max_position too
+  sweep_res_.resize(total * C_, "activations (residual streams of a forward sweep)");
+  sweep_tokens_.resize(total);
+  sweep_pos_.resize(total);
+  if (lm) sweep_targets_.resize(total);
+  // Host staging, alive until the sweep's closing synchronisation: tokens, positions, targets.
+  sweep_host_ids_.assign(size_t(3 * total), -1);
+  for (size_t i = 0; i < batches.size(); ++i) {
+    const ForwardBatch<float>& b = batches[i];
+    const int64_t off = sweep_offset_[i], N = b.B * b.seq_len;
+    std::copy(b.tokens, b.tokens + N, sweep_host_ids_.begin() + off);
+    for (int64_t n = 0; n < N; ++n)
+      sweep_host_ids_[size_t(total + off + n)] = int32_t(n % b.seq_len);
+    if (lm) std::copy(b.targets, b.targets + N, sweep_host_ids_.begin() + 2 * total + off);
+  }
+  const size_t bytes = size_t(total) * sizeof(int32_t);
+  CUDA_CHECK(cudaMemcpyAsync(sweep_tokens_.get(), sweep_host_ids_.data(), bytes,
+                             cudaMemcpyHostToDevice, s));
+  CUDA_CHECK(cudaMemcpyAsync(sweep_pos_.get(), sweep_host_ids_.data() + total, bytes,
+                             cudaMemcpyHostToDevice, s));
+  if (lm)
+    CUDA_CHECK(cudaMemcpyAsync(sweep_targets_.get(), sweep_host_ids_.data() + 2 * total, bytes,
+                               cudaMemcpyHostToDevice, s));
+  have_backward_state_ = false;
+  kept_ = false;
+  logits_kept_ = false;
+  const int eu = layout_.embedding_unit();
+  const bf16* emb = p.acquire_params(eu);
+  for (size_t i = 0; i < batches.size(); ++i) {
+    sweep_geometry(batches[i]);
+    const int64_t off = sweep_offset_[i];
+    embedding_forward_cuda(sweep_res_.get() + off * C_, sweep_tokens_.get() + off,
+                           emb + layout_.unit(eu).at("embed_tokens.weight").offset, N_, C_, V_, s);
+  }
+  p.release_params(eu);
+  for (int l = 0; l < L_; ++l) {
+    const int u = layout_.layer_unit(l);
+    const bf16* params = p.acquire_params(u);
+    for (size_t i = 0; i < batches.size(); ++i) {
+      sweep_geometry(batches[i]);
+      const int64_t off = sweep_offset_[i];
+      bf16* x = sweep_res_.get() + off * C_;
+      Saved a;
+      point_layer(a, 0);
+      layer_forward(params, l, x, res_.get(), a, s, sweep_pos_.get() + off);
+      CUDA_CHECK(cudaMemcpyAsync(x, res_.get(), size_t(N_ * C_) * sizeof(bf16),
+                                 cudaMemcpyDeviceToDevice, s));
+    }
+    p.release_params(u);
+  }
+}
+
+void TransformerCuda::sweep_geometry(const ForwardBatch<float>& b) {
+  B_ = b.B;
+  T_ = b.seq_len;
+  N_ = b.B * b.seq_len;
+}
+
+void TransformerCuda::forward_lm_sweep(DeviceUnitProvider& p,
+                                       const std::vector<ForwardBatch<float>>& batches,
+                                       float inv_temperature) {
+  RLHF_CHECK(layout_.head() == HeadKind::kLM,
+             "forward_lm_sweep needs a model with an LM head, not '{}'", to_string(layout_.head()));
+  if (batches.empty()) return;
+  const cudaStream_t s = p.stream();
+  p.begin_pass(false);
+  sweep_trunk(p, batches, true);
+  inv_temperature_ = inv_temperature;
+  const int64_t total = sweep_offset_.back();
+  sweep_lp_.resize(total);
+  // One logits buffer for every batch's chunks (resizing mid-sweep would free it under kernels).
+  int64_t chunk_max = 1;
+  for (const ForwardBatch<float>& b : batches) {
+    sweep_geometry(b);
+    chunk_max = std::max(chunk_max, logit_chunk_rows());
+  }
+  logits_.resize(chunk_max * V_, "logits");
+  const int hu = layout_.head_unit(), eu = layout_.embedding_unit();
+  const bf16* hp = p.acquire_params(hu);
+  const auto head = acquire_lm_head(p, layout_, hp, static_cast<float*>(nullptr));
+  for (size_t i = 0; i < batches.size(); ++i) {
+    sweep_geometry(batches[i]);
+    const int64_t off = sweep_offset_[i], chunk = logit_chunk_rows();
+    final_norm(hp, sweep_res_.get() + off * C_, s);
+    for (int64_t r0 = 0; r0 < N_; r0 += chunk) {
+      const int64_t rows = std::min(chunk, N_ - r0);
+      linear_forward_cuda(logits_.get(), lnf_.get() + r0 * C_, head.w, nullptr, rows, C_, V_, s);
+      logprob_forward_cuda(sweep_lp_.get() + off + r0, lse_.get() + r0, entropy_.get() + r0,
+                           logits_.get(), sweep_targets_.get() + off + r0, rows, V_,
+                           inv_temperature, s);
+    }
+  }
+  if (head.tied) p.release_params(eu);
+  p.release_params(hu);
+  p.end_pass(false);
+  std::vector<float> lp(static_cast<size_t>(total));
+  CUDA_CHECK(cudaMemcpyAsync(lp.data(), sweep_lp_.get(), lp.size() * sizeof(float),
+                             cudaMemcpyDeviceToHost, s));
+  CUDA_CHECK(cudaStreamSynchronize(s));
+  for (size_t i = 0; i < batches.size(); ++i)
+    std::copy(lp.begin() + sweep_offset_[i], lp.begin() + sweep_offset_[i + 1], batches[i].out);
+  last_head_ = HeadKind::kLM;
+  entropy_valid_ = false;
+}
+
+void TransformerCuda::forward_scalar_sweep(DeviceUnitProvider& p,
+                                           const std::vector<ForwardBatch<float>>& batches) {
+  RLHF_CHECK(layout_.head() != HeadKind::kLM,
+             "forward_scalar_sweep needs a model with a value or reward head");
+  if (batches.empty()) return;
+  const cudaStream_t s = p.stream();
+  p.begin_pass(false);
+  sweep_trunk(p, batches, false);
+  const int64_t total = sweep_offset_.back();
+  sweep_values_.resize(total, "values");
+  const int hu = layout_.head_unit();
+  const bf16* hp = p.acquire_params(hu);
+  const bf16* score = hp + layout_.unit(hu).at("score.weight").offset;
+  for (size_t i = 0; i < batches.size(); ++i) {
+    sweep_geometry(batches[i]);
+    const int64_t off = sweep_offset_[i];
+    final_norm(hp, sweep_res_.get() + off * C_, s);
+    linear_forward_cuda(sweep_values_.get() + off, lnf_.get(), score, nullptr, N_, C_, 1, s);
+  }
+  p.release_params(hu);
+  p.end_pass(false);
+  std::vector<bf16> host(static_cast<size_t>(total));
+  CUDA_CHECK(cudaMemcpyAsync(host.data(), sweep_values_.get(), host.size() * sizeof(bf16),
+                             cudaMemcpyDeviceToHost, s));
+  CUDA_CHECK(cudaStreamSynchronize(s));
+  for (size_t i = 0; i < batches.size(); ++i)
+    for (int64_t n = sweep_offset_[i]; n < sweep_offset_[i + 1]; ++n)
+      batches[i].out[n - sweep_offset_[i]] = __bfloat162float(host[static_cast<size_t>(n)]);
+  last_head_ = layout_.head();
+}
+
+}  // namespace rlhf::model
+#endif  // RLHF_CUDA
