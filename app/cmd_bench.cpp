@@ -204,11 +204,13 @@ int run_bench(const BenchArgs& args) {
                   row["gflops_per_s_per_rank"].get<double>());
       else if (row["bench"] == "rl_async")
         LOG0_INFO(
-            "bench rl: 1 trainer + 1 generation rank | sync {:.2f}s/step | async {:.2f}s/step "
-            "({:.2f}x; trainers waited {:.2f}s a step) | sync gen {:.2f}s, logprob+train {:.2f}s",
-            row["sync_step_s"].get<double>(), row["async_step_s"].get<double>(),
-            row["speedup"].get<double>(), row["async_wait_s"].get<double>(),
-            row["sync_gen_s"].get<double>(), row["sync_train_s"].get<double>());
+            "bench rl: {} on 1 trainer + 1 generation rank | sync {:.2f}s/step | async "
+            "{:.2f}s/step ({:.2f}x, {:.2f}x with generation fully hidden; trainers waited {:.2f}s "
+            "a step) | sync gen {:.2f}s, trainer {:.2f}s",
+            row["shape"].get<std::string>(), row["sync_step_s"].get<double>(),
+            row["async_step_s"].get<double>(), row["speedup"].get<double>(),
+            row["speedup_full_overlap"].get<double>(), row["async_wait_s"].get<double>(),
+            row["sync_gen_s"].get<double>(), row["sync_trainer_s"].get<double>());
       else if (row["bench"] == "rl_filter")
         LOG0_INFO(
             "bench rl: {} | {:.3f}s/step | {} of {} samples trained | {:.4f}s per trained "

@@ -26,7 +26,7 @@ struct BenchRlOptions {
   /// and without --dynamic_filtering); 0 skips it.
   int64_t filter_steps = 60;
   /// Steps of each run of the async comparison (2 ranks only: 1 training + 1 generation rank,
-  /// the main run's shape synchronous and with --async_train); 0 skips it.
+  /// two shapes, synchronous and with --async_train); 0 skips it.
   int64_t async_steps = 6;
   uint64_t seed = 42;
   std::string work_dir = "/tmp";  ///< a fresh rlhf_bench_rl_XXXXXX folder in it, removed after
@@ -46,10 +46,16 @@ struct BenchRlOptions {
 /// --dynamic_filtering, each a row
 ///   {"bench":"rl_filter", dynamic_filtering, steps, step_s, samples_generated,
 ///    samples_trained, seconds_per_trained_sample, reward_first_tenth, reward_last_tenth};
-/// then (async_steps > 0, 2 ranks) the main run's GRPO on 1 training + 1 generation rank, without
-/// and with --async_train (queue 1), a row
-///   {"bench":"rl_async", steps, sync_step_s, async_step_s, speedup, async_wait_s,
-///    sync_gen_s, sync_train_s}  (means over steps 2..N).
+/// then (async_steps > 0, 2 ranks) GRPO on 1 training + 1 generation rank, without and with
+/// --async_train (queue 1), in two shapes: "main" (the main run's) and "rule_reward" (DAPO-style:
+/// the same shape with the byte-level vocabulary, the math rule instead of a reward model, no
+/// reference, 1 prompt × 8 samples × 512 new tokens), a row each
+///   {"bench":"rl_async", shape, steps, sync_step_s, async_step_s, speedup,
+///    speedup_full_overlap, async_wait_s, sync_gen_s, sync_train_s, sync_trainer_s}  (means over
+///   steps 2..N), where speedup_full_overlap = sync_step_s / max(sync_gen_s, sync_trainer_s):
+///   what hiding all of generation behind the synchronous run's trainer work (sync_trainer_s =
+///   sync_step_s − sync_gen_s) would give — an estimate, not a bound (the async trainer's own
+///   step can be a little shorter).
 /// FLOPs per step, with S the tokens of all sequences (prompt + response) and T their mean length:
 /// S·F_fwd(T) for generation (prefill and decode), S·F_fwd,reward(T) for the reward model,
 /// S·F_fwd(T)·(old + reference) for the old (unless skipped) and reference log-probs,
