@@ -55,10 +55,19 @@ void write_random_reward_model(const model::ModelConfig& cfg, const std::string&
   w.commit();
 }
 
+// `c` with the byte tokenizer's vocabulary (io/tokenizer.h: ids 0..255 are bytes, 256 = BOS,
+// 257 = EOS, 258 = PAD), so that rule rewards can read the completions.
+model::ModelConfig with_byte_vocab(model::ModelConfig c) {
+  c.vocab_size = 259;
+  c.bos_token_id = 256;
+  c.eos_token_id = 257;
+  c.pad_token_id = 258;
+  return c;
+}
+
 // The byte-level tiny model of examples/models/tiny.toml (0.77M parameters).
 model::ModelConfig tiny_config() {
   model::ModelConfig c;
-  c.vocab_size = 259;
   c.hidden_size = 128;
   c.intermediate_size = 352;
   c.num_hidden_layers = 4;
@@ -66,10 +75,7 @@ model::ModelConfig tiny_config() {
   c.num_key_value_heads = 2;
   c.max_position_embeddings = 512;
   c.tie_word_embeddings = true;
-  c.bos_token_id = 256;
-  c.eos_token_id = 257;
-  c.pad_token_id = 258;
-  return c;
+  return with_byte_vocab(c);
 }
 
 // DAPO's dynamic filtering against the plain step on a task where groups do go all-right or
@@ -158,11 +164,7 @@ double mean_after_first(const std::vector<nlohmann::json>& recs, const char* key
 // samples × 512 new tokens.
 rl::RlRunConfig rule_reward_config(const BenchRlOptions& opt, const rl::RlRunConfig& base,
                                    const std::string& dir, parallel::Comm& comm) {
-  model::ModelConfig cfg = opt.config;
-  cfg.vocab_size = 259;  // the byte tokenizer's ids (io/tokenizer.h)
-  cfg.bos_token_id = 256;
-  cfg.eos_token_id = 257;
-  cfg.pad_token_id = 258;
+  model::ModelConfig cfg = with_byte_vocab(opt.config);
   cfg.max_position_embeddings = std::max<int64_t>(cfg.max_position_embeddings, 1024);
   const std::string path = (fs::path(dir) / "config_bytes.json").string();
   if (comm.rank() == 0) std::ofstream(path) << cfg.to_json().dump(2) << "\n";
