@@ -158,6 +158,7 @@ TEST_CASE(
   o.max_steps = 5;
   o.adam.lr = 1e-3;
   o.save_path = dir.string();
+  o.ckpt_path = (dir / "checkpoints").string();  // not the default ./ckpt of the working folder
   o.save_steps = 2;
   o.logging_steps = 2;
   const rl::BatchPlan plan = rl::plan_batches(o, 10, 1, "d", "samples");  // 2 steps per epoch
@@ -210,6 +211,9 @@ TEST_CASE(
   CHECK(std::filesystem::exists(dir / "model_step4.h5"));
   CHECK(!std::filesystem::exists(dir / "model_step5.h5"));
   CHECK(std::filesystem::exists(dir / "model.h5"));
+  // Training checkpoints go to --ckpt_path, here inside dir.
+  CHECK(std::filesystem::exists(dir / "checkpoints" / "step_2.h5"));
+  CHECK(std::filesystem::exists(dir / "checkpoints" / "step_4.h5"));
 
   // A non-finite loss stops the run before its optimizer step, naming the step.
   RecordingTask nan_task(4);
