@@ -85,10 +85,10 @@ void Transformer<T>::point_layer(Saved& s, T* base) const {
 }
 
 template <typename T>
-LayerRun<T> Transformer<T>::layer_run(Saved& s) const {
+LayerRun<T> Transformer<T>::layer_run(Saved& s, const int32_t* pos) const {
   LayerRun<T> run;
   run.N = N_;
-  run.pos = pos_.data();
+  run.pos = pos != nullptr ? pos : pos_.data();
   run.rope_cos = rope_cos_.data();
   run.rope_sin = rope_sin_.data();
   run.linear = &linear_forward_cpu<T>;
@@ -172,9 +172,10 @@ void Transformer<T>::embed(UnitProvider<T>& p, const int32_t* tokens) {
 }
 
 template <typename T>
-void Transformer<T>::layer_forward(const T* params, int l, const T* x_in, T* x_out, Saved& a) {
+void Transformer<T>::layer_forward(const T* params, int l, const T* x_in, T* x_out, Saved& a,
+                                   const int32_t* pos) {
   const LayerParams<const T> w(layout_.unit(layout_.layer_unit(l)), params);
-  decoder_layer_forward_cpu(x_out, a.acts, x_in, w, spec_, layer_run(a));
+  decoder_layer_forward_cpu(x_out, a.acts, x_in, w, spec_, layer_run(a, pos));
 }
 
 template <typename T>

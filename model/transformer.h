@@ -83,9 +83,11 @@ class Transformer {
   void reserve(int64_t B, int64_t T_, bool for_backward);
   void point_layer(Saved& a, T* base) const;
   int64_t layer_floats() const;
-  LayerRun<T> layer_run(Saved& a) const;
+  // pos: the (N) positions of the layer's tokens (nullptr = pos_).
+  LayerRun<T> layer_run(Saved& a, const int32_t* pos = nullptr) const;
   void embed(UnitProvider<T>& p, const int32_t* tokens);
-  void layer_forward(const T* params, int l, const T* x_in, T* x_out, Saved& a);
+  void layer_forward(const T* params, int l, const T* x_in, T* x_out, Saved& a,
+                     const int32_t* pos = nullptr);
   void layer_backward(const T* params, T* grads, int l, const T* x_in, Saved& a, T* dres);
   void trunk_forward(UnitProvider<T>& p, const int32_t* tokens, int64_t B, int64_t T_,
                      bool for_backward);
@@ -93,6 +95,8 @@ class Transformer {
   void final_norm(const T* head_params, const T* x);
   void lm_logprobs(const T* w, T* lp, T* entropy, bool keep_logits);
   std::vector<int64_t> sweep_trunk(UnitProvider<T>& p, const std::vector<ForwardBatch<T>>& batches);
+  // B_, T_, N_ of one batch of a sweep (the scratch is sized for the largest by sweep_trunk).
+  void sweep_geometry(const ForwardBatch<T>& b);
   const T* x_last() const;
   void head_backward_common(UnitProvider<T>& p, const T* head_params, T* head_grads);
 
@@ -116,7 +120,8 @@ class Transformer {
   std::vector<T> res_;     // (L+1, N, C)
   std::vector<T> layers_;  // (n_sets, layer_floats)
   std::vector<T> lnf_, rstdf_, logits_, lse_, entropy_;
-  std::vector<T> sweep_res_;  // a sweep's residual streams, batch after batch (Σ N_b, C)
+  std::vector<T> sweep_res_;        // a sweep's residual streams, batch after batch (Σ N_b, C)
+  std::vector<int32_t> sweep_pos_;  // and its tokens' positions (Σ N_b)
   // Backward scratch.
   std::vector<T> dres_, dln_, datty_, dq_, dk_, dv_, dq_raw_, dk_raw_, dh_, dgate_, dup_, dlnf_;
   int64_t cap_N_ = 0, cap_T_ = 0, cap_sets_ = 0;

@@ -12,29 +12,33 @@
 
 namespace rlhf::model {
 
-// Embeds every batch into its slice of sweep_res_, then runs each layer over every batch (the
-// layer's output goes through res_ and back into the slice). Returns each batch's offset in
-// sweep_res_ (elements). Per batch, the kernels and shapes are those of trunk_forward without
-// backward, so the results are the same bit for bit.
+// Sizes the per-batch scratch for the largest batch and lays out every batch's residual stream
+// and positions end to end, then embeds every batch into its rows of sweep_res_ and runs each layer
+// over every batch (the layer's output goes through res_ and back into the batch's rows). Returns
+// each batch's first row (token) in sweep_res_ and sweep_pos_. Per batch, the kernels and shapes
+// are those of trunk_forward without backward, so the results are the same bit for bit.
 template <typename T>
 std::vector<int64_t> Transformer<T>::sweep_trunk(UnitProvider<T>& p,
                                                  const std::vector<ForwardBatch<T>>& batches) {
-  std::vector<int64_t> offset;
+  std::vector<int64_t> row;
   int64_t total = 0;
   for (const ForwardBatch<T>& b : batches) {
-    reserve(b.B, b.seq_len, false);  // validates the shape and sizes the per-batch scratch
-    offset.push_back(total);
-    total += N_ * C_;
+    reserve(b.B, b.seq_len, false);  // validates the shape and grows the per-batch scratch
+    row.push_back(total);
+    total += N_;
   }
-  checked_grow(sweep_res_, total, "activations (residual streams of a forward sweep)");
+  checked_grow(sweep_res_, total * C_, "activations (residual streams of a forward sweep)");
+  checked_resize(sweep_pos_, total, "token positions (forward sweep)");
+  for (size_t i = 0; i < batches.size(); ++i)
+    for (int64_t n = 0; n < batches[i].B * batches[i].seq_len; ++n)
+      sweep_pos_[size_t(row[i] + n)] = int32_t(n % batches[i].seq_len);
   have_backward_state_ = false;
   kept_ = false;
   const int eu = layout_.embedding_unit();
   const T* emb = p.acquire_params(eu);
   for (size_t i = 0; i < batches.size(); ++i) {
-    const ForwardBatch<T>& b = batches[i];
-    reserve(b.B, b.seq_len, false);
-    embedding_forward_cpu(sweep_res_.data() + offset[i], b.tokens,
+    sweep_geometry(batches[i]);
+    embedding_forward_cpu(sweep_res_.data() + row[i] * C_, batches[i].tokens,
                           emb + layout_.unit(eu).at("embed_tokens.weight").offset, N_, C_, V_);
   }
   p.release_params(eu);
@@ -42,16 +46,23 @@ std::vector<int64_t> Transformer<T>::sweep_trunk(UnitProvider<T>& p,
     const int u = layout_.layer_unit(l);
     const T* params = p.acquire_params(u);
     for (size_t i = 0; i < batches.size(); ++i) {
-      reserve(batches[i].B, batches[i].seq_len, false);
-      T* x = sweep_res_.data() + offset[i];
+      sweep_geometry(batches[i]);
+      T* x = sweep_res_.data() + row[i] * C_;
       Saved a;
       point_layer(a, layers_.data());
-      layer_forward(params, l, x, res_.data(), a);
+      layer_forward(params, l, x, res_.data(), a, sweep_pos_.data() + row[i]);
       std::copy(res_.data(), res_.data() + N_ * C_, x);
     }
     p.release_params(u);
   }
-  return offset;
+  return row;
+}
+
+template <typename T>
+void Transformer<T>::sweep_geometry(const ForwardBatch<T>& b) {
+  B_ = b.B;
+  T_ = b.seq_len;
+  N_ = b.B * b.seq_len;
 }
 
 template <typename T>
@@ -62,16 +73,16 @@ void Transformer<T>::forward_lm_sweep(UnitProvider<T>& p,
              "forward_lm_sweep needs a model with an LM head, not '{}'", to_string(layout_.head()));
   if (batches.empty()) return;
   p.begin_pass(false);
-  const std::vector<int64_t> offset = sweep_trunk(p, batches);
+  const std::vector<int64_t> row = sweep_trunk(p, batches);
   inv_temperature_ = inv_temperature;
   const int hu = layout_.head_unit(), eu = layout_.embedding_unit();
   const T* hp = p.acquire_params(hu);
   const T* w = acquire_lm_head(p, layout_, hp, static_cast<T*>(nullptr)).w;
   for (size_t i = 0; i < batches.size(); ++i) {
     const ForwardBatch<T>& b = batches[i];
-    reserve(b.B, b.seq_len, false);
+    sweep_geometry(b);
     targets_.assign(b.targets, b.targets + N_);
-    final_norm(hp, sweep_res_.data() + offset[i]);
+    final_norm(hp, sweep_res_.data() + row[i] * C_);
     lm_logprobs(w, b.out, nullptr, false);
   }
   if (layout_.config().tie_word_embeddings) p.release_params(eu);
@@ -88,14 +99,14 @@ void Transformer<T>::forward_scalar_sweep(UnitProvider<T>& p,
              "forward_scalar_sweep needs a model with a value or reward head");
   if (batches.empty()) return;
   p.begin_pass(false);
-  const std::vector<int64_t> offset = sweep_trunk(p, batches);
+  const std::vector<int64_t> row = sweep_trunk(p, batches);
   const int hu = layout_.head_unit();
   const T* hp = p.acquire_params(hu);
   const T* score = hp + layout_.unit(hu).at("score.weight").offset;
   for (size_t i = 0; i < batches.size(); ++i) {
     const ForwardBatch<T>& b = batches[i];
-    reserve(b.B, b.seq_len, false);
-    final_norm(hp, sweep_res_.data() + offset[i]);
+    sweep_geometry(b);
+    final_norm(hp, sweep_res_.data() + row[i] * C_);
     linear_forward_cpu(b.out, lnf_.data(), score, static_cast<const T*>(nullptr), N_, C_,
                        int64_t(1));
   }
@@ -107,6 +118,7 @@ void Transformer<T>::forward_scalar_sweep(UnitProvider<T>& p,
 #define RLHF_INSTANTIATE_SWEEP(T)                                                                 \
   template std::vector<int64_t> Transformer<T>::sweep_trunk(UnitProvider<T>&,                     \
                                                             const std::vector<ForwardBatch<T>>&); \
+  template void Transformer<T>::sweep_geometry(const ForwardBatch<T>&);                           \
   template void Transformer<T>::forward_lm_sweep(UnitProvider<T>&,                                \
                                                  const std::vector<ForwardBatch<T>>&, T);         \
   template void Transformer<T>::forward_scalar_sweep(UnitProvider<T>&,                            \
