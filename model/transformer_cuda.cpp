@@ -37,6 +37,14 @@ void download(float* host, const float* dev, int64_t n, cudaStream_t s) {
 
 }  // namespace
 
+void TransformerCuda::download_widened(float* host, const bf16* dev, int64_t n, cudaStream_t s) {
+  std::vector<bf16> staged(static_cast<size_t>(n));
+  CUDA_CHECK(
+      cudaMemcpyAsync(staged.data(), dev, staged.size() * sizeof(bf16), cudaMemcpyDeviceToHost, s));
+  CUDA_CHECK(cudaStreamSynchronize(s));
+  for (int64_t i = 0; i < n; ++i) host[i] = __bfloat162float(staged[static_cast<size_t>(i)]);
+}
+
 TransformerCuda::TransformerCuda(const ParamLayout& layout, bool gradient_checkpointing,
                                  int64_t logit_chunk_bytes)
     : layout_(layout),
@@ -336,11 +344,7 @@ void TransformerCuda::forward_scalar(DeviceUnitProvider& p, const int32_t* token
                       nullptr, N_, C_, 1, s);
   p.release_params(hu);
   p.end_pass(false);
-  std::vector<bf16> host(static_cast<size_t>(N_));
-  CUDA_CHECK(cudaMemcpyAsync(host.data(), values_.get(), host.size() * sizeof(bf16),
-                             cudaMemcpyDeviceToHost, s));
-  CUDA_CHECK(cudaStreamSynchronize(s));
-  for (int64_t i = 0; i < N_; ++i) values[i] = __bfloat162float(host[static_cast<size_t>(i)]);
+  download_widened(values, values_.get(), N_, s);
   have_backward_state_ = for_backward;
   last_head_ = layout_.head();
 }

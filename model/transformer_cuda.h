@@ -129,6 +129,11 @@ class TransformerCuda {
   void sweep_trunk(DeviceUnitProvider& p, const std::vector<ForwardBatch<float>>& batches, bool lm);
   // B_, T_, N_ of one batch of a sweep (the scratch is sized for the largest).
   void sweep_geometry(const ForwardBatch<float>& b);
+  // Each batch's rows of `host` (Σ N_b, the sweep's outputs in batch order) into its out.
+  void sweep_outputs(const std::vector<float>& host,
+                     const std::vector<ForwardBatch<float>>& batches) const;
+  // n bf16 device values widened into host fp32; synchronises the stream.
+  static void download_widened(float* host, const bf16* dev, int64_t n, cudaStream_t s);
   const bf16* x_last() const;
   int64_t logit_chunk_rows() const;
   void head_backward_common(DeviceUnitProvider& p, const bf16* head_params, float* head_grads);

@@ -86,6 +86,12 @@ void TransformerCuda::sweep_trunk(DeviceUnitProvider& p,
   }
 }
 
+void TransformerCuda::sweep_outputs(const std::vector<float>& host,
+                                    const std::vector<ForwardBatch<float>>& batches) const {
+  for (size_t i = 0; i < batches.size(); ++i)
+    std::copy(host.begin() + sweep_offset_[i], host.begin() + sweep_offset_[i + 1], batches[i].out);
+}
+
 void TransformerCuda::sweep_geometry(const ForwardBatch<float>& b) {
   B_ = b.B;
   T_ = b.seq_len;
@@ -133,8 +139,7 @@ void TransformerCuda::forward_lm_sweep(DeviceUnitProvider& p,
   CUDA_CHECK(cudaMemcpyAsync(lp.data(), sweep_lp_.get(), lp.size() * sizeof(float),
                              cudaMemcpyDeviceToHost, s));
   CUDA_CHECK(cudaStreamSynchronize(s));
-  for (size_t i = 0; i < batches.size(); ++i)
-    std::copy(lp.begin() + sweep_offset_[i], lp.begin() + sweep_offset_[i + 1], batches[i].out);
+  sweep_outputs(lp, batches);
   last_head_ = HeadKind::kLM;
   entropy_valid_ = false;
 }
@@ -160,13 +165,9 @@ void TransformerCuda::forward_scalar_sweep(DeviceUnitProvider& p,
   }
   p.release_params(hu);
   p.end_pass(false);
-  std::vector<bf16> host(static_cast<size_t>(total));
-  CUDA_CHECK(cudaMemcpyAsync(host.data(), sweep_values_.get(), host.size() * sizeof(bf16),
-                             cudaMemcpyDeviceToHost, s));
-  CUDA_CHECK(cudaStreamSynchronize(s));
-  for (size_t i = 0; i < batches.size(); ++i)
-    for (int64_t n = sweep_offset_[i]; n < sweep_offset_[i + 1]; ++n)
-      batches[i].out[n - sweep_offset_[i]] = __bfloat162float(host[static_cast<size_t>(n)]);
+  std::vector<float> values(static_cast<size_t>(total));
+  download_widened(values.data(), sweep_values_.get(), total, s);
+  sweep_outputs(values, batches);
   last_head_ = layout_.head();
 }
 
