@@ -1,11 +1,14 @@
 """What the side-by-side benchmark scripts (bench_transformers.py, bench_trl.py) share: the rlhf
-binary's version and the CPU's name for their environment records, and the median/min/max summary
-of a list of measurements. Standard library only."""
+binary's version and the CPU's name for their environment records, the median/min/max summary
+of a list of measurements, and how they report (JSON lines out, progress on stderr). Standard
+library only."""
 
+import json
 import platform
 import re
 import statistics
 import subprocess
+import sys
 
 
 def rlhf_version(path):
@@ -30,3 +33,22 @@ def cpu_name():
 def spread(xs):
     """{"median", "min", "max"} of a non-empty list."""
     return {"median": statistics.median(xs), "min": min(xs), "max": max(xs)}
+
+
+class Reporter:
+    """A benchmark's output: emit(row) prints {"bench": bench, **row} as one JSON line on stdout
+    (and appends it to the file `output` when given); log(msg) prints "[prefix] msg" on stderr."""
+
+    def __init__(self, bench, prefix, output=None):
+        self.bench, self.prefix = bench, prefix
+        self.out = open(output, "a") if output else None
+
+    def emit(self, row):
+        line = json.dumps({"bench": self.bench, **row})
+        print(line, flush=True)
+        if self.out:
+            self.out.write(line + "\n")
+            self.out.flush()
+
+    def log(self, msg):
+        print(f"[{self.prefix}] {msg}", file=sys.stderr, flush=True)

@@ -47,7 +47,7 @@ import subprocess
 import sys
 import time
 
-from bench_common import cpu_name, rlhf_version, spread  # next to this file
+from bench_common import Reporter, cpu_name, rlhf_version, spread  # next to this file
 from libstdcxx_random import MT19937_64, uniform_below  # next to this file
 
 
@@ -97,20 +97,8 @@ from transformers import AutoModelForCausalLM, LogitsProcessor, LogitsProcessorL
 
 transformers.logging.set_verbosity_error()
 transformers.utils.logging.disable_progress_bar()
-OUT = open(ARGS.output, "a") if ARGS.output else None
-
-
-def emit(row):
-    row = {"bench": "transformers_side_by_side", **row}
-    line = json.dumps(row)
-    print(line, flush=True)
-    if OUT:
-        OUT.write(line + "\n")
-        OUT.flush()
-
-
-def log(msg):
-    print(f"[bench_transformers] {msg}", file=sys.stderr, flush=True)
+REPORT = Reporter("transformers_side_by_side", "bench_transformers", ARGS.output)
+emit, log = REPORT.emit, REPORT.log
 
 
 # --- rlhf's prompts: std::mt19937_64 and libstdc++'s uniform_int_distribution ----------------

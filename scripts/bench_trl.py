@@ -86,7 +86,7 @@ import tempfile
 import time
 from importlib.metadata import PackageNotFoundError, version
 
-from bench_common import cpu_name, rlhf_version, spread  # next to this file
+from bench_common import Reporter, cpu_name, rlhf_version, spread  # next to this file
 from libstdcxx_random import MASK64, MT19937_64, uniform_below  # next to this file
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -170,19 +170,8 @@ ARGS = parse_args()
 # Thread counts before torch is imported (by the TRL worker, and here for the model export).
 for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
     os.environ[var] = str(ARGS.threads)
-OUT = open(ARGS.output, "a") if ARGS.output and not ARGS.trl_worker else None
-
-
-def emit(row):
-    line = json.dumps({"bench": BENCH, **row})
-    print(line, flush=True)
-    if OUT:
-        OUT.write(line + "\n")
-        OUT.flush()
-
-
-def log(msg):
-    print(f"[bench_trl] {msg}", file=sys.stderr, flush=True)
+REPORT = Reporter(BENCH, "bench_trl", ARGS.output if not ARGS.trl_worker else None)
+emit, log = REPORT.emit, REPORT.log
 
 
 # --- rlhf's prompt order: rl::EpochOrder = std::shuffle(std::mt19937_64) of libstdc++ ---------
