@@ -58,8 +58,12 @@ function(rlhf_fetch_cudnn_frontend out_var)
     RESULT_VARIABLE rc OUTPUT_VARIABLE pip_out ERROR_VARIABLE pip_err TIMEOUT 180)
   set(wheel "${root}/wheel/${RLHF_CUDNN_FRONTEND_WHEEL}")
   if(NOT rc EQUAL 0 OR NOT EXISTS "${wheel}")
+    # pip's ERROR line says enough (retries print WARNING lines first).
+    string(REGEX MATCH "ERROR:[^\n]*" pip_error "${pip_err}")
+    if(pip_error)
+      set(pip_err "${pip_error}")
+    endif()
     string(STRIP "${pip_err}" pip_err)
-    string(REGEX REPLACE "\n.*" "" pip_err "${pip_err}")  # the first line says enough
     message(STATUS "✗ ${what}: pip download failed (${rc}: ${pip_err}); building without cuDNN "
       "attention (set RLHF_CUDNN_FRONTEND_DIR to use headers already on this machine)")
     return()
