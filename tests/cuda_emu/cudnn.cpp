@@ -6,9 +6,26 @@
 // test's skip reasons), with cuDNN 9's signatures.
 #include <cudnn.h>
 
+// The names of the statuses the project can meet here (the real library names every one).
 const char* cudnnGetErrorString(cudnnStatus_t status) {
-  return status == CUDNN_STATUS_SUCCESS ? "CUDNN_STATUS_SUCCESS"
-                                        : "CUDNN_STATUS_NOT_SUPPORTED (CUDA emulator: no cuDNN)";
+  switch (status) {
+    case CUDNN_STATUS_SUCCESS:
+      return "CUDNN_STATUS_SUCCESS";
+    case CUDNN_STATUS_NOT_INITIALIZED:
+      return "CUDNN_STATUS_NOT_INITIALIZED";
+    case CUDNN_STATUS_BAD_PARAM:
+      return "CUDNN_STATUS_BAD_PARAM";
+    case CUDNN_STATUS_BAD_PARAM_NULL_POINTER:
+      return "CUDNN_STATUS_BAD_PARAM_NULL_POINTER";
+    case CUDNN_STATUS_NOT_SUPPORTED:
+      return "CUDNN_STATUS_NOT_SUPPORTED";
+    case CUDNN_STATUS_INTERNAL_ERROR:
+      return "CUDNN_STATUS_INTERNAL_ERROR";
+    case CUDNN_STATUS_EXECUTION_FAILED:
+      return "CUDNN_STATUS_EXECUTION_FAILED";
+    default:
+      return "CUDNN_STATUS (a status the CUDA emulator does not name)";
+  }
 }
 
 size_t cudnnGetVersion(void) {
