@@ -22,6 +22,12 @@ for b in rlhf rlhf_tests rlhf_mpi_tests; do
   cp "$BUILD/$b" "$STAGE/rlhf-gpu/bin/"
 done
 cp "$OMPI_COMPONENTS"/*.so "$STAGE/rlhf-gpu/openmpi/"
+# cuDNN attention needs cuDNN and the cudnn-frontend headers at configure time (PyPI access):
+# the configure prints "✓ cudnn-frontend"; without it the cuDNN checks of gpu_check.sh skip.
+if ! ldd "$BUILD/rlhf" | grep -q libcudnn; then
+  echo "gpu_bundle: warning: $BUILD/rlhf is built without cuDNN attention (see its configure" \
+    "output for the ✗ line); gpu_check.sh's cuDNN cases will skip" >&2
+fi
 # glibc's own libraries come from the machine; NVIDIA's are the machine's (they must match its
 # driver); libstdc++/libgcc_s go to lib-fallback, used only if the machine's are older.
 skip='^(linux-vdso|ld-linux|libc|libm|libdl|libpthread|librt|libresolv|libutil|libcuda|libcublas|libcublasLt|libnccl|libcudnn.*|libnvidia.*)\.so'

@@ -2,6 +2,9 @@
 # The GPU checks, on a machine with an NVIDIA GPU, from a bundle made by scripts/gpu_bundle.sh:
 #   env    the GPU, driver and the NVIDIA libraries found
 #   tests  the CUDA unit tests (rlhf_tests, every *_cuda.cpp file and test_cuda_check.cpp)
+#   attn   cuDNN attention (cudnn-frontend) against the flash-attention kernels at training shapes:
+#          causal GQA, D 64 and 128, T on and off multiples of 128; one "cudnn vs flash" line per
+#          shape with the max differences (out, lse, dq, dk, dv) and forward/backward times
 #   mpi    the NCCL, device-store, weight-sync and GPU RL-step tests of rlhf_mpi_tests (1 rank)
 #   e2e    sft and grpo, --device cpu against --device cuda with the same seed (tiny model)
 #   bench  rlhf bench train (flash and cudnn attention)|generate|sync --device cuda (135M, ~1B)
@@ -15,7 +18,7 @@ set -u
 TAR=$1
 OUT=$2
 shift 2
-STEPS=${*:-env tests mpi bench e2e grpo135m}
+STEPS=${*:-env tests attn mpi bench e2e grpo135m}
 SRC=$(cd "$(dirname "$0")/.." && pwd)
 ROOT=/tmp/rlhf-gpu
 mkdir -p "$OUT"
@@ -77,6 +80,14 @@ step_env() {
 
 step_tests() {
   run tests 150 "$BIN/rlhf_tests" -sf='*_cuda.cpp,*test_cuda_check.cpp' -s=false --duration=true
+}
+
+step_attn() {  # RLHF_CUDNN_DEBUG=1: a refused shape prints cudnn-frontend's reason
+  (
+    export RLHF_CUDNN_DEBUG=1
+    run attn 240 "$BIN/rlhf_tests" -tc='*cudnn vs flash*' --no-skip -s=false --duration=true
+  )
+  grep -E "^cudnn vs flash|refused" "$OUT/attn.log" | cut -c1-400
 }
 
 step_mpi() {

@@ -94,19 +94,20 @@ void attention_decode_cuda(bf16* out, float* workspace, const bf16* q, const bf1
                            int64_t H, int64_t Hkv, int64_t D, cudaStream_t stream);
 
 // --- cuDNN fused attention (model/ops/cuda/attention_cudnn.cpp) ---------------------------------
-// cuDNN's fused flash-attention engines (tensor cores), driven through the cuDNN backend graph
-// API (cuDNN developer guide, "Fused Flash Attention fprop/bprop"): the same causal GQA
-// attention and the same lse contract as attention_forward_cuda / attention_backward_cuda, so
-// either backward can follow either forward. Built only with RLHF_CUDNN; without it (and on the
-// CUDA emulator, whose cuDNN reports CUDNN_STATUS_NOT_SUPPORTED) all three return false and the
-// caller uses the hand-written kernels. Not yet run on a GPU: see the comment of the .cpp.
+// cuDNN's fused flash-attention engines (tensor cores), one graph per shape built with NVIDIA's
+// cudnn-frontend (its SDPA forward and backward nodes): the same causal GQA attention and the
+// same lse contract as attention_forward_cuda / attention_backward_cuda, so either backward can
+// follow either forward. Built only with RLHF_CUDNN (cuDNN and the cudnn-frontend headers found
+// at configure time); without it, and on the CUDA emulator, the three functions refuse every
+// problem (bad dimensions still throw) and the caller uses the hand-written kernels.
 
 /// True when cuDNN's fused attention can serve this problem on the current device: a device is
-/// present, cuDNN >= 9.0 (major 9) at run time, compute capability >= 8.0, D % 8 == 0 and
-/// D <= 128, H % Hkv == 0, and cuDNN builds and finalizes both the forward and the backward
-/// execution plan for (B, T, H, Hkv, D). Plans are built on the first query of a shape (this can
-/// take seconds: cuDNN compiles the kernels) and cached per (device, shape, direction), a
-/// negative answer included. Never throws (any failure answers false).
+/// present, cuDNN 9 at run time (not 9.10.0/9.10.1), compute capability >= 8.0, T > 1,
+/// D % 8 == 0 and D <= 128, H % Hkv == 0, and cuDNN builds both the forward and the backward
+/// execution plan for (B, T, H, Hkv, D); T need not be a multiple of anything. Plans are built on
+/// the first query of a shape (this can take a second or more: cuDNN compiles the kernels) and
+/// cached per (device, shape, direction), a negative answer included. Never throws (any failure
+/// answers false).
 bool attention_cudnn_available(int64_t B, int64_t T_, int64_t H, int64_t Hkv, int64_t D) noexcept;
 
 /// Same contract as attention_forward_cuda: out (B, T, H, D) bf16 =, lse (B, H, T) fp32 =
