@@ -210,7 +210,7 @@ void TrackingArgs::bind(OptionSet& o) {
         "Also write every metric (and --log_completions samples) as TensorBoard event files in "
         "this directory (\"\" = off)");
   o.add("use_wandb", use_wandb,
-        "Also log to Weights & Biases through its client (python3 -m wandb must import): bare or "
+        "Also log to Weights & Biases through its client (python3 must import wandb): bare or "
         "true = the environment's login, another value = an API key; WANDB_MODE=offline logs "
         "offline")
       .implicit("true");
