@@ -2,8 +2,8 @@
 # The documentation stays true to the binary:
 #  - docs/cli.md is the binary's own --help (scripts/update_readme.sh): fail when a flag or default
 #    changed without it;
-#  - docs/migrating.md's TRL and OpenRLHF tables list every name of app/trl_names.cpp and
-#    app/openrlhf_names.cpp;
+#  - docs/migrating.md's TRL table lists every name of app/trl_names.cpp, and its OpenRLHF table
+#    is scripts/make_openrlhf_table.py's rendering of app/openrlhf_names.cpp;
 #  - every --flag named in README.md and docs/*.md exists, and every relative link resolves
 #    (scripts/check_docs.py).
 # Usage: readme.sh <rlhf binary> <source dir>
@@ -23,11 +23,12 @@ for name in $(grep -oE '^    \{"[a-z_0-9]+",' "$SRC/app/trl_names.cpp" | grep -o
     exit 1
   }
 done
-for name in $(grep -oE '^    [A-Z_]+\("[a-z_0-9.]+"' "$SRC/app/openrlhf_names.cpp" | grep -oE '"[a-z_0-9.]+"' | tr -d '"'); do
-  grep -qF "| \`--$name\` |" "$SRC/docs/migrating.md" || {
-    echo "FAIL: docs/migrating.md's OpenRLHF table lacks --$name (app/openrlhf_names.cpp)"
-    exit 1
-  }
-done
+want=$(python3 "$SRC/scripts/make_openrlhf_table.py" "$SRC")
+have=$(sed -n '/^| OpenRLHF | rlhf |/,/^$/p' "$SRC/docs/migrating.md" | sed '1,2d;/^$/d')
+if [ "$want" != "$have" ]; then
+  diff <(echo "$have") <(echo "$want") | head -10
+  echo "FAIL: docs/migrating.md's OpenRLHF table is stale (app/openrlhf_names.cpp); regenerate its rows with scripts/make_openrlhf_table.py"
+  exit 1
+fi
 python3 "$SRC/scripts/check_docs.py" "$RLHF" "$SRC" || exit 1
 echo PASS
