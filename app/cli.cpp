@@ -776,8 +776,13 @@ ParsedCommand parse_args(const std::vector<std::string>& argv) {
   out.command = set.command();
   out.config.push_back({"config", config_path.empty() ? "\"\"" : config_path,
                         config_path.empty() ? OptionSource::kDefault : OptionSource::kCommandLine});
-  for (const OptionSpec& spec : set.specs())
-    out.config.push_back({spec.key, to_string(spec.value()), spec.source});
+  for (const OptionSpec& spec : set.specs()) {
+    std::string value = to_string(spec.value());
+    // --use_wandb KEY (OpenRLHF's form) carries an API key: never into the logs.
+    if (spec.key == "use_wandb" && value != "\"\"" && value != "true" && value != "false")
+      value = "(an API key)";
+    out.config.push_back({spec.key, std::move(value), spec.source});
+  }
   out.args = std::move(args[index]);  // the specs point into args[index]: read them first
   return out;
 }

@@ -253,6 +253,12 @@ TEST_CASE("trl habits: --flag true|false, bare --log_completions, grpo's default
   CHECK(g({"--use_wandb"}).tracking.use_wandb == "true");
   CHECK(g({"--use_wandb", "--wandb_project", "p"}).tracking.wandb_project == "p");
   CHECK(g({"--use_tensorboard", "runs"}).tracking.use_tensorboard == "runs");
+  {  // OpenRLHF's --use_wandb {token}: the key is used, never shown in the resolved config
+    const app::ParsedCommand k = parse({"grpo", "--pretrain", "p", "--prompt_data", "d", "--reward",
+                                        "length", "--logger.wandb.key", "s3cr3t"});
+    CHECK(std::get<app::GrpoArgs>(k.args).tracking.use_wandb == "s3cr3t");
+    for (const auto& row : k.config) CHECK(row.value != "s3cr3t");
+  }
   CHECK(contains(usage_error({"grpo", "--pretrain", "p", "--prompt_data", "d", "--reward", "length",
                               "--colocate_all_models", "--gen_ranks_per_node", "1"}),
                  "--colocate_all_models"));
