@@ -1,17 +1,22 @@
 #include "app/cli.h"
+#include "app/openrlhf_names.h"
 #include "app/trl_names.h"
 
 #include <toml++/toml.h>
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
+#include <cctype>
 #include <charconv>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <limits>
+#include <map>
 #include <memory>
+#include <set>
 #include <sstream>
+#include <tuple>
 #include <type_traits>
 #include <utility>
 
@@ -350,12 +355,31 @@ OptionSpec& OptionSpec::alias(const std::string& name) {
   return *this;
 }
 
+OptionSpec& OptionSpec::implicit(std::string value) {
+  implicit_value = std::move(value);
+  return *this;
+}
+
 OptionValue OptionSpec::value() const {
   return std::visit([](auto* field) { return OptionValue{*field}; }, target);
 }
 
 OptionSet::OptionSet(CLI::App* app, std::string command)
     : app_(app), command_(std::move(command)) {}
+
+void OptionSet::ignore(const std::string& name, int nargs, std::string note) {
+  Ignored& ig = ignored_.emplace_back();
+  ig.name = name;
+  ig.note = std::move(note);
+  ig.nargs = nargs;
+  if (nargs == 0) {
+    ig.cli = app_->add_flag("--" + name, ig.flag, ig.note);
+  } else {
+    ig.cli = app_->add_option("--" + name, ig.values, ig.note)->expected(nargs);
+    ig.cli->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  }
+  ig.cli->group("");  // hidden: docs/migrating.md lists them
+}
 
 const OptionSpec* OptionSet::find(const std::string& key) const {
   for (const OptionSpec& s : specs_)
@@ -438,17 +462,32 @@ void merge_toml(OptionSet& set, const std::string& path) {
   std::vector<std::string> keys;
   for (const OptionSpec& s : set.specs()) keys.push_back(s.key);
 
-  for (auto&& [k, node] : root) {
-    const std::string key(k.str());
+  // Dotted names (OpenRLHF's `actor.adam.lr = 5e-7`) are nested tables in TOML: flatten them.
+  std::vector<std::tuple<std::string, const toml::key*, const toml::node*>> entries;
+  auto flatten = [&](auto&& self, const toml::table& t, const std::string& prefix) -> void {
+    for (auto&& [k, node] : t) {
+      const std::string name = prefix + std::string(k.str());
+      if (const toml::table* sub = node.as_table(); sub != nullptr && set.find(name) == nullptr)
+        self(self, *sub, name + ".");
+      else
+        entries.emplace_back(name, &k, &node);
+    }
+  };
+  flatten(flatten, root, "");
+  for (auto&& [key, kp, np] : entries) {
+    const toml::key& k = *kp;
+    const toml::node& node = *np;
     const std::string where = location(path, k.source().begin.line ? k.source() : node.source());
     if (key == "config") usage_fail("{}: 'config' cannot be set inside a config file", where);
     OptionSpec* spec = nullptr;
     for (OptionSpec& s : set.specs())
       if (s.key == key || std::find(s.aliases.begin(), s.aliases.end(), key) != s.aliases.end())
         spec = &s;
-    if (spec == nullptr)
+    if (spec == nullptr) {
+      const std::string peer = openrlhf_hint(key, set);
       usage_fail("{}: unknown key '{}' for `rlhf {}`{}", where, key, set.command(),
-                 did_you_mean(key, keys));
+                 !peer.empty() ? peer : did_you_mean(key, keys));
+    }
     auto converted = value_from_toml(node, spec->target.index());
     if (auto* err = std::get_if<std::string>(&converted))
       usage_fail("{}: key '{}': {}", location(path, node.source()), key, *err);
@@ -510,8 +549,72 @@ void decorate_help(OptionSet& set) {
     for (const Check& c : spec.checks) d += fmt::format(" [{}]", c.text);
     if (!spec.env_name.empty()) d += fmt::format(" (env {})", spec.env_name);
     if (spec.is_required) d += " (required)";
+    std::vector<std::string> also;
+    for (const std::string& a : spec.aliases)
+      if (spec.description.find("--" + a) == std::string::npos) also.push_back("--" + a);
+    if (!also.empty()) d += fmt::format(" (also {})", fmt::join(also, ", "));
     spec.cli->description(d);
   }
+}
+
+/// TRL's and argparse's habits, rewritten into what CLI11 parses: `--flag true|false` (also
+/// True/False, 1/0, yes/no) for a switch becomes `--flag=true|false`, and a bare `--name` of an
+/// option with an implicit value (followed by nothing or another `--flag`) becomes
+/// `--name=<value>`. `set` is the selected subcommand's options.
+std::vector<std::string> normalize_argv(std::vector<std::string> argv, const OptionSet& set) {
+  std::set<std::string> switches;
+  std::map<std::string, std::string> implicit;
+  for (const OptionSpec& spec : set.specs()) {
+    std::vector<std::string> names = spec.aliases;
+    names.push_back(spec.key);
+    for (const std::string& n : names) {
+      if (std::holds_alternative<bool*>(spec.target)) switches.insert(n);
+      if (!spec.implicit_value.empty()) implicit[n] = spec.implicit_value;
+    }
+  }
+  for (const OptionSet::Ignored& ig : set.ignored())
+    if (ig.nargs == 0) switches.insert(ig.name);
+  auto bool_word = [](const std::string& w) -> const char* {
+    if (w == "true" || w == "True" || w == "TRUE" || w == "1" || w == "yes") return "true";
+    if (w == "false" || w == "False" || w == "FALSE" || w == "0" || w == "no") return "false";
+    return nullptr;
+  };
+  std::vector<std::string> out;
+  for (size_t i = 0; i < argv.size(); ++i) {
+    const std::string& t = argv[i];
+    if (i < 2 || t.rfind("--", 0) != 0 || t.find('=') != std::string::npos) {
+      out.push_back(t);
+      continue;
+    }
+    const std::string name = t.substr(2);
+    const bool has_next = i + 1 < argv.size();
+    if (switches.count(name) && has_next && bool_word(argv[i + 1]) != nullptr) {
+      out.push_back(t + "=" + bool_word(argv[i + 1]));
+      ++i;
+    } else if (auto it = implicit.find(name);
+               it != implicit.end() && (!has_next || argv[i + 1].rfind("--", 0) == 0)) {
+      out.push_back(t + "=" + it->second);
+    } else {
+      out.push_back(t);
+    }
+  }
+  return out;
+}
+
+/// The hint of an unknown option name: OpenRLHF's table, then TRL's, then the closest flag
+/// (namespaced names are compared with the command's namespaced aliases only).
+std::string unknown_option_hint(const std::string& name, const OptionSet& set) {
+  if (std::string h = openrlhf_hint(name, set); !h.empty()) return h;
+  if (std::string h = trl_hint(name); !h.empty()) return h;
+  std::vector<std::string> names;
+  const bool dotted = name.find('.') != std::string::npos;
+  for (const OptionSpec& s : set.specs()) {
+    if (!dotted) names.push_back(s.key);
+    for (const std::string& a : s.aliases)
+      if ((a.find('.') != std::string::npos) == dotted) names.push_back(a);
+  }
+  if (!dotted) names.push_back("config");
+  return did_you_mean(name, names, "--");
 }
 
 template <size_t I = 0>
@@ -536,6 +639,7 @@ void add_commands(CLI::App& app, CommandArgs (&args)[kCommandNames.size()],
     args[I].template emplace<I>();
     auto set = std::make_unique<OptionSet>(sub, kCommandNames[I]);
     std::get<I>(args[I]).bind(*set);
+    add_openrlhf_names(*set);
     decorate_help(*set);
     sets.push_back(std::move(set));
     add_commands<I + 1>(app, args, sets);
@@ -567,7 +671,11 @@ ParsedCommand parse_args(const std::vector<std::string>& argv) {
                      : did_you_mean(argv[1], names));
   }
 
-  std::vector<std::string> rev(argv.rbegin(), argv.rend());
+  std::vector<std::string> args_in = argv;
+  if (argv.size() >= 2)
+    for (const auto& set : sets)
+      if (set->command() == argv[1]) args_in = normalize_argv(argv, *set);
+  std::vector<std::string> rev(args_in.rbegin(), args_in.rend());
   if (!rev.empty()) rev.pop_back();  // argv[0]
   try {
     app.parse(rev);
@@ -595,23 +703,26 @@ ParsedCommand parse_args(const std::vector<std::string>& argv) {
   OptionSet& set = *sets[index];
 
   // Unknown flags and stray arguments.
+  // Every unknown flag at once (a script copied from a peer has several), each with its hint;
+  // values after an unknown flag are its own, not stray arguments.
   const std::vector<std::string> extras = set.app()->remaining();
   if (!extras.empty()) {
-    const std::string& bad = extras.front();
-    if (bad.rfind("-", 0) == 0) {
-      std::string name = bad.substr(bad.find_first_not_of('-'));
+    if (extras.front().rfind("-", 0) != 0)
+      usage_fail("unexpected argument '{}' for `rlhf {}` (options are given as --name value)",
+                 extras.front(), set.command());
+    std::vector<std::string> bad;
+    std::string hints;
+    for (const std::string& e : extras) {
+      if (e.rfind("--", 0) != 0 && !(e.size() == 2 && e[0] == '-' && std::isalpha(e[1]))) continue;
+      std::string name = e.substr(e.find_first_not_of('-'));
       name = name.substr(0, name.find('='));
-      std::vector<std::string> keys;
-      for (const OptionSpec& s : set.specs()) keys.push_back(s.key);
-      keys.push_back("config");
-      // A TRL name (--num_generations, --beta, ...) says which flag means the same; other names
-      // get the closest flag.
-      const std::string trl = trl_hint(name);
-      usage_fail("unknown option '{}' for `rlhf {}`{}", bad, set.command(),
-                 trl.empty() ? did_you_mean(name, keys, "--") : trl);
+      bad.push_back(e);
+      hints += unknown_option_hint(name, set);
     }
-    usage_fail("unexpected argument '{}' for `rlhf {}` (options are given as --name value)", bad,
-               set.command());
+    if (bad.size() == 1)
+      usage_fail("unknown option '{}' for `rlhf {}`{}", bad[0], set.command(), hints);
+    usage_fail("{} unknown options for `rlhf {}`: {}{}", bad.size(), set.command(),
+               fmt::join(bad, " "), hints);
   }
 
   for (OptionSpec& spec : set.specs()) {
@@ -630,6 +741,19 @@ ParsedCommand parse_args(const std::vector<std::string>& argv) {
   if (!config_path.empty()) merge_toml(set, config_path);
   merge_env(set);
   run_checks(set);
+  for (const OptionSet::Ignored& ig : set.ignored())
+    if (ig.cli->count() > 0)
+      out.notices.push_back(fmt::format("--{} is ignored: {}", ig.name, ig.note));
+  // OpenRLHF's --max_len alone bounds prompt + response: without --generate_max_len it decides.
+  std::visit(
+      [&](auto& a) {
+        if constexpr (std::is_base_of_v<PpoArgs, std::decay_t<decltype(a)>>) {
+          const OptionSpec* gml = set.find("generate_max_len");
+          if (a.max_len > 0 && gml && gml->source == OptionSource::kDefault)
+            a.gen.generate_max_len = a.max_len;
+        }
+      },
+      args[index]);
   std::visit([](auto& a) { a.validate(); }, args[index]);
   // Critic options given to an estimator that trains no critic are a mistake worth naming.
   std::visit(
@@ -652,8 +776,13 @@ ParsedCommand parse_args(const std::vector<std::string>& argv) {
   out.command = set.command();
   out.config.push_back({"config", config_path.empty() ? "\"\"" : config_path,
                         config_path.empty() ? OptionSource::kDefault : OptionSource::kCommandLine});
-  for (const OptionSpec& spec : set.specs())
-    out.config.push_back({spec.key, to_string(spec.value()), spec.source});
+  for (const OptionSpec& spec : set.specs()) {
+    std::string value = to_string(spec.value());
+    // --use_wandb KEY (OpenRLHF's form) carries an API key: never into the logs.
+    if (spec.key == "use_wandb" && value != "\"\"" && value != "true" && value != "false")
+      value = "(an API key)";
+    out.config.push_back({spec.key, std::move(value), spec.source});
+  }
   out.args = std::move(args[index]);  // the specs point into args[index]: read them first
   return out;
 }

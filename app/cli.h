@@ -76,6 +76,9 @@ struct OptionSpec {
   CLI::App* app = nullptr;              ///< the subcommand it belongs to
   std::vector<std::string> aliases;     ///< other names (flag and TOML key), e.g. OpenRLHF's
   std::vector<CLI::Option*> alias_cli;  ///< their (hidden) CLI options
+  /// The value a bare `--key` (nothing after it, or another flag) stands for; "" = a value is
+  /// required (bool options are switches anyway)
+  std::string implicit_value;
   OptionSource source = OptionSource::kDefault;
   std::string origin;  ///< "--flag", "file.toml:3:1" or "environment variable X"
 
@@ -88,6 +91,8 @@ struct OptionSpec {
   /// `--name` (and TOML key `name`) sets the option too; hidden from --help (say so in the
   /// description).
   OptionSpec& alias(const std::string& name);
+  /// A bare `--key` means `--key <value>` (e.g. `--log_completions` = every step).
+  OptionSpec& implicit(std::string value);
 
   /// The current value of the bound field.
   OptionValue value() const;
@@ -114,10 +119,26 @@ class OptionSet {
   /// The spec for `key`, or nullptr.
   const OptionSpec* find(const std::string& key) const;
 
+  /// An option accepted on the command line and ignored with a notice (a peer's setting whose
+  /// effect rlhf has anyway or does not need, app/openrlhf_names.h): `--name` takes `nargs`
+  /// values (0 = a switch); `note` says why it is ignored.
+  struct Ignored {
+    std::string name, note;
+    int nargs = 0;
+    std::vector<std::string> values;
+    bool flag = false;
+    CLI::Option* cli = nullptr;
+  };
+  /// Registers an ignored option (hidden from --help).
+  void ignore(const std::string& name, int nargs, std::string note);
+  std::deque<Ignored>& ignored() { return ignored_; }
+  const std::deque<Ignored>& ignored() const { return ignored_; }
+
  private:
   CLI::App* app_;
   std::string command_;
   std::deque<OptionSpec> specs_;  // deque: references stay valid as options are added
+  std::deque<Ignored> ignored_;
 };
 
 // -------------------------------------------------------------------------------------------------
@@ -128,7 +149,9 @@ struct CommonArgs {
   std::string config;              ///< --config: TOML file with option values (not a TOML key)
   int64_t seed = 42;               ///< --seed: RNG seed for data order, init and sampling
   std::string log_level = "info";  ///< --log_level: console level on rank 0
-  std::string log_dir;  ///< --log_dir: per-rank log files; "" = <save_path>/logs (or none)
+  /// --log_dir: per-rank log files; "" = <save_path>/logs for the training commands, none for the
+  /// others
+  std::string log_dir;
   bool disable_progress = false;  ///< --disable_progress: no progress lines
 
   void bind(OptionSet& o);
@@ -212,6 +235,21 @@ struct ParallelArgs {
   void bind(OptionSet& o);
 };
 
+/// Experiment tracking of the training commands (rl/tracking.h): TensorBoard event files and
+/// Weights & Biases, next to <save_path>/metrics.jsonl.
+struct TrackingArgs {
+  std::string use_tensorboard;  ///< --use_tensorboard DIR: TensorBoard event files ("" = off)
+  /// --use_wandb: "" = off; bare or "true" = on (the environment's W&B login); another value is
+  /// an API key (OpenRLHF's --use_wandb {token})
+  std::string use_wandb;
+  std::string wandb_project = "rlhf";  ///< --wandb_project
+  std::string wandb_group;             ///< --wandb_group
+  std::string wandb_run_name;          ///< --wandb_run_name ("" = W&B's generated name)
+  std::string wandb_org;               ///< --wandb_org: the W&B entity
+
+  void bind(OptionSet& o);
+};
+
 /// Checkpointing and logging cadence.
 struct CheckpointArgs {
   std::string save_path = "./ckpt";  ///< --save_path: checkpoint directory
@@ -243,6 +281,7 @@ struct SftArgs {
   ZeroArgs zero;
   ParallelArgs parallel;
   CheckpointArgs ckpt;
+  TrackingArgs tracking;
 
   void bind(OptionSet& o);
   /// Cross-option checks; also resolves common.log_dir "" to <save_path>/logs.
@@ -265,6 +304,7 @@ struct RmArgs {
   ZeroArgs zero;
   ParallelArgs parallel;
   CheckpointArgs ckpt;
+  TrackingArgs tracking;
 
   RmArgs() { ckpt.ckpt_path = "./ckpt/checkpoints_rm"; }
   void bind(OptionSet& o);
@@ -390,6 +430,17 @@ struct PpoArgs {
   /// --save_path (final model), --save_steps, --logging_steps, --ckpt_path, --max_ckpt_num,
   /// --load_checkpoint
   CheckpointArgs ckpt;
+  TrackingArgs tracking;  ///< --use_tensorboard, --use_wandb, --wandb_*
+  /// --max_len: prompt + response tokens per sample (OpenRLHF's --data.max_len); 0 = off. Caps
+  /// each sample's new tokens at max_len - prompt length, skips prompts with no room, and, when
+  /// --generate_max_len is not given, lets max_len alone decide
+  int64_t max_len = 0;
+  /// --input_template: OpenRLHF's prompt template without --apply_chat_template, "{}" = the prompt
+  /// (e.g. "User: {}\nAssistant: "); "" = the prompt as is
+  std::string input_template;
+  /// --colocate_all_models (OpenRLHF's): every rank trains and generates, rlhf's default; it
+  /// cannot be combined with --gen_ranks_per_node > 0
+  bool colocate_all_models = false;
 
   PpoArgs() { ckpt.ckpt_path = "./ckpt/checkpoints_ppo"; }
   void bind(OptionSet& o);
@@ -397,9 +448,11 @@ struct PpoArgs {
 };
 
 /// `rlhf grpo`: `rlhf ppo` with GRPO's presets — --advantage_estimator group_norm, --use_kl_loss,
-/// --kl_estimator k3 — and checkpoints under ./ckpt/checkpoints_grpo.
+/// --kl_estimator k3, --n_samples_per_prompt 8 (TRL's num_generations) — and checkpoints under
+/// ./ckpt/checkpoints_grpo.
 struct GrpoArgs : PpoArgs {
   GrpoArgs() {
+    gen.n_samples_per_prompt = 8;
     advantage_estimator = "group_norm";
     use_kl_loss = true;
     kl_estimator = "k3";
@@ -435,6 +488,7 @@ struct EvalArgs {
   std::string input_key = "input";  ///< --input_key
   std::string label_key;            ///< --label_key: the reference answer
   bool apply_chat_template = false;  ///< --apply_chat_template
+  std::string input_template;        ///< --input_template: as PpoArgs::input_template
   int64_t prompt_max_len = 1024;     ///< --prompt_max_len: longer prompts are skipped, counted
   int64_t max_samples = 100000000;   ///< --max_samples: use at most this many prompts
   RewardArgs rewards;                ///< --reward (required) and its options
@@ -543,6 +597,8 @@ struct ParsedCommand {
   std::string command;            ///< "sft", "rm", ... (kRun)
   CommandArgs args;               ///< filled and validated (kRun)
   std::vector<ConfigRow> config;  ///< every option of `command`, in registration order (kRun)
+  /// Warnings for the log once it is set up: the ignored options given, and why (kRun)
+  std::vector<std::string> notices;
 
   /// The CommonArgs of whichever command was parsed.
   const CommonArgs& common() const;

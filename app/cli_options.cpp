@@ -29,10 +29,15 @@ void CommonArgs::bind(OptionSet& o) {
   o.app()
       ->add_option("--config", config, "TOML file with option values (keys = flag names)")
       ->type_name("PATH");
-  o.add("seed", seed, "Random seed (data order, init, sampling)").check(ge(0));
+  const std::string& cmd = o.command();
+  const bool trains = cmd == "sft" || cmd == "rm" || cmd == "grpo" || cmd == "ppo";
+  if (cmd != "export" && cmd != "import")  // they draw no random numbers
+    o.add("seed", seed, "Random seed (data order, init, sampling)").check(ge(0));
   o.add("log_level", log_level, "Console log level on rank 0")
       .check(one_of({"trace", "debug", "info", "warn", "error", "critical", "off"}));
-  o.add("log_dir", log_dir, "Directory of per-rank log files (\"\" = <save_path>/logs)");
+  o.add("log_dir", log_dir,
+        trains ? "Directory of per-rank log files (\"\" = <save_path>/logs)"
+               : "Directory of per-rank log files (\"\" = none: rank 0's console only)");
   o.add("disable_progress", disable_progress, "Do not print progress lines");
 }
 
@@ -171,8 +176,11 @@ void ParallelArgs::bind(OptionSet& o) {
   o.add("ranks_per_node", ranks_per_node, "Ranks per node (0 = detect from shared memory)")
       .check(ge(0))
       .env("RLHF_RANKS_PER_NODE");
-  o.add("gen_ranks_per_node", gen_ranks_per_node, "Generation-only ranks per node (0 = colocated)")
-      .check(ge(0));
+  const std::string& cmd = o.command();
+  if (cmd != "sft" && cmd != "rm" && cmd != "score")  // commands that generate
+    o.add("gen_ranks_per_node", gen_ranks_per_node,
+          "Generation-only ranks per node (0 = colocated)")
+        .check(ge(0));
   o.add("threads", threads, "OpenMP threads per rank (0 = cores / ranks on the node)").check(ge(0));
   o.add("comm_backend", comm_backend,
         "Collectives: auto (shared memory inside a node, else MPI), mpi, shm")
@@ -195,6 +203,21 @@ void ParallelArgs::bind(OptionSet& o) {
         "Seconds a GPU (NCCL) collective may take before the watchdog aborts the job (0 = none, "
         "-1 = --comm_timeout)")
       .check(minus_one_or_ge(0));
+}
+
+void TrackingArgs::bind(OptionSet& o) {
+  o.add("use_tensorboard", use_tensorboard,
+        "Also write every metric (and --log_completions samples) as TensorBoard event files in "
+        "this directory (\"\" = off)");
+  o.add("use_wandb", use_wandb,
+        "Also log to Weights & Biases through its client (python3 must import wandb): bare or "
+        "true = the environment's login, another value = an API key; WANDB_MODE=offline logs "
+        "offline")
+      .implicit("true");
+  o.add("wandb_project", wandb_project, "W&B project");
+  o.add("wandb_group", wandb_group, "W&B group (\"\" = none)");
+  o.add("wandb_run_name", wandb_run_name, "W&B run name (\"\" = W&B's generated name)");
+  o.add("wandb_org", wandb_org, "W&B entity (\"\" = the login's default)");
 }
 
 void CheckpointArgs::bind(OptionSet& o) {
@@ -228,6 +251,7 @@ void SftArgs::bind(OptionSet& o) {
   zero.bind(o);
   parallel.bind(o);
   ckpt.bind(o);
+  tracking.bind(o);
 }
 
 void SftArgs::validate() {
@@ -253,6 +277,7 @@ void RmArgs::bind(OptionSet& o) {
   zero.bind(o);
   parallel.bind(o);
   ckpt.bind(o);
+  tracking.bind(o);
 }
 
 void RmArgs::validate() {
@@ -297,7 +322,7 @@ void GenerationArgs::bind(OptionSet& o) {
         "GPU engines: launch every decode step's kernels instead of replaying CUDA graphs");
   o.add("env_command", env_command,
         "Multi-turn episodes: environment program, one per generation rank, JSON lines on "
-        "stdin/stdout (README: Multi-turn rollouts), or builtin:toy; CPU engines only");
+        "stdin/stdout (docs/environments.md), or builtin:toy; CPU engines only");
   o.add("env_timeout", env_timeout, "Seconds the environment may take per batch of turn ends")
       .check(gt(0));
   o.add("env_max_turns", env_max_turns, "With --env_command: model turns per episode").check(ge(1));
@@ -358,7 +383,8 @@ void RewardArgs::bind(OptionSet& o) {
         "Rule reward: math, countdown, format, length, keyword, command, or a weighted sum "
         "\"math:1,format:0.2\"");
   o.add("reward_command", reward_command,
-        "External scorer: reads JSON lines {prompt, completion, label}, writes one score per line");
+        "The program of --reward command (alone, it implies --reward command): reads JSON lines "
+        "{prompt, completion, label}, writes one score per line");
   o.add("reward_command_timeout", reward_command_timeout, "Seconds per scoring batch").check(gt(0));
   o.add("reward_format_pattern", reward_format_pattern, "Regex of the format reward");
   o.add("reward_keywords", reward_keywords, "Comma-separated keywords of the keyword reward");
@@ -383,7 +409,15 @@ void PpoArgs::bind(OptionSet& o) {
   o.add("apply_chat_template", apply_chat_template,
         "Render prompts with the tokenizer's Jinja chat template (built-in ChatML or Llama 2 "
         "format when it has none)");
+  o.add("input_template", input_template,
+        "Without --apply_chat_template: the prompt text is put in this template at {} (e.g. "
+        "\"User: {}\\nAssistant: \"; \\n = newline; \"\" = the prompt as is)");
   o.add("prompt_max_len", prompt_max_len, "Longer prompts (tokens) are skipped").check(ge(1));
+  o.add("max_len", max_len,
+        "Prompt + response tokens per sample (OpenRLHF's): new tokens stop at max_len - prompt "
+        "length, prompts with no room are skipped; without --generate_max_len it alone decides "
+        "(0 = off)")
+      .check(ge(0));
   o.add("max_samples", max_samples, "Use at most this many prompts").check(ge(1));
   rewards.bind(o);
   o.add("normalize_reward", normalize_reward, "Normalise scores by their running mean and std");
@@ -471,20 +505,38 @@ void PpoArgs::bind(OptionSet& o) {
       .check(ge(1));
   o.add("eval_before_training", eval_before_training, "Also evaluate before the first step");
   o.add("async_train", async_train,
-        "One-step off-policy: generation ranks generate the next rollout while the training ranks "
-        "train (needs --gen_ranks_per_node >= 1)");
+        "Off-policy by up to --async_queue_size steps: generation ranks generate the next "
+        "rollouts while the training ranks train (needs --gen_ranks_per_node >= 1)");
   o.add("async_queue_size", async_queue_size,
         "With --async_train: a rollout made with weights of version v is trained at version <= "
         "v + this (0 = synchronous)")
       .check(ge(0));
   o.add("log_completions", log_completions,
         "Every N steps, the step's prompts, completions, scores and advantages to "
-        "<save_path>/samples.jsonl (0 = off)")
-      .check(ge(0));
+        "<save_path>/samples.jsonl (0 = off; bare --log_completions = every step)")
+      .check(ge(0))
+      .implicit("1");
+  o.add("colocate_all_models", colocate_all_models,
+        "OpenRLHF's: every rank trains and generates (rlhf's default, --gen_ranks_per_node 0)");
+  tracking.bind(o);
 }
 
 void PpoArgs::validate() {
   model.validate();
+  if (colocate_all_models && parallel.gen_ranks_per_node > 0)
+    usage_fail(
+        "--colocate_all_models puts training and generation on every rank, but "
+        "--gen_ranks_per_node {} asks for generation-only ranks\nhint: drop one of them",
+        parallel.gen_ranks_per_node);
+  if (max_len > 0 && max_len < 2)
+    usage_fail("--max_len {} leaves no room for a prompt and a response", max_len);
+  if (!input_template.empty() && input_template.find("{}") == std::string::npos)
+    usage_fail(
+        "--input_template '{}' has no {{}} (where the prompt goes)\nhint: e.g. "
+        "--input_template \"User: {{}}\\nAssistant: \"",
+        input_template);
+  // --reward_command alone means --reward command (its program scores every sample).
+  if (rewards.reward.empty() && !rewards.reward_command.empty()) rewards.reward = "command";
   if (common.log_dir.empty())
     common.log_dir = (std::filesystem::path(ckpt.save_path) / "logs").string();
   if (rewards.reward.empty() && reward_pretrain.empty() && gen.env_command.empty())
@@ -547,6 +599,9 @@ void EvalArgs::bind(OptionSet& o) {
   o.add("apply_chat_template", apply_chat_template,
         "Render prompts with the tokenizer's Jinja chat template (built-in ChatML or Llama 2 "
         "format when it has none)");
+  o.add("input_template", input_template,
+        "Without --apply_chat_template: the prompt text is put in this template at {} (\"\" = "
+        "as is)");
   o.add("prompt_max_len", prompt_max_len, "Longer prompts (tokens) are skipped").check(ge(1));
   o.add("max_samples", max_samples, "Use at most this many prompts").check(ge(1));
   rewards.bind(o);
@@ -559,6 +614,7 @@ void EvalArgs::bind(OptionSet& o) {
 
 void EvalArgs::validate() {
   gen.validate(parallel.device);
+  if (rewards.reward.empty() && !rewards.reward_command.empty()) rewards.reward = "command";
   if (rewards.reward.empty())
     usage_fail(
         "--reward is required: rlhf eval scores every completion with a rule reward\nhint: e.g. "

@@ -89,6 +89,7 @@ int run_eval(const EvalArgs& args) {
   po.input_key = args.input_key;
   po.label_key = args.label_key;
   po.apply_chat_template = args.apply_chat_template;
+  po.input_template = args.input_template;
   po.prompt_max_len = args.prompt_max_len;
   po.max_samples = args.max_samples;
   // A builtin task's records are written next to the output, for inspection.

@@ -24,7 +24,11 @@ rl::RlRunConfig rl_run_config(const PpoArgs& a, const char* cmd) {
   c.prompts.input_key = a.input_key;
   c.prompts.label_key = a.label_key;
   c.prompts.apply_chat_template = a.apply_chat_template;
-  c.prompts.prompt_max_len = a.prompt_max_len;
+  c.prompts.input_template = a.input_template;
+  // --max_len: a prompt needs room for at least one new token.
+  c.prompts.prompt_max_len =
+      a.max_len > 0 ? std::min<int64_t>(a.prompt_max_len, a.max_len - 1) : a.prompt_max_len;
+  c.step.max_len = a.max_len;
   c.prompts.max_samples = a.max_samples;
   c.prompts.save_dir = a.ckpt.save_path;
   c.reward = a.rewards.reward;
@@ -100,6 +104,7 @@ rl::RlRunConfig rl_run_config(const PpoArgs& a, const char* cmd) {
   c.max_ckpt_num = a.ckpt.max_ckpt_num;
   c.save_hf_ckpt = a.ckpt.save_hf_ckpt;
   c.load_checkpoint = a.ckpt.load_checkpoint;
+  c.tracking = tracking_options(a.tracking);
   return c;
 }
 

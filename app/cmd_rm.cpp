@@ -23,6 +23,7 @@ rl::RmConfig rm_config(const RmArgs& a) {
   c.data.max_len = a.max_len;
   c.data.max_samples = a.max_samples;
   c.train = supervised_options("rm", a.common, a.loop, a.optim, a.ckpt);
+  c.train.tracking = tracking_options(a.tracking);
   return c;
 }
 

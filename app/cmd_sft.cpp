@@ -24,6 +24,7 @@ rl::SftConfig sft_config(const SftArgs& a) {
   c.data.max_samples = a.data.max_samples;
   c.data.apply_chat_template = a.apply_chat_template;
   c.train = supervised_options("sft", a.common, a.loop, a.optim, a.ckpt);
+  c.train.tracking = tracking_options(a.tracking);
   return c;
 }
 

@@ -89,6 +89,7 @@ int main(int argc, char** argv) {
               world_size == 1 ? "" : "s");
     LOG_DEBUG("rank {} of {} on host {}", rank, world_size, host);
     rlhf::app::print_resolved_config(cmd);
+    for (const std::string& notice : cmd.notices) LOG0_WARN("{}", notice);
     status = rlhf::app::run_command(cmd.args);
     // Stopped on SIGTERM/SIGUSR1 with a checkpoint written: every rank returns it together.
     if (status == rlhf::parallel::kExitPreempted) {

@@ -16,6 +16,17 @@ parallel::RuntimeOptions runtime_options(const ParallelArgs& args, int tensor_pa
   return o;
 }
 
+rl::TrackingOptions tracking_options(const TrackingArgs& a) {
+  rl::TrackingOptions t;
+  t.tensorboard_dir = a.use_tensorboard;
+  t.wandb = a.use_wandb == "false" ? "" : a.use_wandb;
+  t.wandb_project = a.wandb_project;
+  t.wandb_group = a.wandb_group;
+  t.wandb_run_name = a.wandb_run_name;
+  t.wandb_org = a.wandb_org;
+  return t;
+}
+
 parallel::ZeroOptions zero_options(const ZeroArgs& z) {
   parallel::ZeroOptions o;
   o.zero_stage = z.zero_stage;

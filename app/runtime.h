@@ -13,6 +13,7 @@
 #include "parallel/train_model.h"
 #include "rl/rewards.h"
 #include "rl/supervised.h"
+#include "rl/tracking.h"
 #include "rollout/engine.h"
 
 namespace rlhf::app {
@@ -23,6 +24,9 @@ parallel::RuntimeOptions runtime_options(const ParallelArgs& args, int tensor_pa
 
 /// --zero_stage, --adam_offload, --gradient_checkpointing, --zero_keep_params.
 parallel::ZeroOptions zero_options(const ZeroArgs& z);
+
+/// --use_tensorboard, --use_wandb and --wandb_* as rl::TrackingOptions ("false" = off).
+rl::TrackingOptions tracking_options(const TrackingArgs& a);
 
 /// io::resolve_model_source of --model_config / --pretrain / --tokenizer.
 io::ModelSource model_source(const ModelArgs& args, model::HeadKind want_head);

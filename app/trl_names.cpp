@@ -8,7 +8,7 @@ namespace rlhf::app {
 
 namespace {
 
-// TRL names (1.x) (trl.GRPOConfig, SFTConfig, RewardConfig, transformers.TrainingArguments).
+// TRL names (1.9) (trl.GRPOConfig, SFTConfig, RewardConfig, transformers.TrainingArguments).
 constexpr TrlName kTable[] = {
     {"model_name_or_path", "--pretrain"},
     {"dataset_name", "--prompt_data (grpo, ppo) or --dataset (sft, rm, eval)"},
@@ -30,9 +30,11 @@ constexpr TrlName kTable[] = {
     {"generation_batch_size",
      "--rollout_batch_size (prompts per step: TRL's generation_batch_size / num_generations)"},
     {"loss_type",
-     "--loss_agg_mode (grpo: seq-mean-token-mean, dapo/bnpo: token-mean, dr_grpo: "
-     "seq-mean-token-sum-norm)"},
-    {"scale_rewards", "--no_advantage_std_norm (for scale_rewards=False)"},
+     "--loss_agg_mode (grpo: seq-mean-token-mean, dapo and bnpo: token-mean, dr_grpo: "
+     "seq-mean-token-sum-norm; cispo and sapo have no rlhf counterpart)"},
+    {"scale_rewards",
+     "--advantage_estimator group_norm (group, TRL's default) or --no_advantage_std_norm (none; "
+     "batch has no rlhf counterpart)"},
     {"importance_sampling_level", "--policy_loss_type gspo (for sequence)"},
     {"reward_funcs", "--reward (rule rewards, weighted sums) or --reward_command"},
     {"reward_weights", "--reward with weights, e.g. --reward 'math:1.0,format:0.2'"},
@@ -47,7 +49,13 @@ constexpr TrlName kTable[] = {
     {"use_vllm", "nothing: rlhf always generates with its own engines (--gen_ranks_per_node)"},
     {"bf16", "nothing: --device cuda trains in bf16, the CPU in fp32"},
     {"deepspeed", "--zero_stage and --adam_offload"},
-    {"report_to", "nothing: metrics go to <save_path>/metrics.jsonl"},
+    {"report_to",
+     "--use_tensorboard DIR (tensorboard) and --use_wandb (wandb); metrics.jsonl is always "
+     "written"},
+    {"run_name", "--wandb_run_name"},
+    {"logging_dir", "--use_tensorboard DIR"},
+    {"num_generations_eval", "--eval_n_samples_per_prompt"},
+    {"gradient_checkpointing_kwargs", "nothing: --gradient_checkpointing recomputes each layer"},
     {"resume_from_checkpoint", "--load_checkpoint (with --ckpt_path)"},
     {"save_total_limit", "--max_ckpt_num"},
 };

@@ -1,5 +1,5 @@
 // TRL option names (GRPOConfig, SFTConfig, RewardConfig and their TrainingArguments base) and the
-// rlhf flags that mean the same, for the hint an unknown option gets and the README's table.
+// rlhf flags that mean the same, for the hint an unknown option gets and docs/migrating.md's table.
 #pragma once
 
 #include <span>

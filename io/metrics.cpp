@@ -36,6 +36,7 @@ void MetricsWriter::write(const nlohmann::json& record) {
   const bool ok =
       std::fwrite(line.data(), 1, line.size(), file_) == line.size() && std::fflush(file_) == 0;
   RLHF_CHECK(ok, "cannot write {}: {}", path_, std::strerror(errno));
+  if (mirror_) mirror_(record);
 }
 
 void trim_records(const std::string& dir, const char* file, int64_t last_step) {

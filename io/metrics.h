@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <functional>
 #include <string>
 
 namespace rlhf::io {
@@ -27,8 +28,12 @@ class MetricsWriter {
   void write(const nlohmann::json& record);
   /// `<dir>/<file>`.
   const std::string& path() const { return path_; }
+  /// Every record written from now on is also passed to `fn` (experiment trackers,
+  /// rl/tracking.h), after it is on disk.
+  void set_mirror(std::function<void(const nlohmann::json&)> fn) { mirror_ = std::move(fn); }
 
  private:
+  std::function<void(const nlohmann::json&)> mirror_;
   std::string path_;
   std::FILE* file_ = nullptr;
 };

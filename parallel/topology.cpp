@@ -164,10 +164,12 @@ Placement plan_placement(int world_size, const std::vector<int>& node_of_rank,
     int s = p.node_sizes[static_cast<size_t>(k)];
     RLHF_CHECK(G <= s,
                "node {} ({}) holds {} ranks, fewer than --gen_ranks_per_node {}\nhint: "
-               "--gen_ranks_per_node must be at most the smallest node's rank count ({}); at most "
-               "{} leaves a training rank on every node; 0 = colocated (every rank trains and "
-               "generates)",
-               k, node_host(k), s, G, min_size, min_size - 1);
+               "--gen_ranks_per_node must be at most the smallest node's rank count ({}){}; 0 = "
+               "colocated (every rank trains and generates)",
+               k, node_host(k), s, G, min_size,
+               min_size > 1
+                   ? fmt::format("; at most {} leaves a training rank on every node", min_size - 1)
+                   : std::string());
   }
   std::vector<int> gen_counts(static_cast<size_t>(num_nodes));
   for (int k = 0; k < num_nodes; ++k)
@@ -177,10 +179,15 @@ Placement plan_placement(int world_size, const std::vector<int>& node_of_rank,
         std::any_of(p.node_sizes.begin(), p.node_sizes.end(), [&](int s) { return s > G; });
     RLHF_CHECK(any_train,
                "no rank trains: --gen_ranks_per_node {} makes every rank of every node a "
-               "generation rank (ranks per node: {})\nhint: use --gen_ranks_per_node at most {} "
-               "(a multiple of --vllm_tensor_parallel_size {}), or 0 (colocated: every rank trains "
-               "and generates)",
-               G, list_str(p.node_sizes), min_size - 1, tp);
+               "generation rank (ranks per node: {})\nhint: {}",
+               G, list_str(p.node_sizes),
+               min_size > 1 ? fmt::format("use --gen_ranks_per_node at most {} (a multiple of "
+                                          "--vllm_tensor_parallel_size {}), or 0 (colocated: "
+                                          "every rank trains and generates)",
+                                          min_size - 1, tp)
+                            : std::string("with one rank per node, use --gen_ranks_per_node 0 "
+                                          "(colocated: every rank trains and generates), or "
+                                          "more ranks per node"));
   }
   for (int k = 0; k < num_nodes; ++k) {
     int s = p.node_sizes[static_cast<size_t>(k)], g = gen_counts[static_cast<size_t>(k)];
@@ -188,9 +195,10 @@ Placement plan_placement(int world_size, const std::vector<int>& node_of_rank,
     if (G == 0) {
       RLHF_FAIL(
           "cannot cut generation engines of --vllm_tensor_parallel_size {} from node {} ({}): "
-          "in colocated mode (--gen_ranks_per_node 0) all {} ranks of a node generate, and "
+          "in colocated mode (--gen_ranks_per_node 0) {} of a node generate{}, and "
           "{} is not a multiple of {}; an engine never spans nodes{}",
-          tp, k, node_host(k), s, s, tp, tp_hint(p.node_sizes, gen_counts, tp, G));
+          tp, k, node_host(k), s == 1 ? std::string("the 1 rank") : fmt::format("all {} ranks", s),
+          s == 1 ? "s" : "", s, tp, tp_hint(p.node_sizes, gen_counts, tp, G));
     }
     RLHF_FAIL(
         "cannot cut generation engines of --vllm_tensor_parallel_size {} from node {} ({}): "

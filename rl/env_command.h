@@ -1,5 +1,5 @@
 // `--env_command`: the environment as an external program, one per generation rank, started once
-// and kept for the run, spoken to in JSON lines (rl/environment.h, README "Multi-turn rollouts").
+// and kept for the run, spoken to in JSON lines (rl/environment.h, docs/environments.md).
 #pragma once
 
 #include <memory>

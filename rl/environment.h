@@ -1,7 +1,7 @@
 // Environments of multi-turn rollouts (`--env_command`): at the end of each model turn (EOS or a
 // stop string) the environment reads the episode so far and answers with an observation to
 // append, whether the episode is done, and optionally a reward. An external program speaks the
-// JSON-lines protocol of the README ("Multi-turn rollouts"); `builtin:toy` is a deterministic one
+// JSON-lines protocol of docs/environments.md; `builtin:toy` is a deterministic one
 // in the binary, for tests.
 #pragma once
 

@@ -45,6 +45,27 @@ const nlohmann::json* at_path(const nlohmann::json& j, const std::string& key) {
 
 }  // namespace
 
+std::string apply_input_template(const std::string& tmpl, const std::string& text) {
+  const size_t at = tmpl.find("{}");
+  RLHF_CHECK(at != std::string::npos,
+             "--input_template '{}' has no {{}} (the place of the prompt)\nhint: e.g. "
+             "--input_template \"User: {{}}\\nAssistant: \"",
+             tmpl);
+  auto unescape = [](std::string_view s) {
+    std::string out;
+    for (size_t i = 0; i < s.size(); ++i) {
+      if (s[i] == '\\' && i + 1 < s.size() && s[i + 1] == 'n') {
+        out += '\n';
+        ++i;
+      } else {
+        out += s[i];
+      }
+    }
+    return out;
+  };
+  return unescape(tmpl.substr(0, at)) + text + unescape(tmpl.substr(at + 2));
+}
+
 std::vector<Prompt> load_prompts(const PromptOptions& a, const io::Tokenizer& tok,
                                  const model::ModelConfig& cfg, int world_rank) {
   const int64_t max_pos = cfg.max_position_embeddings;
@@ -75,6 +96,7 @@ std::vector<Prompt> load_prompts(const PromptOptions& a, const io::Tokenizer& to
         if (!text.empty()) text += '\n';
         text += m.content;
       }
+      if (!a.input_template.empty()) text = apply_input_template(a.input_template, text);
     }
     Prompt p;
     p.text = text;

@@ -28,10 +28,18 @@ struct PromptOptions {
   std::string input_key = "input";  ///< --input_key: dotted path to a string or chat messages
   std::string label_key;  ///< --label_key: dotted path of the reference answer ("" = none)
   bool apply_chat_template = false;  ///< --apply_chat_template
+  /// --input_template (OpenRLHF's), without apply_chat_template: the text is put at "{}"; a
+  /// literal backslash-n becomes a newline; "" = the text as is
+  std::string input_template;
   int64_t prompt_max_len = 1024;     ///< --prompt_max_len: longer prompts are skipped, counted
   int64_t max_samples = 100000000;   ///< --max_samples: use at most this many prompts
   std::string save_dir;  ///< a builtin task's records are written here (rank 0) for inspection
 };
+
+/// OpenRLHF's --input_template: `tmpl` with its first "{}" replaced by `text` and every literal
+/// backslash-n a newline (the shell passes "User: {}\nAssistant: " so). Throws rlhf::Error when
+/// tmpl has no "{}".
+std::string apply_input_template(const std::string& tmpl, const std::string& text);
 
 /// Reads and tokenizes every usable prompt: records in file order, each rendered as chat messages
 /// (a string is one user turn; an array of {role, content}) through the model's own chat template

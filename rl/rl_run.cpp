@@ -277,7 +277,9 @@ int run_rl(const RlRunConfig& c) {
   parts.tokenizer = tokenizer.get();
   parts.episodes = episodes;
   std::unique_ptr<io::MetricsWriter> samples_log;
+  std::unique_ptr<RunTracker> tracker;  // rank 0, with --use_tensorboard / --use_wandb
   parts.log_samples = [&](const StepSamples& s) {
+    if (tracker) tracker->text(s.step, completions_markdown(s.prompts, s.completions, s.scores));
     if (!samples_log)
       samples_log = std::make_unique<io::MetricsWriter>(c.save_path, false, "samples.jsonl");
     for (size_t i = 0; i < s.prompts.size(); ++i)
@@ -343,6 +345,10 @@ int run_rl(const RlRunConfig& c) {
       std::filesystem::remove(std::filesystem::path(c.save_path) / "samples.jsonl");
     }
     metrics = std::make_unique<io::MetricsWriter>(c.save_path, start_step == 0);
+    if (c.tracking.enabled()) {
+      tracker = std::make_unique<RunTracker>(c.tracking, c.save_path, c.command, settings);
+      metrics->set_mirror([&](const nlohmann::json& r) { tracker->record(r); });
+    }
   }
 
   parts.sync_weights();  // the initial (or resumed) policy into every engine

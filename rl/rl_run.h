@@ -16,6 +16,7 @@
 #include "rl/prompts.h"
 #include "rl/rewards.h"
 #include "rl/rl_step.h"
+#include "rl/tracking.h"
 #include "rollout/engine.h"
 
 namespace rlhf::rl {
@@ -63,6 +64,7 @@ struct RlRunConfig {
   int64_t max_ckpt_num = 3;                          ///< --max_ckpt_num
   bool save_hf_ckpt = false;     ///< --save_hf_ckpt: a Hugging Face folder with each checkpoint
   bool load_checkpoint = false;  ///< --load_checkpoint
+  TrackingOptions tracking;      ///< --use_tensorboard, --use_wandb (rank 0)
 };
 
 /// Runs the whole RL job on every rank of MPI_COMM_WORLD (collective). Returns 0; throws

@@ -76,6 +76,9 @@ std::vector<rollout::Sample> RlStep::generate(int64_t round, nlohmann::json& tot
       r.n_samples = opt_.n_samples_per_prompt;
       r.max_new_tokens =
           std::min<int64_t>(opt_.generate_max_len, max_pos - int64_t(prompt.tokens.size()));
+      if (opt_.max_len > 0)
+        r.max_new_tokens =
+            std::min<int64_t>(r.max_new_tokens, opt_.max_len - int64_t(prompt.tokens.size()));
       r.sampling = opt_.sampling;
       reqs.push_back(std::move(r));
     }

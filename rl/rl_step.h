@@ -36,6 +36,7 @@ struct RlStepOptions {
   int64_t rollout_batch_size = 1024;  ///< --rollout_batch_size: prompts per step
   int64_t n_samples_per_prompt = 1;   ///< --n_samples_per_prompt
   int64_t generate_max_len = 1024;    ///< --generate_max_len (capped by the model's context)
+  int64_t max_len = 0;  ///< --max_len: prompt + response tokens per sample (0 = no such cap)
   rollout::SamplingParams sampling;   ///< --temperature, --top_p, --top_k, --greedy; seed
   int64_t max_epochs = 1;             ///< --max_epochs (for the trained-token count)
   /// DAPO dynamic sampling (Yu et al. 2025, §3.2; --dynamic_filtering): a group of samples is

@@ -116,6 +116,11 @@ SupervisedResult train_supervised(const SupervisedOptions& o, const BatchPlan& p
     if (start_step > 0) io::trim_records(o.save_path, "metrics.jsonl", start_step);
     metrics = std::make_unique<io::MetricsWriter>(o.save_path, start_step == 0);
   }
+  std::unique_ptr<RunTracker> tracker;
+  if (metrics && o.tracking.enabled()) {
+    tracker = std::make_unique<RunTracker>(o.tracking, o.save_path, o.name, settings);
+    metrics->set_mirror([&](const nlohmann::json& r) { tracker->record(r); });
+  }
 
   const auto t_start = Clock::now();
   EpochOrder order(plan.n_samples, static_cast<uint64_t>(o.seed));

@@ -22,6 +22,7 @@
 #include "optim/adamw.h"
 #include "parallel/comm.h"
 #include "parallel/train_model.h"
+#include "rl/tracking.h"
 
 namespace rlhf::rl {
 
@@ -46,6 +47,7 @@ struct SupervisedOptions {
   int64_t max_ckpt_num = 3;      ///< --max_ckpt_num: keep the last K
   bool save_hf_ckpt = false;     ///< --save_hf_ckpt: a Hugging Face folder with each checkpoint
   bool load_checkpoint = false;  ///< --load_checkpoint: resume from the newest valid one
+  TrackingOptions tracking;      ///< --use_tensorboard, --use_wandb (rank 0)
 };
 
 /// The batch arithmetic of a run (see the top of this file).

@@ -5,7 +5,7 @@
 #   2. mpirun -np 2 rlhf grpo trains it with the rule reward `math` (exact answer = 1, else 0):
 #      the mean reward rises, every step is a line on the console and a record in metrics.jsonl;
 #   3. scripts/plot_metrics.py draws the curves (reward, KL, length, phase times) as a PNG.
-# Takes about 2 minutes on 2 cores.
+# Takes about 30 seconds on 2 cores (28 s measured), after the build.
 # Usage: scripts/demo.sh [path to rlhf] [output dir]     (env MPIEXEC: mpirun to use)
 set -euo pipefail
 RLHF=${1:-build/rlhf}

@@ -7,7 +7,7 @@
 #   1. rlhf eval before training: greedy accuracy on the held-out problems;
 #   2. mpirun -np 2 rlhf grpo --apply_chat_template --reward math (exact answer = 1, else 0);
 #   3. rlhf eval after training on the trained policy; prints before -> after.
-# Takes about 25 minutes on 2 cores (see the README for the measured figures).
+# Takes about 18 minutes on 2 cores after the build (docs/install.md has the measured figures).
 # Usage: scripts/demo_real.sh [path to rlhf] [output dir]
 #   env SMOLLM2_GGUF (a local copy of the GGUF instead of the download), MPIEXEC, DEMO_STEPS (12)
 set -euo pipefail

@@ -1,5 +1,11 @@
 #!/usr/bin/env python3
-"""Plot an rlhf metrics.jsonl as PNG curves: reward, KL, response length and phase times.
+"""Plot an rlhf metrics.jsonl as PNG curves.
+
+RL runs (grpo, ppo): reward (training, and evaluation's reward, accuracy and pass@k when
+--eval_dataset is set), KL, response length, phase times, gradient norms (actor, critic) and the
+engine/trainer mismatch (every metric whose name contains "mismatch", starts with "is_" or
+"tis_": the log-probability gap between the generation engines and the trainer and its
+importance-sampling correction). SFT/RM runs: loss, learning rate, grad norm, tokens/s.
 
 Usage: scripts/plot_metrics.py METRICS_JSONL [OUT_PNG]
 Needs matplotlib (pip install matplotlib); prints a short text summary either way.
@@ -43,9 +49,10 @@ def main():
     path = sys.argv[1]
     out = sys.argv[2] if len(sys.argv) > 2 else path.rsplit(".", 1)[0] + ".png"
     rows = load(path)
-    rl = "reward_mean" in rows[0]
+    rl = any("reward_mean" in r for r in rows)
     panels = ([("reward_mean", "reward (mean)"), ("kl_mean", "KL(policy || ref)"),
-               ("response_length_mean", "response length (tokens)"), (None, "phase time (s)")]
+               ("response_length_mean", "response length (tokens)"), ("phases", "phase time (s)"),
+               ("grad_norms", "gradient norm"), ("mismatch", "engine / trainer mismatch")]
               if rl else [("loss", "loss"), ("lr", "learning rate"), ("grad_norm", "grad norm"),
                           ("tokens_per_s", "tokens/s")])
     first = [v for v in series(rows, panels[0][0])[1]]
@@ -59,18 +66,36 @@ def main():
     except ImportError:
         print("matplotlib is not installed: no PNG (pip install matplotlib)")
         return 0
-    fig, axes = plt.subplots(2, 2, figsize=(11, 7))
+    fig, axes = plt.subplots(len(panels) // 2, 2, figsize=(11, 3.5 * (len(panels) // 2)))
+    names = sorted({k for r in rows for k, v in r.items() if isinstance(v, (int, float))})
+    groups = {
+        "phases": ["gen_s", "reward_s", "logprob_s", "train_s", "sync_s"],
+        "grad_norms": ["actor_grad_norm", "critic_grad_norm"],
+        "mismatch": [k for k in names
+                     if "mismatch" in k or k.startswith("is_") or k.startswith("tis_")],
+    }
     for ax, (key, title) in zip(axes.flat, panels):
-        if key is None:
-            for k in ("gen_s", "reward_s", "logprob_s", "train_s", "sync_s"):
+        if key in groups:
+            for k in groups[key]:
                 xs, ys = series(rows, k)
                 if xs:
-                    ax.plot(xs, ys, label=k[:-2])
-            ax.legend(fontsize=8)
+                    ax.plot(xs, ys, label=k)
+            if ax.lines:
+                ax.legend(fontsize=8)
+            else:
+                ax.text(0.5, 0.5, "not in this run", ha="center", va="center",
+                        transform=ax.transAxes)
         else:
             xs, ys = series(rows, key)
             ax.plot(xs, ys, alpha=0.35, color="tab:blue")
-            ax.plot(xs, smooth(ys), color="tab:blue")
+            ax.plot(xs, smooth(ys), color="tab:blue", label=key)
+            if key == "reward_mean":  # evaluation on held-out prompts, where the run has it
+                for k in [n for n in names if n.startswith("eval_") and not n.endswith("_s")
+                          and "length" not in n]:
+                    exs, eys = series(rows, k)
+                    if exs:
+                        ax.plot(exs, eys, marker="o", markersize=3, label=k)
+                ax.legend(fontsize=8)
         ax.set_title(title)
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)

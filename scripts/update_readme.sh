@@ -1,19 +1,25 @@
 #!/usr/bin/env bash
-# Regenerates the README section between "<!-- BEGIN FLAGS -->" and "<!-- END FLAGS -->" from the
-# binary's own --help, so the README lists every subcommand and flag with its default.
-# Usage: scripts/update_readme.sh [rlhf binary] [README path]    (--print: write the section to stdout)
+# Regenerates the CLI reference, docs/cli.md, from the binary's own --help: every subcommand and
+# flag with its default (tests/e2e/readme.sh fails when it is stale).
+# Usage: scripts/update_readme.sh [rlhf binary] [output path]    (--print: write it to stdout)
 set -euo pipefail
 print_only=0
 if [ "${1:-}" = "--print" ]; then print_only=1; shift; fi
 RLHF=${1:-build/rlhf}
-README=${2:-README.md}
+OUT=${2:-docs/cli.md}
 section() {
+  echo '# CLI reference: every subcommand and flag'
+  echo
+  echo 'Generated from the binary'"'"'s `--help` by `scripts/update_readme.sh` (a test fails when it is'
+  echo 'stale). Flags can also be given as keys of a `--config` TOML file. OpenRLHF'"'"'s namespaced names'
+  echo 'are listed under the flag they set ("also ..."); [migrating.md](migrating.md) has the full table.'
+  echo
   echo '```'
   "$RLHF" --help
   echo '```'
   for cmd in sft rm grpo ppo generate eval score export import bench; do
     echo
-    echo "#### \`rlhf $cmd\`"
+    echo "## \`rlhf $cmd\`"
     echo
     echo '```'
     "$RLHF" "$cmd" --help
@@ -21,11 +27,5 @@ section() {
   done
 }
 if [ $print_only -eq 1 ]; then section; exit 0; fi
-tmp=$(mktemp)
-section > "$tmp"
-awk -v f="$tmp" '
-  /<!-- BEGIN FLAGS -->/ { print; while ((getline line < f) > 0) print line; skip = 1; next }
-  /<!-- END FLAGS -->/ { skip = 0 }
-  !skip { print }' "$README" > "$README.new"
-mv "$README.new" "$README"
-rm -f "$tmp"
+section > "$OUT.new"
+mv "$OUT.new" "$OUT"

@@ -211,6 +211,20 @@ TEST_CASE("plan: impossible placements are refused with why and what would work"
                        rlhf::Error);
   CHECK_THROWS_WITH_AS(plan_placement(1, {}, {}, {0, 1, 1}), doctest::Contains("no rank trains"),
                        rlhf::Error);
+  // One rank per node: no "at most 0" advice, no "all 1 ranks".
+  try {
+    plan_placement(1, {}, {}, {0, 1, 1});
+  } catch (const rlhf::Error& e) {
+    CHECK(std::string(e.what()).find("at most 0") == std::string::npos);
+    CHECK(std::string(e.what()).find("use --gen_ranks_per_node 0") != std::string::npos);
+  }
+  try {
+    plan_placement(2, {}, {}, {1, 0, 2});
+    FAIL("a 1-rank node cannot hold an engine of 2");
+  } catch (const rlhf::Error& e) {
+    CHECK(std::string(e.what()).find("the 1 rank of a node generates") != std::string::npos);
+    CHECK(std::string(e.what()).find("all 1 ranks") == std::string::npos);
+  }
   // A simulated node across two hosts.
   std::vector<std::string> hosts = {"a", "a", "a", "b", "b", "b"};
   CHECK_THROWS_WITH_AS(plan_placement(6, {}, hosts, {2, 0, 1}),

@@ -12,7 +12,7 @@ This tool:
   * a turn that ends with a call `<calc>EXPR</calc>` (run with --stop_strings '</calc>') gets the
     observation `<result>VALUE</result>` (or `<result>error: ...</result>`) and continues;
   * a turn without a call (or one that ended with EOS) is the final answer: done, with reward 1.0
-    when its answer — the number after the last "####", in the last \\boxed{}, else the last number
+    when its answer — in the last \\boxed{}, else after the last "####", else the last number
     of the text — equals the label's (a number, or a GSM8K answer "... #### 72"), else 0.0.
 EXPR is arithmetic only: numbers, + - * / // % ** and parentheses, evaluated by walking Python's
 AST (never eval), with bounds on exponents and sizes. Standard library only; logs go to stderr.
@@ -92,13 +92,13 @@ def number(text):
 
 
 def final_answer(text):
-    """The final answer of a completion: after the last ####, in the last \\boxed{}, else the last
-    number."""
-    if "####" in text:
-        return number(text.rsplit("####", 1)[1])
+    """The final answer of a completion, in rlhf's `math` reward's order: in the last \\boxed{},
+    else after the last ####, else the last number."""
     boxed = re.findall(r"\\boxed\{([^{}]*)\}", text)
     if boxed:
         return number(boxed[-1])
+    if "####" in text:
+        return number(text.rsplit("####", 1)[1])
     found = NUMBER.findall(text)
     return float(found[-1].replace(",", "")) if found else None
 

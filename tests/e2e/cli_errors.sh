@@ -54,7 +54,7 @@ for opt in "--dataset" "--input_key TEXT=input" "--output_key TEXT=output" "--ma
   "--adam_betas [FLOAT,FLOAT]=[0.9,0.95]" "--l2 FLOAT=0" "--max_norm FLOAT=1" "--seed INT=42" \
   "--save_path TEXT=./ckpt" "--save_steps INT=-1" "--logging_steps INT=1" "--model_config" \
   "--pretrain" "--gradient_checkpointing=false" "--zero_stage INT=3" "--adam_offload=false" \
-  "--ranks_per_node INT=0" "--gen_ranks_per_node INT=0" "--threads INT=0" "--log_dir" \
+  "--ranks_per_node INT=0" "--threads INT=0" "--log_dir" \
   "--log_level TEXT=info" "--max_steps INT=-1" "--disable_progress=false" "--config"; do
   expect_out sft_help "$opt"
 done
