@@ -413,6 +413,16 @@ struct PpoArgs {
   std::string policy_loss_type = "ppo";      ///< --policy_loss_type: ppo | gspo
   std::string loss_agg_mode = "token-mean";  ///< --loss_agg_mode (veRL's names)
   bool no_advantage_std_norm = false;        ///< --no_advantage_std_norm: group_norm without std
+  // off-policy correction (docs/algorithms.md "Off-policy correction")
+  bool enable_vllm_is_correction = false;       ///< --enable_vllm_is_correction (OpenRLHF)
+  std::string vllm_is_correction_type = "tis";  ///< --vllm_is_correction_type: tis|icepop|...
+  std::array<double, 2> vllm_is_truncated_threshold = {0.5, 5.0};  ///< lo hi
+  bool use_decoupled_loss = false;  ///< --use_decoupled_loss: decoupled PPO (AReaL's name)
+  double behav_imp_weight_cap = 0;  ///< --behav_imp_weight_cap: > 1, or 0 = none (AReaL)
+  // token-budget micro-batches (OpenRLHF's names)
+  bool use_dynamic_batch = false;            ///< --use_dynamic_batch
+  int64_t train_max_tokens_per_gpu = 16192;  ///< --train_max_tokens_per_gpu
+  int64_t rollout_max_tokens_per_gpu = 0;    ///< --rollout_max_tokens_per_gpu (0 = train's)
   // evaluation and sample logging
   std::string eval_dataset;               ///< --eval_dataset: held-out prompts ("" = none)
   int64_t eval_steps = -1;                ///< --eval_steps: every N steps (-1 = at the end)

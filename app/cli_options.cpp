@@ -479,6 +479,32 @@ void PpoArgs::bind(OptionSet& o) {
           {"token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"}));
   o.add("no_advantage_std_norm", no_advantage_std_norm,
         "group_norm without the division by the group's std (Dr. GRPO)");
+  o.add("enable_vllm_is_correction", enable_vllm_is_correction,
+        "Weight each token's policy loss by the engine-vs-trainer ratio exp(lp_old - lp_rollout) "
+        "(--vllm_is_correction_type)");
+  o.add("vllm_is_correction_type", vllm_is_correction_type,
+        "tis (ratio clamped to the thresholds), icepop (tokens outside them dropped) or "
+        "seq-mask-tis (samples whose geometric-mean ratio is outside them dropped)")
+      .check(one_of({"tis", "icepop", "seq-mask-tis"}));
+  o.add("vllm_is_truncated_threshold", vllm_is_truncated_threshold,
+        "With --enable_vllm_is_correction: lo hi bounds of the ratio")
+      .check(ge(0));
+  o.add("use_decoupled_loss", use_decoupled_loss,
+        "Decoupled PPO (AReaL): the clipped ratio against lp_old times the behaviour weight "
+        "exp(lp_old - lp_rollout)");
+  o.add("behav_imp_weight_cap", behav_imp_weight_cap,
+        "With --use_decoupled_loss: tokens whose behaviour weight exceeds this (> 1) are dropped "
+        "(0 = no cap)")
+      .check(ge(0));
+  o.add("use_dynamic_batch", use_dynamic_batch,
+        "Micro-batches by a token budget (padded tokens per rank) instead of a sample count");
+  o.add("train_max_tokens_per_gpu", train_max_tokens_per_gpu,
+        "With --use_dynamic_batch: padded tokens per rank per forward/backward")
+      .check(ge(1));
+  o.add("rollout_max_tokens_per_gpu", rollout_max_tokens_per_gpu,
+        "With --use_dynamic_batch: padded tokens per rank per forward-only pass (0 = "
+        "--train_max_tokens_per_gpu)")
+      .check(ge(0));
   o.add("lr_scheduler", optim.lr_scheduler, "Learning-rate schedule")
       .check(one_of({"cosine_with_min_lr", "constant", "constant_with_warmup", "linear"}));
   o.add("lr_warmup_ratio", optim.lr_warmup_ratio, "Warm-up steps as a fraction of all steps")
@@ -557,11 +583,23 @@ void PpoArgs::validate() {
         "--train_batch_size {}",
         rollout_batch_size, gen.n_samples_per_prompt, rollout_batch_size * gen.n_samples_per_prompt,
         train_batch_size);
-  if (train_batch_size % micro_train_batch_size != 0)
+  if (!use_dynamic_batch && train_batch_size % micro_train_batch_size != 0)
     usage_fail("--train_batch_size {} is not a multiple of --micro_train_batch_size {}",
                train_batch_size, micro_train_batch_size);
   if (dual_clip != 0 && dual_clip <= 1)
     usage_fail("--dual_clip must be > 1 (or 0 = off), got {}", dual_clip);
+  if (!(vllm_is_truncated_threshold[0] < vllm_is_truncated_threshold[1]))
+    usage_fail("--vllm_is_truncated_threshold {} {}: lo must be < hi",
+               vllm_is_truncated_threshold[0], vllm_is_truncated_threshold[1]);
+  if (enable_vllm_is_correction && use_decoupled_loss)
+    usage_fail(
+        "--enable_vllm_is_correction and --use_decoupled_loss both weight the loss by "
+        "exp(lp_old - lp_rollout): choose one");
+  if (behav_imp_weight_cap != 0 && (!use_decoupled_loss || behav_imp_weight_cap <= 1))
+    usage_fail("--behav_imp_weight_cap {} needs --use_decoupled_loss and a value > 1",
+               behav_imp_weight_cap);
+  if (use_decoupled_loss && policy_loss_type != "ppo")
+    usage_fail("--use_decoupled_loss needs --policy_loss_type ppo (token ratios)");
   const auto& [lo, hi] = dynamic_filtering_reward_range;
   if (!(lo < hi))
     usage_fail(

@@ -62,6 +62,19 @@ rl::RlRunConfig rl_run_config(const PpoArgs& a, const char* cmd) {
   po.loss_agg_mode = rl::loss_agg_mode_from_string(a.loss_agg_mode);
   po.generate_max_len = a.gen.generate_max_len;
   po.advantage_std_norm = !a.no_advantage_std_norm;
+  if (a.enable_vllm_is_correction) {
+    po.is_correction = rl::is_correction_from_string(a.vllm_is_correction_type);
+    po.is_lo = a.vllm_is_truncated_threshold[0];
+    po.is_hi = a.vllm_is_truncated_threshold[1];
+  } else if (a.use_decoupled_loss) {
+    po.is_correction = rl::IsCorrection::kDecoupled;
+    po.is_lo = 0;
+    po.is_hi = a.behav_imp_weight_cap;  // 0: no cap
+  }
+  po.dynamic_batch = a.use_dynamic_batch;
+  po.train_max_tokens = a.train_max_tokens_per_gpu;
+  po.rollout_max_tokens =
+      a.rollout_max_tokens_per_gpu > 0 ? a.rollout_max_tokens_per_gpu : a.train_max_tokens_per_gpu;
   c.step.rollout_batch_size = a.rollout_batch_size;
   c.step.n_samples_per_prompt = a.gen.n_samples_per_prompt;
   c.step.generate_max_len = a.gen.generate_max_len;

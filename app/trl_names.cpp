@@ -36,6 +36,10 @@ constexpr TrlName kTable[] = {
      "--advantage_estimator group_norm (group, TRL's default) or --no_advantage_std_norm (none; "
      "batch has no rlhf counterpart)"},
     {"importance_sampling_level", "--policy_loss_type gspo (for sequence)"},
+    {"vllm_importance_sampling_correction",
+     "--enable_vllm_is_correction (TRL's truncated IS: --vllm_is_correction_type tis)"},
+    {"vllm_importance_sampling_cap",
+     "--vllm_is_truncated_threshold LO HI (TRL caps above only: e.g. 0 2)"},
     {"reward_funcs", "--reward (rule rewards, weighted sums) or --reward_command"},
     {"reward_weights", "--reward with weights, e.g. --reward 'math:1.0,format:0.2'"},
     {"learning_rate", "--actor_learning_rate (grpo, ppo; sft and rm take --learning_rate)"},

@@ -25,6 +25,9 @@ struct Experience {
   std::vector<uint8_t> mask;
   std::vector<double> score;  ///< (B) reward per sample (after normalisation if asked)
   std::vector<float> lp_old, lp_ref, values, kl, advantages, returns;  ///< (B, Tr)
+  /// (B, Tr) the engine's sampling log-probs (Sample::gen_logprobs; 0 at observations), or empty
+  /// when some sample carries none (then no off-policy correction and no mismatch metrics).
+  std::vector<float> lp_rol;
   /// The old-log-prob pass was skipped (PpoTrainer::old_logprobs_are_current): lp_old and kl are
   /// zeros here, and the update takes lp_old = sg[lp] from its own forward pass, where the two are
   /// equal by construction (one optimizer step on the policy that generated the batch).

@@ -6,6 +6,7 @@
 #include <random>
 
 #include "core/error.h"
+#include "rl/token_budget.h"
 
 namespace rlhf::rl {
 
@@ -48,6 +49,12 @@ PpoTrainer::PpoTrainer(const PpoModels& models, const PpoOptions& options,
                "--policy_loss_type gspo: a KL penalty in the reward makes the advantage vary "
                "along the sequence\nhint: add --use_kl_loss, or set --init_kl_coef 0");
   }
+  RLHF_CHECK(
+      opt_.is_correction != IsCorrection::kDecoupled || opt_.policy_loss == PolicyLossType::kPpo,
+      "--use_decoupled_loss needs --policy_loss_type ppo (token ratios)");
+  RLHF_CHECK(!opt_.dynamic_batch || (opt_.train_max_tokens >= 1 && opt_.rollout_max_tokens >= 1),
+             "--use_dynamic_batch needs --train_max_tokens_per_gpu and "
+             "--rollout_max_tokens_per_gpu >= 1");
   actor_opt_ = std::make_unique<Optimizer>(m_.actor->store(), optimizers.actor_adam,
                                            optimizers.actor_schedule, opt_.max_norm);
   if (m_.critic && uses_critic(opt_.estimator))
@@ -81,14 +88,34 @@ std::vector<float> PpoTrainer::allgather_rows(const std::vector<float>& local) {
   return all;
 }
 
+std::vector<std::pair<int64_t, int64_t>> PpoTrainer::rank_micro_batches(
+    const std::vector<const Sample*>& all, int64_t count, int64_t budget) const {
+  const int64_t N = comm_.size(), per = int64_t(all.size()) / N;
+  if (!opt_.dynamic_batch) return count_runs(per, count);
+  // Every rank holds every rank's samples: each computes the others' cut, and all take as many
+  // micro-batches as the rank that needs the most.
+  auto lengths = [&](int64_t rank) {
+    std::vector<int64_t> len;
+    for (int64_t i = rank * per; i < (rank + 1) * per; ++i)
+      len.push_back(int64_t(all[size_t(i)]->prompt.size() + all[size_t(i)]->response.size()));
+    return len;
+  };
+  int64_t most = 1;
+  for (int64_t r = 0; r < N; ++r)
+    most = std::max<int64_t>(most, int64_t(token_budget_runs(lengths(r), budget).size()));
+  return token_budget_runs(lengths(comm_.rank()), budget, most);
+}
+
 std::vector<PpoTrainer::Batch> PpoTrainer::rollout_micro_batches(
     const std::vector<Sample>& samples) const {
   const int64_t per = int64_t(samples.size()) / comm_.size(), first = comm_.rank() * per;
+  std::vector<const Sample*> all;
+  for (const Sample& x : samples) all.push_back(&x);
   std::vector<Batch> batches;
-  for (int64_t a = 0; a < per; a += opt_.micro_rollout_batch_size) {
+  for (const auto& [a, b] :
+       rank_micro_batches(all, opt_.micro_rollout_batch_size, opt_.rollout_max_tokens)) {
     std::vector<const Sample*> mb;
-    for (int64_t i = a; i < std::min(per, a + opt_.micro_rollout_batch_size); ++i)
-      mb.push_back(&samples[size_t(first + i)]);
+    for (int64_t i = a; i < b; ++i) mb.push_back(&samples[size_t(first + i)]);
     batches.push_back(make_batch(mb));
     batches.back().first = a;
   }
@@ -156,6 +183,18 @@ Experience PpoTrainer::make_experience(const std::vector<Sample>& samples,
     multi_turn = multi_turn || !s.action_mask.empty();
   }
   RLHF_CHECK(e.Tr >= 1, "every response of the step is empty");
+  // The engine's log-probs, when every sample carries them (one per response token).
+  bool have_rol = true;
+  for (const Sample& s : samples) have_rol = have_rol && s.gen_logprobs.size() == s.response.size();
+  RLHF_CHECK(have_rol || opt_.is_correction == IsCorrection::kNone,
+             "the off-policy correction (--enable_vllm_is_correction, --use_decoupled_loss) needs "
+             "the engine's log-prob of every response token, and a sample has none");
+  if (have_rol) {
+    e.lp_rol.assign(size_t(e.B * e.Tr), 0.0f);
+    for (int64_t i = 0; i < e.B; ++i)
+      std::copy(samples[size_t(i)].gen_logprobs.begin(), samples[size_t(i)].gen_logprobs.end(),
+                e.lp_rol.begin() + i * e.Tr);
+  }
   if (multi_turn) {  // observation tokens are context: mask 0
     e.mask.assign(size_t(e.B * e.Tr), 0);
     for (int64_t i = 0; i < e.B; ++i)
@@ -243,7 +282,8 @@ PpoTrainer::MicroBatch PpoTrainer::micro_batch(const Experience& e, const std::v
   MicroBatch mb;
   mb.b = make_batch(samples);
   const size_t NT = size_t(mb.b.B * mb.b.T);
-  for (auto* v : {&mb.old_lp, &mb.ref_lp, &mb.adv, &mb.ret, &mb.vold, &mb.weight, &mb.weight_tok})
+  for (auto* v :
+       {&mb.old_lp, &mb.ref_lp, &mb.rol_lp, &mb.adv, &mb.ret, &mb.vold, &mb.weight, &mb.weight_tok})
     v->assign(NT, 0.0f);
   mb.seq.assign(NT, -1);
   const double w_tok = 1.0 / double(std::max<int64_t>(step_tokens, 1));
@@ -257,6 +297,7 @@ PpoTrainer::MicroBatch PpoTrainer::micro_batch(const Experience& e, const std::v
       const size_t p = size_t(mb.b.resp_pos[size_t(r)] + k), q = size_t(i * e.Tr + k);
       mb.old_lp[p] = e.lp_old[q];
       mb.ref_lp[p] = e.lp_ref[q];
+      if (!e.lp_rol.empty()) mb.rol_lp[p] = e.lp_rol[q];
       mb.adv[p] = e.advantages[q];
       mb.ret[p] = e.returns[q];
       mb.vold[p] = e.values[q];
@@ -269,7 +310,7 @@ PpoTrainer::MicroBatch PpoTrainer::micro_batch(const Experience& e, const std::v
   return mb;
 }
 
-void PpoTrainer::actor_micro_batch(MicroBatch& mb, bool current, Sums& sums) {
+void PpoTrainer::actor_micro_batch(MicroBatch& mb, bool current, bool mismatch, Sums& sums) {
   const Batch& b = mb.b;
   const int64_t NT = b.B * b.T;
   const float inv_temp = float(1.0 / std::max(opt_.temperature, 1e-6));
@@ -285,21 +326,37 @@ void PpoTrainer::actor_micro_batch(MicroBatch& mb, bool current, Sums& sums) {
       sums.kl_current += kl_cur[size_t(p)];
     }
   }
+  // Behaviour weights (sg: they depend on lp_old and lp_rol only) on the policy term's weights.
+  const IsCorrection corr = token_correction();
+  std::vector<float> isw(size_t(NT), 1.0f), wpol(mb.weight);
+  std::vector<uint8_t> is_masked(size_t(NT), 0);
+  if (corr != IsCorrection::kNone) {
+    is_weights_cpu(isw.data(), is_masked.data(), mb.old_lp.data(), mb.rol_lp.data(), mb.seq.data(),
+                   NT, b.B, corr, opt_.is_lo, opt_.is_hi);
+    for (int64_t p : mb.tok_pos) wpol[size_t(p)] *= isw[size_t(p)];
+  }
+  if (current && mismatch)  // lp_old exists only here: the step's mismatch metrics
+    for (int64_t p : mb.tok_pos)
+      sums.mismatch.add(mb.old_lp[size_t(p)], mb.rol_lp[size_t(p)], isw[size_t(p)],
+                        is_masked[size_t(p)] != 0);
+  // GSPO with the correction (OpenRLHF): its sequence ratio is taken against the engine's lp_rol.
+  const bool gspo_rol =
+      opt_.policy_loss == PolicyLossType::kGspo && opt_.is_correction != IsCorrection::kNone;
+  const float* lp_base = gspo_rol ? mb.rol_lp.data() : mb.old_lp.data();
   std::vector<float> tok_loss(size_t(NT), 0.0f);
   std::vector<uint8_t> clipped(size_t(NT), 0);
   if (opt_.policy_loss == PolicyLossType::kGspo) {
-    gspo_loss_forward_cpu(tok_loss.data(), clipped.data(), (float*)nullptr, lp.data(),
-                          mb.old_lp.data(), mb.adv.data(), mb.seq.data(), NT, b.B,
-                          opt_.eps_clip_low, opt_.eps_clip_high);
-    gspo_loss_backward_cpu(dlp.data(), mb.weight.data(), lp.data(), mb.old_lp.data(), mb.adv.data(),
+    gspo_loss_forward_cpu(tok_loss.data(), clipped.data(), (float*)nullptr, lp.data(), lp_base,
+                          mb.adv.data(), mb.seq.data(), NT, b.B, opt_.eps_clip_low,
+                          opt_.eps_clip_high);
+    gspo_loss_backward_cpu(dlp.data(), wpol.data(), lp.data(), lp_base, mb.adv.data(),
                            mb.seq.data(), NT, b.B, opt_.eps_clip_low, opt_.eps_clip_high);
   } else {
     ppo_clip_loss_forward_cpu(tok_loss.data(), clipped.data(), (float*)nullptr, lp.data(),
                               mb.old_lp.data(), mb.adv.data(), NT, opt_.eps_clip_low,
                               opt_.eps_clip_high, opt_.dual_clip);
-    ppo_clip_loss_backward_cpu(dlp.data(), mb.weight.data(), lp.data(), mb.old_lp.data(),
-                               mb.adv.data(), NT, opt_.eps_clip_low, opt_.eps_clip_high,
-                               opt_.dual_clip);
+    ppo_clip_loss_backward_cpu(dlp.data(), wpol.data(), lp.data(), mb.old_lp.data(), mb.adv.data(),
+                               NT, opt_.eps_clip_low, opt_.eps_clip_high, opt_.dual_clip);
   }
   std::vector<float> kl_tok(size_t(NT), 0.0f), dkl(size_t(NT), 0.0f);
   if (opt_.use_kl_loss && m_.ref) {
@@ -313,7 +370,7 @@ void PpoTrainer::actor_micro_batch(MicroBatch& mb, bool current, Sums& sums) {
     const double w = mb.weight_tok[size_t(p)];  // metrics: token means of the step
     dlp[size_t(p)] += dkl[size_t(p)];
     if (with_ent) dent[size_t(p)] = float(-opt_.entropy_loss_coef * mb.weight[size_t(p)]);
-    sums.policy += w * tok_loss[size_t(p)];
+    sums.policy += w * isw[size_t(p)] * tok_loss[size_t(p)];  // the corrected loss
     sums.kl_loss += w * kl_tok[size_t(p)];
     sums.entropy += w * ent[size_t(p)];
     sums.clip += w * clipped[size_t(p)];
@@ -336,6 +393,25 @@ void PpoTrainer::critic_micro_batch(const MicroBatch& mb, Sums& sums) {
   m_.critic->backward_scalar(dv.data());
 }
 
+MismatchSums PpoTrainer::experience_mismatch(const Experience& e) const {
+  MismatchSums mm;
+  if (e.lp_rol.empty() || e.lp_old_is_current) return mm;
+  const int64_t NT = e.B * e.Tr;
+  std::vector<int32_t> row(size_t(NT), -1);
+  for (int64_t i = 0; i < e.B; ++i)
+    for (int64_t t = 0; t < e.Tr; ++t)
+      if (e.is_action(i, t)) row[size_t(i * e.Tr + t)] = int32_t(i);
+  std::vector<float> w(size_t(NT), 1.0f);
+  std::vector<uint8_t> masked(size_t(NT), 0);
+  if (token_correction() != IsCorrection::kNone)
+    is_weights_cpu(w.data(), masked.data(), e.lp_old.data(), e.lp_rol.data(), row.data(), NT, e.B,
+                   token_correction(), opt_.is_lo, opt_.is_hi);
+  for (int64_t q = 0; q < NT; ++q)
+    if (row[size_t(q)] >= 0)
+      mm.add(e.lp_old[size_t(q)], e.lp_rol[size_t(q)], w[size_t(q)], masked[size_t(q)] != 0);
+  return mm;
+}
+
 PpoStats PpoTrainer::train(const Experience& e, int64_t rl_step) {
   PpoStats st;
   const int64_t TB = opt_.train_batch_size, MB = opt_.micro_train_batch_size, N = comm_.size();
@@ -343,10 +419,10 @@ PpoStats PpoTrainer::train(const Experience& e, int64_t rl_step) {
              "--rollout_batch_size x --n_samples_per_prompt = {} samples is not a multiple of "
              "--train_batch_size {}",
              e.B, TB);
-  RLHF_CHECK(TB % (MB * N) == 0,
+  RLHF_CHECK(TB % (opt_.dynamic_batch ? N : MB * N) == 0,
              "--train_batch_size {} must be a multiple of --micro_train_batch_size {} x {} "
              "training rank(s)",
-             TB, MB, N);
+             TB, opt_.dynamic_batch ? 1 : MB, N);
   const bool train_actor = rl_step >= opt_.freezing_actor_steps;
   RLHF_ASSERT(!e.lp_old_is_current || (train_actor && opt_.max_epochs == 1 && TB == e.B));
   const bool train_critic = critic_opt_ != nullptr;
@@ -366,10 +442,14 @@ PpoStats PpoTrainer::train(const Experience& e, int64_t rl_step) {
       if (train_actor) actor_opt_->zero_grad();
       if (train_critic) critic_opt_->zero_grad();
       const int64_t mine = s0 + comm_.rank() * (TB / N);
-      for (int64_t a = 0; a < TB / N; a += MB) {
-        const std::vector<int64_t> ids(order.begin() + mine + a, order.begin() + mine + a + MB);
+      std::vector<const Sample*> step_samples;  // every rank's, in training order
+      for (int64_t i = s0; i < s0 + TB; ++i)
+        step_samples.push_back(e.samples[size_t(order[size_t(i)])]);
+      for (const auto& [a, b] : rank_micro_batches(step_samples, MB, opt_.train_max_tokens)) {
+        const std::vector<int64_t> ids(order.begin() + mine + a, order.begin() + mine + b);
         MicroBatch mb = micro_batch(e, ids, n_tok);
-        if (train_actor) actor_micro_batch(mb, e.lp_old_is_current, sums);
+        ++sums.micro_batches;
+        if (train_actor) actor_micro_batch(mb, e.lp_old_is_current, !e.lp_rol.empty(), sums);
         if (train_critic) critic_micro_batch(mb, sums);
       }
       if (train_actor) {
@@ -399,6 +479,17 @@ PpoStats PpoTrainer::train(const Experience& e, int64_t rl_step) {
   st.actor_grad_norm = s_an / steps;
   st.critic_grad_norm = s_cn / steps;
   st.optimizer_steps = n_opt;
+  st.train_micro_batches = sums.micro_batches;
+  // Mismatch metrics: of the experience's lp_old, or summed by the update's forward passes.
+  MismatchSums mm = e.lp_old_is_current ? sums.mismatch : experience_mismatch(e);
+  if (e.lp_old_is_current && !e.lp_rol.empty()) {
+    double s6[6], m3[3], t6[6], t3[3];
+    mm.pack(s6, m3);
+    comm_.all_reduce(s6, t6, 6);
+    comm_.all_reduce(m3, t3, 3, parallel::ReduceOp::kMax);
+    mm.unpack(t6, t3);
+  }
+  st.mismatch = MismatchStats::from(mm);
   // KL(π_old ‖ π_ref) of the rollout: from the experience, or summed by the update's forward.
   double kl_sum = tot[6];
   if (!e.lp_old_is_current)

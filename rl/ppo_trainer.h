@@ -5,10 +5,10 @@
 #pragma once
 
 #include <cstdint>
-#include <string>
-#include <vector>
-
 #include <memory>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "optim/adamw.h"
 #include "optim/schedule.h"
@@ -17,6 +17,7 @@
 #include "parallel/train_model.h"
 #include "rl/advantages.h"
 #include "rl/experience.h"
+#include "rl/is_correction.h"
 #include "rl/losses.h"
 #include "rl/optimizer.h"
 
@@ -47,6 +48,17 @@ struct PpoOptions {
   /// Skip the forward pass that computes lp_old when it provably equals the update's own lp
   /// (old_logprobs_are_current); false computes it always (tests compare the two).
   bool skip_current_old_logprobs = true;
+  /// Off-policy correction of the policy loss (docs/algorithms.md, "Off-policy correction"):
+  /// --enable_vllm_is_correction with --vllm_is_correction_type, or --use_decoupled_loss.
+  IsCorrection is_correction = IsCorrection::kNone;
+  /// --vllm_is_truncated_threshold lo hi; with kDecoupled is_hi is --behav_imp_weight_cap (≤ 0:
+  /// no cap).
+  double is_lo = 0.5, is_hi = 5.0;
+  /// --use_dynamic_batch: micro-batches by a token budget (padded tokens B·T per rank) instead of
+  /// a sample count: --train_max_tokens_per_gpu for the forward/backward passes,
+  /// --rollout_max_tokens_per_gpu for the forward-only passes.
+  bool dynamic_batch = false;
+  int64_t train_max_tokens = 16192, rollout_max_tokens = 16192;
   double max_norm = 1.0;
   int32_t pad_id = 0;
   uint64_t seed = 42;
@@ -84,6 +96,10 @@ struct PpoStats {
   int64_t optimizer_steps = 0;
   double comm_seconds = 0;  ///< time inside train_comm collectives during training
   int64_t comm_bytes = 0;
+  /// Engine-vs-trainer mismatch over the step's action tokens (lp_rol against lp_old) and the
+  /// behaviour weights applied (rl/is_correction.h).
+  MismatchStats mismatch;
+  int64_t train_micro_batches = 0;  ///< forward/backward passes of this rank, all epochs
 };
 
 /// Running mean and variance (Chan et al. parallel update) of the reward, for --normalize_reward.
@@ -145,7 +161,7 @@ class PpoTrainer {
   // The per-token experience of one micro-batch in batch positions (B, T), and its weights.
   struct MicroBatch {
     Batch b;
-    std::vector<float> old_lp, ref_lp, adv, ret, vold;  // (B·T)
+    std::vector<float> old_lp, ref_lp, rol_lp, adv, ret, vold;  // (B·T)
     // (B·T) per-token weights: of the policy, KL and entropy terms (--loss_agg_mode), and the
     // token mean of the step (the value loss and every reported metric).
     std::vector<float> weight, weight_tok;
@@ -157,12 +173,27 @@ class PpoTrainer {
   struct Sums {
     double policy = 0, value = 0, kl_loss = 0, entropy = 0, clip = 0, approx_kl = 0;
     double kl_current = 0;  // Σ KL(π ‖ π_ref) over tokens, unweighted (lp_old_is_current only)
+    MismatchSums mismatch;  // over this rank's action tokens (lp_old_is_current only)
+    int64_t micro_batches = 0;
   };
   Batch make_batch(const std::vector<const Sample*>& s) const;
   std::vector<float> allgather_rows(const std::vector<float>& local);
   // This rank's slice of `samples` (the global batch) in micro-batches of
-  // --micro_rollout_batch_size, for the forward-only passes.
+  // --micro_rollout_batch_size (or of --rollout_max_tokens_per_gpu tokens), for the forward-only
+  // passes.
   std::vector<Batch> rollout_micro_batches(const std::vector<Sample>& samples) const;
+  // This rank's micro-batches of `all`: every rank's samples, rank r's the r-th of N equal
+  // consecutive slices. Runs of `count` samples, or with --use_dynamic_batch runs within `budget`
+  // padded tokens (token_budget_runs), as many on every rank. [begin, end) in this rank's slice.
+  std::vector<std::pair<int64_t, int64_t>> rank_micro_batches(const std::vector<const Sample*>& all,
+                                                              int64_t count, int64_t budget) const;
+  // The behaviour weight applied to the PPO loss (kNone for GSPO, whose correction is its ratio
+  // against lp_rol).
+  IsCorrection token_correction() const {
+    return opt_.policy_loss == PolicyLossType::kGspo ? IsCorrection::kNone : opt_.is_correction;
+  }
+  // The mismatch metrics of the whole experience (lp_old known); identical on every rank.
+  MismatchSums experience_mismatch(const Experience& e) const;
   // The sweep's view of `batches`, writing each batch's (B, T) output into consecutive parts of
   // `out` (resized here).
   static std::vector<parallel::ForwardBatch> forward_batches(const std::vector<Batch>& batches,
@@ -171,7 +202,8 @@ class PpoTrainer {
   MicroBatch micro_batch(const Experience& e, const std::vector<int64_t>& ids,
                          int64_t step_tokens) const;
   // current: lp_old is taken from this forward (Experience::lp_old_is_current).
-  void actor_micro_batch(MicroBatch& mb, bool current, Sums& sums);
+  // mismatch: the micro-batch has lp_rol; with current, its tokens add to sums.mismatch.
+  void actor_micro_batch(MicroBatch& mb, bool current, bool mismatch, Sums& sums);
   void critic_micro_batch(const MicroBatch& mb, Sums& sums);
 
   PpoModels m_;

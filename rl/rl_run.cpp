@@ -73,7 +73,9 @@ Models build_models(const RlRunConfig& c, parallel::TrainRuntime& rt, const io::
 // micro-batches over the training ranks. Returns {total steps, steps per episode}.
 std::pair<int64_t, int64_t> step_arithmetic(const RlRunConfig& c, int64_t n_prompts, int n_train) {
   const int64_t RB = c.step.rollout_batch_size, n = c.step.n_samples_per_prompt;
-  const int64_t MB = c.ppo.micro_train_batch_size, TB = c.ppo.train_batch_size;
+  // Token-budget micro-batches (--use_dynamic_batch) need only whole samples per rank.
+  const int64_t MB = c.ppo.dynamic_batch ? 1 : c.ppo.micro_train_batch_size;
+  const int64_t TB = c.ppo.train_batch_size;
   RLHF_CHECK(RB <= n_prompts, "--rollout_batch_size {} is larger than the {} usable prompts of {}",
              RB, n_prompts, c.prompts.prompt_data);
   RLHF_CHECK((RB * n) % (int64_t(n_train) * MB) == 0 && TB % (int64_t(n_train) * MB) == 0,
@@ -145,35 +147,42 @@ Eval load_eval(const RlRunConfig& c, const io::Tokenizer& tok, const model::Mode
   return e;
 }
 
-// The step line of DESIGN.md §3 on rank 0.
+// A number of a metrics record: rlhf::Error naming the key when it is missing or not a number
+// (every step's record has the same keys: rl/train_record.h).
+double num(const nlohmann::json& r, const char* key) {
+  const auto it = r.find(key);
+  RLHF_CHECK(it != r.end() && it->is_number(), "the metrics record has no number '{}': {}", key,
+             r.dump());
+  return it->get<double>();
+}
+
+// The step line on rank 0.
 void log_step(const nlohmann::json& r, int64_t total_steps) {
-  const double elapsed = r["elapsed_s"].get<double>();
-  const int64_t step = r["step"].get<int64_t>();
+  const double elapsed = num(r, "elapsed_s");
+  const int64_t step = int64_t(num(r, "step"));
   // Multi-turn runs: the environment's phase (inside gen) and the episodes' turns.
-  const std::string env =
-      r.contains("env_s") ? fmt::format(" | env {:.2f}s, {:.2f} turns, {} obs tokens",
-                                        r["env_s"].get<double>(), r.value("env_turns_mean", 0.0),
-                                        r.value("env_observation_tokens", int64_t(0)))
-                          : std::string();
+  const std::string env = r.contains("env_s")
+                              ? fmt::format(" | env {:.2f}s, {:.2f} turns, {} obs tokens",
+                                            num(r, "env_s"), r.value("env_turns_mean", 0.0),
+                                            r.value("env_observation_tokens", int64_t(0)))
+                              : std::string();
   LOG0_INFO(
-      "step {}/{} | reward {:.3f} | kl {:.4f} | loss {:.4f} | len {:.1f} | gen {:.2f}s (comm "
-      "{:.2f}s){} | reward {:.2f}s | logprob {:.2f}s (comm {:.2f}s) | train {:.2f}s (comm {:.2f}s) "
-      "| "
-      "sync {:.2f}s busbw {:.2f} GB/s | {:.0f} gen tok/s | {:.0f} train tok/s | {:.1f}s/step | "
-      "elapsed {:.0f}s | eta {:.0f}s | peak RSS {}",
-      step, total_steps, r["reward_mean"].get<double>(), r["kl_mean"].get<double>(),
-      r["policy_loss"].get<double>(), r["response_length_mean"].get<double>(),
-      r["gen_s"].get<double>(), r["gen_comm_s"].get<double>(), env, r["reward_s"].get<double>(),
-      r["logprob_s"].get<double>(), r["logprob_comm_s"].get<double>(), r["train_s"].get<double>(),
-      r["train_comm_s"].get<double>(), r["sync_s"].get<double>(),
-      r["sync_busbw_GBps"].get<double>(), r["gen_tokens_per_s"].get<double>(),
-      r["train_tokens_per_s"].get<double>(), r["step_s"].get<double>(), elapsed,
-      elapsed / double(step) * double(total_steps - step),
-      format_bytes(r["peak_rss_bytes"].get<double>()));
+      "step {}/{} | reward {:.3f} | kl {:.4f} | loss {:.4f} | len {:.1f} | mismatch kl {:.2e} "
+      "(IS w {:.3f}, masked {:.3f}) | gen {:.2f}s (comm {:.2f}s){} | reward {:.2f}s | logprob "
+      "{:.2f}s (comm {:.2f}s) | train {:.2f}s (comm {:.2f}s) | sync {:.2f}s busbw {:.2f} GB/s | "
+      "{:.0f} gen tok/s | {:.0f} train tok/s | {:.1f}s/step | elapsed {:.0f}s | eta {:.0f}s | "
+      "peak RSS {}",
+      step, total_steps, num(r, "reward_mean"), num(r, "kl_mean"), num(r, "policy_loss"),
+      num(r, "response_length_mean"), num(r, "mismatch_kl"), num(r, "is_weight_mean"),
+      num(r, "is_masked_fraction"), num(r, "gen_s"), num(r, "gen_comm_s"), env, num(r, "reward_s"),
+      num(r, "logprob_s"), num(r, "logprob_comm_s"), num(r, "train_s"), num(r, "train_comm_s"),
+      num(r, "sync_s"), num(r, "sync_busbw_GBps"), num(r, "gen_tokens_per_s"),
+      num(r, "train_tokens_per_s"), num(r, "step_s"), elapsed,
+      elapsed / double(step) * double(total_steps - step), format_bytes(num(r, "peak_rss_bytes")));
   if (r.contains("eval_accuracy"))
     LOG0_INFO("eval after step {} | reward {:.3f} | accuracy {:.3f} | len {:.1f} | {:.1f}s", step,
-              r["eval_reward_mean"].get<double>(), r["eval_accuracy"].get<double>(),
-              r["eval_response_length_mean"].get<double>(), r["eval_seconds"].get<double>());
+              num(r, "eval_reward_mean"), num(r, "eval_accuracy"),
+              num(r, "eval_response_length_mean"), num(r, "eval_seconds"));
 }
 
 }  // namespace

@@ -10,6 +10,7 @@
 #include "parallel/failure_injection.h"
 #include "parallel/watchdog.h"
 #include "rl/evaluate.h"
+#include "rl/train_record.h"
 
 namespace rlhf::rl {
 
@@ -243,37 +244,21 @@ void RlStep::train(const std::vector<rollout::Sample>& samples, const std::vecto
   auto t = Clock::now();
   const parallel::CommStats c0 = comm.stats();
   const Experience exp = p_.trainer->make_experience(samples, scores);
-  rec["logprob_s"] = since(t);
-  rec["logprob_comm_s"] = comm.stats().seconds - c0.seconds;
-  rec["logprob_comm_bytes"] = comm.stats().bytes - c0.bytes;
-  // 1 when the old-log-prob pass was skipped (lp_old = the update's own lp; docs/algorithms.md).
-  rec["logprob_old_skipped"] = exp.lp_old_is_current ? 1 : 0;
+  TrainRecord tr;
+  tr.logprob_s = since(t);
+  tr.logprob_comm_s = comm.stats().seconds - c0.seconds;
+  tr.logprob_comm_bytes = comm.stats().bytes - c0.bytes;
+  // Set when the old-log-prob pass was skipped (lp_old = the update's own lp; docs/algorithms.md).
+  tr.logprob_old_skipped = exp.lp_old_is_current;
   t = Clock::now();
-  const PpoStats st = p_.trainer->train(exp, step_);
-  const double train_s = since(t);
+  tr.stats = p_.trainer->train(exp, step_);
+  tr.train_s = since(t);
   int64_t seq_tokens = 0;
   for (const auto& s : samples) seq_tokens += int64_t(s.prompt.size() + s.response.size());
   // Tokens through forward+backward in the training phase (every epoch passes them all).
-  const int64_t train_tokens = seq_tokens * opt_.max_epochs;
-  rec["trained_samples"] = int64_t(samples.size());
-  rec["kl_mean"] = st.kl;
-  rec["kl_coef"] = st.kl_coef;
-  rec["policy_loss"] = st.policy_loss;
-  rec["value_loss"] = st.value_loss;
-  rec["kl_loss"] = st.kl_loss;
-  rec["clip_frac"] = st.clip_frac;
-  rec["approx_kl"] = st.approx_kl;
-  rec["entropy"] = st.entropy;
-  rec["actor_grad_norm"] = st.actor_grad_norm;
-  rec["critic_grad_norm"] = st.critic_grad_norm;
-  rec["actor_lr"] = st.actor_lr;
-  rec["critic_lr"] = st.critic_lr;
-  rec["optimizer_steps"] = st.optimizer_steps;
-  rec["train_s"] = train_s;
-  rec["train_comm_s"] = st.comm_seconds;
-  rec["train_comm_bytes"] = st.comm_bytes;
-  rec["train_tokens"] = train_tokens;
-  rec["train_tokens_per_s"] = double(train_tokens) / std::max(train_s, 1e-9);
+  tr.train_tokens = seq_tokens * opt_.max_epochs;
+  tr.trained_samples = int64_t(samples.size());
+  rec.update(tr.to_json());
   if (p_.log_samples && opt_.log_completions > 0 && (step_ + 1) % opt_.log_completions == 0 &&
       comm.rank() == 0) {
     StepSamples log;
@@ -320,11 +305,9 @@ void RlStep::train_batch(Batch& b, nlohmann::json& rec) {
   } else {
     LOG0_WARN("step {}: no group kept by dynamic filtering after {} round(s): nothing to train",
               step_ + 1, rec.value("filter_rounds", int64_t(1)));
-    rec["trained_samples"] = 0;
-    for (const char* k :
-         {"kl_mean", "policy_loss", "value_loss", "kl_loss", "clip_frac", "approx_kl", "entropy",
-          "logprob_s", "logprob_comm_s", "train_s", "train_comm_s", "train_tokens_per_s"})
-      rec[k] = 0.0;
+    TrainRecord tr;  // every key of a trained step, zero (the same schema every step)
+    tr.stats.kl_coef = p_.trainer->kl_controller().value();
+    rec.update(tr.to_json());
   }
 }
 

@@ -402,3 +402,161 @@ TEST_CASE("multi-turn: observation tokens carry no loss, KL or entropy") {
     compare(one, many, std::string(ppo ? "ppo" : "grpo") + " with observations, N ranks vs 1");
   }
 }
+
+namespace {
+
+// One optimizer step over the 16 samples, no KL or entropy term (the gradient is the policy
+// term's alone), with a correction (lo, hi); skip: the old-log-prob pass may be skipped.
+std::function<void(rl::PpoOptions&)> corrected(rl::IsCorrection c, double lo, double hi,
+                                               bool skip) {
+  return [=](rl::PpoOptions& o) {
+    o.max_epochs = 1;
+    o.train_batch_size = 16;
+    o.micro_train_batch_size = 2;
+    o.micro_rollout_batch_size = 2;
+    o.init_kl_coef = 0;
+    o.entropy_loss_coef = 0;
+    o.skip_current_old_logprobs = skip;
+    o.is_correction = c;
+    o.is_lo = lo;
+    o.is_hi = hi;
+  };
+}
+
+}  // namespace
+
+TEST_CASE("off-policy correction: closed forms of the corrected step") {
+  auto self = parallel::make_comm(MPI_COMM_SELF, "self");
+  const auto cfg = small_config(false);
+  using rl::IsCorrection;
+  auto grpo = [&](IsCorrection c, double lo, double hi, bool skip) {
+    return run(*self, false, cfg, false, nullptr, 1e-8, rl::LossAggMode::kTokenMean,
+               rl::PolicyLossType::kPpo, corrected(c, lo, hi, skip));
+  };
+  // The mismatch metrics in closed form from the experience's lp_old and the engine's log-probs
+  // (−1 for every synthetic response token).
+  const Run computed = grpo(IsCorrection::kNone, 0.5, 5, false);
+  REQUIRE(!computed.lp_old_skipped);
+  const auto samples = synthetic_samples(cfg.vocab_size);
+  const int64_t Tr = int64_t(computed.lp_old.size() / samples.size());
+  double n = 0, k3 = 0, abs = 0, abs_max = 0, vllm_kl = 0;
+  for (size_t i = 0; i < samples.size(); ++i)
+    for (size_t t = 0; t < samples[i].response.size(); ++t) {
+      const double d = double(computed.lp_old[i * size_t(Tr) + t]) + 1.0;  // lp_old − lp_rol
+      n += 1;
+      k3 += std::exp(d) - 1 - d;
+      abs += std::fabs(d);
+      abs_max = std::max(abs_max, std::fabs(d));
+      vllm_kl -= d;
+    }
+  const rl::MismatchStats& m = computed.stats.mismatch;
+  CHECK(m.mismatch_kl == doctest::Approx(k3 / n).epsilon(1e-9));
+  CHECK(m.mismatch_kl > 0);
+  CHECK(m.mismatch_abs_logp_mean == doctest::Approx(abs / n).epsilon(1e-9));
+  CHECK(m.mismatch_abs_logp_max == doctest::Approx(abs_max).epsilon(1e-9));
+  CHECK(m.vllm_kl == doctest::Approx(vllm_kl / n).epsilon(1e-9));
+  CHECK(m.is_weight_mean == 1.0);  // no correction: weight 1 everywhere
+  CHECK(m.is_masked_fraction == 0.0);
+  for (bool skip : {false, true}) {
+    const std::string name = skip ? "old-log-prob pass skipped" : "old-log-prob pass computed";
+    const Run off = grpo(IsCorrection::kNone, 0.5, 5, skip);
+    CHECK_MESSAGE(off.lp_old_skipped == skip, name);
+    // Skipped, the metrics come from the update's forward passes: the same numbers.
+    CHECK_MESSAGE(off.stats.mismatch.mismatch_kl == doctest::Approx(m.mismatch_kl).epsilon(1e-9),
+                  name);
+    CHECK_MESSAGE(off.stats.mismatch.mismatch_abs_logp_max == m.mismatch_abs_logp_max, name);
+    // TIS clamped to [2, 2]: every weight is 2, so the loss and the gradient double.
+    const Run twice = grpo(IsCorrection::kTis, 2, 2, skip);
+    CHECK_MESSAGE(
+        twice.stats.policy_loss == doctest::Approx(2 * off.stats.policy_loss).epsilon(1e-5), name);
+    CHECK_MESSAGE(
+        twice.stats.actor_grad_norm == doctest::Approx(2 * off.stats.actor_grad_norm).epsilon(1e-5),
+        name);
+    CHECK_MESSAGE(twice.stats.mismatch.is_weight_min == 2.0, name);
+    CHECK_MESSAGE(twice.stats.mismatch.is_weight_max == 2.0, name);
+    // IcePop with bounds no ratio reaches: every token drops out, no gradient.
+    const Run none = grpo(IsCorrection::kIcepop, 1e6, 2e6, skip);
+    CHECK_MESSAGE(none.stats.mismatch.is_masked_fraction == 1.0, name);
+    CHECK_MESSAGE(none.stats.actor_grad_norm == 0.0, name);
+    CHECK_MESSAGE(none.stats.policy_loss == 0.0, name);
+    // With bounds every ratio is inside, IcePop, seq-mask-tis and uncapped decoupled PPO all weigh
+    // each token by its ratio r: the same step, and not the uncorrected one.
+    const Run ice = grpo(IsCorrection::kIcepop, 0, 1e30, skip);
+    const Run seq = grpo(IsCorrection::kSeqMaskTis, 0, 1e30, skip);
+    const Run dec = grpo(IsCorrection::kDecoupled, 0, 0, skip);
+    for (const Run* r : {&seq, &dec}) {
+      CHECK_MESSAGE(r->stats.policy_loss == ice.stats.policy_loss, name);
+      CHECK_MESSAGE(r->stats.actor_grad_norm == ice.stats.actor_grad_norm, name);
+    }
+    CHECK_MESSAGE(std::fabs(ice.stats.actor_grad_norm - off.stats.actor_grad_norm) >
+                      1e-3 * off.stats.actor_grad_norm,
+                  name);
+  }
+}
+
+TEST_CASE("off-policy correction: every type on N ranks == on 1 rank") {
+  auto world = parallel::make_comm(MPI_COMM_WORLD, "train_comm");
+  auto self = parallel::make_comm(MPI_COMM_SELF, "self");
+  const auto cfg = small_config(false);
+  using rl::IsCorrection;
+  struct Case {
+    IsCorrection c;
+    double lo, hi;
+    rl::PolicyLossType loss;
+  };
+  for (const Case& k : {Case{IsCorrection::kTis, 0.5, 2, rl::PolicyLossType::kPpo},
+                        Case{IsCorrection::kIcepop, 0.5, 2, rl::PolicyLossType::kPpo},
+                        Case{IsCorrection::kSeqMaskTis, 0.8, 1.25, rl::PolicyLossType::kPpo},
+                        Case{IsCorrection::kDecoupled, 0, 2, rl::PolicyLossType::kPpo},
+                        Case{IsCorrection::kTis, 0.5, 2, rl::PolicyLossType::kGspo}}) {
+    const std::string name = std::string(rl::to_string(k.c)) + " " + rl::to_string(k.loss) +
+                             " N=" + std::to_string(world->size());
+    auto tweak = [&](rl::PpoOptions& o) {
+      o.is_correction = k.c;
+      o.is_lo = k.lo;
+      o.is_hi = k.hi;
+    };
+    const Run one =
+        run(*self, false, cfg, false, nullptr, 1e-8, rl::LossAggMode::kTokenMean, k.loss, tweak);
+    const Run many =
+        run(*world, false, cfg, false, nullptr, 1e-8, rl::LossAggMode::kTokenMean, k.loss, tweak);
+    compare(one, many, name);
+    CHECK_MESSAGE(one.stats.mismatch.is_weight_mean ==
+                      doctest::Approx(many.stats.mismatch.is_weight_mean).epsilon(1e-9),
+                  name);
+    CHECK_MESSAGE(one.stats.mismatch.is_masked_fraction == many.stats.mismatch.is_masked_fraction,
+                  name);
+  }
+}
+
+TEST_CASE("--use_dynamic_batch: token budgets train like sample counts, N ranks like 1 rank") {
+  auto world = parallel::make_comm(MPI_COMM_WORLD, "train_comm");
+  auto self = parallel::make_comm(MPI_COMM_SELF, "self");
+  const auto cfg = small_config(false);
+  // Synthetic sequences are 3..10 tokens: a budget of 12 padded tokens holds one or two samples.
+  for (int64_t budget : {12, 30})
+    for (bool ppo : {false, true}) {
+      const std::string name = std::string(ppo ? "ppo" : "grpo") + " budget " +
+                               std::to_string(budget) + " N=" + std::to_string(world->size());
+      auto tokens = [budget](rl::PpoOptions& o) {
+        o.dynamic_batch = true;
+        o.train_max_tokens = budget;
+        o.rollout_max_tokens = budget;
+      };
+      const Run count = run(*self, ppo, cfg);
+      const Run one = run(*self, ppo, cfg, false, nullptr, 1e-8, rl::LossAggMode::kTokenMean,
+                          rl::PolicyLossType::kPpo, tokens);
+      CHECK_MESSAGE(one.stats.train_micro_batches > count.stats.train_micro_batches, name);
+      // The same experience (the forward is batch-invariant) and the same step.
+      for (auto [a, b, what] : {std::tuple{&one.lp_old, &count.lp_old, "lp_old"},
+                                std::tuple{&one.values, &count.values, "values"}}) {
+        auto c = test::compare_arrays(a->data(), b->data(), int64_t(a->size()));
+        INFO(c.summary(name + " " + what));
+        CHECK(c.max_abs_err <= 1e-6);
+      }
+      compare(count, one, name + ": token budget vs sample count");
+      const Run many = run(*world, ppo, cfg, false, nullptr, 1e-8, rl::LossAggMode::kTokenMean,
+                           rl::PolicyLossType::kPpo, tokens);
+      compare(one, many, name + ": N ranks vs 1");
+    }
+}
