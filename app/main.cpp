@@ -22,10 +22,12 @@
 
 #include "app/cli.h"
 #include "app/commands.h"
+#include "app/usage_checks.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "parallel/comm_nccl.h"
 #include "parallel/preemption.h"
+#include "parallel/watchdog.h"
 
 namespace {
 
@@ -51,6 +53,13 @@ int fail(const std::string& what, int status, int world_size) {
   }
   MPI_Finalize();
   return status;
+}
+
+/// MPI_Finalize under the --comm_timeout watchdog: Open MPI's finalize waits for every rank, so a
+/// peer stopped after the last collective would otherwise leave this rank in it forever.
+void finalize_watched() {
+  rlhf::parallel::WatchScope watch("MPI_Finalize", "world");
+  MPI_Finalize();
 }
 
 }  // namespace
@@ -89,11 +98,13 @@ int main(int argc, char** argv) {
               world_size == 1 ? "" : "s");
     LOG_DEBUG("rank {} of {} on host {}", rank, world_size, host);
     rlhf::app::print_resolved_config(cmd);
+    // Refusals that need the world's size and nodes, before any model loads (exit 2).
+    rlhf::app::check_usage(cmd.args, MPI_COMM_WORLD);
     status = rlhf::app::run_command(cmd.args);
     // Stopped on SIGTERM/SIGUSR1 with a checkpoint written: every rank returns it together.
     if (status == rlhf::parallel::kExitPreempted) {
       rlhf::flush_logs();
-      MPI_Finalize();
+      finalize_watched();
       return status;
     }
     if (status != 0)
@@ -112,6 +123,6 @@ int main(int argc, char** argv) {
     return fail("unknown exception", 1, world_size);
   }
   rlhf::flush_logs();
-  MPI_Finalize();
+  finalize_watched();
   return status;
 }
