@@ -243,6 +243,7 @@ class ProgressBoard {
 class Heartbeat {
  public:
   explicit Heartbeat(MPI_Comm world) {
+    parallel::WatchScope watch("MPI_Comm_dup (heartbeat)", "world");  // collective
     MPI_CHECK(MPI_Comm_dup(world, &comm_));
     rank_ = parallel::comm_rank(comm_);
     MPI_Comm_size(comm_, &size_);

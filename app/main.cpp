@@ -55,10 +55,12 @@ int fail(const std::string& what, int status, int world_size) {
   return status;
 }
 
-/// MPI_Finalize under the --comm_timeout watchdog: Open MPI's finalize waits for every rank, so a
-/// peer stopped after the last collective would otherwise leave this rank in it forever.
+/// A last barrier and MPI_Finalize under the --comm_timeout watchdog: a peer stopped after the
+/// last collective would otherwise leave this rank in finalize, or leave mpirun waiting for it
+/// after every other rank has exited 0; the barrier makes its silence end the job with a message.
 void finalize_watched() {
-  rlhf::parallel::WatchScope watch("MPI_Finalize", "world");
+  rlhf::parallel::WatchScope watch("final barrier and MPI_Finalize", "world");
+  MPI_Barrier(MPI_COMM_WORLD);
   MPI_Finalize();
 }
 

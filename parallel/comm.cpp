@@ -528,6 +528,7 @@ CommKind comm_kind_from_name(const std::string& name) {
 std::unique_ptr<Comm> make_comm(MPI_Comm comm, const std::string& name, CommKind kind,
                                 const ShmCommOptions& opts, double nccl_timeout_s) {
   if (comm == MPI_COMM_NULL) return nullptr;
+  WatchScope watch("communicator setup", name);  // collective (MPI_Comm_dup, shared window)
   if (kind == CommKind::kNccl) {
 #ifdef RLHF_NCCL
     NcclCommOptions nccl_opts;
