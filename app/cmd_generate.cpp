@@ -101,9 +101,18 @@ std::vector<Prompt> read_prompts(const GenerateArgs& args, const io::Tokenizer& 
                "{}: must be a string or chat messages (an array of {{\"role\", \"content\"}}), "
                "got {}",
                where, it->type_name());
-    const std::vector<io::ChatMessage> messages = io::chat_messages_from_json(*it, where);
     Prompt p;
     p.line = line;
+    if (!args.apply_chat_template && it->is_string() && it->get_ref<const std::string&>().empty()) {
+      // An empty prompt generates from BOS alone (llama2.c's default; TinyStories samples).
+      RLHF_CHECK(tok.bos_id() >= 0,
+                 "{}: an empty prompt generates from BOS, but the tokenizer ({}) has no BOS "
+                 "token\nhint: give the prompt some text",
+                 where, tok.name());
+      prompts.push_back(std::move(p));  // text "", add_bos: the prompt is [BOS]
+      return true;
+    }
+    const std::vector<io::ChatMessage> messages = io::chat_messages_from_json(*it, where);
     if (args.apply_chat_template) {
       try {
         p.text = io::render_chat(tok, model_type, messages, /*add_generation_prompt=*/true);
@@ -224,6 +233,56 @@ class ProgressBoard {
   bool quiet_ = false;
   MPI_Comm world_;
   Clock::time_point t0_ = Clock::now(), last_print_ = Clock::now();
+};
+
+// Rank 0's heartbeat to the other ranks while the run lasts. A rank that finished its share waits
+// in the gather for rank 0, whose own share may legitimately take much longer, so the wait itself
+// is not watched; silence is: rank 0 sends a message every 2 s (on a communicator of its own, so
+// a beat still in flight at the end is dropped with it), and a waiting rank that hears none for
+// --comm_timeout (rank 0 stopped, hung or dead) ends the job naming it.
+class Heartbeat {
+ public:
+  explicit Heartbeat(MPI_Comm world) {
+    parallel::WatchScope watch("MPI_Comm_dup (heartbeat)", "world");  // collective
+    MPI_CHECK(MPI_Comm_dup(world, &comm_));
+    rank_ = parallel::comm_rank(comm_);
+    MPI_Comm_size(comm_, &size_);
+  }
+  ~Heartbeat() { parallel::free_comm_quietly(&comm_); }
+  Heartbeat(const Heartbeat&) = delete;
+  Heartbeat& operator=(const Heartbeat&) = delete;
+
+  // Rank 0: a beat to every other rank when 2 s have passed since the last one.
+  void beat() {
+    if (rank_ != 0 || seconds_since(last_) < 2.0) return;
+    last_ = Clock::now();
+    parallel::WatchScope watch("heartbeat send", "generate heartbeat");
+    const int one = 1;
+    for (int r = 1; r < size_; ++r) MPI_CHECK(MPI_Send(&one, 1, MPI_INT, r, kTag, comm_));
+  }
+  // Other ranks: takes the beats that arrived; ends the job when none came for --comm_timeout.
+  void listen() {
+    if (rank_ == 0) return;
+    for (;;) {
+      int flag = 0, x = 0;
+      MPI_CHECK(MPI_Iprobe(0, kTag, comm_, &flag, MPI_STATUS_IGNORE));
+      if (!flag) break;
+      MPI_CHECK(MPI_Recv(&x, 1, MPI_INT, 0, kTag, comm_, MPI_STATUS_IGNORE));
+      last_ = Clock::now();
+    }
+    const double limit = parallel::comm_watch_timeout();
+    if (limit > 0 && seconds_since(last_) > limit)
+      parallel::comm_watch_abort(fmt::format(
+          "rank {} waits for rank 0 in the gather of the completions, and rank 0 has sent no "
+          "heartbeat for {:.0f} s",
+          rank_, seconds_since(last_)));
+  }
+
+ private:
+  static constexpr int kTag = 7412;
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  int rank_ = 0, size_ = 1;
+  Clock::time_point last_ = Clock::now();
 };
 
 // Waits for a non-blocking request, sleeping between tests (idle ranks must not spin on the cores
@@ -379,6 +438,8 @@ int run_generate(const GenerateArgs& args) {
 
   // --- generate: every engine its block of prompts; rank 0 collects the progress reports
   ProgressBoard board(n_engines, total_samples, args.common.disable_progress, world);
+  Heartbeat heartbeat(world);
+  parallel::set_watch_context(fmt::format("generate, engine {}", engine_id));
   const auto t_gen = Clock::now();
   std::vector<rollout::Sample> local;
   if (topo->generates()) {
@@ -415,7 +476,12 @@ int run_generate(const GenerateArgs& args) {
         board.drain();
         board.update(make_report(engine_id, false, done, my_total, st, bpb));
         board.maybe_print();
-      } else if (seconds_since(last_report) >= 2.0) {
+        board.check_silence();  // a stopped engine ends the job while rank 0 still generates
+        heartbeat.beat();
+      } else {
+        heartbeat.listen();  // rank 0 stopped: end the job now, not after this engine's share
+      }
+      if (rank != 0 && seconds_since(last_report) >= 2.0) {
         last_report = Clock::now();
         report(make_report(engine_id, false, done, my_total, st, bpb));
       }
@@ -443,8 +509,10 @@ int run_generate(const GenerateArgs& args) {
     if (leader) local = std::move(mine_samples);
   }
   // Idle ranks wait here asleep; rank 0 prints progress while it waits.
+  parallel::set_watch_context("generate, gathering the completions");
   const auto poll = [&] {
-    if (rank != 0) return;
+    if (rank != 0) return heartbeat.listen();
+    heartbeat.beat();
     board.drain();
     board.maybe_print();
     board.check_silence();

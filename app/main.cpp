@@ -22,10 +22,12 @@
 
 #include "app/cli.h"
 #include "app/commands.h"
+#include "app/usage_checks.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "parallel/comm_nccl.h"
 #include "parallel/preemption.h"
+#include "parallel/watchdog.h"
 
 namespace {
 
@@ -51,6 +53,15 @@ int fail(const std::string& what, int status, int world_size) {
   }
   MPI_Finalize();
   return status;
+}
+
+/// A last barrier and MPI_Finalize under the --comm_timeout watchdog: a peer stopped after the
+/// last collective would otherwise leave this rank in finalize, or leave mpirun waiting for it
+/// after every other rank has exited 0; the barrier makes its silence end the job with a message.
+void finalize_watched() {
+  rlhf::parallel::WatchScope watch("final barrier and MPI_Finalize", "world");
+  MPI_Barrier(MPI_COMM_WORLD);
+  MPI_Finalize();
 }
 
 }  // namespace
@@ -90,11 +101,13 @@ int main(int argc, char** argv) {
     LOG_DEBUG("rank {} of {} on host {}", rank, world_size, host);
     rlhf::app::print_resolved_config(cmd);
     for (const std::string& notice : cmd.notices) LOG0_WARN("{}", notice);
+    // Refusals that need the world's size and nodes, before any model loads (exit 2).
+    rlhf::app::check_usage(cmd.args, MPI_COMM_WORLD);
     status = rlhf::app::run_command(cmd.args);
     // Stopped on SIGTERM/SIGUSR1 with a checkpoint written: every rank returns it together.
     if (status == rlhf::parallel::kExitPreempted) {
       rlhf::flush_logs();
-      MPI_Finalize();
+      finalize_watched();
       return status;
     }
     if (status != 0)
@@ -113,6 +126,6 @@ int main(int argc, char** argv) {
     return fail("unknown exception", 1, world_size);
   }
   rlhf::flush_logs();
-  MPI_Finalize();
+  finalize_watched();
   return status;
 }

@@ -15,9 +15,15 @@
 
 namespace rlhf {
 
+/// The message of a failed device allocation: the phase (core/phase.h), `what`, the bytes asked,
+/// the bytes free and total (cudaMemGetInfo), the CUDA error and the rank, then a "hint:" line
+/// with the flags that reduce GPU memory (--micro_train_batch_size, --micro_rollout_batch_size,
+/// --vllm_gpu_memory_utilization, --gradient_checkpointing, --adam_offload).
+std::string device_oom_message(const char* what, size_t bytes, cudaError_t e);
+
 /// n elements of T in device memory (cudaMalloc), uninitialised. Move-only. resize() discards the
-/// contents (it reallocates only to grow). Throws rlhf::Error (CUDA_CHECK) when out of memory,
-/// with the byte count and `what` in the message.
+/// contents (it reallocates only to grow). Throws rlhf::Error when out of memory, with
+/// device_oom_message's text.
 template <typename T>
 class DeviceArray {
  public:
@@ -50,8 +56,7 @@ class DeviceArray {
       const cudaError_t e = cudaMalloc(&p, bytes);
       if (e != cudaSuccess) {
         (void)cudaGetLastError();
-        RLHF_FAIL("{}: cudaMalloc of {:.1f} MiB failed: {} ({})", what,
-                  static_cast<double>(bytes) / (1 << 20), cuda_error_string(e), error_context());
+        RLHF_FAIL("{}", device_oom_message(what, bytes, e));
       }
       p_ = static_cast<T*>(p);
       cap_ = n;

@@ -362,6 +362,8 @@ void Comm::do_all_gather_strided(const void* send, void* recv, int64_t count, in
 
 CommRequest Comm::iall_gather(const void* send, void* recv, int64_t count, DType dt) {
   check_args("iall_gather", send, recv, count);
+  // Posting may itself block (ShmComm completes at post time): watched as the collective.
+  WatchScope watch("all_gather", name_);
   double t0 = now_s();
   auto impl = do_iall_gather(send, recv, count, dt);
   account(CollOp::kAllGather, count * size_ * static_cast<int64_t>(dtype_size(dt)), now_s() - t0);
@@ -372,6 +374,8 @@ CommRequest Comm::ireduce_scatter(const void* send, void* recv, int64_t count, D
                                   ReduceOp op) {
   check_args("ireduce_scatter", send, recv, count);
   check_reduction("ireduce_scatter", dt);
+  // Posting may itself block (ShmComm completes at post time): watched as the collective.
+  WatchScope watch("reduce_scatter", name_);
   double t0 = now_s();
   auto impl = do_ireduce_scatter(send, recv, count, dt, op);
   account(CollOp::kReduceScatter, count * size_ * static_cast<int64_t>(dtype_size(dt)),
@@ -382,6 +386,8 @@ CommRequest Comm::ireduce_scatter(const void* send, void* recv, int64_t count, D
 CommRequest Comm::iall_reduce(const void* send, void* recv, int64_t count, DType dt, ReduceOp op) {
   check_args("iall_reduce", send, recv, count);
   check_reduction("iall_reduce", dt);
+  // Posting may itself block (ShmComm completes at post time): watched as the collective.
+  WatchScope watch("all_reduce", name_);
   double t0 = now_s();
   auto impl = do_iall_reduce(send, recv, count, dt, op);
   account(CollOp::kAllReduce, count * static_cast<int64_t>(dtype_size(dt)), now_s() - t0);
@@ -392,6 +398,8 @@ CommRequest Comm::ibroadcast(void* buf, int64_t count, DType dt, int root) {
   check_args("ibroadcast", buf, buf, count);
   RLHF_CHECK(root >= 0 && root < size_, "{}: ibroadcast root {} outside [0, {})", name_, root,
              size_);
+  // Posting may itself block (ShmComm completes at post time): watched as the collective.
+  WatchScope watch("broadcast", name_);
   double t0 = now_s();
   auto impl = do_ibroadcast(buf, count, dt, root);
   account(CollOp::kBroadcast, count * static_cast<int64_t>(dtype_size(dt)), now_s() - t0);
@@ -520,6 +528,7 @@ CommKind comm_kind_from_name(const std::string& name) {
 std::unique_ptr<Comm> make_comm(MPI_Comm comm, const std::string& name, CommKind kind,
                                 const ShmCommOptions& opts, double nccl_timeout_s) {
   if (comm == MPI_COMM_NULL) return nullptr;
+  WatchScope watch("communicator setup", name);  // collective (MPI_Comm_dup, shared window)
   if (kind == CommKind::kNccl) {
 #ifdef RLHF_NCCL
     NcclCommOptions nccl_opts;

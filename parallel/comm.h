@@ -338,8 +338,9 @@ struct ShmCommOptions {
   /// every destination line. Smaller outputs use ordinary stores and stay in cache.
   int64_t stream_min_bytes = int64_t{4} << 20;
   /// > 0: a rank waiting in the flag protocol for longer than this throws rlhf::Error
-  /// ("shared-memory collective timed out"); 0 waits forever (the job is ended by MPI_Abort from
-  /// the failing rank instead).
+  /// ("shared-memory collective timed out"); 0 waits without a limit of its own. Either way every
+  /// collective, blocking or not, runs under a WatchScope, so --comm_timeout's watchdog ends a job
+  /// whose peer stopped, naming the rank the flag barrier waits for.
   double timeout_s = 0;
 };
 
@@ -409,9 +410,10 @@ class ShmComm final : public Comm {
   ShmCommOptions opts_;
   MPI_Comm comm_ = MPI_COMM_NULL;
   MPI_Win win_ = MPI_WIN_NULL;
-  std::vector<char*> seg_;  // base of every rank's segment (flag page, buffer 0, buffer 1)
-  uint64_t epoch_ = 0;      // barriers passed
-  uint64_t step_ = 0;       // steps done (selects the staging buffer: step_ % 2)
+  std::vector<char*> seg_;        // base of every rank's segment (flag page, buffer 0, buffer 1)
+  std::vector<int> world_ranks_;  // MPI_COMM_WORLD rank of every rank (watchdog messages)
+  uint64_t epoch_ = 0;            // barriers passed
+  uint64_t step_ = 0;             // steps done (selects the staging buffer: step_ % 2)
   char* buffer(int r, uint64_t step) const;
   void flag_barrier();
 };

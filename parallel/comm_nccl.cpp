@@ -1,5 +1,6 @@
 // NcclComm: NCCL collectives behind the Comm interface, and the watchdog (see comm_nccl.h).
 #include "parallel/comm_nccl.h"
+#include "parallel/watchdog.h"
 
 #include <chrono>
 #include <cstdio>
@@ -276,9 +277,11 @@ void NcclComm::watchdog_fire(const std::string& reason) {
     return;
   }
   const std::string& ctx = error_context();
+  const std::string stuck = describe_stuck_peers();  // a stopped or dead peer on this host
   std::fprintf(stderr,
-               "[rlhf NCCL watchdog]%s%s%s %s\nAborting the NCCL communicators and the job.\n",
-               ctx.empty() ? "" : " (", ctx.c_str(), ctx.empty() ? "" : ")", reason.c_str());
+               "[rlhf NCCL watchdog]%s%s%s %s%s%s\nAborting the NCCL communicators and the job.\n",
+               ctx.empty() ? "" : " (", ctx.c_str(), ctx.empty() ? "" : ")", reason.c_str(),
+               stuck.empty() ? "" : "; ", stuck.c_str());
   std::fflush(stderr);
   abort_nccl_comms();
   MPI_Abort(MPI_COMM_WORLD, 1);

@@ -14,6 +14,7 @@
 #include "core/error.h"
 #include "parallel/comm.h"
 #include "parallel/mpi_check.h"
+#include "parallel/watchdog.h"
 
 namespace rlhf::parallel {
 
@@ -159,6 +160,7 @@ ShmComm::ShmComm(MPI_Comm comm, std::string name, const ShmCommOptions& opts)
     // First touch of this rank's own segment: local pages, no page faults on the data path later,
     // and every flag starts at 0.
     std::memset(base, 0, static_cast<size_t>(alloc_bytes));
+    world_ranks_ = world_ranks_of(comm_);
     seg_.resize(static_cast<size_t>(size()));
     for (int r = 0; r < size(); ++r) {
       MPI_Aint sz = 0;
@@ -187,6 +189,7 @@ ShmComm::~ShmComm() {
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (win_ != MPI_WIN_NULL && !finalized && std::uncaught_exceptions() == 0) {
+    WatchScope watch("MPI_Win_free", name());  // collective: a stopped peer would block it
     MPI_Win_unlock_all(win_);
     MPI_Win_free(&win_);  // collective: every rank destroys its ShmComm in the same order
   }
@@ -214,6 +217,8 @@ void ShmComm::flag_barrier() {
         cpu_relax();
         continue;
       }
+      // Past the fast path: tell the watchdog (--comm_timeout) whom this rank waits for.
+      if (spins == 128) set_watch_peer(world_ranks_[static_cast<size_t>(j)]);
       sched_yield();
       if (opts_.timeout_s > 0 && spins % 1024 == 0) {
         if (t_start == 0) t_start = now_s();

@@ -38,6 +38,7 @@ std::unique_ptr<Topology> setup_topology(const RuntimeOptions& opts, int* thread
   topt.gen_ranks_per_node = opts.gen_ranks_per_node;
   topt.tensor_parallel = opts.tensor_parallel;
   start_comm_watchdog(opts.comm_timeout, comm_rank(MPI_COMM_WORLD));
+  publish_watch_peers(MPI_COMM_WORLD);  // lets a firing watchdog name a stopped or dead peer
   auto topo = std::make_unique<Topology>(MPI_COMM_WORLD, topt);
   const std::string table = topo->placement_table();
   if (topo->rank() == 0) {

@@ -285,41 +285,55 @@ Topology::~Topology() {
   free_all();
 }
 
+Placement plan_world_placement(MPI_Comm world, const TopologyOptions& opts) {
+  WatchScope watch("placement planning", "world");
+  int rank = 0, W = 0;
+  MPI_CHECK(MPI_Comm_rank(world, &rank));
+  MPI_CHECK(MPI_Comm_size(world, &W));
+
+  // Real node: the lowest world rank of this rank's shared-memory communicator.
+  MPI_Comm shm = MPI_COMM_NULL;
+  MPI_CHECK(MPI_Comm_split_type(world, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &shm));
+  int leader = rank;
+  int rc = MPI_Allreduce(MPI_IN_PLACE, &leader, 1, MPI_INT, MPI_MIN, shm);
+  MPI_Comm_free(&shm);
+  MPI_CHECK(rc);
+  std::vector<int> leaders(static_cast<size_t>(W));
+  MPI_CHECK(MPI_Allgather(&leader, 1, MPI_INT, leaders.data(), 1, MPI_INT, world));
+
+  // Host names.
+  char name[MPI_MAX_PROCESSOR_NAME] = {0};
+  int len = 0;
+  MPI_CHECK(MPI_Get_processor_name(name, &len));
+  std::vector<char> names(static_cast<size_t>(W) * MPI_MAX_PROCESSOR_NAME);
+  MPI_CHECK(MPI_Allgather(name, MPI_MAX_PROCESSOR_NAME, MPI_CHAR, names.data(),
+                          MPI_MAX_PROCESSOR_NAME, MPI_CHAR, world));
+  std::vector<std::string> hosts(static_cast<size_t>(W));
+  for (int r = 0; r < W; ++r) {
+    const char* s = names.data() + static_cast<size_t>(r) * MPI_MAX_PROCESSOR_NAME;
+    hosts[static_cast<size_t>(r)] = std::string(s, strnlen(s, MPI_MAX_PROCESSOR_NAME));
+  }
+
+  // Plan: the same input on every rank, so a refusal throws the same error everywhere.
+  TopologyOptions resolved = opts;
+  resolved.ranks_per_node = resolve_ranks_per_node(opts.ranks_per_node);
+  return plan_placement(W, leaders, hosts, resolved);
+}
+
 Topology::Topology(MPI_Comm world, const TopologyOptions& opts) {
   WatchScope watch("placement setup", "world");
   try {
     MPI_CHECK(MPI_Comm_dup(world, &world_));
-    int W = 0;
     MPI_CHECK(MPI_Comm_rank(world_, &rank_));
-    MPI_CHECK(MPI_Comm_size(world_, &W));
-
-    // Real node: the lowest world rank of this rank's shared-memory communicator.
+    plan_ = plan_world_placement(world_, opts);
+    // This rank's real node (the lowest world rank of its shared-memory communicator), for the
+    // check below that an engine does not span real nodes.
     MPI_Comm shm = MPI_COMM_NULL;
     MPI_CHECK(MPI_Comm_split_type(world_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &shm));
     int leader = rank_;
-    int rc = MPI_Allreduce(MPI_IN_PLACE, &leader, 1, MPI_INT, MPI_MIN, shm);
+    const int rc = MPI_Allreduce(MPI_IN_PLACE, &leader, 1, MPI_INT, MPI_MIN, shm);
     MPI_Comm_free(&shm);
     MPI_CHECK(rc);
-    std::vector<int> leaders(static_cast<size_t>(W));
-    MPI_CHECK(MPI_Allgather(&leader, 1, MPI_INT, leaders.data(), 1, MPI_INT, world_));
-
-    // Host names.
-    char name[MPI_MAX_PROCESSOR_NAME] = {0};
-    int len = 0;
-    MPI_CHECK(MPI_Get_processor_name(name, &len));
-    std::vector<char> names(static_cast<size_t>(W) * MPI_MAX_PROCESSOR_NAME);
-    MPI_CHECK(MPI_Allgather(name, MPI_MAX_PROCESSOR_NAME, MPI_CHAR, names.data(),
-                            MPI_MAX_PROCESSOR_NAME, MPI_CHAR, world_));
-    std::vector<std::string> hosts(static_cast<size_t>(W));
-    for (int r = 0; r < W; ++r) {
-      const char* s = names.data() + static_cast<size_t>(r) * MPI_MAX_PROCESSOR_NAME;
-      hosts[static_cast<size_t>(r)] = std::string(s, strnlen(s, MPI_MAX_PROCESSOR_NAME));
-    }
-
-    // Plan: the same input on every rank, so a refusal throws the same error everywhere.
-    TopologyOptions resolved = opts;
-    resolved.ranks_per_node = resolve_ranks_per_node(opts.ranks_per_node);
-    plan_ = plan_placement(W, leaders, hosts, resolved);
     const RankPlacement& m = me();
 
     // Splits: every rank takes part in every split, in the same order.
@@ -350,7 +364,7 @@ Topology::Topology(MPI_Comm world, const TopologyOptions& opts) {
       int er = -1, es = -1;
       MPI_CHECK(MPI_Comm_rank(engine_, &er));
       MPI_CHECK(MPI_Comm_size(engine_, &es));
-      if (er != m.engine_rank || es != resolved.tensor_parallel) bad |= 1;
+      if (er != m.engine_rank || es != plan_.options.tensor_parallel) bad |= 1;
     }
     int any_bad = 0;
     MPI_CHECK(MPI_Allreduce(&bad, &any_bad, 1, MPI_INT, MPI_BOR, world_));

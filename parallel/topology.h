@@ -98,6 +98,13 @@ struct Placement {
 Placement plan_placement(int world_size, const std::vector<int>& node_of_rank,
                          const std::vector<std::string>& host_of_rank, const TopologyOptions& opts);
 
+/// Collective over `world`: gathers the real node (shared-memory leader) and host name of every
+/// rank, resolves ranks_per_node (resolve_ranks_per_node) and returns plan_placement()'s answer,
+/// the same on every rank (a refusal throws the same rlhf::Error everywhere). The Topology
+/// constructor plans with it, and so does the usage check at start-up (app/usage_checks.h), so the
+/// two cannot disagree.
+Placement plan_world_placement(MPI_Comm world, const TopologyOptions& opts);
+
 /// The ranks-per-node value to use: `option` if > 0, else env RLHF_RANKS_PER_NODE if set (must be
 /// an integer >= 0; throws rlhf::Error otherwise), else 0 (real nodes).
 int resolve_ranks_per_node(int option);

@@ -4,7 +4,10 @@
 // a collective forever. The GPU path has its own NCCL watchdog (parallel/comm_nccl.h).
 #pragma once
 
+#include <mpi.h>
+
 #include <string>
+#include <vector>
 
 namespace rlhf::parallel {
 
@@ -25,6 +28,25 @@ double comm_watch_timeout();
 
 /// What the process is doing, for the watchdog's message ("step 12/100 train"). Thread-safe.
 void set_watch_context(const std::string& context);
+
+/// The world rank the current watched operation is waiting for, when the communicator knows it
+/// (the shared-memory flag barrier does; MPI and NCCL collectives do not). Reset to "unknown" when
+/// an outermost WatchScope begins. One relaxed atomic store: cheap enough for a spin loop.
+void set_watch_peer(int world_rank);
+
+/// Collective over `world` (MPI_COMM_WORLD): every rank's pid and host, so that a firing watchdog
+/// can say which peer on its own host is stopped (SIGSTOP), a zombie or gone, from /proc. Optional:
+/// without it the message names only the peer the communicator knows.
+void publish_watch_peers(MPI_Comm world);
+
+/// The state of the peers on this host, from /proc/<pid>/stat: "rank 1 (pid 4242) is stopped
+/// (SIGSTOP)"; "; "-separated; empty when every peer on this host runs (or publish_watch_peers was
+/// not called). For watchdog messages (the NCCL watchdog's too).
+std::string describe_stuck_peers();
+
+/// Ranks of `comm` translated to MPI_COMM_WORLD ranks (MPI_Group_translate_ranks), index = rank
+/// in `comm`. Not collective.
+std::vector<int> world_ranks_of(MPI_Comm comm);
 
 /// Watches one blocking operation for its lifetime (nested scopes watch the outermost). Cheap:
 /// two atomic stores and, on the outermost scope, a short mutex-protected copy of two strings.

@@ -4,6 +4,7 @@
 
 #include <filesystem>
 
+#include "tests/test_guard.h"
 #include "tests/test_util.h"
 
 namespace rlhf::test {
@@ -15,6 +16,7 @@ std::string shared_data_dir() {
 }  // namespace rlhf::test
 
 int main(int argc, char** argv) {
+  rlhf::test::guard::install();  // fail, never hang (tests/test_guard.h)
   doctest::Context ctx;
   ctx.applyCommandLine(argc, argv);
   return ctx.run();

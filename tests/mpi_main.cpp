@@ -12,6 +12,7 @@
 #include <string>
 
 #include "core/error.h"
+#include "tests/test_guard.h"
 
 namespace rlhf::test {
 std::string shared_data_dir() {  // declared in tests/test_util.h
@@ -31,6 +32,7 @@ int main(int argc, char** argv) {
   MPI_Comm_size(MPI_COMM_WORLD, &size);
   MPI_Get_processor_name(host, &len);
   rlhf::set_error_context(rank, host);
+  rlhf::test::guard::install();  // fail, never hang (tests/test_guard.h)
 
   doctest::Context ctx;
   ctx.applyCommandLine(argc, argv);

@@ -5,7 +5,9 @@
 
 #include <string>
 
+#include "core/device_memory.h"
 #include "core/error.h"
+#include "core/phase.h"
 #include "model/ops/attention.h"
 #include "parallel/runtime.h"
 #include "tests/test_util.h"
@@ -106,5 +108,32 @@ TEST_CASE("use_attention_implementation (--attn_implementation) sets the GPU att
   parallel::use_attention_implementation("flash");
   CHECK(model::attention_impl() == model::AttentionImpl::kFlash);
   model::set_attention_impl(before);
+}
+#endif
+
+#ifdef RLHF_CUDA
+TEST_CASE("a failed device allocation names the phase, the bytes asked and free, and the flags") {
+  if (cuda_device_count() == 0) {
+    MESSAGE("skipped: no CUDA device");
+    return;
+  }
+  set_phase("RL step 7, log-probs and training");
+  // 64 TiB: more than any device (and the emulator's RLHF_CUDA_EMU_MEMORY_MB) holds.
+  const int64_t n = int64_t(1) << 46;
+  const std::string e = error_of([&] { DeviceArray<uint8_t> a(n, "activations"); });
+  set_phase("");
+  CHECK(contains(e,
+                 "out of GPU memory during RL step 7, log-probs and training: activations "
+                 "asked for 67108864.0 MiB, "));
+  size_t free_b = 0, total_b = 0;
+  REQUIRE(cudaMemGetInfo(&free_b, &total_b) == cudaSuccess);
+  CHECK(contains(e, fmt::format("MiB free of {:.1f} MiB", double(total_b) / (1 << 20))));
+  for (const char* flag :
+       {"--micro_train_batch_size", "--micro_rollout_batch_size", "--vllm_gpu_memory_utilization",
+        "--gradient_checkpointing", "--adam_offload"})
+    CHECK(contains(e, flag));
+  // The device is usable afterwards (the error was cleared).
+  DeviceArray<float> ok(16, "small");
+  CHECK(cudaGetLastError() == cudaSuccess);
 }
 #endif

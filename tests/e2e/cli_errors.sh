@@ -163,6 +163,33 @@ rc=$?
 [[ $rc -eq 0 ]] || fail "mpi_help: mpiexec -np 2 rlhf sft --help exited $rc"
 [[ $(grep -c "^Usage: rlhf sft" <<<"$out") -eq 1 ]] || fail "mpi_help: help not printed exactly once"
 
+# --- two ranks: usage refusals that need the world (placement, flag combinations) exit 2 at
+# start-up, before any model or dataset loads (the model and dataset here do not exist: loading
+# them would be a different error, status 1).
+# mpi_usage <name> <want text> <args...>
+mpi_usage() {
+  local name=$1 want=$2
+  shift 2
+  out=$(timeout 60 "$MPIEXEC" -np 2 --oversubscribe --allow-run-as-root "$RLHF" "$@" 2>&1)
+  rc=$?
+  printf '%s\n' "$out" >"$TMP/$name.log"
+  [[ $rc -ne 124 ]] || fail "$name: mpiexec -np 2 timed out (a rank hung)"
+  expect_rc "$name" 2
+  expect_out "$name" "$want"
+  ! grep -q "no such file" <<<"$out" || fail "$name: the model or dataset was opened before the refusal"
+}
+GRPO_ARGS=(grpo --pretrain "$TMP/none.h5" --prompt_data "$TMP/none.jsonl" --reward math --label_key label --n_samples_per_prompt 2
+  --rollout_batch_size 2 --train_batch_size 4 --micro_train_batch_size 2 --micro_rollout_batch_size 2)
+mpi_usage usage_async_colocated "--async_train needs generation ranks apart from the training ranks" \
+  "${GRPO_ARGS[@]}" --async_train
+mpi_usage usage_placement "--gen_ranks_per_node" "${GRPO_ARGS[@]}" --gen_ranks_per_node 3
+mpi_usage usage_tp "--vllm_tensor_parallel_size" "${GRPO_ARGS[@]}" --gen_ranks_per_node 1 \
+  --vllm_tensor_parallel_size 2
+mpi_usage usage_sft_gen "this command only trains" sft --dataset "$TMP/none.jsonl" \
+  --pretrain "$TMP/none.h5" --gen_ranks_per_node 1
+mpi_usage usage_generate_placement "--gen_ranks_per_node" generate --pretrain "$TMP/none.h5" \
+  --dataset "$TMP/none.jsonl" --output_path "$TMP/out.jsonl" --gen_ranks_per_node 3
+
 if [[ $failures -ne 0 ]]; then
   echo "cli_errors: $failures check(s) failed"
   exit 1

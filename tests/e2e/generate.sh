@@ -163,6 +163,29 @@ cmp -s <(ids_all "$W/out/g1.jsonl") <(ids_all "$W/out/t2.jsonl") || fail "greedy
 cmp -s <(ids_all "$W/out/g1.jsonl") <(ids_all "$W/out/t4.jsonl") || fail "greedy: 2 engines of TP 2 differ from 1 rank"
 echo "ok: greedy: TP 2 (1 engine of 2 ranks, and 2 engines of 2) gives 1 rank's tokens"
 
+# An empty prompt generates from BOS alone (llama2.c's default): the prompt is 1 token (BOS) and
+# the completion is ordinary tokens with log-probs.
+printf '{"input": ""}\n' > "$W/empty.jsonl"
+"$RLHF" generate --pretrain "$W/ck" --dataset "$W/empty.jsonl" --generate_max_len 12 --greedy \
+  --log_level warn --output_path "$W/out/empty.jsonl" || fail "generate from an empty prompt exited $?"
+python3 - "$W/out/empty.jsonl" <<'EOF' || fail "generation from BOS is wrong"
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+assert len(rows) == 1, rows
+r = rows[0]
+assert r["prompt"] == "" and r["prompt_tokens"] == 1, r
+ids, lps = r["completion_token_ids"], r["logprobs"]
+assert len(ids) == len(lps) == r["completion_tokens"] >= 1, r
+assert all(0 <= t < 259 for t in ids) and all(x <= 1e-6 for x in lps), r
+EOF
+echo "ok: an empty prompt generates from BOS ($(python3 -c "import json,sys; print(json.loads(open(sys.argv[1]).readline())['completion_tokens'])" "$W/out/empty.jsonl") tokens)"
+# With --apply_chat_template an empty message is still refused, with its clear error.
+out=$("$RLHF" generate --pretrain "$W/ck" --dataset "$W/empty.jsonl" --apply_chat_template \
+  --output_path "$W/out/empty_chat.jsonl" 2>&1)
+[ $? -ne 0 ] || fail "an empty chat message was accepted"
+echo "$out" | grep -qF "must be a non-empty string (or chat messages)" || { echo "$out" | tail -3; fail "empty chat message: unclear error"; }
+echo "ok: an empty chat message is still refused"
+
 # Errors on several ranks: non-zero exit on every rank, no hang (timeout 300 → 124 fails).
 expect_mpi_error() {  # expect_mpi_error <what> <message fragment> <np> <args...>
   local what=$1 msg=$2 np=$3
