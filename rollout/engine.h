@@ -1,9 +1,11 @@
-// The generation engine: owns a full fp32 copy of the policy's weights (and, on the CPU, a copy
-// of its linear weights and LM head packed for the decode kernel: as much memory again), and a
-// paged KV cache;
+// The generation engine: owns a full fp32 copy of the policy's weights and a backend
+// (rollout/engine_backend.h) that runs the model — on the CPU (a copy of the linear weights and LM
+// head packed for the decode kernel: as much memory again, and a paged KV cache) or on the GPU;
 // prefills prompts, then decodes every active sequence together, one token per sequence per step,
 // with continuous batching (a finished sequence's slot and KV blocks go to the next waiting request
-// at once). Optionally tensor parallel (Megatron style) over the ranks of one engine.
+// at once). Optionally tensor parallel (Megatron style) over the ranks of one engine. The engine is
+// the scheduler: validation, admission, decode batches, turn hooks, sampling and stats, written
+// once for every backend.
 #pragma once
 
 #include <cstdint>
@@ -17,6 +19,7 @@
 #include "model/ops/cuda_types.h"
 #include "model/provider.h"
 #include "parallel/comm.h"
+#include "rollout/engine_backend.h"
 #include "rollout/finish_reason.h"
 #include "rollout/kv_cache.h"
 #include "rollout/sampling.h"
@@ -188,8 +191,6 @@ class EngineWeights : public model::UnitProvider<float> {
 /// cache holds this rank's KV heads only. Embedding, norms and the LM head are computed whole on
 /// every rank, so every rank samples the same tokens and returns the same results. Requires H,
 /// Hkv and F divisible by T (rlhf::Error otherwise).
-class EngineCuda;
-
 class Engine {
  public:
   /// layout: an LM-head model; options.unit_room sizes the unit buffers. Weights start at zero:
@@ -210,15 +211,15 @@ class Engine {
   std::vector<float*> unit_buffers();
   /// The weights as a UnitProvider (e.g. for model::Transformer in tests).
   model::UnitProvider<float>& provider() { return weights_; }
-  const KvCache& kv_cache() const { return *cache_; }
+  const KvCache& kv_cache() const { return backend_->kv_cache(); }
   /// Ranks of the tensor-parallel group (1 without one) and this rank's place in it.
-  int tp_size() const;
-  int tp_rank() const;
+  int tp_size() const { return tp_.size; }
+  int tp_rank() const { return tp_.rank; }
   /// Weight bytes one decode step reads: every linear, the norms and the LM head (fp32 on the
   /// CPU, bf16 on the GPU).
   int64_t weight_bytes_per_decode_step() const;
   /// True when the forward passes run on the GPU (options.cuda).
-  bool on_gpu() const { return cuda_ != nullptr; }
+  bool on_gpu() const { return opt_.cuda; }
 #ifdef RLHF_CUDA
   /// GPU engine: its bf16 device unit buffers (ParamLayout order), what WeightSync::sync_device
   /// writes. After writing them, call device_weights_updated(): generate() then uses them as they
@@ -258,53 +259,33 @@ class Engine {
 
  private:
   struct Seq;
-  struct Run;  // one generate() call's bookkeeping (rollout/engine_run.h)
-  struct Rows;
-  struct Work;
-  struct Tp;      // tensor-parallel slices (null for TP 1)
-  struct Packed;  // the decode copies of the linear weights (model::linear_decode_pack)
-  // Packs this rank's linear weights and the LM head for the decode kernel (every generate(): the
-  // unit buffers may have changed since).
-  void pack_weights();
-  // TP > 1: copies this rank's slices out of the full unit buffers (every generate()).
-  void slice_weights();
-  // Prompt forward for positions [0, P) of `blocks`: writes K/V, returns the last row's logits.
-  const float* prefill(const std::vector<int32_t>& prompt, const int32_t* blocks);
-  // One decode step over the active sequences (their last tokens at their positions): logits.
-  const float* decode_step(const std::vector<Seq*>& active);
-  // One decode step over `active`, then a token sampled for each and routed (Run::append):
-  // finished ones leave, those whose turn ended move to `turning`.
-  void decode_and_sample(std::vector<std::unique_ptr<Seq>>& active,
-                         std::vector<std::unique_ptr<Seq>>& turning, Run& run);
-  // Fills the decode inputs (tokens, positions, lengths, block table) of the active sequences:
-  // one row per token to feed (the last sampled token, then any observation tokens).
-  void prepare_decode(const std::vector<Seq*>& active);
-  // The layer routine's run settings for N rows at `pos` with `linear` (attention set per layer).
-  model::LayerRun<float> layer_run(int64_t N, const int32_t* pos,
-                                   model::LinearFn<float> linear) const;
-  // Layer l's weights (this rank's slices under tensor parallelism).
-  model::LayerParams<const float> layer_weights(int l) const;
-  // Layer l's weights with its linears packed for linear_decode_packed_cpu (decode steps).
-  model::LayerParams<const float> packed_layer_weights(int l) const;
-  // attention_decode_cpu over layer l's cache, in the cache's element type.
-  void attend_cached(float* out, const float* q, int l, const int32_t* table, const int32_t* lens,
-                     int64_t B, int64_t max_blocks) const;
-  // Final norm + LM head of N hidden rows x (N, C) into logits (N, V).
-  const float* head_logits(const float* x, int64_t N, Rows& r, float* logits);
-  const float* lm_head_weight() const;
+  struct Run;   // one generate() call's bookkeeping (rollout/engine_run.h)
+  struct Plan;  // the validated requests' per-sample limits (rollout/engine_run.h)
+  struct Work;  // the decode batch's host arrays and the samplers
+  // Validates the requests (the errors generate() documents) and works out each one's capped
+  // max_new_tokens and KV blocks per sample.
+  Plan validate(const std::vector<GenerationRequest>& requests) const;
+  // Admits waiting requests, first come first served, while decode slots and KV blocks allow.
+  void admit(const std::vector<GenerationRequest>& requests, Run& run);
+  // Samples [first, first + n) of request `index`: allocates their KV blocks, prefills the prompt
+  // once (copying it to the others' blocks) and samples each one's first token.
+  void start_group(const std::vector<GenerationRequest>& requests, int64_t index, int64_t first,
+                   int64_t n, Run& run);
+  // The decode inputs (tokens, positions, lengths, block table) of the active sequences: one row
+  // per token to feed (the last sampled token, then any observation tokens).
+  DecodeBatch prepare_decode(const std::vector<Seq*>& active);
+  // One decode step over run.active, then a token sampled for each and routed (Run::append):
+  // finished ones leave, those whose turn ended move to run.turning.
+  void decode_and_sample(Run& run);
 
   model::ParamLayout layout_;
-  model::LayerSpec spec_;  // this rank's layer dims (the heads and MLP columns it computes)
   EngineOptions opt_;
   EngineWeights weights_;
-  std::unique_ptr<KvCache> cache_;
+  TpGroup tp_;
+  std::unique_ptr<EngineBackend> backend_;  // runs the model: CPU, or GPU with options.cuda
   std::unique_ptr<Work> work_;
-  std::unique_ptr<Tp> tp_;
-  std::unique_ptr<Packed> packed_;
-  std::unique_ptr<EngineCuda> cuda_;     // options.cuda
   bool device_weights_current_ = false;  // the device units were written directly
   EngineStats stats_;
-  std::vector<float> rope_cos_, rope_sin_;
 };
 
 }  // namespace rlhf::rollout

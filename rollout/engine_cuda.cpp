@@ -16,6 +16,7 @@
 #include "model/ops/rmsnorm.h"
 #include "model/ops/rope.h"
 #include "model/ops/swiglu.h"
+#include "rollout/engine.h"
 
 namespace rlhf::rollout {
 
@@ -27,17 +28,6 @@ constexpr int64_t kMiB = int64_t{1} << 20;
 
 void h2d(void* dst, const void* src, size_t bytes, cudaStream_t s) {
   CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, s));
-}
-
-// Activation elements per row (bf16) of one layer's buffers, and of the head.
-int64_t row_elems(const model::ModelConfig& c) {
-  const int64_t C = c.hidden_size, F = c.intermediate_size, D = c.D();
-  const int64_t Q = c.num_attention_heads * D, KV = c.num_key_value_heads * D;
-  // x, x2, ln, xmid, proj; q, atty; k, v; gate, up, h; the packed q/k/v output (counted even
-  // when the layout does not pack them: an upper bound); the QK-norm statistics (fp32, as two
-  // bf16 each).
-  return 5 * C + 2 * Q + 2 * KV + 3 * F + (Q + 2 * KV) +
-         2 * (c.num_attention_heads + c.num_key_value_heads);
 }
 
 }  // namespace
@@ -52,19 +42,85 @@ struct EngineCuda::Graph {
   }
 };
 
+/// The dims that size the engine's buffers.
+struct EngineCuda::Dims {
+  int64_t rows = 0;  // activation rows: decode max_batch, prefill max_position_embeddings
+  int64_t max_batch = 0, max_pos = 0, max_blocks = 0, block_size = 0;
+  int64_t C = 0, Q = 0, KV = 0, F = 0, H = 0, Hkv = 0, D = 0, V = 0;
+  bool qk_norm = false, fused_qkv = false;
+  Dims(const model::ParamLayout& layout, int64_t max_batch_, int64_t block_size_) {
+    const model::ModelConfig& c = layout.config();
+    max_batch = max_batch_;
+    max_pos = c.max_position_embeddings;
+    rows = std::max(max_batch, max_pos);
+    block_size = block_size_;
+    max_blocks = (max_pos + block_size - 1) / block_size;
+    C = c.hidden_size;
+    F = c.intermediate_size;
+    H = c.num_attention_heads;
+    Hkv = c.num_key_value_heads;
+    D = c.D();
+    Q = H * D;
+    KV = Hkv * D;
+    V = c.vocab_size;
+    qk_norm = model::layer_spec(c).qk_norm;
+    // Every layer's q/k/v packed (model::qkv_packed): one GEMM. QK-norm sits between the
+    // projection and RoPE, so it never fuses.
+    fused_qkv = c.num_hidden_layers > 0 && !qk_norm;
+    for (int l = 0; l < c.num_hidden_layers; ++l)
+      fused_qkv = fused_qkv && model::qkv_packed(layout.unit(layout.layer_unit(l)));
+  }
+};
+
+template <typename Fn>
+void EngineCuda::for_each_buffer(EngineCuda* self, const Dims& d, Fn&& fn) {
+  auto at = [self](auto member) { return self != nullptr ? &(self->*member) : nullptr; };
+  const int64_t R = d.rows;
+  for (auto m : {&EngineCuda::rope_cos_, &EngineCuda::rope_sin_})
+    fn(at(m), d.max_pos * d.D / 2, "RoPE table");
+  // Activations for up to R rows (one layer at a time; x and x2 alternate as its input/output).
+  for (auto m : {&EngineCuda::x_, &EngineCuda::x2_, &EngineCuda::ln_, &EngineCuda::xmid_,
+                 &EngineCuda::proj_})
+    fn(at(m), R * d.C, "engine");
+  for (auto m : {&EngineCuda::q_, &EngineCuda::atty_}) fn(at(m), R * d.Q, "engine");
+  for (auto m : {&EngineCuda::k_, &EngineCuda::v_}) fn(at(m), R * d.KV, "engine");
+  for (auto m : {&EngineCuda::gate_, &EngineCuda::up_, &EngineCuda::h_})
+    fn(at(m), R * d.F, "engine");
+  if (d.fused_qkv) fn(at(&EngineCuda::qkv_), R * (d.Q + 2 * d.KV), "engine");
+  fn(at(&EngineCuda::logits_), d.max_batch * d.V, "engine logits");
+  fn(at(&EngineCuda::rstd_), R, "device array");
+  if (d.qk_norm) fn(at(&EngineCuda::qk_rstd_), R * (d.H + d.Hkv), "engine");
+  fn(at(&EngineCuda::lse_), d.H * d.max_pos, "device array");
+  fn(at(&EngineCuda::attn_ws_),
+     static_cast<int64_t>(model::attention_decode_paged_cuda_workspace_bytes(
+         d.max_batch, d.H, d.D, d.max_blocks, d.block_size)) /
+         int64_t(sizeof(float)),
+     "device array");
+  // Inputs: tokens and positions per row, lengths and block table per decode sequence, a
+  // prompt's (and a prefix copy's) block lists.
+  for (auto m : {&EngineCuda::tokens_, &EngineCuda::pos_}) fn(at(m), R, "device array");
+  fn(at(&EngineCuda::lens_), d.max_batch, "device array");
+  fn(at(&EngineCuda::table_), d.max_batch * d.max_blocks, "device array");
+  for (auto m : {&EngineCuda::blocks_, &EngineCuda::blocks2_})
+    fn(at(m), d.max_blocks, "device array");
+}
+
+int64_t EngineCuda::buffer_bytes(const model::ParamLayout& layout, int64_t max_batch,
+                                 int64_t block_size) {
+  int64_t bytes = 0;
+  for_each_buffer(nullptr, Dims(layout, max_batch, block_size),
+                  [&bytes](auto* buffer, int64_t elems, const char*) {
+                    bytes += elems * int64_t(sizeof(*buffer->get()));
+                  });
+  return bytes;
+}
+
 int64_t EngineCuda::fixed_bytes(const model::ParamLayout& layout, int64_t max_batch,
                                 int64_t block_size) {
-  const model::ModelConfig& c = layout.config();
   int64_t weights = 0;
   for (const model::UnitLayout& u : layout.units()) weights += u.numel;
-  const int64_t rows = std::max(max_batch, c.max_position_embeddings);
-  const int64_t acts = rows * row_elems(c) * 2 + max_batch * c.vocab_size * 2 +
-                       c.vocab_size * 6;  // + one prefill row of logits, widened
-  const int64_t cap = (c.max_position_embeddings + block_size - 1) / block_size * block_size;
-  const int64_t ws = static_cast<int64_t>(model::attention_decode_paged_cuda_workspace_bytes(
-      max_batch, c.num_attention_heads, c.D(), cap / block_size, block_size));
-  const int64_t lse = c.num_attention_heads * c.max_position_embeddings * 4;
-  return weights * 2 + acts + ws + lse + 64 * kMiB;  // + cuBLASLt workspace and slack
+  return weights * int64_t(sizeof(bf16)) + buffer_bytes(layout, max_batch, block_size) +
+         64 * kMiB;  // + cuBLASLt workspace and slack
 }
 
 int64_t EngineCuda::kv_budget_bytes(const model::ParamLayout& layout, double util,
@@ -88,11 +144,14 @@ int64_t EngineCuda::kv_budget_bytes(const model::ParamLayout& layout, double uti
   return budget;
 }
 
-EngineCuda::EngineCuda(const model::ParamLayout& layout, const KvCache& kv, int64_t max_batch,
-                       bool use_graphs, const std::vector<int64_t>& unit_room)
+EngineCuda::EngineCuda(const model::ParamLayout& layout, KvCache kv, int64_t max_batch,
+                       bool use_graphs, const std::vector<int64_t>& unit_room,
+                       const EngineWeights* host)
     : layout_(layout),
-      num_blocks_(kv.num_blocks()),
-      block_size_(kv.block_size()),
+      cache_(std::move(kv)),
+      host_(host),
+      num_blocks_(cache_.num_blocks()),
+      block_size_(cache_.block_size()),
       max_batch_(max_batch),
       use_graphs_(use_graphs) {
   const model::ModelConfig& c = layout.config();
@@ -116,34 +175,14 @@ EngineCuda::EngineCuda(const model::ParamLayout& layout, const KvCache& kv, int6
   }
   // One extra block: the scratch block that the padded rows of a captured batch write into.
   kv_.resize(2 * L_ * (num_blocks_ + 1) * Hkv_ * block_size_ * D_, "engine KV cache");
-  rope_cos_.resize(max_pos_ * D_ / 2, "RoPE cos table");
-  rope_sin_.resize(max_pos_ * D_ / 2, "RoPE sin table");
+  spec_ = model::layer_spec(c);
+  const Dims dims(layout, max_batch_, block_size_);
+  fused_qkv_ = dims.fused_qkv;
+  for_each_buffer(this, dims, [](auto* buffer, int64_t elems, const char* what) {
+    buffer->resize(elems, what);
+  });
   model::rope_tables_upload_cuda(rope_cos_.get(), rope_sin_.get(), max_pos_, D_,
                                  model::rope_inv_freq(c).data());
-  const int64_t rows = std::max(max_batch_, max_pos_);
-  const int64_t Q = H_ * D_, KV = Hkv_ * D_;
-  for (DeviceArray<bf16>* a : {&x_, &x2_, &ln_, &xmid_, &proj_}) a->resize(rows * C_, "engine");
-  for (DeviceArray<bf16>* a : {&q_, &atty_}) a->resize(rows * Q, "engine");
-  for (DeviceArray<bf16>* a : {&k_, &v_}) a->resize(rows * KV, "engine");
-  for (DeviceArray<bf16>* a : {&gate_, &up_, &h_}) a->resize(rows * F_, "engine");
-  spec_ = model::layer_spec(c);
-  fused_qkv_ = L_ > 0 && !spec_.qk_norm;  // QK-norm sits between the projection and RoPE
-  for (int l = 0; l < L_; ++l)
-    fused_qkv_ = fused_qkv_ && model::qkv_packed(layout.unit(layout.layer_unit(l)));
-  if (fused_qkv_) qkv_.resize(rows * (Q + 2 * KV), "engine");
-  logits_.resize(max_batch_ * V_, "engine logits");
-  rstd_.resize(rows);
-  if (spec_.qk_norm) qk_rstd_.resize(rows * (H_ + Hkv_), "engine");
-  lse_.resize(H_ * max_pos_);
-  attn_ws_.resize(static_cast<int64_t>(model::attention_decode_paged_cuda_workspace_bytes(
-                      max_batch_, H_, D_, max_blocks_cap_, block_size_)) /
-                  int64_t(sizeof(float)));
-  tokens_.resize(rows);
-  pos_.resize(rows);
-  lens_.resize(max_batch_);
-  table_.resize(max_batch_ * max_blocks_cap_);
-  blocks_.resize(max_blocks_cap_);
-  blocks2_.resize(max_blocks_cap_);
   graphs_.resize(static_cast<size_t>(bucket(max_batch_) / 8 + 8));
   stream_.sync();
 }
@@ -167,6 +206,14 @@ void EngineCuda::upload_weights(const std::vector<const float*>& units) {
   }
 }
 
+void EngineCuda::prepare_weights(bool device_current) {
+  if (device_current) return;
+  RLHF_CHECK(host_ != nullptr, "GPU engine: no host weights to upload");
+  std::vector<const float*> units;
+  for (int u = 0; u < layout_.num_units(); ++u) units.push_back(host_->unit_buffer(u));
+  upload_weights(units);  // the host buffers may have changed (loading, host sync)
+}
+
 std::vector<bf16*> EngineCuda::device_units() {
   std::vector<bf16*> out;
   for (auto& u : units_) out.push_back(u.get());
@@ -177,15 +224,7 @@ std::vector<bf16*> EngineCuda::device_units() {
 // ---------------------------------------------------------------------------------------------
 // Forward
 
-void EngineCuda::layer_forward(int l, int64_t N, const bf16* x_in, bf16* x_out, bool decode,
-                               int64_t table_stride, int64_t max_blocks) {
-  const cudaStream_t s = stream_.get();
-  const int u = layout_.layer_unit(l);
-  const model::LayerParams<const bf16> w(layout_.unit(u), units_[size_t(u)].get());
-  const int64_t plane = (num_blocks_ + 1) * Hkv_ * block_size_ * D_;
-  bf16* kc = kv_.get() + (2 * l) * plane;
-  bf16* vc = kv_.get() + (2 * l + 1) * plane;
-  const int32_t* table = decode ? table_.get() : blocks_.get();
+model::LayerActsCuda EngineCuda::layer_acts(int64_t N) {
   model::LayerActsCuda a;  // inference: one set of buffers, ln/rstd shared by both norms
   a.ln1 = a.ln2 = ln_.get();
   a.rstd1 = a.rstd2 = rstd_.get();
@@ -201,6 +240,19 @@ void EngineCuda::layer_forward(int l, int64_t N, const bf16* x_in, bf16* x_out, 
   a.gate = gate_.get();
   a.up = up_.get();
   a.h = h_.get();
+  return a;
+}
+
+void EngineCuda::layer_forward(int l, int64_t N, const bf16* x_in, bf16* x_out, bool decode,
+                               int64_t table_stride, int64_t max_blocks) {
+  const cudaStream_t s = stream_.get();
+  const int u = layout_.layer_unit(l);
+  const model::LayerParams<const bf16> w(layout_.unit(u), units_[size_t(u)].get());
+  const int64_t plane = (num_blocks_ + 1) * Hkv_ * block_size_ * D_;
+  bf16* kc = kv_.get() + (2 * l) * plane;
+  bf16* vc = kv_.get() + (2 * l + 1) * plane;
+  const int32_t* table = decode ? table_.get() : blocks_.get();
+  model::LayerActsCuda a = layer_acts(N);
   model::LayerScratchCuda scratch{proj_.get(), fused_qkv_ ? qkv_.get() : nullptr};
   model::LayerRunCuda run;
   run.N = N;
@@ -255,22 +307,8 @@ const float* EngineCuda::prefill(const int32_t* prompt, int64_t P, const int32_t
   h2d(tokens_.get(), prompt, size_t(P) * sizeof(int32_t), s);
   h2d(pos_.get(), pos.data(), pos.size() * sizeof(int32_t), s);
   h2d(blocks_.get(), blocks, size_t(nb) * sizeof(int32_t), s);
-  const int eu = layout_.embedding_unit(), hu = layout_.head_unit();
-  model::embedding_forward_cuda(
-      x_.get(), tokens_.get(),
-      units_[size_t(eu)].get() + layout_.unit(eu).at("embed_tokens.weight").offset, P, C_, V_, s);
-  bf16 *a = x_.get(), *b = x2_.get();
-  for (int l = 0; l < L_; ++l) {
-    layer_forward(l, P, a, b, false, 0, nb);
-    std::swap(a, b);
-  }
   // Only the last position's logits are needed (the first generated token).
-  model::rmsnorm_forward_cuda(
-      ln_.get(), rstd_.get(), a + (P - 1) * C_,
-      units_[size_t(hu)].get() + layout_.unit(hu).at("model.norm.weight").offset, 1, C_,
-      layout_.config().rms_norm_eps, s);
-  model::linear_forward_cuda(logits_.get(), ln_.get(), lm_weight(layout_, units_), nullptr, 1, C_,
-                             V_, s);
+  forward(P, false, 0, nb, P - 1);
   stream_.sync();  // `pos` is read by the copy above
   return logits_to_host(1);
 }
@@ -284,28 +322,35 @@ void EngineCuda::copy_prefix(const int32_t* src, const int32_t* dst, int64_t n) 
                                    stream_.get());
 }
 
-void EngineCuda::decode_kernels(int64_t B, int64_t max_blocks) {
+void EngineCuda::forward(int64_t N, bool decode, int64_t table_stride, int64_t max_blocks,
+                         int64_t first_out) {
   const cudaStream_t s = stream_.get();
   const int eu = layout_.embedding_unit(), hu = layout_.head_unit();
   model::embedding_forward_cuda(
       x_.get(), tokens_.get(),
-      units_[size_t(eu)].get() + layout_.unit(eu).at("embed_tokens.weight").offset, B, C_, V_, s);
+      units_[size_t(eu)].get() + layout_.unit(eu).at("embed_tokens.weight").offset, N, C_, V_, s);
   bf16 *a = x_.get(), *b = x2_.get();
   for (int l = 0; l < L_; ++l) {
-    layer_forward(l, B, a, b, true, max_blocks, max_blocks);
+    layer_forward(l, N, a, b, decode, table_stride, max_blocks);
     std::swap(a, b);
   }
+  const int64_t out = N - first_out;
   model::rmsnorm_forward_cuda(
-      ln_.get(), rstd_.get(), a,
-      units_[size_t(hu)].get() + layout_.unit(hu).at("model.norm.weight").offset, B, C_,
+      ln_.get(), rstd_.get(), a + first_out * C_,
+      units_[size_t(hu)].get() + layout_.unit(hu).at("model.norm.weight").offset, out, C_,
       layout_.config().rms_norm_eps, s);
-  model::linear_forward_cuda(logits_.get(), ln_.get(), lm_weight(layout_, units_), nullptr, B, C_,
+  model::linear_forward_cuda(logits_.get(), ln_.get(), lm_weight(layout_, units_), nullptr, out, C_,
                              V_, s);
 }
 
 int64_t EngineCuda::bucket(int64_t B) const {
   int64_t b = B <= 1 ? 1 : B <= 2 ? 2 : B <= 4 ? 4 : (B + 7) / 8 * 8;
   return std::min(b, std::max<int64_t>(max_batch_, 1));
+}
+
+const float* EngineCuda::decode(const DecodeBatch& d) {
+  RLHF_ASSERT(d.rows == d.B);  // the engine feeds no observation rows to a GPU backend
+  return decode(d.tokens, d.pos, d.lens, d.table, d.B, d.max_blocks);
 }
 
 const float* EngineCuda::decode(const int32_t* tokens, const int32_t* pos, const int32_t* lens,
@@ -330,17 +375,17 @@ const float* EngineCuda::decode(const int32_t* tokens, const int32_t* pos, const
   h2d(lens_.get(), ln.data(), ln.size() * sizeof(int32_t), s);
   h2d(table_.get(), tab.data(), tab.size() * sizeof(int32_t), s);
   if (!use_graphs_) {
-    decode_kernels(B, max_blocks);
+    forward(B, true, max_blocks, max_blocks, 0);
   } else {
     auto& g = graphs_.at(size_t(Bb <= 4 ? Bb : 4 + Bb / 8));
     if (g == nullptr) {
       // First use of this bucket: run it eagerly (creating the GEMM handles and workspaces that a
       // capture may not allocate), then capture the same launches for the next steps.
-      decode_kernels(Bb, max_blocks_cap_);
+      forward(Bb, true, max_blocks_cap_, max_blocks_cap_, 0);
       auto graph = std::make_unique<Graph>();
       CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
       try {
-        decode_kernels(Bb, max_blocks_cap_);
+        forward(Bb, true, max_blocks_cap_, max_blocks_cap_, 0);
       } catch (...) {
         cudaGraph_t broken = nullptr;
         (void)cudaStreamEndCapture(s, &broken);
@@ -358,6 +403,41 @@ const float* EngineCuda::decode(const int32_t* tokens, const int32_t* pos, const
   }
   stream_.sync();  // the host input vectors are read by the copies above
   return logits_to_host(B);
+}
+
+std::unique_ptr<EngineBackend> make_cuda_backend(const model::ParamLayout& layout,
+                                                 const EngineOptions& o,
+                                                 const EngineWeights& weights, const TpGroup& tp) {
+  RLHF_CHECK(tp.size == 1,
+             "a GPU generation engine runs with --vllm_tensor_parallel_size 1 (tensor-parallel "
+             "engines run on the CPU)");
+  const model::ModelConfig& c = layout.config();
+  // No more than max_batch sequences of max_position_embeddings positions can ever be cached.
+  const int64_t per_block =
+      2 * c.num_hidden_layers * c.num_key_value_heads * c.D() * 2 * o.block_size;
+  // In long double: max_batch x positions x per-position bytes can pass 2^63 (it is a cap).
+  const long double most =
+      static_cast<long double>(o.max_batch) *
+      static_cast<long double>((c.max_position_embeddings + o.block_size - 1) / o.block_size) *
+      static_cast<long double>(per_block);
+  const int64_t avail =
+      EngineCuda::kv_budget_bytes(layout, o.gpu_memory_utilization, o.max_batch, o.block_size);
+  const int64_t budget =
+      most < static_cast<long double>(avail) ? static_cast<int64_t>(most) : avail;
+  return std::make_unique<EngineCuda>(layout, KvCache(c, budget, o.block_size, 2, false),
+                                      o.max_batch, o.cuda_graphs, o.unit_room, &weights);
+}
+
+}  // namespace rlhf::rollout
+#else  // a build without CUDA has no GPU backend
+#include "core/error.h"
+#include "rollout/engine_backend.h"
+
+namespace rlhf::rollout {
+
+std::unique_ptr<EngineBackend> make_cuda_backend(const model::ParamLayout&, const EngineOptions&,
+                                                 const EngineWeights&, const TpGroup&) {
+  RLHF_FAIL("a GPU generation engine needs a build with CUDA");
 }
 
 }  // namespace rlhf::rollout

@@ -1,8 +1,8 @@
-// The GPU half of the generation engine (rollout/engine.h): bf16 weights and a bf16 paged KV cache
-// in device memory, prefill and batched decode on the CUDA ops, logits back to the host for the
-// engine's sampler. The host keeps the scheduling (admission, continuous batching, KV block
-// bookkeeping in a KvCache without storage) exactly as on the CPU, so a sample's random stream and
-// the order of results do not depend on the device.
+// The GPU backend of the generation engine (rollout/engine_backend.h): bf16 weights and a bf16
+// paged KV cache in device memory, prefill and batched decode on the CUDA ops, logits back to the
+// host for the engine's sampler. The engine keeps the scheduling (admission, continuous batching,
+// KV block bookkeeping in a KvCache without storage) exactly as on the CPU, so a sample's random
+// stream and the order of results do not depend on the device.
 #pragma once
 
 #ifdef RLHF_CUDA
@@ -16,6 +16,7 @@
 #include "model/decoder_layer.h"
 #include "model/layout.h"
 #include "model/ops/cuda_types.h"
+#include "rollout/engine_backend.h"
 #include "rollout/kv_cache.h"
 
 namespace rlhf::rollout {
@@ -27,11 +28,15 @@ namespace rlhf::rollout {
 /// once per batch bucket (B rounded up to 1, 2, 4, 8, then multiples of 8, up to max_batch) and
 /// replayed: inputs live in fixed device buffers (padded rows decode a dummy token into a scratch
 /// block and are ignored), so a replay is one launch instead of ~12 per layer.
-class EngineCuda {
+class EngineCuda final : public EngineBackend {
  public:
-  /// Bytes of device memory the engine needs besides its KV cache: weights (bf16), decode buffers
-  /// for max_batch sequences (logits included), prefill buffers for max_position_embeddings
-  /// positions and attention workspaces.
+  /// Bytes of the device buffers the engine allocates besides its weights and KV cache: RoPE
+  /// tables, activations for max(max_batch, max_position_embeddings) rows, decode logits for
+  /// max_batch sequences, attention workspaces, inputs.
+  static int64_t buffer_bytes(const model::ParamLayout& layout, int64_t max_batch,
+                              int64_t block_size);
+  /// Bytes of device memory the engine needs besides its KV cache: weights (bf16),
+  /// buffer_bytes(), and 64 MiB for the cuBLASLt workspace and slack.
   static int64_t fixed_bytes(const model::ParamLayout& layout, int64_t max_batch,
                              int64_t block_size);
 
@@ -41,25 +46,36 @@ class EngineCuda {
   static int64_t kv_budget_bytes(const model::ParamLayout& layout, double util, int64_t max_batch,
                                  int64_t block_size);
 
-  /// kv: the engine's block bookkeeping (its num_blocks and block_size size the device cache).
-  /// unit_room: elements per device unit buffer (EngineOptions::unit_room; empty = numel).
-  EngineCuda(const model::ParamLayout& layout, const KvCache& kv, int64_t max_batch,
-             bool use_graphs, const std::vector<int64_t>& unit_room = {});
-  ~EngineCuda();
+  /// kv: the engine's block bookkeeping (its num_blocks and block_size size the device cache),
+  /// kept by the backend (kv_cache()). unit_room: elements per device unit buffer
+  /// (EngineOptions::unit_room; empty = numel). host: the engine's host weights that
+  /// prepare_weights() uploads (null: call upload_weights() instead; it must outlive this).
+  EngineCuda(const model::ParamLayout& layout, KvCache kv, int64_t max_batch, bool use_graphs,
+             const std::vector<int64_t>& unit_room = {}, const EngineWeights* host = nullptr);
+  ~EngineCuda() override;
   EngineCuda(const EngineCuda&) = delete;
   EngineCuda& operator=(const EngineCuda&) = delete;
 
   /// Uploads the full fp32 unit buffers (ParamLayout order, numel each) as bf16.
   void upload_weights(const std::vector<const float*>& units);
   /// The bf16 device unit buffers (for a device-to-device weight sync).
-  std::vector<model::bf16*> device_units();
+  std::vector<model::bf16*> device_units() override;
+
+  // --- EngineBackend
+  KvCache& kv_cache() override { return cache_; }
+  /// Uploads the host weights given at construction unless device_current.
+  void prepare_weights(bool device_current) override;
+  bool feeds_observations() const override { return false; }
+  int64_t weight_element_bytes() const override { return int64_t(sizeof(model::bf16)); }
+  /// decode() below over the batch; one row per sequence (rows == B).
+  const float* decode(const DecodeBatch& batch) override;
 
   /// Prompt forward for positions [0, P) into the KV blocks `blocks` (host, ⌈P / block_size⌉
   /// ids); returns the last position's logits (V fp32, host, valid until the next call).
-  const float* prefill(const int32_t* prompt, int64_t P, const int32_t* blocks);
+  const float* prefill(const int32_t* prompt, int64_t P, const int32_t* blocks) override;
 
   /// Copies positions [0, n) of every layer from blocks src to blocks dst (host id lists).
-  void copy_prefix(const int32_t* src, const int32_t* dst, int64_t n);
+  void copy_prefix(const int32_t* src, const int32_t* dst, int64_t n) override;
 
   /// One decode step: tokens, pos, lens (B) and the block table (B, max_blocks), host arrays;
   /// token b is fed at position pos[b] and attends to lens[b] = pos[b] + 1 positions. Returns the
@@ -75,13 +91,26 @@ class EngineCuda {
 
  private:
   struct Graph;
+  struct Dims;
+  // Every device buffer but the weights and the KV cache, with its element count: calls
+  // fn(DeviceArray<T>* buffer, int64_t elems, const char* what) for each, buffer null when self
+  // is (sizing only). The one list that both allocates them and sizes them (fixed_bytes).
+  template <typename Fn>
+  static void for_each_buffer(EngineCuda* self, const Dims& d, Fn&& fn);
+  // The layer routine's activations for N rows, carved out of the buffers.
+  model::LayerActsCuda layer_acts(int64_t N);
   void layer_forward(int l, int64_t N, const model::bf16* x_in, model::bf16* x_out, bool decode,
                      int64_t table_stride, int64_t max_blocks);
-  void decode_kernels(int64_t B, int64_t max_blocks);
+  // Embedding, the layers and the head over N rows (tokens_, pos_ on the device): the logits of
+  // rows [first_out, N) into logits_. decode: attention over the block table table_ (row stride
+  // table_stride), else causal over the rows themselves (a prompt in blocks_).
+  void forward(int64_t N, bool decode, int64_t table_stride, int64_t max_blocks, int64_t first_out);
   const float* logits_to_host(int64_t rows);
   int64_t bucket(int64_t B) const;
 
   model::ParamLayout layout_;
+  KvCache cache_;  // block bookkeeping only: the keys and values are kv_
+  const EngineWeights* host_ = nullptr;
   model::LayerSpec spec_;
   int64_t C_, F_, H_, Hkv_, D_, V_, L_, max_pos_;
   int64_t num_blocks_, block_size_, max_batch_, max_blocks_cap_;

@@ -7,17 +7,27 @@
 
 namespace rlhf::rollout {
 
-Engine::Run::Run(const std::vector<GenerationRequest>& requests, KvCache& cache, EngineStats& stats,
-                 const TurnHooks* hooks, int32_t eos, bool ignore_eos, int64_t vocab_size)
-    : cache_(cache),
+Engine::Run::Run(const std::vector<GenerationRequest>& requests, Plan plan_, KvCache& cache,
+                 EngineStats& stats, const TurnHooks* hooks, int32_t eos, bool ignore_eos,
+                 int64_t vocab_size)
+    : plan(std::move(plan_)),
+      cache_(cache),
       stats_(stats),
       hooks_(hooks),
       eos_(eos),
       ignore_eos_(ignore_eos),
       vocab_size_(vocab_size),
       results_(requests.size()) {
-  for (size_t i = 0; i < requests.size(); ++i)
+  for (size_t i = 0; i < requests.size(); ++i) {
     results_[i].resize(static_cast<size_t>(requests[i].n_samples));
+    pending.push_back({int64_t(i), 0, requests[i].n_samples});
+  }
+}
+
+Engine::Run::~Run() {
+  for (auto* seqs : {&turning, &active})
+    for (auto& s : *seqs)
+      if (s && !s->blocks.empty()) cache_.release(s->blocks);
 }
 
 void Engine::Run::finish(Seq& s, FinishReason r) {

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <vector>
 
@@ -30,14 +31,35 @@ struct Engine::Seq {
   GenerationResult result;
 };
 
-/// The bookkeeping of one generate() call: the results by (request, sample) and the samples
-/// finished so far; with hooks, the samples whose turn ended in the current step.
+/// Per request of a validated generate() call (Engine::validate).
+struct Engine::Plan {
+  std::vector<int64_t> max_new;     ///< max_new_tokens capped under max_position_embeddings
+  std::vector<int64_t> blocks_per;  ///< KV blocks one sample can ever need
+  int64_t samples_total = 0;
+};
+
+/// The bookkeeping of one generate() call: the requests waiting for admission, the sequences
+/// decoding, with hooks those whose turn ended in the current step, the results by (request,
+/// sample) and the samples finished so far.
 struct Engine::Run {
   /// What a sampled token did to its sample.
   enum class Outcome { kGoing, kFinished, kTurnEnd };
+  /// A request whose samples (all, or the rest) wait for admission.
+  struct Pending {
+    int64_t index, next_sample, remaining;
+  };
 
-  Run(const std::vector<GenerationRequest>& requests, KvCache& cache, EngineStats& stats,
+  /// Every request pending, in order.
+  Run(const std::vector<GenerationRequest>& requests, Plan plan, KvCache& cache, EngineStats& stats,
       const TurnHooks* hooks, int32_t eos, bool ignore_eos, int64_t vocab_size);
+  /// Returns the KV blocks of every sequence still active or turning (an exception mid-way), so
+  /// the engine stays usable for the next call.
+  ~Run();
+  Run(const Run&) = delete;
+  Run& operator=(const Run&) = delete;
+
+  /// Whether anything is left to do: requests waiting, sequences decoding or turning.
+  bool busy() const { return !pending.empty() || !active.empty() || !turning.empty(); }
 
   /// Appends a sampled token to s. kFinished: s is done (its blocks released, its result
   /// stored); kTurnEnd: its turn ended (hooks with on_turn_end; the caller parks it in
@@ -52,6 +74,11 @@ struct Engine::Run {
   /// The results in (request_index, sample_index) order.
   std::vector<GenerationResult> take_results();
 
+  Plan plan;
+  std::deque<Pending> pending;
+  std::vector<std::unique_ptr<Seq>> active;   // decoding
+  std::vector<std::unique_ptr<Seq>> turning;  // their turn ended this step (multi-turn)
+  bool waiting = false;  // the front request waits for a slot or KV blocks (counted once)
   int64_t samples_done = 0;
 
  private:

@@ -4,6 +4,7 @@
 // tolerance; CUDA-graph replays give the eager steps' bits; whole generate() calls run.
 #include <algorithm>
 #include <numeric>
+#include <string>
 
 #include "model/local_provider.h"
 #include "model/transformer.h"
@@ -89,7 +90,7 @@ TEST_CASE("engine cuda: prefill and batched decode logits match the CPU model") 
     const std::vector<int64_t> prompt_len = {5, 9};
     for (bool graphs : {false, true}) {
       rollout::KvCache kv(cfg, 64 * 2 * 2 * 2 * 2 * bs * 32, bs, 2, false);
-      rollout::EngineCuda e(layout, kv, 8, graphs);
+      rollout::EngineCuda e(layout, std::move(kv), 8, graphs);
       e.upload_weights(units_of(P));
       // Blocks: sequence 0 gets odd ids, sequence 1 even ids, the copy high ids.
       const int64_t nb = 4;  // 16 positions each
@@ -149,7 +150,7 @@ TEST_CASE("engine cuda: CUDA-graph replays give the eager steps' bits") {
   std::vector<std::vector<float>> runs;
   for (bool graphs : {false, true}) {
     rollout::KvCache kv(cfg, 64 * 2 * 2 * 2 * 2 * bs * 16, bs, 2, false);
-    rollout::EngineCuda e(layout, kv, 16, graphs);
+    rollout::EngineCuda e(layout, std::move(kv), 16, graphs);
     e.upload_weights(units_of(P));
     std::vector<float> all;
     const auto prompt = test::random_tokens(6, V, 3);
@@ -219,5 +220,37 @@ TEST_CASE("engine cuda: generate() on the GPU completes every sample like the CP
   // The same random stream per sample: the first token is drawn from nearly the same
   // distribution, so it agrees unless a bf16 difference moves it across a sampling boundary.
   CHECK(same_first * 10 >= results[0].size() * 8);
+#endif
+}
+
+TEST_CASE("engine cuda: buffer_bytes is every device buffer the engine allocates") {
+  RLHF_SKIP_WITHOUT_CUDA_DEVICE();
+#ifdef RLHF_CUDA
+  // Exact accounting needs the emulator (a GPU's allocator rounds and pools allocations).
+  cudaDeviceProp prop{};
+  REQUIRE(cudaGetDeviceProperties(&prop, 0) == cudaSuccess);
+  if (std::string(prop.name).find("emulator") == std::string::npos) {
+    MESSAGE("skipped: exact device memory accounting is checked on the CUDA emulator");
+    return;
+  }
+  // Llama (q/k/v packed: the fused QKV buffer) and Qwen3 (QK-norm statistics, no fused QKV).
+  model::ModelConfig qwen3 = engine_config();
+  qwen3.model_type = "qwen3";
+  qwen3.head_dim = 32;
+  for (const model::ModelConfig& cfg : {engine_config(), qwen3}) {
+    CAPTURE(cfg.model_type);
+    const model::ParamLayout layout(cfg, model::HeadKind::kLM);
+    const int64_t bs = 4, max_batch = 8;
+    size_t free0 = 0, free1 = 0;
+    REQUIRE(cudaMemGetInfo(&free0, nullptr) == cudaSuccess);
+    rollout::EngineCuda e(layout, rollout::KvCache(cfg, 1 << 16, bs, 2, false), max_batch, false);
+    REQUIRE(cudaMemGetInfo(&free1, nullptr) == cudaSuccess);
+    const int64_t used = int64_t(free0) - int64_t(free1);
+    CHECK(used == rollout::EngineCuda::buffer_bytes(layout, max_batch, bs) + e.weight_bytes() +
+                      e.kv_bytes());
+    CHECK(rollout::EngineCuda::fixed_bytes(layout, max_batch, bs) ==
+          rollout::EngineCuda::buffer_bytes(layout, max_batch, bs) + e.weight_bytes() +
+              (int64_t(1) << 26));
+  }
 #endif
 }

@@ -1,0 +1,331 @@
+// The CPU backend of the generation engine (rollout/engine_backend.h): fp32 weights read from the
+// engine's host unit buffers, their linears packed for the batch-invariant decode kernel
+// (model::linear_decode_pack), a paged fp32 or fp16 KV cache in host memory, prompts through BLAS
+// GEMM, decode rows through linear_decode_packed_cpu and attention_decode_cpu. Tensor parallel
+// (Megatron style) over a parallel::Comm.
+#include <algorithm>
+#include <array>
+#include <string>
+
+#include "core/checked_alloc.h"
+#include "core/error.h"
+#include "model/layer_params.h"
+#include "model/ops/attention.h"
+#include "model/ops/attention_decode.h"
+#include "model/ops/embedding.h"
+#include "model/ops/linear.h"
+#include "model/ops/linear_decode.h"
+#include "model/ops/rmsnorm.h"
+#include "model/ops/rope.h"
+#include "rollout/engine.h"
+#include "rollout/engine_backend.h"
+
+namespace rlhf::rollout {
+
+namespace {
+
+// Prefill attention through attention_forward_cpu needs an (H, P, P) probability scratch; above
+// this many floats it goes through attention_decode_cpu over the cache instead (one query row per
+// "sequence", lengths 1..P), which needs no P×P memory.
+constexpr int64_t kMaxPrefillAttFloats = int64_t(1) << 24;  // 64 MiB
+
+// Pointers to the tensors of one decoder layer inside its unit buffer.
+using LayerW = model::LayerParams<const float>;
+using Acts = model::LayerActs<float>;
+
+template <typename T>
+void grow(std::vector<T>& v, int64_t n, const char* what) {
+  checked_grow(v, n, what);
+}
+
+// Rows [r0, r0 + n) of a row-major (rows, cols) matrix.
+std::vector<float> copy_rows(const float* m, int64_t cols, int64_t r0, int64_t n) {
+  std::vector<float> out;
+  checked_resize(out, n * cols, "a tensor-parallel weight slice");
+  std::copy(m + r0 * cols, m + (r0 + n) * cols, out.begin());
+  return out;
+}
+
+// Columns [c0, c0 + n) of a row-major (rows, cols) matrix, as a (rows, n) matrix.
+std::vector<float> copy_cols(const float* m, int64_t rows, int64_t cols, int64_t c0, int64_t n) {
+  std::vector<float> out;
+  checked_resize(out, rows * n, "a tensor-parallel weight slice");
+  for (int64_t r = 0; r < rows; ++r)
+    std::copy(m + r * cols + c0, m + r * cols + c0 + n, out.begin() + r * n);
+  return out;
+}
+
+/// The activations of one forward over up to `rows` rows (one layer at a time), grown on demand
+/// and reused across steps (first touch of fresh memory is expensive here).
+struct Rows {
+  std::vector<float> x;  // (rows, C) residual stream
+  std::array<std::vector<float>, 14> bufs;
+  Acts a;
+  int64_t rows = 0;
+
+  /// Room for n rows of s's (this rank's) shapes; the layer routine's view of them. The one place
+  /// the activations are listed: each LayerActs buffer with its floats per row (0: unused).
+  Acts& acts(int64_t n, const model::LayerSpec& s) {
+    if (n <= rows) return a;
+    const int64_t C = s.C, Q = s.q_dim(), KV = s.kv_dim(), F = s.F;
+    const std::array<std::pair<float * Acts::*, int64_t>, 14> table = {{
+        {&Acts::ln1, C},
+        {&Acts::rstd1, 1},
+        {&Acts::q, Q},
+        {&Acts::k, KV},
+        {&Acts::v, KV},
+        {&Acts::q_rstd, s.qk_norm ? s.H : 0},
+        {&Acts::k_rstd, s.qk_norm ? s.Hkv : 0},
+        {&Acts::atty, Q},
+        {&Acts::x_mid, C},
+        {&Acts::ln2, C},
+        {&Acts::rstd2, 1},
+        {&Acts::gate, F},
+        {&Acts::up, F},
+        {&Acts::h, F},
+    }};
+    checked_resize(x, n * C, "engine activations");
+    for (size_t i = 0; i < table.size(); ++i)
+      checked_resize(bufs[i], n * table[i].second, "engine activations");
+    for (size_t i = 0; i < table.size(); ++i)
+      a.*table[i].first = table[i].second > 0 ? bufs[i].data() : nullptr;
+    rows = n;  // after the allocations: a failed one leaves the old size in force
+    return a;
+  }
+};
+
+class CpuBackend final : public EngineBackend {
+ public:
+  CpuBackend(const model::ParamLayout& layout, const EngineOptions& o, const EngineWeights& weights,
+             const TpGroup& tp)
+      : layout_(layout),
+        weights_(weights),
+        tp_(tp),
+        spec_(tp_layer_spec(layout.config(), tp)),
+        cache_(tp_kv_config(layout.config(), tp), o.kv_cache_bytes, o.block_size,
+               kv_element_bytes(o.kv_cache_dtype)) {
+    const model::ModelConfig& c = layout.config();
+    // P <= kMaxPositionEmbeddings and D <= kMaxHeadDim (ModelConfig::validate): P·D/2 <= 2^35.
+    const int64_t P = c.max_position_embeddings, D = c.D();
+    const std::string rope = fmt::format("({} positions x {} frequencies)", P, D / 2);
+    checked_resize(rope_cos_, P * D / 2, "the engine's RoPE cos table " + rope);
+    checked_resize(rope_sin_, P * D / 2, "the engine's RoPE sin table " + rope);
+    model::rope_tables_cpu(rope_cos_.data(), rope_sin_.data(), P, D,
+                           model::rope_inv_freq(c).data());
+  }
+
+  KvCache& kv_cache() override { return cache_; }
+  bool feeds_observations() const override { return tp_.size == 1; }
+  int64_t weight_element_bytes() const override { return int64_t(sizeof(float)); }
+
+  void prepare_weights(bool) override {
+    if (tp_.size > 1) slice_weights();  // the unit buffers may have changed (weight sync)
+    pack_weights();
+  }
+  const float* prefill(const int32_t* prompt, int64_t P, const int32_t* blocks) override;
+  void copy_prefix(const int32_t* src, const int32_t* dst, int64_t n) override {
+    cache_.copy_prefix(src, dst, n);
+  }
+  const float* decode(const DecodeBatch& batch) override;
+
+ private:
+  /// A layer's weights with their linears replaced by copies (slices or packed panels).
+  struct LayerCopy {
+    std::array<std::vector<float>, 7> w, b;  // by layer_linears() slot
+    LayerW view;                             // the copies, with the source's other tensors
+  };
+  void slice_weights();
+  void pack_weights();
+  // Layer l's weights as the unit buffer holds them (this rank's slices under TP).
+  LayerW layer_weights(int l) const {
+    if (tp_.size > 1) return sliced_[size_t(l)].view;
+    const int u = layout_.layer_unit(l);
+    return LayerW(layout_.unit(u), weights_.unit_buffer(u));
+  }
+  const float* unit_tensor(int u, const char* name) const {
+    return weights_.unit_buffer(u) + layout_.unit(u).at(name).offset;
+  }
+  model::LayerRun<float> layer_run(int64_t N, const int32_t* pos,
+                                   model::LinearFn<float> linear) const;
+  void attend_cached(float* out, const float* q, int l, const int32_t* table, const int32_t* lens,
+                     int64_t B, int64_t max_blocks) const;
+  const float* head_logits(const float* x, int64_t N, Rows& r, float* logits);
+
+  const model::ParamLayout& layout_;
+  const EngineWeights& weights_;
+  TpGroup tp_;
+  model::LayerSpec spec_;  // this rank's layer dims (the heads and MLP columns it computes)
+  KvCache cache_;
+  std::vector<float> rope_cos_, rope_sin_;
+  std::vector<LayerCopy> sliced_;  // TP > 1: this rank's slices
+  std::vector<LayerCopy> packed_;  // the decode copies (linear_decode_pack)
+  std::vector<float> packed_head_;
+  Rows decode_rows_, prefill_rows_;
+  std::vector<float> logits_;          // (B, V) decode logits
+  std::vector<float> patt_, plogits_;  // prefill: attention probabilities, last logits
+  std::vector<int32_t> ppos_, plens_, ptable_;
+};
+
+void CpuBackend::slice_weights() {
+  const model::ModelConfig& c = layout_.config();
+  const int64_t r = tp_.rank;
+  sliced_.resize(size_t(c.num_hidden_layers));
+  for (int l = 0; l < c.num_hidden_layers; ++l) {
+    const int u = layout_.layer_unit(l);
+    const LayerW full(layout_.unit(u), weights_.unit_buffer(u));
+    LayerCopy& t = sliced_[size_t(l)];
+    t.view = full;  // the norms stay the full buffers'
+    const auto slots = layer_linears<float>(spec_);
+    for (size_t i = 0; i < slots.size(); ++i) {
+      const LinearSlot<float>& s = slots[i];
+      const float* w = full.*s.w;
+      const float* b = s.b != nullptr ? full.*s.b : nullptr;
+      if (s.column_parallel) {  // this rank's output rows, and their bias
+        t.w[i] = copy_rows(w, s.in, r * s.out, s.out);
+        if (b != nullptr) t.b[i] = copy_rows(b, 1, r * s.out, s.out);
+        t.view.*s.w = t.w[i].data();
+        if (s.b != nullptr) t.view.*s.b = b != nullptr ? t.b[i].data() : nullptr;
+      } else {  // this rank's input columns; the bias added once to the sum
+        t.w[i] = copy_cols(w, s.out, s.in * tp_.size, r * s.in, s.in);
+        t.view.*s.w = t.w[i].data();
+        if (s.b != nullptr) t.view.*s.b = r == 0 ? b : nullptr;
+      }
+    }
+  }
+}
+
+void CpuBackend::pack_weights() {
+  const model::ModelConfig& c = layout_.config();
+  packed_.resize(size_t(c.num_hidden_layers));
+  auto pack = [](std::vector<float>& dst, const float* w, int64_t IC, int64_t OC) {
+    checked_resize(dst, model::linear_decode_packed_size(IC, OC), "the engine's packed weights");
+    model::linear_decode_pack(dst.data(), w, IC, OC);
+    return static_cast<const float*>(dst.data());
+  };
+  for (int l = 0; l < c.num_hidden_layers; ++l) {
+    LayerCopy& p = packed_[size_t(l)];
+    const LayerW w = layer_weights(l);
+    p.view = w;  // the packed linears, with the unpacked norms and biases
+    const auto slots = layer_linears<float>(spec_);
+    for (size_t i = 0; i < slots.size(); ++i)
+      p.view.*slots[i].w = pack(p.w[i], w.*slots[i].w, slots[i].in, slots[i].out);
+  }
+  const model::ParamLayout::TensorRef lw = layout_.lm_head_weight();
+  pack(packed_head_, weights_.unit_buffer(lw.unit) + lw.offset, c.hidden_size, c.vocab_size);
+}
+
+model::LayerRun<float> CpuBackend::layer_run(int64_t N, const int32_t* pos,
+                                             model::LinearFn<float> linear) const {
+  model::LayerRun<float> run;
+  run.N = N;
+  run.pos = pos;
+  run.rope_cos = rope_cos_.data();
+  run.rope_sin = rope_sin_.data();
+  run.linear = linear;
+  if (tp_.size > 1) {  // the o_proj and down_proj partial outputs, summed over the group
+    parallel::Comm* comm = tp_.comm;
+    run.partial_sum = [comm](float* y, int64_t n) { comm->all_reduce(y, y, n); };
+  }
+  return run;
+}
+
+void CpuBackend::attend_cached(float* out, const float* q, int l, const int32_t* table,
+                               const int32_t* lens, int64_t B, int64_t max_blocks) const {
+  const KvCache& kv = cache_;
+  if (kv.dtype() == KvDtype::kFloat16)
+    model::attention_decode_cpu(out, q, kv.k<model::f16>(l), kv.v<model::f16>(l), table, lens, B,
+                                spec_.H, spec_.Hkv, spec_.D, kv.num_blocks(), kv.block_size(),
+                                max_blocks);
+  else
+    model::attention_decode_cpu(out, q, kv.k<float>(l), kv.v<float>(l), table, lens, B, spec_.H,
+                                spec_.Hkv, spec_.D, kv.num_blocks(), kv.block_size(), max_blocks);
+}
+
+// Final norm + LM head of N hidden rows x (N, C) into logits (N, V).
+const float* CpuBackend::head_logits(const float* x, int64_t N, Rows& r, float* logits) {
+  const model::ModelConfig& c = layout_.config();
+  model::rmsnorm_forward_cpu(r.a.ln1, r.a.rstd1, x,
+                             unit_tensor(layout_.head_unit(), "model.norm.weight"), N,
+                             c.hidden_size, c.rms_norm_eps);
+  model::linear_decode_packed_cpu(logits, r.a.ln1, packed_head_.data(), nullptr, N, c.hidden_size,
+                                  c.vocab_size);
+  return logits;
+}
+
+const float* CpuBackend::prefill(const int32_t* prompt, int64_t P, const int32_t* blocks) {
+  const model::ModelConfig& c = layout_.config();
+  const int64_t C = c.hidden_size, H = spec_.H, Hkv = spec_.Hkv, D = spec_.D, V = c.vocab_size;
+  Rows& r = prefill_rows_;
+  Acts& a = r.acts(P, spec_);
+  grow(plogits_, V, "the engine's prefill logits");
+  const bool att_direct = H * P * P <= kMaxPrefillAttFloats;
+  if (att_direct) grow(patt_, H * P * P, "the engine's prefill attention probabilities");
+  ppos_.resize(static_cast<size_t>(P));
+  for (int64_t t = 0; t < P; ++t) ppos_[size_t(t)] = int32_t(t);
+  const int64_t nb = cache_.blocks_for(P);
+  if (!att_direct) {  // every query row t reads positions [0, t] through the same block list
+    plens_.resize(static_cast<size_t>(P));
+    ptable_.resize(static_cast<size_t>(P * nb));
+    for (int64_t t = 0; t < P; ++t) {
+      plens_[size_t(t)] = int32_t(t + 1);
+      std::copy(blocks, blocks + nb, ptable_.begin() + t * nb);
+    }
+  }
+  model::embedding_forward_cpu(
+      r.x.data(), prompt, unit_tensor(layout_.embedding_unit(), "embed_tokens.weight"), P, C, V);
+  // The prompt's rows through BLAS GEMM (a prompt is always prefilled alone, so its result does
+  // not depend on the batch).
+  model::LayerRun<float> run = layer_run(P, ppos_.data(), &model::linear_forward_cpu<float>);
+  for (int l = 0; l < c.num_hidden_layers; ++l) {
+    // The prompt attends to itself causally; its K/V go to the cache for the decode steps.
+    run.attention = [&, l](float* atty, const float* q, const float* k, const float* v) {
+      cache_.write(l, blocks, 0, P, k, v);
+      if (att_direct)
+        model::attention_forward_cpu(atty, patt_.data(), q, k, v, int64_t(1), P, H, Hkv, D);
+      else
+        attend_cached(atty, q, l, ptable_.data(), plens_.data(), P, nb);
+    };
+    model::decoder_layer_forward_cpu(r.x.data(), a, r.x.data(), layer_weights(l), spec_, run);
+  }
+  // Only the last position's logits are needed (the first generated token).
+  return head_logits(r.x.data() + (P - 1) * C, 1, r, plogits_.data());
+}
+
+const float* CpuBackend::decode(const DecodeBatch& d) {
+  const model::ModelConfig& c = layout_.config();
+  const int64_t B = d.B, R = d.rows;  // B, plus a sequence's observation tokens (multi-turn)
+  const int64_t C = c.hidden_size, V = c.vocab_size, KV = spec_.kv_dim();
+  Rows& r = decode_rows_;
+  Acts& a = r.acts(R, spec_);
+  grow(logits_, B * V, "the engine's decode logits");
+  model::embedding_forward_cpu(
+      r.x.data(), d.tokens, unit_tensor(layout_.embedding_unit(), "embed_tokens.weight"), R, C, V);
+  // Each row at its own position; the batch-invariant decode kernel (packed weights) for every
+  // linear. Every row's K/V is written before any row attends, so the rows of one sequence
+  // attend causally to each other (lens = position + 1).
+  model::LayerRun<float> run = layer_run(R, d.pos, &model::linear_decode_packed_cpu);
+  for (int l = 0; l < c.num_hidden_layers; ++l) {
+    run.attention = [&, l](float* atty, const float* q, const float* k, const float* v) {
+      for (int64_t i = 0; i < R; ++i)
+        cache_.write(l, d.table + i * d.max_blocks, d.pos[i], 1, k + i * KV, v + i * KV);
+      attend_cached(atty, q, l, d.table, d.lens, R, d.max_blocks);
+    };
+    model::decoder_layer_forward_cpu(r.x.data(), a, r.x.data(), packed_[size_t(l)].view, spec_,
+                                     run);
+  }
+  // Only each sequence's last row is sampled: move those rows to the front (last_row[b] >= b).
+  if (R > B)
+    for (int64_t b = 0; b < B; ++b)
+      std::copy_n(r.x.data() + d.last_row[b] * C, C, r.x.data() + b * C);
+  return head_logits(r.x.data(), B, r, logits_.data());
+}
+
+}  // namespace
+
+std::unique_ptr<EngineBackend> make_cpu_backend(const model::ParamLayout& layout,
+                                                const EngineOptions& options,
+                                                const EngineWeights& weights, const TpGroup& tp) {
+  return std::make_unique<CpuBackend>(layout, options, weights, tp);
+}
+
+}  // namespace rlhf::rollout

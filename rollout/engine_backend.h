@@ -1,0 +1,153 @@
+// The device half of a generation engine (rollout/engine.h): what runs the model. The engine
+// (the scheduler) owns the sequences, admission, continuous batching, turn hooks, sampling and the
+// stats, and hands a backend one prompt to prefill, a prefix to copy, or a batch of rows to
+// decode; the backend owns its weights' layout (packed, sliced, uploaded), the KV cache's storage,
+// its activation buffers and, under tensor parallelism, the per-layer partial-sum all-reduce.
+// Backends: the CPU one (rollout/backend_cpu.cpp, fp32 weights, fp32 or fp16 KV cache, tensor
+// parallel over a parallel::Comm) and, in a build with CUDA, the GPU one (rollout/engine_cuda.h).
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "model/decoder_layer.h"
+#include "model/layer_params.h"
+#include "model/layout.h"
+#include "model/ops/cuda_types.h"
+#include "parallel/comm.h"
+#include "rollout/kv_cache.h"
+
+namespace rlhf::rollout {
+
+struct EngineOptions;
+class EngineWeights;
+
+/// The tensor-parallel group of one engine: `size` ranks, this one `rank`; comm is null for size 1.
+struct TpGroup {
+  parallel::Comm* comm = nullptr;
+  int size = 1, rank = 0;
+};
+
+/// The group an engine built with options.tp_comm runs in (size 1 without one).
+TpGroup tp_group(parallel::Comm* tp_comm);
+
+/// This rank's layer dims under tensor parallelism (Megatron style): H/T attention heads, Hkv/T
+/// KV heads and F/T MLP columns of the config's. Throws rlhf::Error, with a hint, when T does not
+/// divide all three.
+model::LayerSpec tp_layer_spec(const model::ModelConfig& c, const TpGroup& tp);
+
+/// The config whose KV heads are this rank's (what its KV cache holds): num_key_value_heads
+/// Hkv/T, head_dim fixed to the full config's D.
+model::ModelConfig tp_kv_config(const model::ModelConfig& c, const TpGroup& tp);
+
+/// One linear weight of a decoder layer (element type T) as a backend packs and slices it.
+template <typename T>
+struct LinearSlot {
+  using Params = model::LayerParams<const T>;
+  const T* Params::*w;  ///< the (out, in) weight
+  const T* Params::*b;  ///< its bias (null in a layer without one), or nullptr: never one
+  int64_t out, in;      ///< this rank's dims
+  /// Tensor parallel (Megatron style): column parallel — this rank's output rows and their bias —
+  /// or row parallel — this rank's input columns; the output is a partial sum over the group,
+  /// its bias added by rank 0 only.
+  bool column_parallel;
+};
+
+/// The linear weights of a decoder layer with this rank's dims s (tp_layer_spec): q, k, v, o,
+/// gate, up, down. The one list that packing and tensor-parallel slicing follow.
+template <typename T>
+std::array<LinearSlot<T>, 7> layer_linears(const model::LayerSpec& s) {
+  using P = model::LayerParams<const T>;
+  const int64_t C = s.C, Q = s.q_dim(), KV = s.kv_dim(), F = s.F;
+  return {{{&P::wq, &P::bq, Q, C, true},
+           {&P::wk, &P::bk, KV, C, true},
+           {&P::wv, &P::bv, KV, C, true},
+           {&P::wo, &P::bo, C, Q, false},
+           {&P::wg, nullptr, F, C, true},
+           {&P::wu, nullptr, F, C, true},
+           {&P::wd, nullptr, C, F, false}}};
+}
+
+/// One decode step's inputs: host arrays that the scheduler fills and the backend reads during
+/// decode(). Row i feeds tokens[i] at position pos[i], attending to lens[i] = pos[i] + 1 cached
+/// positions through block-table row i; a sequence has one row (its last sampled token) and, in
+/// multi-turn generation, one more per observation token after it, at consecutive positions.
+struct DecodeBatch {
+  int64_t B = 0;                      ///< sequences
+  int64_t rows = 0;                   ///< rows fed (>= B)
+  const int32_t* tokens = nullptr;    ///< (rows)
+  const int32_t* pos = nullptr;       ///< (rows)
+  const int32_t* lens = nullptr;      ///< (rows)
+  const int32_t* table = nullptr;     ///< (rows, max_blocks) KV block ids
+  int64_t max_blocks = 0;             ///< block-table row length
+  const int64_t* last_row = nullptr;  ///< (B) each sequence's last row (whose logits are sampled)
+};
+
+/// What runs the model for an Engine. Not thread-safe.
+class EngineBackend {
+ public:
+  virtual ~EngineBackend() = default;
+
+  /// The KV cache: block bookkeeping that the scheduler allocates from and releases to (the same
+  /// block ids in every layer), with the storage this backend owns (host storage in the KvCache,
+  /// or elsewhere, e.g. device memory, with a KvCache of bookkeeping only).
+  virtual KvCache& kv_cache() = 0;
+
+  /// Brings the backend's own copies of the weights up to date with the engine's host unit
+  /// buffers (loading and weight sync write those): packing, tensor-parallel slices, upload.
+  /// Called at the start of every generate(). device_current: the backend's device buffers were
+  /// written directly since the last call (device_units()): use them as they are.
+  virtual void prepare_weights(bool device_current) = 0;
+
+  /// Prompt forward for positions [0, P) into the KV blocks `blocks` (⌈P / block_size⌉ ids, host):
+  /// writes their K/V; returns the last position's logits (V fp32, host, valid until the next
+  /// call).
+  virtual const float* prefill(const int32_t* prompt, int64_t P, const int32_t* blocks) = 0;
+
+  /// Copies positions [0, n) of every layer from the sequence with blocks `src` to the one with
+  /// blocks `dst` (n samples of one prompt: prefill once, copy its rows).
+  virtual void copy_prefix(const int32_t* src, const int32_t* dst, int64_t n) = 0;
+
+  /// One decode step: writes every row's K/V (all before any row attends, so the rows of one
+  /// sequence attend causally to each other) and returns the logits of each sequence's last row,
+  /// (B, V) fp32 host, valid until the next call. Batch-invariant: a row's logits do not depend on
+  /// the other rows.
+  virtual const float* decode(const DecodeBatch& batch) = 0;
+
+  /// Whether decode() takes more than one row per sequence (observation tokens of multi-turn
+  /// generation); when false the scheduler never gives it one.
+  virtual bool feeds_observations() const = 0;
+
+  /// Bytes of one weight element that a decode step reads (4 for fp32, 2 for bf16).
+  virtual int64_t weight_element_bytes() const = 0;
+
+#ifdef RLHF_CUDA
+  /// A GPU backend's bf16 device unit buffers (ParamLayout order), what a device-to-device weight
+  /// sync writes; empty for a host backend.
+  virtual std::vector<model::bf16*> device_units() {
+    return {};
+  }
+#endif
+};
+
+/// The CPU backend (rollout/backend_cpu.cpp): reads the host unit buffers of `weights` (which must
+/// outlive it), packs the linear weights for the batch-invariant decode kernel, and under tensor
+/// parallelism (tp.size > 1) computes this rank's slices with an all-reduce on tp.comm per
+/// o_proj/down_proj output. The KV cache holds options.kv_cache_bytes in options.kv_cache_dtype
+/// (this rank's KV heads). Throws rlhf::Error when the budget holds no block or T does not divide
+/// the heads and MLP columns.
+std::unique_ptr<EngineBackend> make_cpu_backend(const model::ParamLayout& layout,
+                                                const EngineOptions& options,
+                                                const EngineWeights& weights, const TpGroup& tp);
+
+/// The GPU backend (rollout/engine_cuda.h) on the current CUDA device: uploads the host unit
+/// buffers of `weights` (which must outlive it) as bf16, its KV cache sized from
+/// options.gpu_memory_utilization. Throws rlhf::Error for tensor parallel size > 1, in a build
+/// without CUDA, or when the device memory leaves nothing for the KV cache.
+std::unique_ptr<EngineBackend> make_cuda_backend(const model::ParamLayout& layout,
+                                                 const EngineOptions& options,
+                                                 const EngineWeights& weights, const TpGroup& tp);
+
+}  // namespace rlhf::rollout
