@@ -3,6 +3,8 @@
 // when, for forward, backward, the tied head's nested acquire and keep_params_for_backward.
 #include "parallel/unit_schedule.h"
 
+#include <fmt/format.h>
+
 #include <string>
 #include <vector>
 
@@ -23,16 +25,16 @@ struct Recorder {
   }
   int acquire(int u) {
     return s.acquire(
-        u, [&](int v) { return post(v); }, [&](int& g) { log.push_back("w" + std::to_string(g)); });
+        u, [&](int v) { return post(v); }, [&](int& g) { log.push_back(fmt::format("w{}", g)); });
   }
   void release(int u) {
-    s.release(u, [&](int& g) { log.push_back("d" + std::to_string(g)); });
+    s.release(u, [&](int& g) { log.push_back(fmt::format("d{}", g)); });
   }
   void end(bool backward) {
-    s.end_pass(backward, [&](int& g) { log.push_back("d" + std::to_string(g)); });
+    s.end_pass(backward, [&](int& g) { log.push_back(fmt::format("d{}", g)); });
   }
   int post(int u) {
-    log.push_back("g" + std::to_string(u));
+    log.push_back(fmt::format("g{}", u));
     return u;
   }
 };
