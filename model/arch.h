@@ -37,11 +37,17 @@ const std::vector<ArchInfo>& architectures();
 /// The row of `model_type`; throws rlhf::Error naming it and the supported types.
 const ArchInfo& arch_info(const std::string& model_type);
 
+/// What a layer's MLP computes (model/mlp.h): the seam a mixture of experts plugs into.
+enum class MlpKind {
+  kDense,  ///< SwiGLU: down(silu(gate(x)) ⊙ up(x)) (Shazeer 2020), the Llama family's MLP
+};
+
 /// What one decoder layer computes for a config: its architecture row resolved against the config
 /// (biases, QK-norm), the norm epsilon, the RoPE pairing, and the dimensions. Tensor-parallel
 /// engines narrow H, Hkv and F to their rank's share.
 struct LayerSpec {
   bool qkv_bias = false, o_bias = false, qk_norm = false;
+  MlpKind mlp = MlpKind::kDense;
   double rms_norm_eps = 1e-5;
   RopeStyle rope_style = RopeStyle::kRotateHalf;
   int64_t C = 0;    ///< hidden_size

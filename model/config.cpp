@@ -1,5 +1,7 @@
 #include "model/config.h"
 
+#include "model/projections.h"
+
 #include <nlohmann/json.hpp>
 
 #include <bit>
@@ -10,6 +12,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "model/arch.h"
+#include "model/projections.h"
 
 namespace rlhf::model {
 
@@ -500,21 +503,11 @@ ModelConfig ModelConfig::from_json(const nlohmann::json& j, const std::string& s
   return c;
 }
 
-bool ModelConfig::qkv_bias() const {
-  return layer_spec(*this).qkv_bias;
-}
-
-bool ModelConfig::o_bias() const {
-  return layer_spec(*this).o_bias;
-}
-
 int64_t ModelConfig::num_parameters(HeadKind head) const {
   const LayerSpec s = layer_spec(*this);
-  const int64_t C = hidden_size, F = intermediate_size, D = s.D;
-  const int64_t q = s.q_dim(), kv = s.kv_dim();
-  int64_t layer = C * q + 2 * C * kv + q * C + 3 * C * F + 2 * C;
-  if (s.qkv_bias) layer += q + 2 * kv;
-  if (s.o_bias) layer += C;
+  const int64_t C = hidden_size, D = s.D;
+  int64_t layer = 2 * C;  // the two norms
+  for (const Projection& p : layer_projections(s)) layer += p.in * p.out + (p.bias ? p.out : 0);
   if (s.qk_norm) layer += 2 * D;
   int64_t n = vocab_size * C + num_hidden_layers * layer + C;
   if (head == HeadKind::kLM) {

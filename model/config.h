@@ -107,12 +107,6 @@ struct ModelConfig {
   int64_t pad_token_id = 0;
 
   int64_t D() const { return head_dim > 0 ? head_dim : hidden_size / num_attention_heads; }
-  /// q/k/v projections carry a bias (the architecture table: Llama/Qwen3 with attention_bias,
-  /// Qwen2 always).
-  bool qkv_bias() const;
-  /// o_proj carries a bias (Llama/Qwen3 with attention_bias; never Qwen2 or Mistral).
-  bool o_bias() const;
-
   /// Throws rlhf::Error naming the field when a value is out of range or inconsistent
   /// (e.g. a dimension above its kMax* limit, heads not divisible by KV heads, a rope_scaling type
   /// other than default/llama3, a Mistral with attention_bias). `source` names the file for the

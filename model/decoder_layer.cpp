@@ -3,28 +3,43 @@
 #include <algorithm>
 
 #include "core/error.h"
+#include "model/mlp.h"
 #include "model/ops/linear.h"
 #include "model/ops/residual.h"
 #include "model/ops/rmsnorm.h"
 #include "model/ops/rope.h"
-#include "model/ops/swiglu.h"
 
 namespace rlhf::model {
+
+template <typename T>
+void project_forward_cpu(Proj p, T* y, const T* x, const LayerParams<const T>& w,
+                         const LayerSpec& s, const LayerRun<T>& run) {
+  const Projection r = projection(s, p);
+  run.linear(y, x, w.weight(p), w.bias(p), run.N, r.in, r.out);
+}
+
+template <typename T>
+void project_backward_cpu(Proj p, T* dx, const T* dy, const T* x, const LayerParams<T>& g,
+                          const LayerParams<const T>& w, const LayerSpec& s, int64_t N,
+                          bool accumulate_dx) {
+  const Projection r = projection(s, p);
+  linear_backward_cpu(dx, g.weight(p), g.bias(p), dy, x, w.weight(p), N, r.in, r.out,
+                      accumulate_dx);
+}
 
 template <typename T>
 void decoder_layer_forward_cpu(T* x_out, LayerActs<T>& a, const T* x_in,
                                const LayerParams<const T>& w, const LayerSpec& s,
                                const LayerRun<T>& run) {
-  const int64_t N = run.N, C = s.C, F = s.F, Q = s.q_dim(), KV = s.kv_dim();
+  const int64_t N = run.N, C = s.C;
   const double eps = s.rms_norm_eps;
-  const T* none = nullptr;
   rmsnorm_forward_cpu(a.ln1, a.rstd1, x_in, w.w_in, N, C, eps);
   // With QK-norm and backward, the projections land in q_raw/k_raw and the norm writes q/k.
   T* qp = s.qk_norm && a.q_raw ? a.q_raw : a.q;
   T* kp = s.qk_norm && a.k_raw ? a.k_raw : a.k;
-  run.linear(qp, a.ln1, w.wq, w.bq, N, C, Q);
-  run.linear(kp, a.ln1, w.wk, w.bk, N, C, KV);
-  run.linear(a.v, a.ln1, w.wv, w.bv, N, C, KV);
+  project_forward_cpu(Proj::kQ, qp, a.ln1, w, s, run);
+  project_forward_cpu(Proj::kK, kp, a.ln1, w, s, run);
+  project_forward_cpu(Proj::kV, a.v, a.ln1, w, s, run);
   if (s.qk_norm) {
     RLHF_ASSERT(w.q_norm != nullptr && w.k_norm != nullptr && a.q_rstd && a.k_rstd);
     rmsnorm_forward_cpu(a.q, a.q_rstd, qp, w.q_norm, N * s.H, s.D, eps);
@@ -33,14 +48,11 @@ void decoder_layer_forward_cpu(T* x_out, LayerActs<T>& a, const T* x_in,
   rope_forward_cpu(a.q, a.q, run.pos, run.rope_cos, run.rope_sin, N, s.H, s.D, s.rope_style);
   rope_forward_cpu(a.k, a.k, run.pos, run.rope_cos, run.rope_sin, N, s.Hkv, s.D, s.rope_style);
   run.attention(a.atty, a.q, a.k, a.v);
-  run.linear(a.x_mid, a.atty, w.wo, w.bo, N, Q, C);
+  project_forward_cpu(Proj::kO, a.x_mid, a.atty, w, s, run);
   if (run.partial_sum) run.partial_sum(a.x_mid, N * C);
   residual_forward_cpu(a.x_mid, a.x_mid, x_in, N * C);
   rmsnorm_forward_cpu(a.ln2, a.rstd2, a.x_mid, w.w_post, N, C, eps);
-  run.linear(a.gate, a.ln2, w.wg, none, N, C, F);
-  run.linear(a.up, a.ln2, w.wu, none, N, C, F);
-  swiglu_forward_cpu(a.h, a.gate, a.up, N, F);
-  run.linear(x_out, a.h, w.wd, none, N, F, C);
+  mlp_forward_cpu(x_out, a, a.ln2, w, s, run);
   if (run.partial_sum) run.partial_sum(x_out, N * C);
   residual_forward_cpu(x_out, x_out, a.x_mid, N * C);
 }
@@ -50,16 +62,12 @@ void decoder_layer_backward_cpu(T* dres, const LayerParams<T>& g, LayerGradScrat
                                 const LayerActs<T>& a, const T* x_in, const LayerParams<const T>& w,
                                 const LayerSpec& s, const LayerRun<T>& run,
                                 const AttentionBackwardFn<T>& attention) {
-  const int64_t N = run.N, C = s.C, F = s.F, Q = s.q_dim(), KV = s.kv_dim();
-  T* none = nullptr;
-  // MLP: x_out = x_mid + down(h); dres is d x_out.
-  linear_backward_cpu(d.dh, g.wd, none, dres, a.h, w.wd, N, F, C, false);
-  swiglu_backward_cpu(d.dgate, d.dup, d.dh, a.gate, a.up, N, F);
-  linear_backward_cpu(d.dln, g.wg, none, d.dgate, a.ln2, w.wg, N, C, F, false);
-  linear_backward_cpu(d.dln, g.wu, none, d.dup, a.ln2, w.wu, N, C, F, true);
+  const int64_t N = run.N, C = s.C, Q = s.q_dim(), KV = s.kv_dim();
+  // MLP: x_out = x_mid + mlp(ln2); dres is d x_out.
+  mlp_backward_cpu(d.dln, g, d, a, dres, a.ln2, w, s, N);
   rmsnorm_backward_cpu(dres, g.w_post, d.dln, a.x_mid, w.w_post, a.rstd2, N, C);
   // Attention: x_mid = x_in + o_proj(atty); dres is now d x_mid.
-  linear_backward_cpu(d.datty, g.wo, g.bo, dres, a.atty, w.wo, N, Q, C, false);
+  project_backward_cpu(Proj::kO, d.datty, dres, a.atty, g, w, s, N, false);
   attention(d.dq, d.dk, d.dv, d.datty, a.q, a.k, a.v);
   rope_backward_cpu(d.dq, d.dq, run.pos, run.rope_cos, run.rope_sin, N, s.H, s.D, s.rope_style);
   rope_backward_cpu(d.dk, d.dk, run.pos, run.rope_cos, run.rope_sin, N, s.Hkv, s.D, s.rope_style);
@@ -75,12 +83,21 @@ void decoder_layer_backward_cpu(T* dres, const LayerParams<T>& g, LayerGradScrat
     dqp = d.dq_raw;
     dkp = d.dk_raw;
   }
-  linear_backward_cpu(d.dln, g.wq, g.bq, dqp, a.ln1, w.wq, N, C, Q, false);
-  linear_backward_cpu(d.dln, g.wk, g.bk, dkp, a.ln1, w.wk, N, C, KV, true);
-  linear_backward_cpu(d.dln, g.wv, g.bv, d.dv, a.ln1, w.wv, N, C, KV, true);
+  project_backward_cpu(Proj::kQ, d.dln, dqp, a.ln1, g, w, s, N, false);
+  project_backward_cpu(Proj::kK, d.dln, dkp, a.ln1, g, w, s, N, true);
+  project_backward_cpu(Proj::kV, d.dln, d.dv, a.ln1, g, w, s, N, true);
   rmsnorm_backward_cpu(dres, g.w_in, d.dln, x_in, w.w_in, a.rstd1, N, C);
 }
 
+#define RLHF_INSTANTIATE_PROJECT(T)                                                             \
+  template void project_forward_cpu<T>(Proj, T*, const T*, const LayerParams<const T>&,         \
+                                       const LayerSpec&, const LayerRun<T>&);                   \
+  template void project_backward_cpu<T>(Proj, T*, const T*, const T*, const LayerParams<T>&,    \
+                                        const LayerParams<const T>&, const LayerSpec&, int64_t, \
+                                        bool);
+RLHF_INSTANTIATE_PROJECT(float)
+RLHF_INSTANTIATE_PROJECT(double)
+#undef RLHF_INSTANTIATE_PROJECT
 template void decoder_layer_forward_cpu<float>(float*, LayerActs<float>&, const float*,
                                                const LayerParams<const float>&, const LayerSpec&,
                                                const LayerRun<float>&);

@@ -14,33 +14,16 @@
 #include <cstdint>
 #include <functional>
 
+#include "model/activations.h"
 #include "model/arch.h"
 #include "model/layer_params.h"
 #include "model/ops/cuda_types.h"
+#include "model/projections.h"
 
 namespace rlhf::model {
 
 // ---------------------------------------------------------------------------------------------
 // CPU (T = float, or double for gradient checks)
-
-/// Activations of one layer's forward over N rows, caller-owned (shapes with the spec's H, Hkv,
-/// D, F; row-major). Training keeps them for backward; inference reuses one set per layer.
-template <typename T>
-struct LayerActs {
-  T* ln1 = nullptr;    ///< (N, C) input RMSNorm output
-  T* rstd1 = nullptr;  ///< (N)
-  /// (N, H·D), (N, Hkv·D), (N, Hkv·D): what attention reads (after QK-norm and RoPE).
-  T *q = nullptr, *k = nullptr, *v = nullptr;
-  /// QK-norm with backward: the projections before the norm, (N, H·D) and (N, Hkv·D). nullptr
-  /// (inference): the norm runs in place on q and k.
-  T *q_raw = nullptr, *k_raw = nullptr;
-  T *q_rstd = nullptr, *k_rstd = nullptr;          ///< QK-norm: (N·H), (N·Hkv) statistics
-  T* atty = nullptr;                               ///< (N, H·D) attention output
-  T* x_mid = nullptr;                              ///< (N, C) residual stream after attention
-  T* ln2 = nullptr;                                ///< (N, C) post-attention RMSNorm output
-  T* rstd2 = nullptr;                              ///< (N)
-  T *gate = nullptr, *up = nullptr, *h = nullptr;  ///< (N, F)
-};
 
 /// y = x·wᵀ + b (assigned) for M rows: linear_forward_cpu (BLAS: training and engine prefill), or
 /// linear_decode_packed_cpu (batch-invariant decode; w is then the packed weight).
@@ -63,6 +46,23 @@ struct LayerRun {
   std::function<void(T* y, int64_t n)> partial_sum;
 };
 
+/// The one call site of every projection's forward on the CPU (llama.cpp's build_lora_mm): y (N,
+/// out) = x (N, in) · Wᵀ (+ b) with projection p's weight and bias from w, its dims from s
+/// (model/projections.h), N = run.N, through run.linear. A per-projection extension (a LoRA
+/// adapter's low-rank path, another GEMM precision) is an edit here and in
+/// project_backward_cpu.
+template <typename T>
+void project_forward_cpu(Proj p, T* y, const T* x, const LayerParams<const T>& w,
+                         const LayerSpec& s, const LayerRun<T>& run);
+
+/// Backward of project_forward_cpu over N rows (linear_backward_cpu): dx (N, in) = dy · W (+=
+/// with accumulate_dx; skipped when dx is nullptr), g.weight(p) += dyᵀ · x (skipped when nullptr:
+/// a frozen weight), g.bias(p) += Σ_n dy (skipped when nullptr).
+template <typename T>
+void project_backward_cpu(Proj p, T* dx, const T* dy, const T* x, const LayerParams<T>& g,
+                          const LayerParams<const T>& w, const LayerSpec& s, int64_t N,
+                          bool accumulate_dx);
+
 /// One decoder layer forward (see the file comment). x_in, x_out: (N, C); x_out may alias x_in
 /// (x_in is not read after x_mid is formed). Every LayerActs buffer the spec needs must be set.
 /// w: this rank's weights (tensor parallel: its slices, and the o_proj bias on one rank only).
@@ -70,16 +70,6 @@ template <typename T>
 void decoder_layer_forward_cpu(T* x_out, LayerActs<T>& a, const T* x_in,
                                const LayerParams<const T>& w, const LayerSpec& s,
                                const LayerRun<T>& run);
-
-/// Activation-gradient scratch of one layer's backward over N rows (shapes as LayerActs).
-template <typename T>
-struct LayerGradScratch {
-  T* dln = nullptr;                                   ///< (N, C)
-  T* datty = nullptr;                                 ///< (N, H·D)
-  T *dq = nullptr, *dk = nullptr, *dv = nullptr;      ///< (N, H·D), (N, Hkv·D), (N, Hkv·D)
-  T *dq_raw = nullptr, *dk_raw = nullptr;             ///< QK-norm: gradients before the norm
-  T *dh = nullptr, *dgate = nullptr, *dup = nullptr;  ///< (N, F)
-};
 
 /// How the backward pass runs the attention: dq, dk, dv (assigned) from datty, for the q, k, v
 /// and whatever the forward saved (training: the (B, H, T, T) probabilities).
@@ -101,19 +91,9 @@ void decoder_layer_backward_cpu(T* dres, const LayerParams<T>& g, LayerGradScrat
 // ---------------------------------------------------------------------------------------------
 // CUDA (bf16 activations and weights, fp32 statistics and parameter gradients)
 
-/// Activations of one layer's forward on the device (shapes as LayerActs; bf16 unless noted).
-struct LayerActsCuda {
-  bf16* ln1 = nullptr;
-  float* rstd1 = nullptr;
-  bf16 *q = nullptr, *k = nullptr, *v = nullptr;
-  bf16 *q_raw = nullptr, *k_raw = nullptr;     ///< QK-norm with backward (else in place)
-  float *q_rstd = nullptr, *k_rstd = nullptr;  ///< QK-norm statistics
-  bf16* atty = nullptr;
-  bf16* x_mid = nullptr;
-  bf16* ln2 = nullptr;
-  float* rstd2 = nullptr;
-  bf16 *gate = nullptr, *up = nullptr, *h = nullptr;
-};
+/// Activations of one layer's forward on the device (model/activations.h): bf16 values, fp32
+/// statistics.
+using LayerActsCuda = LayerActs<bf16, float>;
 
 /// Scratch shared by every layer of a pass: proj (N, C), the o_proj/down_proj output before its
 /// residual add; qkv (N, (H + 2·Hkv)·D), the packed q/k/v GEMM output (fused_qkv only; in
@@ -136,6 +116,27 @@ struct LayerRunCuda {
   cudaStream_t stream = nullptr;
 };
 
+/// The one call site of every projection's forward on the device (contract of
+/// project_forward_cpu; linear_forward_cuda, bf16 in and out, fp32 accumulation).
+void project_forward_cuda(Proj p, bf16* y, const bf16* x, const LayerParams<const bf16>& w,
+                          const LayerSpec& s, int64_t N, cudaStream_t st);
+
+/// Backward of project_forward_cuda (contract of project_backward_cpu; fp32 parameter
+/// gradients, bf16 dx).
+void project_backward_cuda(Proj p, bf16* dx, const bf16* dy, const bf16* x,
+                           const LayerParams<float>& g, const LayerParams<const bf16>& w,
+                           const LayerSpec& s, int64_t N, bool accumulate_dx, cudaStream_t st);
+
+/// The q, k, v projections as one GEMM (run.fused_qkv, model::qkv_packed): y (N, q + 2·kv) =
+/// x · [Wq; Wk; Wv]ᵀ (+ [bq; bk; bv]) with w.wq / w.bq the packed weight and bias; and its
+/// backward into the packed gradients g.wq / g.bq (dx assigned). The fused counterpart of
+/// project_*_cuda for kQ, kK, kV: an extension of those projections goes here too.
+void project_qkv_forward_cuda(bf16* y, const bf16* x, const LayerParams<const bf16>& w,
+                              const LayerSpec& s, int64_t N, cudaStream_t st);
+void project_qkv_backward_cuda(bf16* dx, const bf16* dy, const bf16* x, const LayerParams<float>& g,
+                               const LayerParams<const bf16>& w, const LayerSpec& s, int64_t N,
+                               cudaStream_t st);
+
 /// The decoder layer forward on the device: the CPU routine's contract, with the post-attention
 /// residual add fused into the following RMSNorm (rmsnorm_residual_forward_cuda). x_out may alias
 /// x_in only when it does not alias x_mid.
@@ -143,12 +144,8 @@ void decoder_layer_forward_cuda(bf16* x_out, LayerActsCuda& a, LayerScratchCuda&
                                 const bf16* x_in, const LayerParams<const bf16>& w,
                                 const LayerSpec& s, const LayerRunCuda& run);
 
-/// Activation-gradient scratch of the device backward (bf16; shapes as LayerGradScratch).
-struct LayerGradScratchCuda {
-  bf16 *dln = nullptr, *datty = nullptr, *dq = nullptr, *dk = nullptr, *dv = nullptr;
-  bf16 *dq_raw = nullptr, *dk_raw = nullptr;
-  bf16 *dh = nullptr, *dgate = nullptr, *dup = nullptr;
-};
+/// Activation-gradient scratch of the device backward (bf16; model/activations.h).
+using LayerGradScratchCuda = LayerGradScratch<bf16>;
 
 /// Backward of decoder_layer_forward_cuda (contract of decoder_layer_backward_cpu; fp32 parameter
 /// gradients +=, bf16 activation gradients). attention: dq, dk, dv from datty (the flash

@@ -1,11 +1,12 @@
 #include "model/flops.h"
 
+#include "model/projections.h"
+
 namespace rlhf::model {
 
 int64_t matmul_params(const ModelConfig& c, HeadKind head) {
-  const int64_t C = c.hidden_size, F = c.intermediate_size, D = c.D();
-  const int64_t q = c.num_attention_heads * D, kv = c.num_key_value_heads * D;
-  const int64_t layer = C * q + 2 * C * kv + q * C + 3 * C * F;
+  const int64_t C = c.hidden_size;
+  const int64_t layer = layer_matmul_params(layer_spec(c));
   const int64_t head_params = head == HeadKind::kLM ? c.vocab_size * C : C;
   return c.num_hidden_layers * layer + head_params;
 }

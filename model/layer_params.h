@@ -1,41 +1,67 @@
-// Pointers to the tensors of one decoder layer inside its flat unit buffer, by Hugging Face name.
+// Pointers to the tensors of one decoder layer inside its flat unit buffer, from the projection
+// table (model/projections.h) and the layer's norm weights.
 // Shared by the trainer (model/transformer.cpp: params and grads) and the generation engine.
 #pragma once
 
 #include "model/layout.h"
+#include "model/projections.h"
 
 namespace rlhf::model {
 
 /// The tensors of a decoder layer inside a unit buffer `base` laid out as `u` (params or grads;
-/// P = float, const float, double, ...). The optional ones are nullptr when the architecture has
-/// none (model/arch.h): the q/k/v/o biases, and q_norm/k_norm (Qwen3's per-head RMSNorm weights,
-/// (D) each). Throws rlhf::Error (from UnitLayout::at) when a required tensor is missing from `u`.
+/// P = float, const float, double, ...). Each projection of the table (model/projections.h) is a
+/// weight (out, in) and an optional bias (out), reachable by name (wq, bq, ...) or by Proj
+/// (weight(p), bias(p)); q_norm/k_norm are Qwen3's per-head RMSNorm weights, (D) each. What the
+/// architecture lacks (biases, QK-norm) is nullptr. Throws rlhf::Error (from UnitLayout::at) when
+/// a required tensor is missing from `u`.
 template <typename P>
 struct LayerParams {
   P *wq, *bq, *wk, *bk, *wv, *bv, *wo, *bo, *q_norm, *k_norm, *wg, *wu, *wd, *w_in, *w_post;
   LayerParams() = default;
   LayerParams(const UnitLayout& u, P* base) {
-    auto at = [&](const char* s) { return base + u.at(s).offset; };
     auto opt = [&](const char* s) -> P* {
       const TensorInfo* t = u.find(s);
       return t ? base + t->offset : nullptr;
     };
-    wq = at("self_attn.q_proj.weight");
-    bq = opt("self_attn.q_proj.bias");
-    wk = at("self_attn.k_proj.weight");
-    bk = opt("self_attn.k_proj.bias");
-    wv = at("self_attn.v_proj.weight");
-    bv = opt("self_attn.v_proj.bias");
-    wo = at("self_attn.o_proj.weight");
-    bo = opt("self_attn.o_proj.bias");
+    for (const ProjInfo& p : kProjections) {
+      weight(p.id) = base + u.at(p.weight_name).offset;
+      bias(p.id) = opt(p.bias_name);
+    }
     q_norm = opt("self_attn.q_norm.weight");
     k_norm = opt("self_attn.k_norm.weight");
-    wg = at("mlp.gate_proj.weight");
-    wu = at("mlp.up_proj.weight");
-    wd = at("mlp.down_proj.weight");
-    w_in = at("input_layernorm.weight");
-    w_post = at("post_attention_layernorm.weight");
+    w_in = base + u.at("input_layernorm.weight").offset;
+    w_post = base + u.at("post_attention_layernorm.weight").offset;
   }
+  /// Projection p's (out, in) weight.
+  P*& weight(Proj p) { return *slot(p, false); }
+  P* weight(Proj p) const { return *const_cast<LayerParams*>(this)->slot(p, false); }
+  /// Projection p's (out) bias, nullptr when it has none.
+  P*& bias(Proj p) { return *slot(p, true); }
+  P* bias(Proj p) const { return *const_cast<LayerParams*>(this)->slot(p, true); }
+
+ private:
+  P** slot(Proj p, bool b) {
+    switch (p) {
+      case Proj::kQ:
+        return b ? &bq : &wq;
+      case Proj::kK:
+        return b ? &bk : &wk;
+      case Proj::kV:
+        return b ? &bv : &wv;
+      case Proj::kO:
+        return b ? &bo : &wo;
+      case Proj::kGate:
+        return b ? &bg_ : &wg;
+      case Proj::kUp:
+        return b ? &bu_ : &wu;
+      case Proj::kDown:
+        return b ? &bd_ : &wd;
+    }
+    return nullptr;
+  }
+  // The dense MLP's projections have no bias in any supported architecture; their slots exist
+  // so that every projection of the table has one.
+  P *bg_ = nullptr, *bu_ = nullptr, *bd_ = nullptr;
 };
 
 /// True when the q, k, v projection weights of layer unit `u` lie back to back (q·C, kv·C, kv·C

@@ -2,6 +2,7 @@
 
 #include "core/error.h"
 #include "model/arch.h"
+#include "model/projections.h"
 
 namespace rlhf::model {
 
@@ -50,8 +51,7 @@ ParamLayout::TensorRef ParamLayout::lm_head_weight() const {
 ParamLayout::ParamLayout(const ModelConfig& config, HeadKind head) : config_(config), head_(head) {
   config.validate();
   const LayerSpec spec = layer_spec(config);
-  const int64_t C = spec.C, F = spec.F, V = config.vocab_size, D = spec.D;
-  const int64_t q = spec.q_dim(), kv = spec.kv_dim();
+  const int64_t C = spec.C, V = config.vocab_size, D = spec.D;
 
   UnitLayout emb;
   emb.name = "model.embed_tokens";
@@ -65,26 +65,29 @@ ParamLayout::ParamLayout(const ModelConfig& config, HeadKind head) : config_(con
     u.kind = UnitKind::kLayer;
     u.layer = static_cast<int>(l);
     const std::string p = u.name + ".";
-    // q, k, v weights back to back, then their biases: when the sizes keep the 64-element
-    // alignment, the three are one (q + 2·kv, C) matrix and one bias, for one fused GEMM on the
-    // GPU (LayerParams::qkv_packed).
-    add_tensor(u, p + "self_attn.q_proj.weight", {q, C}, true);
-    add_tensor(u, p + "self_attn.k_proj.weight", {kv, C}, true);
-    add_tensor(u, p + "self_attn.v_proj.weight", {kv, C}, true);
-    if (spec.qkv_bias) {
-      add_tensor(u, p + "self_attn.q_proj.bias", {q}, false);
-      add_tensor(u, p + "self_attn.k_proj.bias", {kv}, false);
-      add_tensor(u, p + "self_attn.v_proj.bias", {kv}, false);
-    }
-    add_tensor(u, p + "self_attn.o_proj.weight", {C, q}, true);
-    if (spec.o_bias) add_tensor(u, p + "self_attn.o_proj.bias", {C}, false);
+    // The projections of the table (model/projections.h): q, k, v weights back to back, then
+    // their biases (when the sizes keep the 64-element alignment, the three are one (q + 2·kv, C)
+    // matrix and one bias, for one fused GEMM on the GPU: qkv_packed), then the other attention
+    // projections, the QK-norm weights, and the MLP's projections.
+    const std::vector<Projection> projs = layer_projections(spec);
+    auto add_weight = [&](const Projection& r) {
+      add_tensor(u, p + r.info->weight_name, {r.out, r.in}, true);
+    };
+    auto add_bias = [&](const Projection& r) {
+      if (r.bias) add_tensor(u, p + r.info->bias_name, {r.out}, false);
+    };
+    for (const Projection& r : projs)
+      if (r.info->fused_qkv) add_weight(r);
+    for (const Projection& r : projs)
+      if (r.info->fused_qkv) add_bias(r);
+    for (const Projection& r : projs)
+      if (r.info->block == ProjBlock::kAttention && !r.info->fused_qkv) add_weight(r), add_bias(r);
     if (spec.qk_norm) {  // Qwen3: one RMSNorm weight per head dim, shared by all heads
       add_tensor(u, p + "self_attn.q_norm.weight", {D}, false);
       add_tensor(u, p + "self_attn.k_norm.weight", {D}, false);
     }
-    add_tensor(u, p + "mlp.gate_proj.weight", {F, C}, true);
-    add_tensor(u, p + "mlp.up_proj.weight", {F, C}, true);
-    add_tensor(u, p + "mlp.down_proj.weight", {C, F}, true);
+    for (const Projection& r : projs)
+      if (r.info->block == ProjBlock::kMlp) add_weight(r), add_bias(r);
     add_tensor(u, p + "input_layernorm.weight", {C}, false);
     add_tensor(u, p + "post_attention_layernorm.weight", {C}, false);
     units_.push_back(std::move(u));

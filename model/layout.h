@@ -86,19 +86,4 @@ class ParamLayout {
   std::vector<UnitLayout> units_;
 };
 
-/// A typed view of one tensor in a gathered unit buffer: {ptr, shape}, created from the table.
-template <typename T>
-struct TensorView {
-  T* data = nullptr;
-  const TensorInfo* info = nullptr;
-  int64_t numel() const { return info ? info->numel : 0; }
-};
-
-/// View of tensor `suffix` of unit `u` inside `unit_buffer` (the unit's full flat buffer).
-template <typename T>
-TensorView<T> view(const UnitLayout& u, T* unit_buffer, std::string_view suffix) {
-  const TensorInfo& t = u.at(suffix);
-  return TensorView<T>{unit_buffer + t.offset, &t};
-}
-
 }  // namespace rlhf::model

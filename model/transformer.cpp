@@ -28,15 +28,8 @@ void grow(std::vector<T>& v, int64_t n, const char* what) {
 
 template <typename T>
 Transformer<T>::Transformer(const ParamLayout& layout, bool gradient_checkpointing)
-    : layout_(layout), spec_(layer_spec(layout.config())), checkpointing_(gradient_checkpointing) {
+    : Base(layout, gradient_checkpointing) {
   const ModelConfig& c = layout.config();
-  C_ = c.hidden_size;
-  F_ = c.intermediate_size;
-  H_ = c.num_attention_heads;
-  Hkv_ = c.num_key_value_heads;
-  D_ = c.D();
-  V_ = c.vocab_size;
-  L_ = c.num_hidden_layers;
   const int64_t P = c.max_position_embeddings;
   // P <= kMaxPositionEmbeddings and D <= kMaxHeadDim (validate()): P·D/2 <= 2^35.
   const std::string rope = fmt::format("({} positions x {} frequencies)", P, D_ / 2);
@@ -46,46 +39,28 @@ Transformer<T>::Transformer(const ParamLayout& layout, bool gradient_checkpointi
 }
 
 template <typename T>
+std::vector<ActInfo> Transformer<T>::act_table() const {
+  // Training keeps QK-norm's inputs and the (B, H, T, T) attention probabilities.
+  ActOptions o;
+  o.backward = true;
+  o.att_per_row = H_ * T_;
+  return layer_act_table(spec_, o);
+}
+
+template <typename T>
 int64_t Transformer<T>::layer_floats() const {
-  const int64_t N = N_, Q = H_ * D_, KV = Hkv_ * D_;
-  const int64_t qk_norm = spec_.qk_norm ? N * (Q + KV) + N * (H_ + Hkv_) : 0;
-  return N * C_ + N + N * Q + 2 * N * KV + N * H_ * T_ + N * Q + N * C_ + N * C_ + N + 3 * N * F_ +
-         qk_norm;
+  const ActElems e = act_elems(act_table(), N_);
+  return e.values + e.stats;
 }
 
 template <typename T>
-void Transformer<T>::point_layer(Saved& s, T* base) const {
-  const int64_t N = N_, Q = H_ * D_, KV = Hkv_ * D_;
-  T* p = base;
-  auto take = [&](int64_t n) {
-    T* r = p;
-    p += n;
-    return r;
-  };
-  LayerActs<T>& a = s.acts;
-  a.ln1 = take(N * C_);
-  a.rstd1 = take(N);
-  a.q = take(N * Q);
-  a.k = take(N * KV);
-  a.v = take(N * KV);
-  s.att = take(N * H_ * T_);
-  a.atty = take(N * Q);
-  a.x_mid = take(N * C_);
-  a.ln2 = take(N * C_);
-  a.rstd2 = take(N);
-  a.gate = take(N * F_);
-  a.up = take(N * F_);
-  a.h = take(N * F_);
-  if (spec_.qk_norm) {
-    a.q_raw = take(N * Q);
-    a.k_raw = take(N * KV);
-    a.q_rstd = take(N * H_);
-    a.k_rstd = take(N * Hkv_);
-  }
+void Transformer<T>::point_layer(LayerActs<T>& a, int set) {
+  // One region per set, values and statistics in table order.
+  carve(a, act_table(), N_, layers_.data() + set * layer_floats(), static_cast<T*>(nullptr));
 }
 
 template <typename T>
-LayerRun<T> Transformer<T>::layer_run(Saved& s, const int32_t* pos) const {
+LayerRun<T> Transformer<T>::layer_run(LayerActs<T>& s, const int32_t* pos) const {
   LayerRun<T> run;
   run.N = N_;
   run.pos = pos != nullptr ? pos : pos_.data();
@@ -102,10 +77,7 @@ LayerRun<T> Transformer<T>::layer_run(Saved& s, const int32_t* pos) const {
 
 template <typename T>
 void Transformer<T>::reserve(int64_t B, int64_t T_len, bool for_backward) {
-  RLHF_CHECK(B >= 1 && T_len >= 1, "batch must be non-empty, got B={} T={}", B, T_len);
-  RLHF_CHECK(T_len <= layout_.config().max_position_embeddings,
-             "sequence length {} exceeds max_position_embeddings {}", T_len,
-             layout_.config().max_position_embeddings);
+  set_geometry(B, T_len);
   // Every buffer below is N = B·T rows of a bounded model width (ModelConfig::validate), times the
   // layers kept for backward: refuse a batch whose buffers would not fit in int64 before any
   // product can wrap.
@@ -118,13 +90,9 @@ void Transformer<T>::reserve(int64_t B, int64_t T_len, bool for_backward) {
              "a batch of {} x {} tokens is too large for this model: its activations would take "
              "{:.3g} elements",
              B, T_len, static_cast<double>(floats));
-  B_ = B;
-  T_ = T_len;
-  N_ = B * T_len;
   const int64_t N = N_;
-  const int64_t sets = (for_backward && !checkpointing_) ? L_ : 1;
-  grow(res_, (for_backward ? L_ + 1 : 2) * N * C_, "activations (residual stream)");
-  grow(layers_, sets * layer_floats(), "activations (decoder layers)");
+  grow(res_, residual_slots(for_backward) * N * C_, "activations (residual stream)");
+  grow(layers_, layer_sets(for_backward) * layer_floats(), "activations (decoder layers)");
   grow(lnf_, N * C_, "activations (final norm)");
   grow(rstdf_, N, "activations (final norm)");
   grow(lse_, N, "activations (log-sum-exp)");
@@ -134,18 +102,7 @@ void Transformer<T>::reserve(int64_t B, int64_t T_len, bool for_backward) {
     for (int64_t t = 0; t < T_len; ++t) pos_[static_cast<size_t>(b * T_len + t)] = int32_t(t);
   if (for_backward) {
     grow(dres_, N * C_, "activation gradients");
-    grow(dln_, N * C_, "activation gradients");
-    grow(datty_, N * H_ * D_, "activation gradients");
-    grow(dq_, N * H_ * D_, "activation gradients");
-    grow(dk_, N * Hkv_ * D_, "activation gradients");
-    grow(dv_, N * Hkv_ * D_, "activation gradients");
-    if (spec_.qk_norm) {
-      grow(dq_raw_, N * H_ * D_, "activation gradients");
-      grow(dk_raw_, N * Hkv_ * D_, "activation gradients");
-    }
-    grow(dh_, N * F_, "activation gradients");
-    grow(dgate_, N * F_, "activation gradients");
-    grow(dup_, N * F_, "activation gradients");
+    grow(dlayer_, act_elems(layer_grad_table(spec_), N, kGradAlign).values, "activation gradients");
     grow(dlnf_, N * C_, "activation gradients");
   }
 }
@@ -153,9 +110,8 @@ void Transformer<T>::reserve(int64_t B, int64_t T_len, bool for_backward) {
 template <typename T>
 int64_t Transformer<T>::activation_bytes() const {
   size_t n = res_.size() + layers_.size() + lnf_.size() + rstdf_.size() + logits_.size() +
-             lse_.size() + entropy_.size() + sweep_res_.size() + dres_.size() + dln_.size() +
-             datty_.size() + dq_.size() + dk_.size() + dv_.size() + dq_raw_.size() +
-             dk_raw_.size() + dh_.size() + dgate_.size() + dup_.size() + dlnf_.size();
+             lse_.size() + entropy_.size() + sweep_res_.size() + dres_.size() + dlayer_.size() +
+             dlnf_.size();
   return static_cast<int64_t>(n * sizeof(T));
 }
 
@@ -172,10 +128,10 @@ void Transformer<T>::embed(UnitProvider<T>& p, const int32_t* tokens) {
 }
 
 template <typename T>
-void Transformer<T>::layer_forward(const T* params, int l, const T* x_in, T* x_out, Saved& a,
+void Transformer<T>::layer_forward(const T* params, int l, const T* x_in, T* x_out, LayerActs<T>& a,
                                    const int32_t* pos) {
   const LayerParams<const T> w(layout_.unit(layout_.layer_unit(l)), params);
-  decoder_layer_forward_cpu(x_out, a.acts, x_in, w, spec_, layer_run(a, pos));
+  decoder_layer_forward_cpu(x_out, a, x_in, w, spec_, layer_run(a, pos));
 }
 
 template <typename T>
@@ -183,27 +139,8 @@ void Transformer<T>::trunk_forward(UnitProvider<T>& p, const int32_t* tokens, in
                                    int64_t T_len, bool for_backward) {
   reserve(B, T_len, for_backward);
   tokens_.assign(tokens, tokens + N_);
-  have_backward_state_ = false;
-  kept_ = for_backward;
   embed(p, tokens);
-  const int64_t NC = N_ * C_;
-  const int64_t lf = layer_floats();
-  for (int l = 0; l < L_; ++l) {
-    // Residual stream: with backward, res_[l] is layer l's input (kept); without, ping-pong.
-    const T* x_in = res_.data() + (for_backward ? l : l % 2) * NC;
-    T* x_out = res_.data() + (for_backward ? l + 1 : (l + 1) % 2) * NC;
-    Saved a;
-    point_layer(a, layers_.data() + ((for_backward && !checkpointing_) ? l * lf : 0));
-    const int u = layout_.layer_unit(l);
-    const T* params = p.acquire_params(u);
-    layer_forward(params, l, x_in, x_out, a);
-    p.release_params(u);
-  }
-}
-
-template <typename T>
-const T* Transformer<T>::x_last() const {
-  return res_.data() + (kept_ ? L_ : L_ % 2) * N_ * C_;
+  forward_layers(p, for_backward);
 }
 
 template <typename T>
@@ -354,22 +291,13 @@ void Transformer<T>::backward_scalar(UnitProvider<T>& p, const T* dvalues) {
 // Backward
 
 template <typename T>
-void Transformer<T>::layer_backward(const T* params, T* grads, int l, const T* x_in, Saved& a,
-                                    T* dres) {
+void Transformer<T>::layer_backward(const T* params, T* grads, int l, const T* x_in,
+                                    LayerActs<T>& a, T* dres) {
   const UnitLayout& u = layout_.unit(layout_.layer_unit(l));
   const LayerParams<const T> w(u, params);
   const LayerParams<T> g(u, grads);
   LayerGradScratch<T> d;
-  d.dln = dln_.data();
-  d.datty = datty_.data();
-  d.dq = dq_.data();
-  d.dk = dk_.data();
-  d.dv = dv_.data();
-  d.dq_raw = spec_.qk_norm ? dq_raw_.data() : nullptr;
-  d.dk_raw = spec_.qk_norm ? dk_raw_.data() : nullptr;
-  d.dh = dh_.data();
-  d.dgate = dgate_.data();
-  d.dup = dup_.data();
+  carve(d, layer_grad_table(spec_), N_, dlayer_.data(), static_cast<T*>(nullptr), kGradAlign);
   const T* att = a.att;
   const int64_t B = B_, Tl = T_, H = H_, Hkv = Hkv_, D = D_;
   const AttentionBackwardFn<T> attention = [att, B, Tl, H, Hkv, D](T* dq, T* dk, T* dv,
@@ -377,30 +305,12 @@ void Transformer<T>::layer_backward(const T* params, T* grads, int l, const T* x
                                                                    const T* k, const T* v) {
     attention_backward_cpu(dq, dk, dv, datty, att, q, k, v, B, Tl, H, Hkv, D);
   };
-  decoder_layer_backward_cpu(dres, g, d, a.acts, x_in, w, spec_, layer_run(a), attention);
+  decoder_layer_backward_cpu(dres, g, d, a, x_in, w, spec_, layer_run(a), attention);
 }
 
 template <typename T>
 void Transformer<T>::trunk_backward(UnitProvider<T>& p, T* dres) {
-  const int64_t NC = N_ * C_;
-  const int64_t lf = layer_floats();
-  for (int l = static_cast<int>(L_) - 1; l >= 0; --l) {
-    const int u = layout_.layer_unit(l);
-    const T* params = p.acquire_params(u);
-    T* grads = p.acquire_grads(u);
-    Saved a;
-    const T* x_in = res_.data() + l * NC;
-    if (checkpointing_) {
-      point_layer(a, layers_.data());
-      // Recompute this layer's activations; its output equals the kept res_[l+1] bit for bit.
-      layer_forward(params, l, x_in, res_.data() + (l + 1) * NC, a);
-    } else {
-      point_layer(a, layers_.data() + l * lf);
-    }
-    layer_backward(params, grads, l, x_in, a, dres);
-    p.release_grads(u);
-    p.release_params(u);
-  }
+  backward_layers(p, dres);
   const int eu = layout_.embedding_unit();
   T* eg = p.acquire_grads(eu);
   embedding_backward_cpu(eg + layout_.unit(eu).at("embed_tokens.weight").offset, dres,

@@ -2,6 +2,7 @@
 // backward, optional per-layer activation recomputation, LM and scalar heads.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -9,6 +10,7 @@
 #include "model/decoder_layer.h"
 #include "model/forward_batch.h"
 #include "model/layout.h"
+#include "model/model_loop.h"
 #include "model/provider.h"
 
 namespace rlhf::model {
@@ -24,12 +26,13 @@ namespace rlhf::model {
 ///
 /// T is float (training) or double (gradient checks). Not thread-safe: one instance per stream.
 template <typename T>
-class Transformer {
+class Transformer : public ModelLoop<Transformer<T>, T, LayerActs<T>> {
+  using Base = ModelLoop<Transformer<T>, T, LayerActs<T>>;
+  friend Base;
+
  public:
   /// gradient_checkpointing: keep only each layer's input and recompute the layer in backward.
   Transformer(const ParamLayout& layout, bool gradient_checkpointing = false);
-
-  const ParamLayout& layout() const { return layout_; }
 
   /// LM forward. tokens, targets: (B, T) int32 (target −1 = no loss at that position, lp = 0).
   /// lp: (B, T) out; entropy: (B, T) out or nullptr. inv_temperature scales the logits before the
@@ -74,44 +77,37 @@ class Transformer {
   int64_t activation_bytes() const;
 
  private:
-  // One layer's saved forward: the routine's activations and the attention probabilities
-  // (B, H, T, T) that attention_backward_cpu needs.
-  struct Saved {
-    LayerActs<T> acts;
-    T* att = nullptr;
-  };
+  // Each backward scratch buffer starts on a multiple of this many elements (256 bytes of float).
+  static constexpr int64_t kGradAlign = 64;
   void reserve(int64_t B, int64_t T_, bool for_backward);
-  void point_layer(Saved& a, T* base) const;
+  // One layer's saved forward (model/activations.h): the routine's activations and, as att, the
+  // attention probabilities (B, H, T, T) that attention_backward_cpu needs.
+  std::vector<ActInfo> act_table() const;
+  // ModelLoop's steps (model/model_loop.h).
+  T* residual(int slot) { return res_.data() + slot * N_ * C_; }
+  void point_layer(LayerActs<T>& a, int set);
+  void copy_rows(T* dst, const T* src, int64_t n) const { std::copy(src, src + n, dst); }
   int64_t layer_floats() const;
   // pos: the (N) positions of the layer's tokens (nullptr = pos_).
-  LayerRun<T> layer_run(Saved& a, const int32_t* pos = nullptr) const;
+  LayerRun<T> layer_run(LayerActs<T>& a, const int32_t* pos = nullptr) const;
   void embed(UnitProvider<T>& p, const int32_t* tokens);
-  void layer_forward(const T* params, int l, const T* x_in, T* x_out, Saved& a,
-                     const int32_t* pos = nullptr);
-  void layer_backward(const T* params, T* grads, int l, const T* x_in, Saved& a, T* dres);
+  void layer_forward(const T* params, int l, const T* x_in, T* x_out, LayerActs<T>& a,
+                     const int32_t* pos);
+  void layer_backward(const T* params, T* grads, int l, const T* x_in, LayerActs<T>& a, T* dres);
   void trunk_forward(UnitProvider<T>& p, const int32_t* tokens, int64_t B, int64_t T_,
                      bool for_backward);
   void trunk_backward(UnitProvider<T>& p, T* dres);
   void final_norm(const T* head_params, const T* x);
   void lm_logprobs(const T* w, T* lp, T* entropy, bool keep_logits);
   std::vector<int64_t> sweep_trunk(UnitProvider<T>& p, const std::vector<ForwardBatch<T>>& batches);
-  // B_, T_, N_ of one batch of a sweep (the scratch is sized for the largest by sweep_trunk).
-  void sweep_geometry(const ForwardBatch<T>& b);
-  const T* x_last() const;
   void head_backward_common(UnitProvider<T>& p, const T* head_params, T* head_grads);
 
-  ParamLayout layout_;
-  LayerSpec spec_;
-  bool checkpointing_;
-  int64_t C_, F_, H_, Hkv_, D_, V_, L_;
+  using Base::B_, Base::C_, Base::D_, Base::F_, Base::H_, Base::Hkv_, Base::L_, Base::N_, Base::T_,
+      Base::V_, Base::checkpointing_, Base::entropy_valid_, Base::have_backward_state_, Base::kept_,
+      Base::last_head_, Base::layout_, Base::spec_;
+  using Base::backward_layers, Base::forward_layers, Base::layer_sets, Base::residual_slots,
+      Base::set_geometry, Base::sweep_geometry, Base::sweep_layers, Base::x_last;
   std::vector<T> rope_cos_, rope_sin_;  // (max_pos, D/2)
-
-  // Current batch geometry and state.
-  int64_t B_ = 0, T_ = 0, N_ = 0;
-  bool have_backward_state_ = false;
-  bool entropy_valid_ = false;
-  bool kept_ = false;  // the last trunk forward kept every layer's activations
-  HeadKind last_head_ = HeadKind::kLM;
   std::vector<int32_t> tokens_, targets_, pos_;
   T inv_temperature_ = T(1);
 
@@ -122,9 +118,9 @@ class Transformer {
   std::vector<T> lnf_, rstdf_, logits_, lse_, entropy_;
   std::vector<T> sweep_res_;        // a sweep's residual streams, batch after batch (Σ N_b, C)
   std::vector<int32_t> sweep_pos_;  // and its tokens' positions (Σ N_b)
-  // Backward scratch.
-  std::vector<T> dres_, dln_, datty_, dq_, dk_, dv_, dq_raw_, dk_raw_, dh_, dgate_, dup_, dlnf_;
-  int64_t cap_N_ = 0, cap_T_ = 0, cap_sets_ = 0;
+  // Backward scratch: the residual gradient, one layer's activation gradients (carved by
+  // layer_grad_table), the final norm's output gradient.
+  std::vector<T> dres_, dlayer_, dlnf_;
 };
 
 }  // namespace rlhf::model

@@ -47,20 +47,10 @@ void TransformerCuda::download_widened(float* host, const bf16* dev, int64_t n, 
 
 TransformerCuda::TransformerCuda(const ParamLayout& layout, bool gradient_checkpointing,
                                  int64_t logit_chunk_bytes)
-    : layout_(layout),
-      spec_(layer_spec(layout.config())),
-      checkpointing_(gradient_checkpointing),
-      logit_chunk_bytes_(logit_chunk_bytes) {
+    : ModelLoop(layout, gradient_checkpointing), logit_chunk_bytes_(logit_chunk_bytes) {
   RLHF_CHECK(logit_chunk_bytes > 0, "TransformerCuda: logit_chunk_bytes must be > 0, got {}",
              logit_chunk_bytes);
   const ModelConfig& c = layout.config();
-  C_ = c.hidden_size;
-  F_ = c.intermediate_size;
-  H_ = c.num_attention_heads;
-  Hkv_ = c.num_key_value_heads;
-  D_ = c.D();
-  V_ = c.vocab_size;
-  L_ = c.num_hidden_layers;
   const int64_t P = c.max_position_embeddings;
   rope_cos_.resize(P * D_ / 2, "RoPE cos table");
   rope_sin_.resize(P * D_ / 2, "RoPE sin table");
@@ -75,48 +65,22 @@ void TransformerCuda::set_fused_qkv(bool on) {
   fused_qkv_ = on && packable_;
 }
 
-int64_t TransformerCuda::layer_bf16() const {
-  const int64_t N = N_, Q = H_ * D_, KV = Hkv_ * D_;
-  const int64_t qk_norm = spec_.qk_norm ? N * (Q + KV) : 0;
-  return N * C_ + N * Q + 2 * N * KV + N * Q + N * C_ + N * C_ + 3 * N * F_ + qk_norm;
+std::vector<ActInfo> TransformerCuda::act_table() const {
+  // Training keeps QK-norm's inputs and the flash attention's (B, H, T) log-sum-exp.
+  ActOptions o;
+  o.backward = true;
+  o.att_per_row = H_;
+  return layer_act_table(spec_, o);
 }
 
-int64_t TransformerCuda::layer_f32() const {
-  return 2 * N_ + N_ * H_ + (spec_.qk_norm ? N_ * (H_ + Hkv_) : 0);
+void TransformerCuda::point_layer(LayerActsCuda& a, int set) {
+  const std::vector<ActInfo> t = act_table();
+  const ActElems e = act_elems(t, N_);
+  carve(a, t, N_, layers_.get() + set * e.values, layer_f32_.get() + set * e.stats);
 }
 
-void TransformerCuda::point_layer(Saved& s, int set) {
-  const int64_t N = N_, Q = H_ * D_, KV = Hkv_ * D_;
-  bf16* p = layers_.get() + set * layer_bf16();
-  auto take = [&](int64_t n) {
-    bf16* r = p;
-    p += n;
-    return r;
-  };
-  LayerActsCuda& a = s.acts;
-  a.ln1 = take(N * C_);
-  a.q = take(N * Q);
-  a.k = take(N * KV);
-  a.v = take(N * KV);
-  a.atty = take(N * Q);
-  a.x_mid = take(N * C_);
-  a.ln2 = take(N * C_);
-  a.gate = take(N * F_);
-  a.up = take(N * F_);
-  a.h = take(N * F_);
-  float* f = layer_f32_.get() + set * layer_f32();
-  a.rstd1 = f;
-  a.rstd2 = f + N;
-  s.att_lse = f + 2 * N;
-  if (spec_.qk_norm) {
-    a.q_raw = take(N * Q);
-    a.k_raw = take(N * KV);
-    a.q_rstd = f + 2 * N + N * H_;
-    a.k_rstd = a.q_rstd + N * H_;
-  }
-}
-
-LayerRunCuda TransformerCuda::layer_run(const Saved& a, cudaStream_t s, const int32_t* pos) const {
+LayerRunCuda TransformerCuda::layer_run(const LayerActsCuda& a, cudaStream_t s,
+                                        const int32_t* pos) const {
   LayerRunCuda run;
   run.N = N_;
   run.pos = pos != nullptr ? pos : pos_.get();
@@ -124,7 +88,7 @@ LayerRunCuda TransformerCuda::layer_run(const Saved& a, cudaStream_t s, const in
   run.rope_sin = rope_sin_.get();
   run.fused_qkv = fused_qkv_;
   run.stream = s;
-  float* lse = a.att_lse;
+  float* lse = a.att;
   const int64_t B = B_, T = T_, H = H_, Hkv = Hkv_, D = D_;
   run.attention = [lse, B, T, H, Hkv, D](bf16* atty, const bf16* q, const bf16* k, const bf16* v,
                                          cudaStream_t st) {
@@ -134,18 +98,13 @@ LayerRunCuda TransformerCuda::layer_run(const Saved& a, cudaStream_t s, const in
 }
 
 void TransformerCuda::reserve(int64_t B, int64_t T_len, bool for_backward, cudaStream_t s) {
-  RLHF_CHECK(B >= 1 && T_len >= 1, "batch must be non-empty, got B={} T={}", B, T_len);
-  RLHF_CHECK(T_len <= layout_.config().max_position_embeddings,
-             "sequence length {} exceeds max_position_embeddings {}", T_len,
-             layout_.config().max_position_embeddings);
-  B_ = B;
-  T_ = T_len;
-  N_ = B * T_len;
+  set_geometry(B, T_len);
   const int64_t N = N_, Q = H_ * D_, KV = Hkv_ * D_;
-  const int64_t sets = (for_backward && !checkpointing_) ? L_ : 1;
-  res_.resize((for_backward ? L_ + 1 : 2) * N * C_, "activations (residual stream)");
-  layers_.resize(sets * layer_bf16(), "activations (layers)");
-  layer_f32_.resize(sets * layer_f32(), "activations (layer statistics)");
+  const int64_t sets = layer_sets(for_backward);
+  res_.resize(residual_slots(for_backward) * N * C_, "activations (residual stream)");
+  const ActElems layer = act_elems(act_table(), N);
+  layers_.resize(sets * layer.values, "activations (layers)");
+  layer_f32_.resize(sets * layer.stats, "activations (layer statistics)");
   proj_.resize(N * C_, "activations (projection)");
   if (fused_qkv_) qkv_.resize(N * (Q + 2 * KV), "activations (packed q/k/v)");
   lnf_.resize(N * C_, "activations (final norm)");
@@ -165,18 +124,8 @@ void TransformerCuda::reserve(int64_t B, int64_t T_len, bool for_backward, cudaS
                              cudaMemcpyHostToDevice, s));
   if (for_backward) {
     dres_.resize(N * C_, "activation gradients");
-    dln_.resize(N * C_, "activation gradients");
-    datty_.resize(N * Q, "activation gradients");
-    dq_.resize(N * Q, "activation gradients");
-    dk_.resize(N * KV, "activation gradients");
-    dv_.resize(N * KV, "activation gradients");
-    if (spec_.qk_norm) {
-      dq_raw_.resize(N * Q, "activation gradients");
-      dk_raw_.resize(N * KV, "activation gradients");
-    }
-    dh_.resize(N * F_, "activation gradients");
-    dgate_.resize(N * F_, "activation gradients");
-    dup_.resize(N * F_, "activation gradients");
+    dlayer_.resize(act_elems(layer_grad_table(spec_), N, kGradAlign).values,
+                   "activation gradients");
     dlnf_.resize(N * C_, "activation gradients");
     dlp_.resize(N);
     dentropy_.resize(N);
@@ -185,10 +134,8 @@ void TransformerCuda::reserve(int64_t B, int64_t T_len, bool for_backward, cudaS
 
 int64_t TransformerCuda::activation_bytes() const {
   int64_t n = 0;
-  for (const DeviceArray<bf16>* a :
-       {&res_,       &layers_,       &proj_,   &qkv_, &lnf_,   &logits_, &values_,
-        &sweep_res_, &sweep_values_, &dres_,   &dln_, &datty_, &dq_,     &dk_,
-        &dv_,        &dq_raw_,       &dk_raw_, &dh_,  &dgate_, &dup_,    &dlnf_})
+  for (const DeviceArray<bf16>* a : {&res_, &layers_, &proj_, &qkv_, &lnf_, &logits_, &values_,
+                                     &sweep_res_, &sweep_values_, &dres_, &dlayer_, &dlnf_})
     n += a->bytes();
   for (const DeviceArray<int32_t>* a : {&sweep_tokens_, &sweep_targets_, &sweep_pos_})
     n += a->bytes();
@@ -213,36 +160,26 @@ void TransformerCuda::upload_ids(const int32_t* tokens, const int32_t* targets, 
 // Forward
 
 void TransformerCuda::layer_forward(const bf16* params, int l, const bf16* x_in, bf16* x_out,
-                                    Saved& a, cudaStream_t s, const int32_t* pos) {
+                                    LayerActsCuda& a, const int32_t* pos) {
   const LayerParams<const bf16> w(layout_.unit(layout_.layer_unit(l)), params);
   LayerScratchCuda scratch{proj_.get(), fused_qkv_ ? qkv_.get() : nullptr};
-  decoder_layer_forward_cuda(x_out, a.acts, scratch, x_in, w, spec_, layer_run(a, s, pos));
+  decoder_layer_forward_cuda(x_out, a, scratch, x_in, w, spec_, layer_run(a, stream_, pos));
+}
+
+void TransformerCuda::copy_rows(bf16* dst, const bf16* src, int64_t n) const {
+  CUDA_CHECK(
+      cudaMemcpyAsync(dst, src, size_t(n) * sizeof(bf16), cudaMemcpyDeviceToDevice, stream_));
 }
 
 void TransformerCuda::trunk_forward(DeviceUnitProvider& p, bool for_backward) {
-  const cudaStream_t s = p.stream();
-  have_backward_state_ = false;
-  kept_ = for_backward;
+  stream_ = p.stream();
   const int eu = layout_.embedding_unit();
   const bf16* emb = p.acquire_params(eu);
   embedding_forward_cuda(res_.get(), tokens_.get(),
-                         emb + layout_.unit(eu).at("embed_tokens.weight").offset, N_, C_, V_, s);
+                         emb + layout_.unit(eu).at("embed_tokens.weight").offset, N_, C_, V_,
+                         stream_);
   p.release_params(eu);
-  const int64_t NC = N_ * C_;
-  for (int l = 0; l < L_; ++l) {
-    const bf16* x_in = res_.get() + (for_backward ? l : l % 2) * NC;
-    bf16* x_out = res_.get() + (for_backward ? l + 1 : (l + 1) % 2) * NC;
-    Saved a;
-    point_layer(a, (for_backward && !checkpointing_) ? l : 0);
-    const int u = layout_.layer_unit(l);
-    const bf16* params = p.acquire_params(u);
-    layer_forward(params, l, x_in, x_out, a, s);
-    p.release_params(u);
-  }
-}
-
-const bf16* TransformerCuda::x_last() const {
-  return res_.get() + (kept_ ? L_ : L_ % 2) * N_ * C_;
+  forward_layers(p, for_backward);
 }
 
 void TransformerCuda::final_norm(const bf16* head_params, const bf16* x, cudaStream_t s) {
@@ -429,24 +366,16 @@ void TransformerCuda::backward_scalar(DeviceUnitProvider& p, const float* dvalue
 }
 
 void TransformerCuda::layer_backward(const bf16* params, float* grads, int l, const bf16* x_in,
-                                     Saved& a, bf16* dres, cudaStream_t s) {
+                                     LayerActsCuda& a, bf16* dres) {
+  const cudaStream_t s = stream_;
   const UnitLayout& u = layout_.unit(layout_.layer_unit(l));
   const LayerParams<const bf16> w(u, params);
   const LayerParams<float> g(u, grads);
   LayerGradScratchCuda d;
-  d.dln = dln_.get();
-  d.datty = datty_.get();
-  d.dq = dq_.get();
-  d.dk = dk_.get();
-  d.dv = dv_.get();
-  d.dq_raw = spec_.qk_norm ? dq_raw_.get() : nullptr;
-  d.dk_raw = spec_.qk_norm ? dk_raw_.get() : nullptr;
-  d.dh = dh_.get();
-  d.dgate = dgate_.get();
-  d.dup = dup_.get();
+  carve(d, layer_grad_table(spec_), N_, dlayer_.get(), static_cast<bf16*>(nullptr), kGradAlign);
   LayerScratchCuda scratch{proj_.get(), fused_qkv_ ? qkv_.get() : nullptr};
-  const LayerActsCuda& acts = a.acts;
-  const float* lse = a.att_lse;
+  const LayerActsCuda& acts = a;
+  const float* lse = a.att;
   const int64_t B = B_, T = T_, H = H_, Hkv = Hkv_, D = D_;
   auto attention = [&acts, lse, B, T, H, Hkv, D](bf16* dq, bf16* dk, bf16* dv, const bf16* datty,
                                                  cudaStream_t st) {
@@ -458,29 +387,12 @@ void TransformerCuda::layer_backward(const bf16* params, float* grads, int l, co
 }
 
 void TransformerCuda::trunk_backward(DeviceUnitProvider& p, bf16* dres) {
-  const cudaStream_t s = p.stream();
-  const int64_t NC = N_ * C_;
-  for (int l = static_cast<int>(L_) - 1; l >= 0; --l) {
-    const int u = layout_.layer_unit(l);
-    const bf16* params = p.acquire_params(u);
-    float* grads = p.acquire_grads(u);
-    Saved a;
-    const bf16* x_in = res_.get() + l * NC;
-    if (checkpointing_) {
-      point_layer(a, 0);
-      // Recompute this layer's activations; its output equals the kept res_[l+1].
-      layer_forward(params, l, x_in, res_.get() + (l + 1) * NC, a, s);
-    } else {
-      point_layer(a, l);
-    }
-    layer_backward(params, grads, l, x_in, a, dres, s);
-    p.release_grads(u);
-    p.release_params(u);
-  }
+  stream_ = p.stream();
+  backward_layers(p, dres);
   const int eu = layout_.embedding_unit();
   float* eg = p.acquire_grads(eu);
   embedding_backward_cuda(eg + layout_.unit(eu).at("embed_tokens.weight").offset, dres,
-                          tokens_.get(), N_, C_, V_, s);
+                          tokens_.get(), N_, C_, V_, stream_);
   p.release_grads(eu);
 }
 

@@ -14,6 +14,7 @@
 #include "model/device_provider.h"
 #include "model/forward_batch.h"
 #include "model/layout.h"
+#include "model/model_loop.h"
 
 namespace rlhf::model {
 
@@ -40,7 +41,9 @@ namespace rlhf::model {
 /// values, their gradients): they are B·T elements, small next to the model, and the trainer's
 /// losses are computed on the host. Each public method synchronises the provider's stream before
 /// returning its host outputs. Not thread-safe: one instance per stream.
-class TransformerCuda {
+class TransformerCuda : public ModelLoop<TransformerCuda, bf16, LayerActsCuda> {
+  friend ModelLoop<TransformerCuda, bf16, LayerActsCuda>;
+
  public:
   /// Bytes of bf16 logits one LM-head chunk may hold (256 MiB).
   static constexpr int64_t kLogitChunkBytes = int64_t{256} << 20;
@@ -51,8 +54,6 @@ class TransformerCuda {
   /// device.
   TransformerCuda(const ParamLayout& layout, bool gradient_checkpointing = false,
                   int64_t logit_chunk_bytes = kLogitChunkBytes);
-
-  const ParamLayout& layout() const { return layout_; }
 
   /// LM forward, contract of Transformer::forward_lm: tokens, targets (B, T) int32 host (target
   /// −1: no loss, lp = 0); lp (B, T) fp32 host out; entropy (B, T) host out or nullptr.
@@ -102,61 +103,56 @@ class TransformerCuda {
   void set_fused_qkv(bool on);
 
  private:
-  // One layer's saved forward: the routine's activations and the attention lse (B, H, T) the
-  // flash backward needs.
-  struct Saved {
-    LayerActsCuda acts;
-    float* att_lse = nullptr;
-  };
+  // Each backward scratch buffer starts on a multiple of this many elements (256 bytes of bf16,
+  // cudaMalloc's alignment).
+  static constexpr int64_t kGradAlign = 128;
   // Throws rlhf::Error naming the first id outside [0, V) (−1 allowed with allow_minus_one).
   static void check_ids(const int32_t* ids, int64_t N, int64_t V, bool allow_minus_one,
                         const char* what);
   void reserve(int64_t B, int64_t T_, bool for_backward, cudaStream_t s);
-  int64_t layer_bf16() const;
-  int64_t layer_f32() const;
-  void point_layer(Saved& a, int set);
+  // One layer's saved forward (model/activations.h): the routine's activations and, as att, the
+  // attention lse (B, H, T) the flash backward needs; bf16 values in layers_, fp32 statistics in
+  // layer_f32_.
+  std::vector<ActInfo> act_table() const;
+  // ModelLoop's steps (model/model_loop.h); the kernels go on stream_, the pass's stream.
+  bf16* residual(int slot) { return res_.get() + slot * N_ * C_; }
+  void point_layer(LayerActsCuda& a, int set);
+  void copy_rows(bf16* dst, const bf16* src, int64_t n) const;
   // pos: the (N) device positions of the layer's tokens (nullptr = pos_).
-  LayerRunCuda layer_run(const Saved& a, cudaStream_t s, const int32_t* pos = nullptr) const;
+  LayerRunCuda layer_run(const LayerActsCuda& a, cudaStream_t s,
+                         const int32_t* pos = nullptr) const;
   void upload_ids(const int32_t* tokens, const int32_t* targets, cudaStream_t s);
   void trunk_forward(DeviceUnitProvider& p, bool for_backward);
-  void layer_forward(const bf16* params, int l, const bf16* x_in, bf16* x_out, Saved& a,
-                     cudaStream_t s, const int32_t* pos = nullptr);
-  void layer_backward(const bf16* params, float* grads, int l, const bf16* x_in, Saved& a,
-                      bf16* dres, cudaStream_t s);
+  void layer_forward(const bf16* params, int l, const bf16* x_in, bf16* x_out, LayerActsCuda& a,
+                     const int32_t* pos);
+  void layer_backward(const bf16* params, float* grads, int l, const bf16* x_in, LayerActsCuda& a,
+                      bf16* dres);
   void trunk_backward(DeviceUnitProvider& p, bf16* dres);
   void final_norm(const bf16* head_params, const bf16* x, cudaStream_t s);
   // The sweep's trunk: every batch's residual stream after the last layer, in sweep_res_.
   void sweep_trunk(DeviceUnitProvider& p, const std::vector<ForwardBatch<float>>& batches, bool lm);
-  // B_, T_, N_ of one batch of a sweep (the scratch is sized for the largest).
-  void sweep_geometry(const ForwardBatch<float>& b);
   // Each batch's rows of `host` (Σ N_b, the sweep's outputs in batch order) into its out.
   void sweep_outputs(const std::vector<float>& host,
                      const std::vector<ForwardBatch<float>>& batches) const;
   // n bf16 device values widened into host fp32; synchronises the stream.
   static void download_widened(float* host, const bf16* dev, int64_t n, cudaStream_t s);
-  const bf16* x_last() const;
   int64_t logit_chunk_rows() const;
   void head_backward_common(DeviceUnitProvider& p, const bf16* head_params, float* head_grads);
 
-  ParamLayout layout_;
-  LayerSpec spec_;
-  bool checkpointing_;
   int64_t logit_chunk_bytes_;
   bool packable_ = false;   // every layer's q/k/v are packed in the layout (and no QK-norm)
   bool fused_qkv_ = false;  // packable_ and not turned off
-  int64_t C_, F_, H_, Hkv_, D_, V_, L_;
   DeviceArray<float> rope_cos_, rope_sin_;  // (max_pos, D/2)
 
-  int64_t B_ = 0, T_ = 0, N_ = 0;
-  bool have_backward_state_ = false, entropy_valid_ = false, kept_ = false, logits_kept_ = false;
-  HeadKind last_head_ = HeadKind::kLM;
+  cudaStream_t stream_ = nullptr;  // the provider's stream of the pass in progress
+  bool logits_kept_ = false;
   float inv_temperature_ = 1.0f;
   std::vector<int32_t> pos_host_;
 
   DeviceArray<int32_t> tokens_, targets_, pos_;
   DeviceArray<bf16> res_;         // (L+1 or 2, N, C)
-  DeviceArray<bf16> layers_;      // (sets, layer_bf16)
-  DeviceArray<float> layer_f32_;  // (sets, layer_f32): rstd1, rstd2, attention lse
+  DeviceArray<bf16> layers_;      // (sets, the act_table values)
+  DeviceArray<float> layer_f32_;  // (sets, the act_table statistics): rstd1, rstd2, lse, ...
   DeviceArray<bf16> proj_;        // (N, C): o_proj / down_proj output before the residual add
   DeviceArray<bf16> qkv_;  // (N, q + 2·kv): packed QKV GEMM output, and its gradient in backward
   DeviceArray<bf16> lnf_, logits_;
@@ -169,8 +165,9 @@ class TransformerCuda {
   DeviceArray<float> sweep_lp_;
   std::vector<int64_t> sweep_offset_;
   std::vector<int32_t> sweep_host_ids_;  // host staging of the uploads: tokens, positions, targets
-  // Backward scratch.
-  DeviceArray<bf16> dres_, dln_, datty_, dq_, dk_, dv_, dq_raw_, dk_raw_, dh_, dgate_, dup_, dlnf_;
+  // Backward scratch: the residual gradient, one layer's activation gradients (carved by
+  // layer_grad_table), the final norm's output gradient.
+  DeviceArray<bf16> dres_, dlayer_, dlnf_;
 };
 
 }  // namespace rlhf::model

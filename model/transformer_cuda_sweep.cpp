@@ -57,9 +57,8 @@ void TransformerCuda::sweep_trunk(DeviceUnitProvider& p,
   if (lm)
     CUDA_CHECK(cudaMemcpyAsync(sweep_targets_.get(), sweep_host_ids_.data() + 2 * total, bytes,
                                cudaMemcpyHostToDevice, s));
-  have_backward_state_ = false;
-  kept_ = false;
   logits_kept_ = false;
+  stream_ = s;
   const int eu = layout_.embedding_unit();
   const bf16* emb = p.acquire_params(eu);
   for (size_t i = 0; i < batches.size(); ++i) {
@@ -69,33 +68,13 @@ void TransformerCuda::sweep_trunk(DeviceUnitProvider& p,
                            emb + layout_.unit(eu).at("embed_tokens.weight").offset, N_, C_, V_, s);
   }
   p.release_params(eu);
-  for (int l = 0; l < L_; ++l) {
-    const int u = layout_.layer_unit(l);
-    const bf16* params = p.acquire_params(u);
-    for (size_t i = 0; i < batches.size(); ++i) {
-      sweep_geometry(batches[i]);
-      const int64_t off = sweep_offset_[i];
-      bf16* x = sweep_res_.get() + off * C_;
-      Saved a;
-      point_layer(a, 0);
-      layer_forward(params, l, x, res_.get(), a, s, sweep_pos_.get() + off);
-      CUDA_CHECK(cudaMemcpyAsync(x, res_.get(), size_t(N_ * C_) * sizeof(bf16),
-                                 cudaMemcpyDeviceToDevice, s));
-    }
-    p.release_params(u);
-  }
+  sweep_layers(p, batches, sweep_offset_, sweep_res_.get(), sweep_pos_.get());
 }
 
 void TransformerCuda::sweep_outputs(const std::vector<float>& host,
                                     const std::vector<ForwardBatch<float>>& batches) const {
   for (size_t i = 0; i < batches.size(); ++i)
     std::copy(host.begin() + sweep_offset_[i], host.begin() + sweep_offset_[i + 1], batches[i].out);
-}
-
-void TransformerCuda::sweep_geometry(const ForwardBatch<float>& b) {
-  B_ = b.B;
-  T_ = b.seq_len;
-  N_ = b.B * b.seq_len;
 }
 
 void TransformerCuda::forward_lm_sweep(DeviceUnitProvider& p,

@@ -32,8 +32,6 @@ std::vector<int64_t> Transformer<T>::sweep_trunk(UnitProvider<T>& p,
   for (size_t i = 0; i < batches.size(); ++i)
     for (int64_t n = 0; n < batches[i].B * batches[i].seq_len; ++n)
       sweep_pos_[size_t(row[i] + n)] = int32_t(n % batches[i].seq_len);
-  have_backward_state_ = false;
-  kept_ = false;
   const int eu = layout_.embedding_unit();
   const T* emb = p.acquire_params(eu);
   for (size_t i = 0; i < batches.size(); ++i) {
@@ -42,27 +40,8 @@ std::vector<int64_t> Transformer<T>::sweep_trunk(UnitProvider<T>& p,
                           emb + layout_.unit(eu).at("embed_tokens.weight").offset, N_, C_, V_);
   }
   p.release_params(eu);
-  for (int l = 0; l < L_; ++l) {
-    const int u = layout_.layer_unit(l);
-    const T* params = p.acquire_params(u);
-    for (size_t i = 0; i < batches.size(); ++i) {
-      sweep_geometry(batches[i]);
-      T* x = sweep_res_.data() + row[i] * C_;
-      Saved a;
-      point_layer(a, layers_.data());
-      layer_forward(params, l, x, res_.data(), a, sweep_pos_.data() + row[i]);
-      std::copy(res_.data(), res_.data() + N_ * C_, x);
-    }
-    p.release_params(u);
-  }
+  sweep_layers(p, batches, row, sweep_res_.data(), sweep_pos_.data());
   return row;
-}
-
-template <typename T>
-void Transformer<T>::sweep_geometry(const ForwardBatch<T>& b) {
-  B_ = b.B;
-  T_ = b.seq_len;
-  N_ = b.B * b.seq_len;
 }
 
 template <typename T>
@@ -118,7 +97,6 @@ void Transformer<T>::forward_scalar_sweep(UnitProvider<T>& p,
 #define RLHF_INSTANTIATE_SWEEP(T)                                                                 \
   template std::vector<int64_t> Transformer<T>::sweep_trunk(UnitProvider<T>&,                     \
                                                             const std::vector<ForwardBatch<T>>&); \
-  template void Transformer<T>::sweep_geometry(const ForwardBatch<T>&);                           \
   template void Transformer<T>::forward_lm_sweep(UnitProvider<T>&,                                \
                                                  const std::vector<ForwardBatch<T>>&, T);         \
   template void Transformer<T>::forward_scalar_sweep(UnitProvider<T>&,                            \

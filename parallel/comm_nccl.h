@@ -81,8 +81,6 @@ class NcclComm final : public Comm {
   /// The stream every collective of this communicator is enqueued on (non-blocking w.r.t. the
   /// legacy default stream).
   cudaStream_t stream() const { return stream_; }
-  /// The NCCL communicator (for calls this class does not wrap).
-  ncclComm_t nccl_comm() const { return nccl_; }
   /// The CUDA device the communicator was created on.
   int device() const { return device_; }
 

@@ -34,7 +34,10 @@ void d2h(void* dst, const void* src, size_t bytes, cudaStream_t s) {
 
 DeviceZero3Store::DeviceZero3Store(const model::ParamLayout& layout, Comm* comm,
                                    DeviceStoreOptions options)
-    : layout_(layout), shard_layout_(layout, comm != nullptr ? comm->size() : 1), opt_(options) {
+    : layout_(layout),
+      shard_layout_(layout, comm != nullptr ? comm->size() : 1),
+      opt_(options),
+      schedule_(layout.num_units(), options.prefetch, options.keep_params_for_backward) {
   if (comm != nullptr && comm->size() > 1) {
 #ifdef RLHF_NCCL
     nccl_ = dynamic_cast<NcclComm*>(comm);
@@ -129,7 +132,7 @@ void DeviceZero3Store::give_back(Pool<T>& pool, std::unique_ptr<Buffer<T>> b,
 
 // --- the provider ----------------------------------------------------------------------------
 
-void DeviceZero3Store::post_gather(int u) {
+std::unique_ptr<DeviceZero3Store::Gathered> DeviceZero3Store::post_gather(int u) {
 #ifdef RLHF_NCCL
   auto g = std::make_unique<Gathered>();
   const int64_t S = shard_numel(u);
@@ -137,42 +140,30 @@ void DeviceZero3Store::post_gather(int u) {
   requests_.push_back(nccl_->iall_gather(shards_[size_t(u)].params16.get(), g->buffer->data.get(),
                                          S, DType::kBfloat16));
   g->ready.record(comm_stream());
-  gathered_[u] = std::move(g);
+  return g;
 #else
   (void)u;
   RLHF_FAIL("internal error: ZeRO-3 gather without NCCL");
 #endif
 }
 
-void DeviceZero3Store::prefetch_after(int u) {
-  // As Zero3Store: only an acquire at the cursor moves it (the tied head's nested acquire of
-  // unit 0 prefetches nothing).
-  if (u != cursor_) return;
-  cursor_ = backward_ ? u - 1 : u + 1;
-  if (!opt_.prefetch || cursor_ < 0 || cursor_ >= layout_.num_units()) return;
-  if (gathered_.count(cursor_) == 0) post_gather(cursor_);
-}
-
 const model::bf16* DeviceZero3Store::acquire_params(int u) {
   RLHF_ASSERT(u >= 0 && u < layout_.num_units());
   if (nshards_ == 1) return shards_[size_t(u)].params16.get();
-  if (gathered_.count(u) == 0) post_gather(u);
-  Gathered& g = *gathered_[u];
   // Compute waits for this unit's gather only (not for prefetches posted after it).
-  CUDA_CHECK(cudaStreamWaitEvent(stream(), g.ready.get(), 0));
-  ++g.refs;
-  prefetch_after(u);
-  return g.buffer->data.get();
+  const std::unique_ptr<Gathered>& g = schedule_.acquire(
+      u, [&](int v) { return post_gather(v); },
+      [&](std::unique_ptr<Gathered>& h) {
+        CUDA_CHECK(cudaStreamWaitEvent(stream(), h->ready.get(), 0));
+      });
+  return g->buffer->data.get();
 }
 
 void DeviceZero3Store::release_params(int u) {
   if (nshards_ == 1) return;
-  auto it = gathered_.find(u);
-  RLHF_ASSERT(it != gathered_.end() && it->second->refs > 0);
-  if (--it->second->refs > 0) return;
-  if (opt_.keep_params_for_backward && !backward_) return;  // reused by backward
-  give_back(free_params_, std::move(it->second->buffer), stream());
-  gathered_.erase(it);
+  schedule_.release(u, [&](std::unique_ptr<Gathered>& g) {
+    give_back(free_params_, std::move(g->buffer), stream());
+  });
 }
 
 float* DeviceZero3Store::acquire_grads(int u) {
@@ -206,26 +197,18 @@ void DeviceZero3Store::release_grads(int u) {
 }
 
 void DeviceZero3Store::begin_pass(bool backward) {
-  backward_ = backward;
-  cursor_ = backward ? layout_.num_units() - 1 : 0;
   if (nshards_ == 1) return;
   // Gathers read the bf16 shards, which the optimizer (on stream()) may just have updated.
   compute_to_comm_.order(stream(), comm_stream());
-  if (opt_.prefetch && gathered_.count(cursor_) == 0) post_gather(cursor_);
+  schedule_.begin_pass(backward, [&](int u) { return post_gather(u); });
 }
 
 void DeviceZero3Store::end_pass(bool backward) {
   if (nshards_ == 1) return;
-  for (auto it = gathered_.begin(); it != gathered_.end();) {
-    const bool keep = opt_.keep_params_for_backward && !backward;
-    if (it->second->refs == 0 && !keep) {
-      // A prefetch past the end: nobody computed on it, its last user is the gather.
-      give_back(free_params_, std::move(it->second->buffer), comm_stream());
-      it = gathered_.erase(it);
-    } else {
-      ++it;
-    }
-  }
+  // A dropped copy nobody computed on (a prefetch past the end): its last user is the gather.
+  schedule_.end_pass(backward, [&](std::unique_ptr<Gathered>& g) {
+    give_back(free_params_, std::move(g->buffer), comm_stream());
+  });
   // Retire finished collectives without blocking.
   while (!requests_.empty() && requests_.front().test()) requests_.pop_front();
 }

@@ -20,6 +20,7 @@
 #include "parallel/comm.h"
 #include "parallel/param_store.h"
 #include "parallel/shard_layout.h"
+#include "parallel/unit_schedule.h"
 
 namespace rlhf::parallel {
 
@@ -49,6 +50,9 @@ struct DeviceStoreOptions {
 /// the unit it acquires (so the prefetched gather of unit u+1 overlaps the compute of unit u),
 /// and a gradient's reduce-scatter waits for the compute that filled it. The optimizer, the
 /// norm and every host-visible method first make stream() wait for all communication.
+///
+/// Which units are gathered, the prefetch cursor and when a copy is dropped are the UnitSchedule's
+/// (parallel/unit_schedule.h), shared with the host Zero3Store.
 ///
 /// Collective methods (every acquire/release when N > 1, grad_sq_norm, gather_*) must be called
 /// in the same order on every rank. Not thread-safe.
@@ -116,15 +120,13 @@ class DeviceZero3Store final : public ParamStore, public model::DeviceUnitProvid
   struct Gathered {
     std::unique_ptr<Buffer<model::bf16>> buffer;
     CudaEvent ready;  // recorded on the comm stream after the all-gather
-    int refs = 0;
   };
 
   template <typename T>
   std::unique_ptr<Buffer<T>> take(Pool<T>& pool, int64_t n, cudaStream_t user);
   template <typename T>
   void give_back(Pool<T>& pool, std::unique_ptr<Buffer<T>> b, cudaStream_t last_user);
-  void post_gather(int u);
-  void prefetch_after(int u);
+  std::unique_ptr<Gathered> post_gather(int u);
   void sync_comm();
   cudaStream_t comm_stream() const;
   const float* master_host_view(int u) const;
@@ -140,7 +142,7 @@ class DeviceZero3Store final : public ParamStore, public model::DeviceUnitProvid
   CudaStream compute_;
   std::unique_ptr<CudaStream> copy_;  // adam_offload
   std::vector<Shard> shards_;
-  std::map<int, std::unique_ptr<Gathered>> gathered_;
+  UnitSchedule<std::unique_ptr<Gathered>> schedule_;  // gathered units, prefetch cursor
   std::map<int, std::unique_ptr<Buffer<float>>> grads_out_;
   Pool<model::bf16> free_params_;
   Pool<float> free_grads_, free_staging_;
@@ -148,8 +150,6 @@ class DeviceZero3Store final : public ParamStore, public model::DeviceUnitProvid
   std::deque<CommRequest> requests_;  // posted collectives (completion checked at sync points)
   CudaEvent compute_to_comm_;
   DeviceArray<double> norm_ws_;
-  bool backward_ = false;
-  int cursor_ = 0;
 };
 
 }  // namespace rlhf::parallel

@@ -19,7 +19,11 @@ void copy_floats(float* dst, const float* src, int64_t n) {
 // Zero3Store
 
 Zero3Store::Zero3Store(const model::ParamLayout& layout, Comm& comm, Zero3Options options)
-    : layout_(layout), shard_layout_(layout, comm.size()), comm_(comm), opt_(options) {
+    : layout_(layout),
+      shard_layout_(layout, comm.size()),
+      comm_(comm),
+      opt_(options),
+      schedule_(layout.num_units(), options.prefetch, options.keep_params_for_backward) {
   shards_.resize(static_cast<size_t>(layout.num_units()));
   for (int u = 0; u < layout.num_units(); ++u) {
     const int64_t S = shard_numel(u);
@@ -68,46 +72,26 @@ void Zero3Store::give_back(Pool& free, std::vector<float>* b) {
   in_use_.erase(it);
 }
 
-void Zero3Store::post_gather(int u) {
-  Gathered& g = gathered_[u];
-  RLHF_ASSERT(g.state == State::kNotAvailable);
+Zero3Store::Gathered Zero3Store::post_gather(int u) {
+  Gathered g;
   g.buffer = take_buffer(free_params_, shard_layout_.padded_numel(u));
   g.request = comm_.iall_gather(shards_[size_t(u)].params.data(), g.buffer->data(), shard_numel(u));
-  g.state = g.request.done() ? State::kAvailable : State::kInflight;
-}
-
-void Zero3Store::prefetch_after(int u) {
-  // The static order: forward walks units upwards, backward downwards. Only an acquire at the
-  // cursor moves it, so the tied head's nested acquire of unit 0 prefetches nothing.
-  if (u != cursor_) return;
-  cursor_ = backward_ ? u - 1 : u + 1;
-  if (!opt_.prefetch || cursor_ < 0 || cursor_ >= layout_.num_units()) return;
-  auto it = gathered_.find(cursor_);
-  if (it == gathered_.end() || it->second.state == State::kNotAvailable) post_gather(cursor_);
+  g.ready = g.request.done();
+  return g;
 }
 
 const float* Zero3Store::acquire_params(int u) {
-  RLHF_ASSERT(u >= 0 && u < layout_.num_units());
-  auto it = gathered_.find(u);
-  if (it == gathered_.end() || it->second.state == State::kNotAvailable) post_gather(u);
-  Gathered& g = gathered_[u];
-  if (g.state == State::kInflight) {
-    g.request.wait();
-    g.state = State::kAvailable;
-  }
-  ++g.refs;
-  prefetch_after(u);
+  Gathered& g = schedule_.acquire(
+      u, [&](int v) { return post_gather(v); },
+      [](Gathered& h) {
+        if (!h.ready) h.request.wait();
+        h.ready = true;
+      });
   return g.buffer->data();
 }
 
 void Zero3Store::release_params(int u) {
-  auto it = gathered_.find(u);
-  RLHF_ASSERT(it != gathered_.end() && it->second.refs > 0);
-  Gathered& g = it->second;
-  if (--g.refs > 0) return;
-  if (opt_.keep_params_for_backward && !backward_) return;  // reused by backward
-  give_back(free_params_, g.buffer);
-  gathered_.erase(it);
+  schedule_.release(u, [&](Gathered& g) { give_back(free_params_, g.buffer); });
 }
 
 float* Zero3Store::acquire_grads(int u) {
@@ -163,29 +147,16 @@ void Zero3Store::finish_all_pending_grads() {
 }
 
 void Zero3Store::begin_pass(bool backward) {
-  backward_ = backward;
-  cursor_ = backward ? layout_.num_units() - 1 : 0;
-  if (opt_.prefetch) {
-    auto it = gathered_.find(cursor_);
-    if (it == gathered_.end()) post_gather(cursor_);
-  }
+  schedule_.begin_pass(backward, [&](int u) { return post_gather(u); });
 }
 
 void Zero3Store::end_pass(bool backward) {
   if (backward) finish_all_pending_grads();
-  // Drop every full copy nobody holds (a prefetch past the end, or the kept forward copies once
-  // backward is done). In-flight gathers complete first.
-  for (auto it = gathered_.begin(); it != gathered_.end();) {
-    Gathered& g = it->second;
-    const bool keep = opt_.keep_params_for_backward && !backward;
-    if (g.refs == 0 && !keep) {
-      if (g.state == State::kInflight) g.request.wait();
-      give_back(free_params_, g.buffer);
-      it = gathered_.erase(it);
-    } else {
-      ++it;
-    }
-  }
+  // In-flight gathers of dropped copies complete first.
+  schedule_.end_pass(backward, [&](Gathered& g) {
+    if (!g.ready) g.request.wait();
+    give_back(free_params_, g.buffer);
+  });
 }
 
 void Zero3Store::zero_grads() {

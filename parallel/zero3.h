@@ -14,6 +14,7 @@
 #include "parallel/comm.h"
 #include "parallel/param_store.h"
 #include "parallel/shard_layout.h"
+#include "parallel/unit_schedule.h"
 
 namespace rlhf::parallel {
 
@@ -35,7 +36,8 @@ struct Zero3Options {
 
 /// The sharded ParamStore and the UnitProvider the model runs on. Collective methods (and every
 /// acquire/release, which may communicate) must be called in the same order on every rank of
-/// `comm`. Unit states follow DeepSpeed's names: NOT_AVAILABLE, INFLIGHT, AVAILABLE.
+/// `comm`. Which units are gathered, the prefetch cursor and when a copy is dropped are the
+/// UnitSchedule's (parallel/unit_schedule.h), shared with the GPU store.
 class Zero3Store final : public ParamStore, public model::UnitProvider<float> {
  public:
   /// Shards every unit of `layout` over comm.size() ranks (ShardLayout).
@@ -77,18 +79,17 @@ class Zero3Store final : public ParamStore, public model::UnitProvider<float> {
   Comm& comm() { return comm_; }
 
  private:
-  enum class State { kNotAvailable, kInflight, kAvailable };
   struct Shard {
     std::vector<float> params, grads, m, v;      // the "device" side (m, v empty with offload)
     std::vector<float> master_host, grads_host;  // adam_offload: host master + grad copy
     std::vector<float> m_host, v_host;
     bool grads_fresh = true;  // no micro-batch has reduced into grads since zero_grads
   };
+  // A gathered unit: its full buffer and the all-gather filling it (complete once `ready`).
   struct Gathered {
     std::vector<float>* buffer = nullptr;
-    State state = State::kNotAvailable;
-    int refs = 0;
     CommRequest request;
+    bool ready = false;
   };
   struct PendingGrad {
     int unit = -1;
@@ -102,8 +103,7 @@ class Zero3Store final : public ParamStore, public model::UnitProvider<float> {
   using Pool = std::map<int64_t, std::vector<std::unique_ptr<std::vector<float>>>>;
   std::vector<float>* take_buffer(Pool& free, int64_t n);
   void give_back(Pool& free, std::vector<float>* b);
-  void post_gather(int u);
-  void prefetch_after(int u);
+  Gathered post_gather(int u);
   void finish_pending_grad(PendingGrad& g);
   // All-gathers the shards (one per rank, `shard` is this rank's) of unit u into a padded
   // scratch buffer and copies the unit's numel elements to out.
@@ -115,14 +115,12 @@ class Zero3Store final : public ParamStore, public model::UnitProvider<float> {
   Comm& comm_;
   Zero3Options opt_;
   std::vector<Shard> shards_;
-  std::map<int, Gathered> gathered_;
+  UnitSchedule<Gathered> schedule_;
   Pool free_params_, free_grads_, free_staging_;
   std::map<const std::vector<float>*, std::unique_ptr<std::vector<float>>> in_use_;
   int64_t pooled_floats_ = 0;
   std::map<int, std::vector<float>*> grads_out_;  // acquired, not yet released
   std::vector<PendingGrad> pending_;
-  bool backward_ = false;
-  int cursor_ = 0;  // the next unit of the static order (prefetch target)
 };
 
 /// ZeRO stage 0, the baseline: full weights, gradients and moments on every rank (like

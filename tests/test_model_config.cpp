@@ -11,6 +11,7 @@
 #include <set>
 
 #include "io/jsonl.h"
+#include "model/arch.h"
 #include "tests/io/io_test_util.h"
 
 using namespace rlhf;
@@ -99,8 +100,8 @@ TEST_CASE("hf config.json: every transformers v4 and v5 file loads with the publ
       CHECK(c.rms_norm_eps == e.eps);
       CHECK(c.rope_theta == e.theta);
       CHECK(c.tie_word_embeddings == e.tied);
-      CHECK(c.qkv_bias() == e.qkv_bias);
-      CHECK(c.o_bias() == e.o_bias);
+      CHECK(model::layer_spec(c).qkv_bias == e.qkv_bias);
+      CHECK(model::layer_spec(c).o_bias == e.o_bias);
       CHECK(c.bos_token_id == e.bos);
       CHECK(c.eos_token_id == e.eos);
       CHECK(c.rope_style == model::RopeStyle::kRotateHalf);
@@ -152,7 +153,7 @@ TEST_CASE("hf config.json: to_json -> from_json round-trips, rope scaling includ
       CHECK(strict.rope_scaling == c.rope_scaling);
       CHECK(strict.rope_theta == c.rope_theta);
       CHECK(strict.D() == c.D());
-      CHECK(strict.qkv_bias() == c.qkv_bias());
+      CHECK(model::layer_spec(strict).qkv_bias == model::layer_spec(c).qkv_bias);
     }
   }
   // The v4 layout that transformers v4 and v5 both read.
@@ -360,12 +361,12 @@ TEST_CASE("model config: qwen3 and explicit head_dim for every model type") {
     CHECK(back.head_dim == 24);
     CHECK(back.D() == 24);
     CHECK(back.model_type == type);
-    CHECK(back.qkv_bias() == (std::string(type) == "qwen2"));
-    CHECK_FALSE(back.o_bias());
+    CHECK(model::layer_spec(back).qkv_bias == (std::string(type) == "qwen2"));
+    CHECK_FALSE(model::layer_spec(back).o_bias);
   }
   ModelConfig q3;
   q3.model_type = "qwen3";
   q3.attention_bias = true;  // Qwen3 with attention_bias: q, k, v and o biases, as HF's
-  CHECK(q3.qkv_bias());
-  CHECK(q3.o_bias());
+  CHECK(model::layer_spec(q3).qkv_bias);
+  CHECK(model::layer_spec(q3).o_bias);
 }

@@ -14,7 +14,8 @@ void linear_forward_cpu(T* y, const T* x, const T* w, const T* b, int64_t N, int
                         int64_t OC);
 
 /// dx = dy · w  (or dx += when accumulate_dx; skipped when dx is nullptr),
-/// dw += dyᵀ · x, db += Σ_n dy (skipped when db is nullptr). dy: (N, OC).
+/// dw += dyᵀ · x (skipped when dw is nullptr: a frozen weight), db += Σ_n dy (skipped when db is
+/// nullptr). dy: (N, OC).
 /// accumulate_dx lets q/k/v projections (or gate/up) sum their input gradients into one buffer.
 /// db sums rows in order per column, so it does not depend on the thread count; dx and dw are
 /// whatever order OpenBLAS uses.

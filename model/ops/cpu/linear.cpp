@@ -77,8 +77,8 @@ void linear_backward_cpu(T* dx, T* dw, T* db, const T* dy, const T* x, const T* 
   // dx (N, IC) = dy (N, OC) · w (OC, IC)
   if (dx != nullptr)
     gemm_cpu<T>(false, false, N, IC, OC, T(1), dy, OC, w, IC, accumulate_dx ? T(1) : T(0), dx, IC);
-  // dw (OC, IC) += dyᵀ (OC, N) · x (N, IC)
-  gemm_cpu<T>(true, false, OC, IC, N, T(1), dy, OC, x, IC, T(1), dw, IC);
+  // dw (OC, IC) += dyᵀ (OC, N) · x (N, IC); a frozen weight (dw = nullptr) has none.
+  if (dw != nullptr) gemm_cpu<T>(true, false, OC, IC, N, T(1), dy, OC, x, IC, T(1), dw, IC);
   if (db == nullptr) return;
   // db (OC) += Σ_n dy[n, :]. Columns are split into fixed blocks across threads and each column
   // sums its rows in order, so the result does not depend on the thread count.
