@@ -9,7 +9,7 @@
 set -euo pipefail
 PKGS=(cmake make g++ pkg-config libopenmpi-dev openmpi-bin libhdf5-dev libspdlog-dev libcli11-dev
       libtomlplusplus-dev doctest-dev libopenblas-openmp-dev nlohmann-json3-dev
-      libsentencepiece-dev libpcre2-dev)
+      libsentencepiece-dev libpcre2-dev libdnnl-dev)
 if [ "${1:-}" = "--test" ]; then
   PKGS+=(clang-14 libclang-rt-14-dev libfmt-dev)
 fi
