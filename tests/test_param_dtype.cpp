@@ -34,8 +34,10 @@ TEST_CASE("param_dtype: flags on every computing command") {
     CHECK(contains(help, "--param_dtype"));
     CHECK(contains(help, "--bf16"));
   }
-  CHECK(contains(cli_test::usage_error({"sft", "--param_dtype", "fp16"}), "--param_dtype"));
-  const auto p = cli_test::parse({"sft", "--dataset", "d", "--bf16"});
+  CHECK(contains(
+      cli_test::usage_error({"sft", "--dataset", "d", "--pretrain", "m", "--param_dtype", "fp16"}),
+      "--param_dtype"));
+  const auto p = cli_test::parse({"sft", "--dataset", "d", "--pretrain", "m", "--bf16"});
   const auto& g = std::get<app::SftArgs>(p.args);
   CHECK(g.parallel.bf16);
   CHECK(g.parallel.param_dtype == "auto");
