@@ -231,6 +231,9 @@ struct ParallelArgs {
   double nccl_timeout = -1;
   /// --attn_implementation: GPU attention: flash (this project's kernels) | cudnn (fused SDPA)
   std::string attn_implementation = "flash";
+  /// --param_dtype: the models' compute precision, bf16 | fp32 | auto (app/param_dtype.h)
+  std::string param_dtype = "auto";
+  bool bf16 = false;  ///< --bf16: OpenRLHF's switch, = --param_dtype bf16
 
   void bind(OptionSet& o);
 };
@@ -555,7 +558,7 @@ struct ImportArgs {
 /// `rlhf bench [suite...]`: benchmarks, JSON lines on stdout (rank 0) and a table in the log.
 struct BenchArgs {
   CommonArgs common;
-  std::vector<std::string> suites;      ///< positional: train | generate | comm | sync | all
+  std::vector<std::string> suites;  ///< positional: train | generate | comm | sync | gemm | rl | all
   std::string model_config;             ///< --model_config: "" = the stories15M shape
   int64_t tokens_per_step = 4096;       ///< --tokens_per_step: tokens per optimizer step (global)
   int64_t seq_len = 256;                ///< --seq_len: sequence length of the training benchmark

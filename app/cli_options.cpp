@@ -46,7 +46,8 @@ void BenchArgs::bind(OptionSet& o) {
   o.app()
       ->add_option("suite", suites,
                    "Benchmarks to run: train, generate, comm, sync, all (default all); rl "
-                   "(minutes: not in all)")
+                   "(minutes: not in all); gemm (sgemm vs oneDNN fp32 vs bf16 at --model_config's "
+                   "shapes, default SmolLM-135M's: not in all)")
       ->type_name("SUITE");
   o.add("model_config", model_config, "Model config for train (\"\" = stories15M shape)");
   o.add("tokens_per_step", tokens_per_step, "Tokens per optimizer step (global)").check(ge(1));
@@ -84,8 +85,10 @@ void BenchArgs::bind(OptionSet& o) {
 void BenchArgs::validate() {
   if (suites.empty()) suites = {"all"};
   for (const std::string& s : suites)
-    if (s != "train" && s != "generate" && s != "comm" && s != "sync" && s != "rl" && s != "all")
-      usage_fail("unknown benchmark suite '{}'\nhint: train, generate, comm, sync, rl or all", s);
+    if (s != "train" && s != "generate" && s != "comm" && s != "sync" && s != "rl" && s != "gemm" &&
+        s != "all")
+      usage_fail("unknown benchmark suite '{}'\nhint: train, generate, comm, sync, rl, gemm or all",
+                 s);
 }
 
 void ModelArgs::bind(OptionSet& o) {
@@ -195,6 +198,13 @@ void ParallelArgs::bind(OptionSet& o) {
         "GPU attention: flash (this project's flash-attention kernels, deterministic) or cudnn "
         "(cuDNN's fused tensor-core attention where it can serve the shape)")
       .check(one_of({"flash", "cudnn"}));
+  o.add("param_dtype", param_dtype,
+        "Compute precision of the models' GEMMs: bf16 (bf16 weights and activations, fp32 "
+        "accumulation, fp32 master weights, gradients and AdamW moments), fp32, or auto = bf16 on "
+        "GPUs and on CPUs with AMX or AVX512-BF16, fp32 elsewhere (the CPU's bf16 is not wired "
+        "into the model yet: auto gives fp32 there and bf16 is refused)")
+      .check(one_of({"auto", "bf16", "fp32"}));
+  o.add("bf16", bf16, "Same as --param_dtype bf16 (OpenRLHF's switch)");
   o.add("comm_timeout", comm_timeout,
         "Seconds one collective or wait may block before the watchdog names it and ends the job "
         "on every rank (0 = none; a stopped or hung rank otherwise hangs the job)")

@@ -10,6 +10,7 @@
 #include "app/runtime.h"
 #include "bench/bench_comm.h"
 #include "bench/bench_cuda.h"
+#include "bench/bench_gemm.h"
 #include "bench/bench_generate.h"
 #include "bench/bench_rl.h"
 #include "bench/bench_sync.h"
@@ -190,7 +191,15 @@ int run_bench(const BenchArgs& args) {
       LOG0_INFO("bench sync: {}", bench::bench_sync_row_text(row));
     });
   }
-  // rl runs minutes of GRPO steps: only when named.
+  // gemm (minutes where the CPU emulates bf16) and rl (minutes of GRPO steps): only when named.
+  if (std::find(args.suites.begin(), args.suites.end(), "gemm") != args.suites.end()) {
+    bench::BenchGemmOptions o;
+    if (!args.model_config.empty()) {
+      o.model = args.model_config;
+      o.config = io::load_model_config_file(args.model_config);
+    }
+    bench::run_bench_gemm(o, emit);
+  }
   if (std::find(args.suites.begin(), args.suites.end(), "rl") != args.suites.end()) {
     bench::BenchRlOptions o;
     if (!args.model_config.empty()) o.config = io::load_model_config_file(args.model_config);

@@ -2,12 +2,22 @@
 
 #include <type_traits>
 
+#include "app/param_dtype.h"
+#include "parallel/runtime.h"
+
 namespace rlhf::app {
 
 int run_command(const CommandArgs& args) {
   return std::visit(
       [](const auto& a) -> int {
         using T = std::decay_t<decltype(a)>;
+        // --param_dtype, resolved and logged once for every command that computes (`score` runs
+        // on the CPU only; export and import compute nothing).
+        if constexpr (requires { a.parallel; }) {
+          const bool gpu = !std::is_same_v<T, ScoreArgs> &&
+                           parallel::resolve_device(a.parallel.device) == parallel::Device::kCuda;
+          setup_param_dtype(a.parallel, gpu);
+        }
         if constexpr (std::is_same_v<T, SftArgs>)
           return run_sft(a);
         else if constexpr (std::is_same_v<T, RmArgs>)

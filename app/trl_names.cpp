@@ -51,7 +51,7 @@ constexpr TrlName kTable[] = {
     {"adam_beta2", "--adam_betas BETA1 BETA2"},
     {"eval_strategy", "--eval_steps (with --eval_dataset)"},
     {"use_vllm", "nothing: rlhf always generates with its own engines (--gen_ranks_per_node)"},
-    {"bf16", "nothing: --device cuda trains in bf16, the CPU in fp32"},
+    {"bf16", "--param_dtype bf16 (or --bf16, the same; the default auto is bf16 on GPUs)"},
     {"deepspeed", "--zero_stage and --adam_offload"},
     {"report_to",
      "--use_tensorboard DIR (tensorboard) and --use_wandb (wandb); metrics.jsonl is always "

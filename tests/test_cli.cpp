@@ -183,7 +183,8 @@ TEST_CASE("cli: every sft option can come from TOML") {
       "attn_implementation = \"cudnn\"\ncomm_timeout = 90\nckpt_path = \"/tmp/c\"\n"
       "max_ckpt_num = 4\nload_checkpoint = true\napply_chat_template = true\n"
       "save_hf_ckpt = true\nuse_tensorboard = \"/tmp/tb\"\nuse_wandb = \"false\"\n"
-      "wandb_project = \"p\"\nwandb_group = \"g\"\nwandb_run_name = \"r\"\nwandb_org = \"o\"\n");
+      "wandb_project = \"p\"\nwandb_group = \"g\"\nwandb_run_name = \"r\"\nwandb_org = \"o\"\n"
+      "param_dtype = \"fp32\"\nbf16 = false\n");
   const ParsedCommand p = parse({"sft", "--config", f.str()});
   const app::SftArgs& a = sft(p);
   CHECK(a.data.dataset == "d.jsonl");
@@ -226,6 +227,7 @@ TEST_CASE("cli: every sft option can come from TOML") {
   CHECK(a.parallel.device == "cpu");
   CHECK(a.parallel.nccl_timeout == 60);
   CHECK(a.parallel.attn_implementation == "cudnn");
+  CHECK(a.parallel.param_dtype == "fp32");
   CHECK(a.parallel.comm_timeout == 90);
   CHECK(a.ckpt.ckpt_path == "/tmp/c");
   CHECK(a.ckpt.max_ckpt_num == 4);

@@ -1,5 +1,8 @@
-// IEEE 754 binary16 ("fp16") storage for the CPU: the KV cache of the CPU generation engine keeps
-// its keys and values in it (half the bytes that decode attention reads); all math stays fp32.
+// 16-bit storage types for the CPU; all math stays fp32.
+//  - IEEE 754 binary16 ("fp16"): the KV cache of the CPU generation engine keeps its keys and
+//  values
+//    in it (half the bytes that decode attention reads).
+//  - bfloat16 (the top half of an fp32): the operands of the bf16 GEMMs (model/ops/matmul_bf16.h).
 #pragma once
 
 #include <cstdint>
@@ -96,5 +99,53 @@ inline void float_to_f16_n(f16* dst, const float* src, int64_t n) {
 #endif
   for (; i < n; ++i) dst[i] = float_to_f16(src[i]);
 }
+
+// ---------------------------------------------------------------------------------------------
+// bfloat16
+
+/// One bfloat16 value: the upper 16 bits of an IEEE fp32 (1 sign, 8 exponent, 7 mantissa bits:
+/// relative rounding error <= 2^-9, fp32's range). Host storage only; the CUDA backend's device
+/// type is bf16 (= __nv_bfloat16, the same bits). Convert with bf16_to_float / float_to_bf16.
+struct bfloat16 {
+  uint16_t bits;
+};
+static_assert(sizeof(bfloat16) == 2);
+
+/// Exact widening: the bits become the upper half of the fp32 (subnormals, ±inf, NaN kept).
+inline float bf16_to_float(bfloat16 h) {
+  const uint32_t b = uint32_t(h.bits) << 16;
+  float out;
+  std::memcpy(&out, &b, 4);
+  return out;
+}
+
+/// Rounds to the nearest bfloat16, ties to even, on the bits (as torch's .bfloat16() and CUDA's
+/// __float2bfloat16_rn): subnormals round like any other value (no flush to zero), values past the
+/// largest finite bfloat16 (0x7F7F·2^16, about 3.39e38) round to ±inf, ±inf stay. A NaN stays a NaN
+/// with its sign and upper payload, made quiet (bit 6 set), so a payload only in the low 16 bits
+/// cannot turn it into an inf.
+inline bfloat16 float_to_bf16(float x) {
+  uint32_t b;
+  std::memcpy(&b, &x, 4);
+  if ((b & 0x7FFFFFFFu) > 0x7F800000u) return bfloat16{uint16_t((b >> 16) | 0x40u)};
+  return bfloat16{uint16_t((b + 0x7FFFu + ((b >> 16) & 1u)) >> 16)};
+}
+
+/// float_to_bf16 then back: x rounded to bfloat16 precision, kept in fp32.
+inline float round_to_bf16(float x) {
+  return bf16_to_float(float_to_bf16(x));
+}
+
+/// dst[i] = float_to_bf16(src[i]) for i < n: AVX-512 16 lanes at a time where the build has it
+/// (bit-identical to the scalar rounding: integer arithmetic, not vcvtneps2bf16, which flushes
+/// subnormal inputs to zero), the rest scalar; OpenMP threads over chunks for large n.
+void float_to_bf16_n(bfloat16* dst, const float* src, int64_t n);
+
+/// dst[i] = bf16_to_float(src[i]) for i < n (exact; vectorised and threaded like float_to_bf16_n).
+void bf16_to_float_n(float* dst, const bfloat16* src, int64_t n);
+
+/// x[i] = round_to_bf16(x[i]) for i < n, in place (vectorised and threaded like float_to_bf16_n):
+/// fp32 buffers that hold bf16-precision values, as a bf16 op's outputs are rounded once.
+void round_to_bf16_n(float* x, int64_t n);
 
 }  // namespace rlhf::model

@@ -9,6 +9,8 @@
 
 #include <cstdint>
 
+#include "model/ops/half.h"
+
 namespace rlhf::model {
 
 /// Output rows per panel of a packed weight (linear_decode_pack): one 16-lane fp32 vector.
@@ -37,5 +39,17 @@ void linear_decode_pack(float* wp, const float* w, int64_t IC, int64_t OC);
 /// with std::fma, bit for bit). y must not alias x. Throws rlhf::Error on a negative dimension.
 void linear_decode_packed_cpu(float* y, const float* x, const float* wp, const float* b, int64_t M,
                               int64_t IC, int64_t OC);
+
+/// linear_decode_pack with every weight rounded to bfloat16 (nearest, ties to even): the same
+/// layout in half the bytes. wp: linear_decode_packed_size(IC, OC) bfloat16 values.
+void linear_decode_pack_bf16(bfloat16* wp, const float* w, int64_t IC, int64_t OC);
+
+/// linear_decode_packed_cpu over a bfloat16 packed weight (linear_decode_pack_bf16): each weight is
+/// widened to fp32 in registers (exactly), then the same fused multiply-adds in the same order, so
+/// the result is bit-identical to linear_decode_packed_cpu on fp32 weights holding the bf16 values,
+/// and as batch-invariant. At batch 1, bound by reading the weights: half the bytes of fp32.
+/// x, y, b fp32. Throws rlhf::Error on a negative dimension.
+void linear_decode_packed_bf16_cpu(float* y, const float* x, const bfloat16* wp, const float* b,
+                                   int64_t M, int64_t IC, int64_t OC);
 
 }  // namespace rlhf::model

@@ -1,10 +1,13 @@
 // The engine's decode linear over packed weights (model/ops/linear_decode.h): outer products of
 // 16-output weight vectors with up to 8 input rows held in registers, one FMA per k in k order.
+// The weights are fp32 or bfloat16 (widened in registers, exactly: the same FMAs as fp32 weights
+// holding the bf16 values).
 #include <algorithm>
 #include <cmath>
 
 #include "core/error.h"
 #include "model/ops/cpu/avx512_util.h"
+#include "model/ops/half.h"
 #include "model/ops/linear_decode.h"
 
 namespace rlhf::model {
@@ -16,21 +19,39 @@ constexpr int64_t kMR = 8;
 // Below this many multiply-adds the call stays on one thread (a fork costs a few µs).
 constexpr int64_t kParallelMacs = 1 << 16;
 
+// One packed weight element as fp32 (exact for bfloat16).
+inline float widen(float w) {
+  return w;
+}
+inline float widen(bfloat16 w) {
+  return bf16_to_float(w);
+}
+
 #if defined(__AVX512F__)
 RLHF_AVX512_DIAGNOSTICS_PUSH
 
+// 16 consecutive packed weights as fp32 lanes (bfloat16: zero-extended and shifted into the upper
+// half, the exact widening).
+inline __m512 load16(const float* w) {
+  return _mm512_loadu_ps(w);
+}
+inline __m512 load16(const bfloat16* w) {
+  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
 // Rows [0, MR) of x against NP (1 or 2) consecutive panels starting at wp (stride IC·16 between
-// panels): y[i·ldy + 16·p + l] for l < valid[p].
-template <int MR, int NP>
-inline void block(float* y, int64_t ldy, const float* x, const float* wp, const float* b,
-                  int64_t IC, const int64_t* valid) {
+// panels): y[i·ldy + 16·p + l] for l < valid[p]. W: float or bfloat16 weights.
+template <int MR, int NP, typename W>
+inline void block(float* y, int64_t ldy, const float* x, const W* wp, const float* b, int64_t IC,
+                  const int64_t* valid) {
   __m512 acc[MR][NP];
   const int64_t pstride = IC * kDecodePanel;
   // k = 0: the product alone (fma(x0, w0, 0) rounds the same as x0·w0).
   {
     __m512 wv[NP];
 #pragma GCC unroll 2
-    for (int p = 0; p < NP; ++p) wv[p] = _mm512_loadu_ps(wp + p * pstride);
+    for (int p = 0; p < NP; ++p) wv[p] = load16(wp + p * pstride);
 #pragma GCC unroll 8
     for (int i = 0; i < MR; ++i) {
       const __m512 xb = _mm512_set1_ps(x[i * IC]);
@@ -41,7 +62,7 @@ inline void block(float* y, int64_t ldy, const float* x, const float* wp, const 
   for (int64_t k = 1; k < IC; ++k) {
     __m512 wv[NP];
 #pragma GCC unroll 2
-    for (int p = 0; p < NP; ++p) wv[p] = _mm512_loadu_ps(wp + p * pstride + k * kDecodePanel);
+    for (int p = 0; p < NP; ++p) wv[p] = load16(wp + p * pstride + k * kDecodePanel);
 #pragma GCC unroll 8
     for (int i = 0; i < MR; ++i) {
       const __m512 xb = _mm512_set1_ps(x[i * IC + k]);
@@ -61,9 +82,9 @@ inline void block(float* y, int64_t ldy, const float* x, const float* wp, const 
 }
 
 // Every row of x against NP panels: blocks of 8 rows, then the 1–7 left.
-template <int NP>
-inline void panels(float* y, int64_t ldy, const float* x, const float* wp, const float* b,
-                   int64_t M, int64_t IC, const int64_t* valid) {
+template <int NP, typename W>
+inline void panels(float* y, int64_t ldy, const float* x, const W* wp, const float* b, int64_t M,
+                   int64_t IC, const int64_t* valid) {
   int64_t m = 0;
   for (; m + kMR <= M; m += kMR) block<8, NP>(y + m * ldy, ldy, x + m * IC, wp, b, IC, valid);
   float* ym = y + m * ldy;
@@ -92,39 +113,41 @@ RLHF_AVX512_DIAGNOSTICS_POP
 #endif
 
 // Portable path: the same fused multiply-adds in the same order, one output at a time.
-[[maybe_unused]] void panels_portable(float* y, int64_t ldy, const float* x, const float* wp,
+template <typename W>
+[[maybe_unused]] void panels_portable(float* y, int64_t ldy, const float* x, const W* wp,
                                       const float* b, int64_t M, int64_t IC, int64_t np,
                                       const int64_t* valid) {
   for (int64_t p = 0; p < np; ++p)
     for (int64_t l = 0; l < valid[p]; ++l) {
-      const float* w = wp + p * IC * kDecodePanel + l;
+      const W* w = wp + p * IC * kDecodePanel + l;
       for (int64_t m = 0; m < M; ++m) {
         const float* xr = x + m * IC;
-        float acc = xr[0] * w[0];
-        for (int64_t k = 1; k < IC; ++k) acc = std::fma(xr[k], w[k * kDecodePanel], acc);
+        float acc = xr[0] * widen(w[0]);
+        for (int64_t k = 1; k < IC; ++k) acc = std::fma(xr[k], widen(w[k * kDecodePanel]), acc);
         y[m * ldy + p * kDecodePanel + l] = acc + (b != nullptr ? b[p * kDecodePanel + l] : 0.0f);
       }
     }
 }
 
-}  // namespace
-
-void linear_decode_pack(float* wp, const float* w, int64_t IC, int64_t OC) {
-  RLHF_CHECK(IC >= 0 && OC >= 0, "linear_decode_pack: negative dimension IC={} OC={}", IC, OC);
+// wp = the panels of w (see linear_decode_pack), each element through cvt.
+template <typename W, typename Cvt>
+void pack(W* wp, const float* w, int64_t IC, int64_t OC, const Cvt& cvt) {
   const int64_t np = (OC + kDecodePanel - 1) / kDecodePanel;
 #pragma omp parallel for schedule(static) if (IC * OC >= kParallelMacs)
   for (int64_t p = 0; p < np; ++p)
     for (int64_t k = 0; k < IC; ++k)
       for (int64_t l = 0; l < kDecodePanel; ++l) {
         const int64_t o = p * kDecodePanel + l;
-        wp[(p * IC + k) * kDecodePanel + l] = o < OC ? w[o * IC + k] : 0.0f;
+        wp[(p * IC + k) * kDecodePanel + l] = cvt(o < OC ? w[o * IC + k] : 0.0f);
       }
 }
 
-void linear_decode_packed_cpu(float* y, const float* x, const float* wp, const float* b, int64_t M,
-                              int64_t IC, int64_t OC) {
-  RLHF_CHECK(M >= 0 && IC >= 0 && OC >= 0,
-             "linear_decode_packed_cpu: negative dimension M={} IC={} OC={}", M, IC, OC);
+// linear_decode_packed_cpu for W = float or bfloat16 weights.
+template <typename W>
+void packed(const char* what, float* y, const float* x, const W* wp, const float* b, int64_t M,
+            int64_t IC, int64_t OC) {
+  RLHF_CHECK(M >= 0 && IC >= 0 && OC >= 0, "{}: negative dimension M={} IC={} OC={}", what, M, IC,
+             OC);
   if (M == 0 || OC == 0) return;
   if (IC == 0) {  // an empty sum: the bias alone
     for (int64_t m = 0; m < M; ++m)
@@ -142,7 +165,7 @@ void linear_decode_packed_cpu(float* y, const float* x, const float* wp, const f
     for (int64_t p = 0; p < n; ++p)
       valid[p] = std::min<int64_t>(kDecodePanel, OC - (p0 + p) * kDecodePanel);
     float* yt = y + p0 * kDecodePanel;
-    const float* wt = wp + p0 * IC * kDecodePanel;
+    const W* wt = wp + p0 * IC * kDecodePanel;
     const float* bt = b != nullptr ? b + p0 * kDecodePanel : nullptr;
 #if defined(__AVX512F__)
     if (n == 2)
@@ -153,6 +176,28 @@ void linear_decode_packed_cpu(float* y, const float* x, const float* wp, const f
     panels_portable(yt, OC, x, wt, bt, M, IC, n, valid);
 #endif
   }
+}
+
+}  // namespace
+
+void linear_decode_pack(float* wp, const float* w, int64_t IC, int64_t OC) {
+  RLHF_CHECK(IC >= 0 && OC >= 0, "linear_decode_pack: negative dimension IC={} OC={}", IC, OC);
+  pack(wp, w, IC, OC, [](float v) { return v; });
+}
+
+void linear_decode_pack_bf16(bfloat16* wp, const float* w, int64_t IC, int64_t OC) {
+  RLHF_CHECK(IC >= 0 && OC >= 0, "linear_decode_pack_bf16: negative dimension IC={} OC={}", IC, OC);
+  pack(wp, w, IC, OC, [](float v) { return float_to_bf16(v); });
+}
+
+void linear_decode_packed_cpu(float* y, const float* x, const float* wp, const float* b, int64_t M,
+                              int64_t IC, int64_t OC) {
+  packed("linear_decode_packed_cpu", y, x, wp, b, M, IC, OC);
+}
+
+void linear_decode_packed_bf16_cpu(float* y, const float* x, const bfloat16* wp, const float* b,
+                                   int64_t M, int64_t IC, int64_t OC) {
+  packed("linear_decode_packed_bf16_cpu", y, x, wp, b, M, IC, OC);
 }
 
 }  // namespace rlhf::model

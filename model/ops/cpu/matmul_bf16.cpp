@@ -1,0 +1,257 @@
+// oneDNN matmul for the bf16 GEMMs of model/ops/matmul_bf16.h (and the fp32 matmul the benchmark
+// compares with). The oneDNN calls are compiled only with RLHF_ONEDNN (CMakeLists.txt defines it
+// for this file alone); without it the GEMMs throw.
+#include "model/ops/matmul_bf16.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <type_traits>
+#include <vector>
+
+#include "core/error.h"
+
+#ifdef RLHF_ONEDNN
+#include <oneapi/dnnl/dnnl.hpp>
+
+#include <map>
+#include <mutex>
+#include <tuple>
+#endif
+
+namespace rlhf::model {
+
+namespace {
+
+constexpr const char* kNoOnednn = "none (built without oneDNN)";
+
+void check_args(const char* what, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
+                int64_t lda, int64_t ldb, int64_t ldc) {
+  const int64_t a_cols = trans_a ? M : K, b_cols = trans_b ? K : N;
+  RLHF_CHECK(M >= 0 && N >= 0 && K >= 0, "{}: negative dimension M={} N={} K={}", what, M, N, K);
+  RLHF_CHECK(lda >= std::max<int64_t>(1, a_cols) && ldb >= std::max<int64_t>(1, b_cols) &&
+                 ldc >= std::max<int64_t>(1, N),
+             "{}: leading dimension too small (M={} N={} K={} trans_a={} trans_b={}: lda={} needs "
+             ">= {}, ldb={} needs >= {}, ldc={} needs >= {})",
+             what, M, N, K, trans_a, trans_b, lda, a_cols, ldb, b_cols, ldc, N);
+}
+
+#ifdef RLHF_ONEDNN
+using dnnl::memory;
+
+// C = bias rows (or C += bias rows when accumulating), or C = 0 when there is no bias and no
+// accumulation: what the GEMM then adds its product to.
+void prepare_c(int64_t M, int64_t N, const float* bias, float* C, int64_t ldc, bool accumulate) {
+  if (accumulate && bias == nullptr) return;
+#pragma omp parallel for schedule(static) if (M * N >= 32768)
+  for (int64_t i = 0; i < M; ++i) {
+    float* c = C + i * ldc;
+    if (bias == nullptr)
+      std::fill(c, c + N, 0.0f);
+    else if (accumulate)
+      for (int64_t j = 0; j < N; ++j) c[j] += bias[j];
+    else
+      std::copy(bias, bias + N, c);
+  }
+}
+
+dnnl::engine& cpu_engine() {
+  static dnnl::engine eng(dnnl::engine::kind::cpu, 0);
+  return eng;
+}
+
+// One cached primitive per everything its creation depends on; threads: oneDNN's OpenMP runtime
+// sizes the primitive for omp_get_max_threads() at creation.
+using Key =
+    std::tuple<bool, bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool, int>;
+
+struct Cached {
+  dnnl::matmul prim;
+  memory::desc a, b, c;
+  std::string impl;
+};
+
+// The primitive for C (M, N) = op(A) · op(B) [+ C] with operands of type dt, created on first use.
+const Cached& get_matmul(memory::data_type dt, bool trans_a, bool trans_b, int64_t M, int64_t N,
+                         int64_t K, int64_t lda, int64_t ldb, int64_t ldc, bool accumulate) {
+  static std::mutex mu;
+  static std::map<Key, Cached> cache;
+  const Key key{dt == memory::data_type::bf16, trans_a, trans_b, M, N, K, lda, ldb, ldc, accumulate,
+                omp_get_max_threads()};
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = cache.find(key);
+  if (it != cache.end()) return it->second;
+  // Row-major operands as strided descriptors: a transpose is a swap of strides.
+  const memory::desc a({M, K}, dt, trans_a ? memory::dims{1, lda} : memory::dims{lda, 1});
+  const memory::desc b({K, N}, dt, trans_b ? memory::dims{1, ldb} : memory::dims{ldb, 1});
+  const memory::desc c({M, N}, memory::data_type::f32, memory::dims{ldc, 1});
+  dnnl::primitive_attr attr;
+  if (accumulate) {
+    dnnl::post_ops po;
+    po.append_sum(1.0f);
+    attr.set_post_ops(po);
+  }
+  try {
+    const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, b, c), attr, cpu_engine());
+    Cached entry{dnnl::matmul(pd), a, b, c, pd.impl_info_str()};
+    return cache.emplace(key, std::move(entry)).first->second;
+  } catch (const dnnl::error& e) {
+    RLHF_FAIL("oneDNN matmul ({}, M={} N={} K={} trans_a={} trans_b={}) refused: {} (status {})",
+              dt == memory::data_type::bf16 ? "bf16" : "fp32", M, N, K, trans_a, trans_b, e.what(),
+              int(e.status));
+  }
+}
+
+void run_matmul(memory::data_type dt, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
+                const void* A, int64_t lda, const void* B, int64_t ldb, float* C, int64_t ldc,
+                bool accumulate) {
+  const Cached& m = get_matmul(dt, trans_a, trans_b, M, N, K, lda, ldb, ldc, accumulate);
+  thread_local dnnl::stream stream(cpu_engine());
+  memory ma(m.a, cpu_engine(), const_cast<void*>(A)), mb(m.b, cpu_engine(), const_cast<void*>(B)),
+      mc(m.c, cpu_engine(), C);
+  m.prim.execute(stream, {{DNNL_ARG_SRC, ma}, {DNNL_ARG_WEIGHTS, mb}, {DNNL_ARG_DST, mc}});
+  stream.wait();
+}
+#endif
+
+// Both GEMM entry points: checks, the bias/accumulate preparation of C, then oneDNN.
+void gemm(const char* what, bool bf16, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
+          const void* A, int64_t lda, const void* B, int64_t ldb, const float* bias, float* C,
+          int64_t ldc, bool accumulate) {
+  check_args(what, trans_a, trans_b, M, N, K, lda, ldb, ldc);
+#ifdef RLHF_ONEDNN
+  if (M == 0 || N == 0) return;
+  // oneDNN adds its product to C through a sum post-op when C already holds something (the bias
+  // rows or the values accumulated into); K == 0 has no product.
+  const bool add = accumulate || bias != nullptr;
+  if (add || K == 0) prepare_c(M, N, bias, C, ldc, accumulate);
+  if (K == 0) return;
+  run_matmul(bf16 ? memory::data_type::bf16 : memory::data_type::f32, trans_a, trans_b, M, N, K, A,
+             lda, B, ldb, C, ldc, add);
+#else
+  (void)bf16, (void)A, (void)B, (void)bias, (void)C, (void)accumulate;
+  RLHF_FAIL(
+      "{}: this build has no oneDNN, so the CPU computes in fp32 only\nhint: install libdnnl-dev "
+      "(scripts/install-deps.sh) and reconfigure with -DRLHF_ONEDNN=AUTO or ON",
+      what);
+#endif
+}
+
+// db (OC) += Σ_n dy[n, :] over fixed 64-column blocks, rows in order (thread-count independent),
+// as linear_backward_cpu sums it. T: float, or bfloat16 (widened).
+template <typename T>
+void add_column_sums(float* db, const T* dy, int64_t N, int64_t OC) {
+  constexpr int64_t kBlock = 64;
+  const int64_t nblocks = (OC + kBlock - 1) / kBlock;
+#pragma omp parallel for schedule(static) if (N * OC >= 32768)
+  for (int64_t blk = 0; blk < nblocks; ++blk) {
+    const int64_t c0 = blk * kBlock, len = std::min(OC, c0 + kBlock) - c0;
+    float acc[kBlock] = {};
+    for (int64_t n = 0; n < N; ++n) {
+      const T* dyr = dy + n * OC + c0;
+      for (int64_t c = 0; c < len; ++c) {
+        if constexpr (std::is_same_v<T, bfloat16>)
+          acc[c] += bf16_to_float(dyr[c]);
+        else
+          acc[c] += dyr[c];
+      }
+    }
+    for (int64_t c = 0; c < len; ++c) db[c0 + c] += acc[c];
+  }
+}
+
+// The adapters' thread-local bfloat16 copies of their fp32 operands (grown, never shrunk).
+bfloat16* to_bf16_scratch(std::vector<bfloat16>& buf, const float* src, int64_t n) {
+  if (buf.size() < size_t(n)) buf.resize(size_t(n));
+  float_to_bf16_n(buf.data(), src, n);
+  return buf.data();
+}
+
+}  // namespace
+
+bool onednn_available() {
+#ifdef RLHF_ONEDNN
+  return true;
+#else
+  return false;
+#endif
+}
+
+std::string onednn_version_string() {
+#ifdef RLHF_ONEDNN
+  const dnnl_version_t* v = dnnl::version();
+  return fmt::format("oneDNN {}.{}.{} ({})", v->major, v->minor, v->patch,
+                     v->cpu_runtime == DNNL_RUNTIME_OMP ? "OpenMP" : "not OpenMP");
+#else
+  return kNoOnednn;
+#endif
+}
+
+std::string onednn_matmul_impl(bool bf16, int64_t M, int64_t N, int64_t K) {
+#ifdef RLHF_ONEDNN
+  RLHF_CHECK(M > 0 && N > 0 && K > 0, "onednn_matmul_impl: M={} N={} K={} must be > 0", M, N, K);
+  return get_matmul(bf16 ? memory::data_type::bf16 : memory::data_type::f32, false, true, M, N, K,
+                    K, K, N, false)
+      .impl;
+#else
+  (void)bf16, (void)M, (void)N, (void)K;
+  return kNoOnednn;
+#endif
+}
+
+void matmul_bf16_cpu(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const bfloat16* A,
+                     int64_t lda, const bfloat16* B, int64_t ldb, const float* bias, float* C,
+                     int64_t ldc, bool accumulate) {
+  gemm("matmul_bf16_cpu", true, trans_a, trans_b, M, N, K, A, lda, B, ldb, bias, C, ldc,
+       accumulate);
+}
+
+void matmul_f32_onednn(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const float* A,
+                       int64_t lda, const float* B, int64_t ldb, const float* bias, float* C,
+                       int64_t ldc, bool accumulate) {
+  gemm("matmul_f32_onednn", false, trans_a, trans_b, M, N, K, A, lda, B, ldb, bias, C, ldc,
+       accumulate);
+}
+
+void linear_forward_bf16(float* y, const bfloat16* x, const bfloat16* w, const float* b, int64_t N,
+                         int64_t IC, int64_t OC) {
+  // (N, OC) = (N, IC) · (OC, IC)ᵀ
+  matmul_bf16_cpu(false, true, N, OC, IC, x, IC, w, IC, b, y, OC, false);
+}
+
+void linear_backward_bf16(float* dx, float* dw, float* db, const bfloat16* dy, const bfloat16* x,
+                          const bfloat16* w, int64_t N, int64_t IC, int64_t OC,
+                          bool accumulate_dx) {
+  // dx (N, IC) = dy (N, OC) · w (OC, IC)
+  if (dx != nullptr)
+    matmul_bf16_cpu(false, false, N, IC, OC, dy, OC, w, IC, nullptr, dx, IC, accumulate_dx);
+  // dw (OC, IC) += dyᵀ (OC, N) · x (N, IC)
+  if (dw != nullptr) matmul_bf16_cpu(true, false, OC, IC, N, dy, OC, x, IC, nullptr, dw, IC, true);
+  if (db != nullptr) add_column_sums(db, dy, N, OC);
+}
+
+void linear_forward_bf16_cpu(float* y, const float* x, const float* w, const float* b, int64_t N,
+                             int64_t IC, int64_t OC) {
+  RLHF_CHECK(N >= 0 && IC >= 0 && OC >= 0, "linear_forward_bf16_cpu: N={} IC={} OC={}", N, IC, OC);
+  thread_local std::vector<bfloat16> sx, sw;
+  linear_forward_bf16(y, to_bf16_scratch(sx, x, N * IC), to_bf16_scratch(sw, w, OC * IC), b, N, IC,
+                      OC);
+}
+
+void linear_backward_bf16_cpu(float* dx, float* dw, float* db, const float* dy, const float* x,
+                              const float* w, int64_t N, int64_t IC, int64_t OC,
+                              bool accumulate_dx) {
+  RLHF_CHECK(N >= 0 && IC >= 0 && OC >= 0, "linear_backward_bf16_cpu: N={} IC={} OC={}", N, IC, OC);
+  thread_local std::vector<bfloat16> sdy, sx, sw;
+  if (dx == nullptr && dw == nullptr) {
+    if (db != nullptr) add_column_sums(db, dy, N, OC);
+    return;
+  }
+  const bfloat16* dy16 = to_bf16_scratch(sdy, dy, N * OC);
+  const bfloat16* x16 = dw != nullptr ? to_bf16_scratch(sx, x, N * IC) : nullptr;
+  const bfloat16* w16 = dx != nullptr ? to_bf16_scratch(sw, w, OC * IC) : nullptr;
+  linear_backward_bf16(dx, dw, nullptr, dy16, x16, w16, N, IC, OC, accumulate_dx);
+  if (db != nullptr) add_column_sums(db, dy, N, OC);
+}
+
+}  // namespace rlhf::model
