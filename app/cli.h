@@ -366,7 +366,7 @@ struct RewardArgs {
 };
 
 /// `rlhf ppo`: PPO with a critic (GAE), reference model, reward model or rule reward; the RL loop
-/// of DESIGN.md §3. Flag names and defaults follow OpenRLHF's train_ppo.
+/// of docs/design.md, "One RL step". Flag names and defaults follow OpenRLHF's train_ppo.
 struct PpoArgs {
   CommonArgs common;
   ModelArgs model;              ///< --pretrain / --model_config: the initial policy
@@ -558,7 +558,7 @@ struct ImportArgs {
 /// `rlhf bench [suite...]`: benchmarks, JSON lines on stdout (rank 0) and a table in the log.
 struct BenchArgs {
   CommonArgs common;
-  std::vector<std::string> suites;  ///< positional: train | generate | comm | sync | gemm | rl | all
+  std::vector<std::string> suites;      ///< positional: train|generate|comm|sync|gemm|rl|all
   std::string model_config;             ///< --model_config: "" = the stories15M shape
   int64_t tokens_per_step = 4096;       ///< --tokens_per_step: tokens per optimizer step (global)
   int64_t seq_len = 256;                ///< --seq_len: sequence length of the training benchmark

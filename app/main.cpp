@@ -1,5 +1,6 @@
 // `rlhf`: MPI start-up, command line, logging, dispatch to a subcommand, and the one place that
-// turns any exception into a logged error and an exit status (STYLE.md §B5).
+// turns any exception into a logged error and an exit status (docs/design.md, "Conventions:
+// errors").
 //
 // Exit status: 0 on success and for --help/--version; 2 for a usage error (bad flag, config file
 // or value); 3 when a training run stopped on SIGTERM/SIGUSR1 after writing its checkpoint

@@ -1,4 +1,5 @@
-// CUDA-side error checks and helpers (STYLE.md §B2, §B5), usable from host C++ and from .cu files.
+// CUDA-side error checks and helpers (docs/design.md, "Conventions: ops" and "Errors"), usable from
+// host C++ and from .cu files.
 //
 // Always available (with or without CUDA):
 //  - cuda_device_count(): number of usable CUDA devices, 0 when built without CUDA, when there is

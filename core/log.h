@@ -1,4 +1,5 @@
-// Per-rank logging (STYLE.md §B6) on spdlog: one logger per process named `r{rank:03d}`.
+// Per-rank logging (docs/design.md, "Conventions: logging") on spdlog: one logger per process named
+// `r{rank:03d}`.
 //
 // Sinks: rank 0 — colour console (stderr) at --log_level; other ranks — stderr at warn; every
 // rank — `<log_dir>/rank_{rank:05d}.log` at debug when a log directory is known. Warnings and

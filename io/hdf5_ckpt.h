@@ -1,5 +1,6 @@
-// HDF5 checkpoints (DESIGN.md §7): a generic writer/reader of typed datasets and scalar attributes
-// under any group path, committed atomically by rename, and the model save/load on top of it.
+// HDF5 checkpoints (docs/design.md, "Checkpoints and formats"): a generic writer/reader of typed
+// datasets and scalar attributes under any group path, committed atomically by rename, and the
+// model save/load on top of it.
 //
 // File layout (format "rlhf-checkpoint", version 1):
 //   /                       attrs: format = "rlhf-checkpoint", format_version = 1, + caller's

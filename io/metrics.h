@@ -1,4 +1,5 @@
-// metrics.jsonl: one JSON object per line, appended and flushed line by line (DESIGN.md §3).
+// metrics.jsonl: one JSON object per line, appended and flushed line by line (docs/design.md, "One
+// RL step").
 #pragma once
 
 #include <nlohmann/json_fwd.hpp>

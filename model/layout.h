@@ -1,5 +1,6 @@
 // ParamLayout: the flat-buffer layout of every ZeRO unit (embedding, each decoder layer, final
-// norm + head), as a table of Hugging Face tensor names, shapes and offsets (STYLE.md §B3).
+// norm + head), as a table of Hugging Face tensor names, shapes and offsets (docs/design.md, "Flat
+// parameter units").
 #pragma once
 
 #include <cstdint>

@@ -1,5 +1,6 @@
 // NcclComm: the Comm interface (parallel/comm.h) on NCCL, for device buffers, plus the watchdog
-// that turns a stuck or failed collective into ncclCommAbort + MPI_Abort (STYLE.md §B5).
+// that turns a stuck or failed collective into ncclCommAbort + MPI_Abort (docs/design.md,
+// "Conventions: errors").
 //
 // Only abort_nccl_comms() exists without NCCL (as a no-op), so app/main can call it
 // unconditionally on its abort path.

@@ -1,6 +1,6 @@
-// ShardLayout: how ZeRO-3 cuts a model's units over the ranks of train_comm (STYLE.md §B3,
-// Megatron's padding). The model sees only its units (model::ParamLayout: tensors, offsets,
-// numel); the shard count, the padding and the shard offsets live here.
+// ShardLayout: how ZeRO-3 cuts a model's units over the ranks of train_comm (docs/design.md, "Flat
+// parameter units"; Megatron's padding). The model sees only its units (model::ParamLayout:
+// tensors, offsets, numel); the shard count, the padding and the shard offsets live here.
 #pragma once
 
 #include <cstdint>

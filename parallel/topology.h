@@ -1,6 +1,6 @@
 // Topology: where every rank sits (host, node, local rank), what it does (train, generate or both),
 // which generation engine it belongs to, and the MPI communicators that follow from it
-// (DESIGN.md §2, STYLE.md B5).
+// (docs/design.md, "Processes and communicators" and "Errors").
 //
 // Two layers:
 //  - plan_placement(): a pure function (no MPI) from per-rank node ids / host names and the options

@@ -1,8 +1,8 @@
-// A whole PPO/GRPO run, one mpirun for everything (DESIGN.md §3): builds the models (actor, and
-// where the algorithm needs them the reference, critic and reward model), the generation engines,
-// the weight sync, the prompts and the rewards from plain options; resumes from a checkpoint if
-// asked; runs RlStep until done with a step line, metrics.jsonl and periodic checkpoints; saves the
-// final policy. `rlhf ppo`, `rlhf grpo` and `rlhf bench rl` call it.
+// A whole PPO/GRPO run, one mpirun for everything (docs/design.md, "One RL step"): builds the
+// models (actor, and where the algorithm needs them the reference, critic and reward model), the
+// generation engines, the weight sync, the prompts and the rewards from plain options; resumes from
+// a checkpoint if asked; runs RlStep until done with a step line, metrics.jsonl and periodic
+// checkpoints; saves the final policy. `rlhf ppo`, `rlhf grpo` and `rlhf bench rl` call it.
 #pragma once
 
 #include <cstdint>

@@ -1,8 +1,8 @@
-// One RL step (DESIGN.md §3) as a type: generation on the engines, rewards, experience,
-// advantages, the PPO/GRPO updates, and the weight sync into the engines — each phase timed with
-// its communication. The caller builds the parts (models, engine, sync, prompts, rewards: see
-// rl/rl_run.h) and calls step() until done; state() and load_state() are what a checkpoint keeps
-// besides the weights and moments.
+// One RL step (docs/design.md, "One RL step") as a type: generation on the engines, rewards,
+// experience, advantages, the PPO/GRPO updates, and the weight sync into the engines — each phase
+// timed with its communication. The caller builds the parts (models, engine, sync, prompts,
+// rewards: see rl/rl_run.h) and calls step() until done; state() and load_state() are what a
+// checkpoint keeps besides the weights and moments.
 //
 // Determinism: sampling uses a counter-based stream keyed by (seed, the prompt's global
 // position), the prompt order is a seeded permutation per episode, and the experience is put in a
@@ -37,8 +37,8 @@ struct RlStepOptions {
   int64_t n_samples_per_prompt = 1;   ///< --n_samples_per_prompt
   int64_t generate_max_len = 1024;    ///< --generate_max_len (capped by the model's context)
   int64_t max_len = 0;  ///< --max_len: prompt + response tokens per sample (0 = no such cap)
-  rollout::SamplingParams sampling;   ///< --temperature, --top_p, --top_k, --greedy; seed
-  int64_t max_epochs = 1;             ///< --max_epochs (for the trained-token count)
+  rollout::SamplingParams sampling;  ///< --temperature, --top_p, --top_k, --greedy; seed
+  int64_t max_epochs = 1;            ///< --max_epochs (for the trained-token count)
   /// DAPO dynamic sampling (Yu et al. 2025, §3.2; --dynamic_filtering): a group of samples is
   /// kept iff lo < mean(its scores) < hi (--dynamic_filtering_reward_range); dropped groups are
   /// replaced by generating for further prompts, up to max_num_gen_batches rounds per step.

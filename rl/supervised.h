@@ -1,9 +1,9 @@
-// The trainer skeleton `rlhf sft` and `rlhf rm` share (DESIGN.md §8): OpenRLHF's batch arithmetic,
-// the epoch order, and per optimizer step the failure-injection hook, zero_grad, the micro-batches
-// (a task callback: forward, loss, backward, metric sums), one all-reduce of the metric sums, the
-// finite-loss check, the rl::Optimizer step, the step line and metrics.jsonl record, and the
-// periodic and final saves. The task (rl/sft.h, rl/rm.h) owns the data, the model's forward and
-// backward and the loss.
+// The trainer skeleton `rlhf sft` and `rlhf rm` share (docs/design.md, "Layout"): OpenRLHF's batch
+// arithmetic, the epoch order, and per optimizer step the failure-injection hook, zero_grad, the
+// micro-batches (a task callback: forward, loss, backward, metric sums), one all-reduce of the
+// metric sums, the finite-loss check, the rl::Optimizer step, the step line and metrics.jsonl
+// record, and the periodic and final saves. The task (rl/sft.h, rl/rm.h) owns the data, the model's
+// forward and backward and the loss.
 //
 // Batches (OpenRLHF): an optimizer step takes --train_batch_size samples (TB, global); each rank
 // takes TB / N of them in micro-batches of --micro_train_batch_size (MB) samples; gradient

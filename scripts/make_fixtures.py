@@ -42,7 +42,7 @@ GENERATOR = "scripts/make_fixtures.py"
 GENERATOR_VERSION = "1"
 SEED = 20240527
 
-# Shared tiny dimensions (STYLE.md §B7).
+# Shared tiny dimensions (docs/design.md, "Conventions: tests").
 DIMS = dict(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
             intermediate_size=176, vocab_size=256, max_position_embeddings=64, rms_norm_eps=1e-5)
 B, T = 3, 16

@@ -161,10 +161,10 @@ double dot(const T* a, const T* b, int64_t n) {
   return s;
 }
 
-/// The gate for a double-precision FD check (STYLE.md §B2): ggml's mean_abs_asymm bound, made
-/// stricter because we compare in double (1e-6 instead of 1e-4), and a max relative error (floor
-/// 1e-3) of 1e-4, which leaves room for FD round-off on losses that sum thousands of terms. A wrong
-/// gradient term gives errors of order 1e-2 or more.
+/// The gate for a double-precision FD check (docs/design.md, "Conventions: ops"): ggml's
+/// mean_abs_asymm bound, made stricter because we compare in double (1e-6 instead of 1e-4), and a
+/// max relative error (floor 1e-3) of 1e-4, which leaves room for FD round-off on losses that sum
+/// thousands of terms. A wrong gradient term gives errors of order 1e-2 or more.
 #define RLHF_CHECK_GRAD(cmp, what)       \
   do {                                   \
     INFO((cmp).summary(what));           \

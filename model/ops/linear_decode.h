@@ -2,8 +2,8 @@
 // in), over a packed copy of the weight.
 //
 // Decode is bound by reading the weights: at M = 1 every weight is used for one multiply-add, and
-// OpenBLAS's GEMV reaches ≈8 GB/s on the 2-core machine against ≈20–30 GB/s of memory bandwidth
-// (DESIGN.md §9). The engine packs each weight once per generate() (linear_decode_pack) and
+// OpenBLAS's GEMV reached ≈8 GB/s on the 2-core development machine against its ≈20–30 GB/s of
+// memory bandwidth. The engine packs each weight once per generate() (linear_decode_pack) and
 // streams it once per 8 input rows (linear_decode_packed_cpu), threads splitting the outputs.
 #pragma once
 

@@ -1,6 +1,6 @@
-// Helpers for the CUDA-vs-CPU op tests (STYLE.md §B2, ggml's test-backend-ops habits): guarded
-// device buffers (sentinel regions before and after every allocation, checked after the op),
-// bf16 host conversions, and an nmse gate that prints the worst element llm.c-style.
+// Helpers for the CUDA-vs-CPU op tests (docs/design.md, "Conventions: ops"; ggml's test-backend-ops
+// habits): guarded device buffers (sentinel regions before and after every allocation, checked
+// after the op), bf16 host conversions, and an nmse gate that prints the worst element llm.c-style.
 //
 // The test cases are always compiled and registered; their bodies are under #ifdef RLHF_CUDA and
 // start with RLHF_SKIP_WITHOUT_CUDA_DEVICE(), so CI without a GPU reports them as skipped.
