@@ -30,10 +30,10 @@ struct Call {
     if (args.size() > max_args)
       fail(fmt::format("filter '{}' takes at most {} arguments, got {}", name, max_args,
                        args.size()));
-    for (const auto& [k, v] : kwargs)
-      if (std::find_if(keys.begin(), keys.end(), [&](const char* n) { return k == n; }) ==
+    for (const auto& kv : kwargs)
+      if (std::find_if(keys.begin(), keys.end(), [&](const char* n) { return kv.first == n; }) ==
           keys.end())
-        fail(fmt::format("filter '{}' got an unexpected keyword argument '{}'", name, k));
+        fail(fmt::format("filter '{}' got an unexpected keyword argument '{}'", name, kv.first));
   }
   bool flag(size_t i, const char* key, bool dflt) const {
     const auto v = get(i, key);

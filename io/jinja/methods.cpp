@@ -28,10 +28,10 @@ void check_arity(const char* fn, const std::vector<Value>& args, const Kwargs& k
                  size_t max_args, std::initializer_list<const char*> names) {
   if (args.size() > max_args)
     fail(fmt::format("{}() takes at most {} arguments, got {}", fn, max_args, args.size()));
-  for (const auto& [k, v] : kwargs)
-    if (std::find_if(names.begin(), names.end(), [&](const char* n) { return k == n; }) ==
+  for (const auto& kv : kwargs)
+    if (std::find_if(names.begin(), names.end(), [&](const char* n) { return kv.first == n; }) ==
         names.end())
-      fail(fmt::format("{}() got an unexpected keyword argument '{}'", fn, k));
+      fail(fmt::format("{}() got an unexpected keyword argument '{}'", fn, kv.first));
 }
 
 const std::string& str_arg(const Value& v, const char* fn) {
