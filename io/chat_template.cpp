@@ -1,66 +1,59 @@
 #include "io/chat_template.h"
 
-#include <minja/minja.hpp>  // third_party/minja (system include: its warnings are not ours)
 #include <nlohmann/json.hpp>
 
 #include <atomic>
-#include <ctime>
 #include <memory>
 #include <mutex>
-#include <stdexcept>
 #include <unordered_map>
 
 #include "core/error.h"
 #include "core/log.h"
+#include "io/jinja/jinja.h"
 
 namespace rlhf::io {
 
 namespace {
 
-// --- minja: parse once per template text, render per call ----------------------------------------
-
-// minja appends " at row R, column C:\n<lines>" once per enclosing node; keep the message and the
-// innermost location only.
-std::string innermost_error(const std::string& what) {
-  const std::string marker = " at row ";
-  const size_t first = what.find(marker);
-  if (first == std::string::npos) return what;
-  const size_t second = what.find(marker, first + marker.size());
-  std::string out = what.substr(0, second);
-  while (!out.empty() && out.back() == '\n') out.pop_back();
-  return out;
-}
+// --- the Jinja engine: parse once per template text, render per call -----------------------------
 
 // The parsed template of `source` (cached: datasets render thousands of records with one template).
-std::shared_ptr<minja::TemplateNode> parsed_template(const std::string& source,
-                                                     const std::string& where) {
+std::shared_ptr<const jinja::Template> parsed_template(const std::string& source,
+                                                       const std::string& where) {
   static std::mutex mu;
-  static std::unordered_map<std::string, std::shared_ptr<minja::TemplateNode>> cache;
+  static std::unordered_map<std::string, std::shared_ptr<const jinja::Template>> cache;
   std::lock_guard<std::mutex> lock(mu);
   auto it = cache.find(source);
   if (it != cache.end()) return it->second;
-  std::shared_ptr<minja::TemplateNode> root;
+  std::shared_ptr<const jinja::Template> t;
   try {
-    // transformers compiles chat templates with trim_blocks=True, lstrip_blocks=True.
-    root = minja::Parser::parse(source, minja::Options{/*trim_blocks=*/true,
-                                                       /*lstrip_blocks=*/true,
-                                                       /*keep_trailing_newline=*/false});
-  } catch (const std::exception& e) {
-    RLHF_FAIL("{}: cannot parse the Jinja template: {}", where, innermost_error(e.what()));
+    t = std::make_shared<const jinja::Template>(source);
+  } catch (const Error& e) {
+    RLHF_FAIL("{}: cannot parse the Jinja template: {}", where, e.what());
   }
-  cache.emplace(source, root);
-  return root;
+  cache.emplace(source, t);
+  return t;
 }
 
-// Python's datetime.now().strftime(fmt) (local time), as transformers defines strftime_now.
-std::string strftime_now(const std::string& fmt) {
-  const std::time_t now = std::time(nullptr);
-  std::tm local{};
-  localtime_r(&now, &local);
-  std::string buf(256, '\0');
-  const size_t n = std::strftime(buf.data(), buf.size(), fmt.c_str(), &local);
-  buf.resize(n);
-  return buf;
+// A message as transformers hands it to the template (transformers 5: keys whose value is null
+// dropped; a reasoning text under "reasoning_content", "thinking" or "reasoning" copied to
+// "thinking" and "reasoning_content").
+nlohmann::ordered_json template_message(const nlohmann::ordered_json& m) {
+  if (!m.is_object()) return m;
+  nlohmann::ordered_json out = nlohmann::ordered_json::object();
+  const nlohmann::ordered_json* reasoning = nullptr;
+  for (const char* key : {"reasoning_content", "thinking", "reasoning"}) {
+    auto it = m.find(key);
+    if (it != m.end() && !it->is_null()) {
+      reasoning = &*it;
+      break;
+    }
+  }
+  if (reasoning) out["thinking"] = *reasoning;
+  for (auto it = m.begin(); it != m.end(); ++it)
+    if (!it->is_null()) out[it.key()] = *it;
+  if (reasoning) out["reasoning_content"] = *reasoning;
+  return out;
 }
 
 // --- built-in fallback formats
@@ -117,43 +110,46 @@ ChatTemplateTokens chat_template_tokens(const Tokenizer& tokenizer) {
   return t;
 }
 
+std::string render_chat_template_json(const std::string& source, const std::string& where,
+                                      const ChatTemplateTokens& tokens,
+                                      const nlohmann::ordered_json& messages,
+                                      bool add_generation_prompt,
+                                      const nlohmann::ordered_json& extra) {
+  const std::shared_ptr<const jinja::Template> t = parsed_template(source, where);
+  // transformers: render(messages=, tools=, documents=, add_generation_prompt=, **special tokens,
+  // **kwargs), the kwargs overriding the special tokens.
+  nlohmann::ordered_json context = nlohmann::ordered_json::object();
+  for (const auto& [key, value] :
+       {std::pair{"bos_token", tokens.bos_token}, std::pair{"eos_token", tokens.eos_token},
+        std::pair{"unk_token", tokens.unk_token}, std::pair{"pad_token", tokens.pad_token}})
+    if (value) context[key] = *value;
+  RLHF_CHECK(extra.is_null() || extra.is_object(), "{}: template variables must be an object",
+             where);
+  RLHF_CHECK(messages.is_array(), "{}: the messages must be a JSON array", where);
+  nlohmann::ordered_json msgs = nlohmann::ordered_json::array();
+  for (const auto& m : messages) msgs.push_back(template_message(m));
+  context["messages"] = std::move(msgs);
+  context["tools"] = nullptr;
+  context["documents"] = nullptr;
+  context["add_generation_prompt"] = add_generation_prompt;
+  if (extra.is_object())
+    for (auto it = extra.begin(); it != extra.end(); ++it) context[it.key()] = it.value();
+  try {
+    return t->render(context);
+  } catch (const jinja::TemplateRaised& e) {
+    RLHF_FAIL("{}: the template refused the conversation: {}", where, e.what());
+  } catch (const Error& e) {
+    RLHF_FAIL("{}: cannot render the Jinja template: {}", where, e.what());
+  }
+}
+
 std::string render_chat_template(const std::string& source, const std::string& where,
                                  const ChatTemplateTokens& tokens,
                                  const std::vector<ChatMessage>& messages,
                                  bool add_generation_prompt) {
-  const std::shared_ptr<minja::TemplateNode> root = parsed_template(source, where);
   nlohmann::ordered_json msgs = nlohmann::ordered_json::array();
   for (const ChatMessage& m : messages) msgs.push_back({{"role", m.role}, {"content", m.content}});
-  nlohmann::ordered_json values = {{"messages", std::move(msgs)},
-                                   {"add_generation_prompt", add_generation_prompt}};
-  auto context = minja::Context::make(minja::Value(values));
-  for (const auto& [key, value] :
-       {std::pair{"bos_token", tokens.bos_token}, std::pair{"eos_token", tokens.eos_token},
-        std::pair{"pad_token", tokens.pad_token}, std::pair{"unk_token", tokens.unk_token}})
-    if (value) context->set(key, minja::Value(*value));
-  // raise_exception: minja wraps every exception on its way out (and loses its type), so the
-  // template's own message is kept aside.
-  auto raised = std::make_shared<std::optional<std::string>>();
-  context->set("raise_exception",
-               minja::Value::callable([raised](const std::shared_ptr<minja::Context>&,
-                                               minja::ArgumentsValue& args) -> minja::Value {
-                 args.expectArgs("raise_exception", {1, 1}, {0, 0});
-                 *raised = args.args[0].is_string() ? args.args[0].get<std::string>()
-                                                    : args.args[0].dump();
-                 throw std::runtime_error(**raised);
-               }));
-  context->set("strftime_now",
-               minja::Value::callable([](const std::shared_ptr<minja::Context>&,
-                                         minja::ArgumentsValue& args) -> minja::Value {
-                 args.expectArgs("strftime_now", {1, 1}, {0, 0});
-                 return minja::Value(strftime_now(args.args[0].get<std::string>()));
-               }));
-  try {
-    return root->render(context);
-  } catch (const std::exception& e) {
-    if (*raised) RLHF_FAIL("{}: the template refused the conversation: {}", where, **raised);
-    RLHF_FAIL("{}: cannot render the Jinja template: {}", where, innermost_error(e.what()));
-  }
+  return render_chat_template_json(source, where, tokens, msgs, add_generation_prompt, {});
 }
 
 const char* to_string(ChatFormat f) {

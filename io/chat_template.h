@@ -1,8 +1,8 @@
 // Chat templates: conversations rendered as the model's own Jinja chat template renders them
 // (transformers' `tokenizer.apply_chat_template(messages, tokenize=False, ...)`), through the
-// vendored minja engine (third_party/minja: Google's header-only Jinja subset written for Hugging
-// Face chat templates). The template is the tokenizer's chat_template() (tokenizer_config.json's
-// "chat_template", or GGUF "tokenizer.chat_template").
+// project's Jinja engine (io/jinja: the Jinja2 subset chat templates use). The template is the
+// tokenizer's chat_template() (tokenizer_config.json's "chat_template", or GGUF
+// "tokenizer.chat_template").
 //
 // A tokenizer without a template falls back to one of two built-in formats (logged once):
 //   ChatML (Qwen2, SmolLM-Instruct, ...): when the vocabulary has "<|im_start|>" or model_type is
@@ -43,17 +43,28 @@ struct ChatTemplateTokens {
 ChatTemplateTokens chat_template_tokens(const Tokenizer& tokenizer);
 
 /// Renders the Jinja chat template `source` as transformers does: trim_blocks and lstrip_blocks
-/// on, context {messages: [{role, content}], add_generation_prompt, the tokens that are set},
-/// raise_exception(msg) (aborts the render with msg), strftime_now(fmt) (local time, as Python's
-/// datetime.now().strftime). Undefined variables render as "" (Jinja's default Undefined), so a
-/// template's own defaults (`if not date_string is defined`) apply. Parsed templates are cached
-/// by text (thread-safe). Throws rlhf::Error naming `where` (e.g. "chat template of
-/// tokenizer.json") with the template's raise_exception message, or the parse/render error and
-/// its row and column.
+/// on, context {messages: [{role, content}], tools: None, documents: None, add_generation_prompt,
+/// the tokens that are set}, raise_exception(msg) (aborts the render with msg), strftime_now(fmt)
+/// (local time, as Python's datetime.now().strftime). Undefined variables render as "" (Jinja's
+/// default Undefined), so a template's own defaults (`if not date_string is defined`) apply.
+/// Parsed templates are cached by text (thread-safe). Throws rlhf::Error naming `where` (e.g.
+/// "chat template of tokenizer.json") with the template's raise_exception message, or the parse or
+/// render error with its line and column (including any construct the engine does not support).
 std::string render_chat_template(const std::string& source, const std::string& where,
                                  const ChatTemplateTokens& tokens,
                                  const std::vector<ChatMessage>& messages,
                                  bool add_generation_prompt);
+
+/// render_chat_template with messages as JSON objects (any keys: tool_calls, tool_call_id,
+/// reasoning_content, ...; as transformers 5 hands them over: null values dropped, reasoning
+/// copied to "thinking" and "reasoning_content") and `extra` template variables (tools,
+/// documents, enable_thinking, ...: an object, or null for none) that override the defaults.
+/// Errors as render_chat_template.
+std::string render_chat_template_json(const std::string& source, const std::string& where,
+                                      const ChatTemplateTokens& tokens,
+                                      const nlohmann::ordered_json& messages,
+                                      bool add_generation_prompt,
+                                      const nlohmann::ordered_json& extra);
 
 /// The two built-in formats used when a tokenizer has no chat template.
 enum class ChatFormat { kChatML, kLlama2 };

@@ -17,7 +17,8 @@ SECONDS_EACH=${1:-60}
 shift || true
 HARNESSES=("$@")
 [ ${#HARNESSES[@]} -gt 0 ] ||
-  HARNESSES=(safetensors llama2c gguf hf_tokenizer llama2c_tokenizer tokenize model_config hdf5_ckpt)
+  HARNESSES=(safetensors llama2c gguf hf_tokenizer llama2c_tokenizer tokenize model_config hdf5_ckpt
+             chat_template)
 DATA=${RLHF_SHARED_DATA:-$SRC/../shared/data}
 RLHF=${RLHF_BINARY:-$SRC/build/rlhf}
 OUT=${FUZZ_OUT:-$SRC/build-fuzz}
@@ -42,7 +43,9 @@ SOURCES=(core/error.cpp io/bytes.cpp io/dtype.cpp io/file_util.cpp io/safetensor
          io/llama2c.cpp io/gguf.cpp io/tensor_source.cpp io/text_util.cpp io/regex.cpp
          io/spm_tokenizer.cpp io/hf_tokenizer.cpp io/sp_tokenizer.cpp io/tokenizer.cpp
          io/jsonl.cpp io/model_config_file.cpp io/h5_check.cpp io/hdf5_ckpt.cpp
-         io/tokenizer_hdf5.cpp model/config.cpp model/arch.cpp model/layout.cpp)
+         io/tokenizer_hdf5.cpp model/config.cpp model/arch.cpp model/layout.cpp
+         io/jinja/value.cpp io/jinja/lexer.cpp io/jinja/parser.cpp io/jinja/ops.cpp
+         io/jinja/methods.cpp io/jinja/builtins.cpp io/jinja/jinja.cpp)
 # Objects in parallel; each is rebuilt when its source or a header it includes (the -MMD list) is
 # newer than it.
 stale() {  # stale <object>: true when it or its dependency list is missing or out of date
@@ -82,6 +85,7 @@ seed gguf "$DATA/llama-2-tiny-random-gguf/llama-2-tiny-random.gguf"
 seed hf_tokenizer "$DATA/tinystories-656k/bf16_upstream/tokenizer.json" "$SRC"/tests/fixtures/tokenizers/*_*.json
 seed llama2c_tokenizer "$DATA/stories260K/tok512.bin"
 seed model_config "$SRC"/examples/models/*.toml "$SRC"/tests/fixtures/hf_configs/*.json
+seed chat_template "$SRC"/tests/fixtures/chat_templates/templates/*.jinja
 # Small GGUF and HDF5 seeds (512-token vocabulary: ~100x more runs per second than the 32,000-token
 # file; a 4.5k-parameter model, with and without a tokenizer), written by our own binary when it is
 # there.

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# The libFuzzer harnesses of tests/fuzz/ (model files, tokenizers, model configs, HDF5 checkpoints)
-# for a few seconds each through scripts/fuzz.sh, so that CI runs them: a crash, a sanitizer
-# report, a leak, an allocation past the limit or an exception other than rlhf::Error fails the
-# test (the input is kept under <build>/fuzz/crashes/<harness>/). Skipped (exit 77) where clang++
-# with the libFuzzer runtime (Debian: clang-14, libclang-rt-14-dev) or a header the harnesses need
-# is missing; scripts/install-deps.sh installs them.
+# The libFuzzer harnesses of tests/fuzz/ (model files, tokenizers, model configs, HDF5 checkpoints,
+# chat templates) for a few seconds each through scripts/fuzz.sh, so that CI runs them: a crash,
+# a sanitizer report, a leak, an allocation past the limit or an exception other than rlhf::Error
+# fails the test (the input is kept under <build>/fuzz/crashes/<harness>/). Skipped (exit 77)
+# where clang++ with the libFuzzer runtime (Debian: clang-14, libclang-rt-14-dev) or a header the
+# harnesses need is missing; scripts/install-deps.sh installs them.
 #
 # usage: fuzz_smoke.sh <path to rlhf> <source dir>
 #   env FUZZ_SMOKE_SECONDS (per harness, default 5), RLHF_SHARED_DATA (seed files, optional)
