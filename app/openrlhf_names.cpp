@@ -38,8 +38,8 @@ constexpr const char* kPacking =
     "rlhf trains on padded micro-batches of --micro_train_batch_size samples: the same losses "
     "and gradients, without packing's speed-up";
 constexpr const char* kDynBatch =
-    "micro-batches are --micro_train_batch_size (training) and --micro_rollout_batch_size "
-    "(forward-only) samples, not token budgets: the same gradients";
+    "token-budget micro-batches are grpo and ppo's (--use_dynamic_batch); sft and rm use "
+    "--micro_train_batch_size samples: the same gradients";
 constexpr const char* kSleep =
     "no sleep mode: a colocated engine keeps its weights and KV cache while the trainer runs "
     "(lower --vllm_gpu_memory_utilization or --gen_kv_cache_mb if training runs out of memory)";
@@ -52,7 +52,7 @@ constexpr const char* kPrefix = "no prefix cache: the n samples of a prompt shar
 constexpr const char* kParamDtype =
     "--device cuda trains in bf16 (fp32 master weights), the CPU in fp32";
 constexpr const char* kIsCorr =
-    "no importance-sampling correction of the engine/trainer log-prob mismatch in this build";
+    "the importance-sampling correction of the engine/trainer mismatch is grpo and ppo's";
 constexpr const char* kSplit =
     "prompt files are JSONL (or builtin:<task>); Hugging Face dataset splits are not read";
 constexpr const char* kHub = "no model hub downloads: give --pretrain a local Hugging Face folder";
@@ -133,7 +133,8 @@ constexpr OpenRlhfName kTable[] = {
     ALIAS("rollout.micro_batch_size", "micro_rollout_batch_size"),
     ALIAS("rollout.temperature", "temperature"),
     ALIAS("rollout.top_p", "top_p"),
-    IGNORE("rollout.max_tokens_per_gpu", 1, kDynBatch, kRl),
+    ALIAS_ELSE_IGNORE("rollout.max_tokens_per_gpu", "rollout_max_tokens_per_gpu", 1, kDynBatch,
+                      kRl),
     // train
     ALIAS("train.batch_size", "train_batch_size"),
     ALIAS("train.micro_batch_size", "micro_train_batch_size"),
@@ -145,8 +146,8 @@ constexpr OpenRlhfName kTable[] = {
     ALIAS("train.colocate_all", "colocate_all_models"),
     IGNORE("train.colocate_actor_ref", 0, kColocate, kRl),
     IGNORE("train.colocate_critic_reward", 0, kColocate, kRl),
-    IGNORE("train.dynamic_batch_enable", 0, kDynBatch, kTrain),
-    IGNORE("train.max_tokens_per_gpu", 1, kDynBatch, kTrain),
+    ALIAS_ELSE_IGNORE("train.dynamic_batch_enable", "use_dynamic_batch", 0, kDynBatch, kTrain),
+    ALIAS_ELSE_IGNORE("train.max_tokens_per_gpu", "train_max_tokens_per_gpu", 1, kDynBatch, kTrain),
     REJECT("train.agent_func_path", kAgent),
     REJECT("train.partial_rollout_enable", kPartial),
     // algo
@@ -286,6 +287,11 @@ void add_openrlhf_names(OptionSet& set) {
   std::set<std::string> done;
   for (const OpenRlhfName& n : kTable) {
     if (done.count(n.name)) continue;
+    // A flat OpenRLHF name that is rlhf's own flag on this command needs no entry.
+    if (set.find(n.name) != nullptr) {
+      done.insert(n.name);
+      continue;
+    }
     OptionSpec* spec = nullptr;
     if (*n.key != '\0')
       for (OptionSpec& s : set.specs())
