@@ -185,7 +185,7 @@ mpi_usage usage_async_colocated "--async_train needs generation ranks apart from
 mpi_usage usage_placement "--gen_ranks_per_node" "${GRPO_ARGS[@]}" --gen_ranks_per_node 3
 mpi_usage usage_tp "--vllm_tensor_parallel_size" "${GRPO_ARGS[@]}" --gen_ranks_per_node 1 \
   --vllm_tensor_parallel_size 2
-mpi_usage usage_sft_gen "this command only trains" sft --dataset "$TMP/none.jsonl" \
+mpi_usage usage_sft_gen "unknown option '--gen_ranks_per_node'" sft --dataset "$TMP/none.jsonl" \
   --pretrain "$TMP/none.h5" --gen_ranks_per_node 1
 mpi_usage usage_generate_placement "--gen_ranks_per_node" generate --pretrain "$TMP/none.h5" \
   --dataset "$TMP/none.jsonl" --output_path "$TMP/out.jsonl" --gen_ranks_per_node 3
