@@ -31,8 +31,8 @@ struct PromptOptions {
   /// --input_template (OpenRLHF's), without apply_chat_template: the text is put at "{}"; a
   /// literal backslash-n becomes a newline; "" = the text as is
   std::string input_template;
-  int64_t prompt_max_len = 1024;     ///< --prompt_max_len: longer prompts are skipped, counted
-  int64_t max_samples = 100000000;   ///< --max_samples: use at most this many prompts
+  int64_t prompt_max_len = 1024;    ///< --prompt_max_len: longer prompts are skipped, counted
+  int64_t max_samples = 100000000;  ///< --max_samples: use at most this many prompts
   std::string save_dir;  ///< a builtin task's records are written here (rank 0) for inspection
 };
 

@@ -59,9 +59,7 @@ TEST_CASE("test guard hostile: throw from a thread") {
 TEST_CASE("test guard hostile: throw from an OpenMP region") {
   if (!hostile("omp")) return;
 #pragma omp parallel num_threads(2)
-  {
-    throw std::runtime_error("thrown in an OpenMP region");
-  }
+  { throw std::runtime_error("thrown in an OpenMP region"); }
 }
 
 TEST_CASE("test guard hostile: block forever") {
@@ -73,8 +71,8 @@ TEST_CASE("test guard hostile: block forever") {
 }
 
 TEST_CASE("test guard: an exception escaping a thread or OpenMP region fails the binary") {
-  const Outcome t = run_self("test guard hostile: throw from a thread",
-                             "RLHF_TEST_GUARD_HOSTILE=thread");
+  const Outcome t =
+      run_self("test guard hostile: throw from a thread", "RLHF_TEST_GUARD_HOSTILE=thread");
   CHECK(t.status == 3);
   CHECK(has(t.output, "std::terminate in test case \"test guard hostile: throw from a thread"));
   CHECK(has(t.output, "thrown in a thread"));
