@@ -10,6 +10,7 @@ RLHF=${1:?usage: cli_errors.sh <rlhf binary> <source dir>}
 SRC=${2:?usage: cli_errors.sh <rlhf binary> <source dir>}
 MPIEXEC=${MPIEXEC:-mpiexec}
 TMP=$(mktemp -d)
+RLHF_ABS=$(realpath "$RLHF")
 trap 'rm -rf "$TMP"' EXIT
 failures=0
 
@@ -170,7 +171,8 @@ rc=$?
 mpi_usage() {
   local name=$1 want=$2
   shift 2
-  out=$(timeout 60 "$MPIEXEC" -np 2 --oversubscribe --allow-run-as-root "$RLHF" "$@" 2>&1)
+  # From the temporary folder: a refused run may still create its default log folder (./ckpt).
+  out=$(cd "$TMP" && timeout 60 "$MPIEXEC" -np 2 --oversubscribe --allow-run-as-root "$RLHF_ABS" "$@" 2>&1)
   rc=$?
   printf '%s\n' "$out" >"$TMP/$name.log"
   [[ $rc -ne 124 ]] || fail "$name: mpiexec -np 2 timed out (a rank hung)"
