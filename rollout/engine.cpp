@@ -81,16 +81,28 @@ TpGroup tp_group(parallel::Comm* tp_comm) {
   return g;
 }
 
+std::string tp_split_problem(const model::ModelConfig& c, int T) {
+  auto fits = [&](int64_t t) {
+    return c.num_attention_heads % t == 0 && c.num_key_value_heads % t == 0 &&
+           c.intermediate_size % t == 0;
+  };
+  if (T >= 1 && fits(T)) return "";
+  std::string ok;
+  for (int t = 1; t <= 64; ++t)
+    if (fits(t)) ok += (ok.empty() ? "" : ", ") + std::to_string(t);
+  return fmt::format(
+      "--vllm_tensor_parallel_size {}: tensor parallel size {} must divide the attention heads "
+      "({}), the KV heads ({}) and intermediate_size ({}) of the model\nhint: use a "
+      "--vllm_tensor_parallel_size that divides all three: {}",
+      T, T, c.num_attention_heads, c.num_key_value_heads, c.intermediate_size, ok);
+}
+
 model::LayerSpec tp_layer_spec(const model::ModelConfig& c, const TpGroup& tp) {
   model::LayerSpec s = model::layer_spec(c);
   const int T = tp.size;
   if (T == 1) return s;
-  RLHF_CHECK(c.num_attention_heads % T == 0 && c.num_key_value_heads % T == 0 &&
-                 c.intermediate_size % T == 0,
-             "tensor parallel size {} must divide the attention heads ({}), the KV heads ({}) "
-             "and intermediate_size ({})\nhint: use a --vllm_tensor_parallel_size that divides "
-             "all three",
-             T, c.num_attention_heads, c.num_key_value_heads, c.intermediate_size);
+  const std::string problem = tp_split_problem(c, T);
+  RLHF_CHECK(problem.empty(), "{}", problem);
   s.H /= T;
   s.Hkv /= T;
   s.F /= T;
