@@ -125,7 +125,8 @@ class EngineBackend {
   virtual const float* decode(const DecodeBatch& batch) = 0;
 
   /// Whether decode() takes more than one row per sequence (observation tokens of multi-turn
-  /// generation); when false the scheduler never gives it one.
+  /// generation); when false the scheduler feeds them one decode step each (one row per
+  /// sequence), with the same results.
   virtual bool feeds_observations() const = 0;
 
   /// Bytes of one weight element that a decode step reads (4 for fp32, 2 for bf16).
