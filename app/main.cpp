@@ -105,6 +105,9 @@ int main(int argc, char** argv) {
     LOG_DEBUG("rank {} of {} on host {}", rank, world_size, host);
     rlhf::app::print_resolved_config(cmd);
     for (const std::string& notice : cmd.notices) LOG0_WARN("{}", notice);
+    // A SIGTERM/SIGUSR1 names the rank and phase before ending the process; training commands
+    // replace these with their preemption handlers (stop after the step, checkpoint, exit 3).
+    rlhf::parallel::install_fault_note_handlers();
     status = rlhf::app::run_command(cmd.args);
     // Stopped on SIGTERM/SIGUSR1 with a checkpoint written: every rank returns it together.
     if (status == rlhf::parallel::kExitPreempted) {
