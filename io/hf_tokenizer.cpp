@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "io/file_util.h"
 #include "io/gguf.h"
+#include "io/hf_tokenizer_impl.h"
 #include "io/regex.h"
 #include "io/text_util.h"
 
@@ -24,117 +25,9 @@ constexpr const char* kLlama3SplitPattern =
     R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
 constexpr const char* kQwen2SplitPattern =
     R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
-constexpr int64_t kMaxVocab = int64_t{1} << 24;
 
 using json = nlohmann::json;
-
-// GPT-2's reversible byte → printable character map (bytes_to_unicode): printable Latin-1 bytes
-// map to themselves, the other 68 to U+0100 onwards, in byte order.
-struct ByteMap {
-  std::string to_char[256];                   // UTF-8 of the character for each byte
-  std::unordered_map<uint32_t, int> to_byte;  // code point → byte
-  ByteMap() {
-    int extra = 0;
-    for (int b = 0; b < 256; ++b) {
-      const bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE);
-      const uint32_t cp =
-          printable ? static_cast<uint32_t>(b) : 256u + static_cast<uint32_t>(extra++);
-      std::string s;
-      if (cp < 0x80) {
-        s.push_back(static_cast<char>(cp));
-      } else {
-        s.push_back(static_cast<char>(0xC0 | (cp >> 6)));
-        s.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-      }
-      to_char[b] = s;
-      to_byte[cp] = b;
-    }
-  }
-};
-const ByteMap& byte_map() {
-  static const ByteMap m;
-  return m;
-}
-
-// Decodes one UTF-8 character at s[i] (len from utf8_char_len) to its code point; an invalid byte
-// gives 0x110000 + byte (never in the byte map).
-uint32_t code_point(std::string_view s, size_t i, size_t len) {
-  const auto u = [&](size_t k) {
-    return static_cast<uint32_t>(static_cast<unsigned char>(s[i + k]));
-  };
-  switch (len) {
-    case 2:
-      return ((u(0) & 0x1F) << 6) | (u(1) & 0x3F);
-    case 3:
-      return ((u(0) & 0x0F) << 12) | ((u(1) & 0x3F) << 6) | (u(2) & 0x3F);
-    case 4:
-      return ((u(0) & 0x07) << 18) | ((u(1) & 0x3F) << 12) | ((u(2) & 0x3F) << 6) | (u(3) & 0x3F);
-    default:
-      return u(0) < 0x80 ? u(0) : 0x110000 + u(0);
-  }
-}
-
-std::string replace_all(std::string_view s, std::string_view from, std::string_view to) {
-  if (from.empty()) return std::string(s);
-  std::string out;
-  size_t i = 0;
-  while (true) {
-    const size_t j = s.find(from, i);
-    if (j == std::string_view::npos) break;
-    out.append(s.substr(i, j - i));
-    out.append(to);
-    i = j + from.size();
-  }
-  out.append(s.substr(i));
-  return out;
-}
-
-bool is_space(unsigned char c) {
-  return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v';
-}
-bool is_word(unsigned char c) {
-  return std::isalnum(c) || c == '_' || c >= 0x80;
-}
-
-const json& member(const json& j, const char* key, const std::string& where) {
-  RLHF_CHECK(j.is_object() && j.contains(key), "{}: missing '{}'", where, key);
-  return j.at(key);
-}
-std::string str_member(const json& j, const char* key, const std::string& where,
-                       const std::string& def = "") {
-  if (!j.is_object() || !j.contains(key) || j.at(key).is_null()) return def;
-  RLHF_CHECK(j.at(key).is_string(), "{}: '{}' must be a string", where, key);
-  return j.at(key).get<std::string>();
-}
-bool bool_member(const json& j, const char* key, bool def) {
-  if (!j.is_object() || !j.contains(key) || !j.at(key).is_boolean()) return def;
-  return j.at(key).get<bool>();
-}
-
-// "<s>" or {"content": "<s>", ...} or null → the token text ("" for none).
-std::string token_name(const json& j) {
-  if (j.is_string()) return j.get<std::string>();
-  if (j.is_object() && j.contains("content") && j.at("content").is_string())
-    return j.at("content").get<std::string>();
-  return "";
-}
-
-enum class Behavior { kIsolated, kRemoved, kMergedWithPrevious, kMergedWithNext, kContiguous };
-
-Behavior behavior_from(const std::string& s, const std::string& where) {
-  if (s == "Isolated") return Behavior::kIsolated;
-  if (s == "Removed") return Behavior::kRemoved;
-  if (s == "MergedWithPrevious") return Behavior::kMergedWithPrevious;
-  if (s == "MergedWithNext") return Behavior::kMergedWithNext;
-  if (s == "Contiguous") return Behavior::kContiguous;
-  RLHF_FAIL("{}: split behavior '{}' is not supported", where, s);
-}
-
-// A pre-token: its text and whether it starts at offset 0 of the original input.
-struct Piece {
-  std::string text;
-  bool at_start = false;
-};
+using namespace hf;  // the pipeline's helpers (io/hf_tokenizer_impl.h)
 
 // Splits `p` at the delimiter ranges `matches` (sorted, non-overlapping) with HF's behaviours.
 void split_piece(const Piece& p, const std::vector<std::pair<size_t, size_t>>& matches,
@@ -204,255 +97,201 @@ void split_piece(const Piece& p, const std::vector<std::pair<size_t, size_t>>& m
 
 }  // namespace
 
-// --- implementation state ----------------------------------------------------------------------
+// --- the pipeline --------------------------------------------------------------------------------
 
-struct HfTokenizer::Impl {
-  struct NormStep {
-    enum Kind { kPrepend, kReplace, kIdentity, kStrip } kind;
-    std::string a, b;
-    bool left = false, right = false;
-  };
-  struct PreStep {
-    enum Kind { kByteLevel, kSplit, kMetaspace } kind;
-    bool add_prefix_space = false;
-    std::shared_ptr<Regex> re;  // Split, Digits, ByteLevel with use_regex
-    Behavior behavior = Behavior::kIsolated;
-    bool invert = false;
-    std::string replacement;                // Metaspace
-    std::string prepend_scheme = "always";  // Metaspace
-    bool split = true;                      // Metaspace
-  };
-  struct DecStep {
-    enum Kind { kByteLevel, kReplace, kByteFallback, kFuse, kStrip, kMetaspace } kind;
-    std::string a, b;
-    int64_t start = 0, stop = 0;
-    bool prepend = true;
-  };
-  struct Added {
-    std::string content, match;
-    int32_t id = -1;
-    bool special = false, lstrip = false, rstrip = false, normalized = false, single_word = false;
-  };
-
-  std::string source;
-  std::unordered_map<std::string, int32_t> vocab;
-  std::unordered_map<uint64_t, std::pair<int32_t, int32_t>> merges;  // (a, b) → (rank, new id)
-  bool byte_fallback = false, fuse_unk = false, ignore_merges = false;
-  int32_t unk_id = -1;
-  int32_t byte_ids[256];
-  std::vector<NormStep> norm;
-  std::vector<PreStep> pre;
-  std::vector<DecStep> dec;
-  bool has_decoder = false;
-  std::vector<Added> added_raw, added_norm;  // longest match first
-  std::unordered_map<std::string, int32_t> added_index;
-  std::unordered_set<int32_t> special_ids;
-  std::vector<int32_t> prefix, suffix;
-  bool have_template = false;
-
-  static uint64_t key(int32_t a, int32_t b) {
-    return (static_cast<uint64_t>(static_cast<uint32_t>(a)) << 32) | static_cast<uint32_t>(b);
-  }
-
-  std::string normalize(std::string_view s) const {
-    std::string out(s);
-    for (const NormStep& n : norm) {
-      switch (n.kind) {
-        case NormStep::kPrepend:
-          if (!out.empty()) out = n.a + out;
-          break;
-        case NormStep::kReplace:
-          out = replace_all(out, n.a, n.b);
-          break;
-        case NormStep::kStrip: {
-          size_t b = 0, e = out.size();
-          if (n.left)
-            while (b < e && is_space(static_cast<unsigned char>(out[b]))) ++b;
-          if (n.right)
-            while (e > b && is_space(static_cast<unsigned char>(out[e - 1]))) --e;
-          out = out.substr(b, e - b);
-          break;
-        }
-        case NormStep::kIdentity:
-          break;
-      }
-    }
-    return out;
-  }
-
-  // Splits `text` on the added tokens `list` (leftmost, then longest); segments carry their offset.
-  struct Seg {
-    std::string_view text;
-    int32_t id;
-    size_t offset;
-  };
-  std::vector<Seg> split_added(std::string_view text, const std::vector<Added>& list) const {
-    std::vector<Seg> out;
-    if (list.empty()) {
-      if (!text.empty()) out.push_back({text, -1, 0});
-      return out;
-    }
-    size_t start = 0, i = 0;
-    while (i < text.size()) {
-      const Added* hit = nullptr;
-      for (const Added& a : list) {
-        if (a.match.empty() || text.compare(i, a.match.size(), a.match) != 0) continue;
-        if (a.single_word) {
-          const bool left_ok = i == 0 || !is_word(static_cast<unsigned char>(text[i - 1]));
-          const size_t e = i + a.match.size();
-          const bool right_ok = e >= text.size() || !is_word(static_cast<unsigned char>(text[e]));
-          if (!left_ok || !right_ok) continue;
-        }
-        hit = &a;
+std::string HfTokenizer::Impl::normalize(std::string_view s) const {
+  std::string out(s);
+  for (const NormStep& n : norm) {
+    switch (n.kind) {
+      case NormStep::kPrepend:
+        if (!out.empty()) out = n.a + out;
+        break;
+      case NormStep::kReplace:
+        out = replace_all(out, n.a, n.b);
+        break;
+      case NormStep::kStrip: {
+        size_t b = 0, e = out.size();
+        if (n.left)
+          while (b < e && is_space(static_cast<unsigned char>(out[b]))) ++b;
+        if (n.right)
+          while (e > b && is_space(static_cast<unsigned char>(out[e - 1]))) --e;
+        out = out.substr(b, e - b);
         break;
       }
-      if (hit == nullptr) {
-        ++i;
-        continue;
-      }
-      size_t b = i, e = i + hit->match.size();
-      if (hit->lstrip)
-        while (b > start && is_space(static_cast<unsigned char>(text[b - 1]))) --b;
-      if (hit->rstrip)
-        while (e < text.size() && is_space(static_cast<unsigned char>(text[e]))) ++e;
-      if (b > start) out.push_back({text.substr(start, b - start), -1, start});
-      out.push_back({text.substr(b, e - b), hit->id, b});
-      i = start = e;
+      case NormStep::kIdentity:
+        break;
     }
-    if (start < text.size()) out.push_back({text.substr(start), -1, start});
+  }
+  return out;
+}
+
+std::vector<HfTokenizer::Impl::Seg> HfTokenizer::Impl::split_added(
+    std::string_view text, const std::vector<Added>& list) const {
+  std::vector<Seg> out;
+  if (list.empty()) {
+    if (!text.empty()) out.push_back({text, -1, 0});
     return out;
   }
+  size_t start = 0, i = 0;
+  while (i < text.size()) {
+    const Added* hit = nullptr;
+    for (const Added& a : list) {
+      if (a.match.empty() || text.compare(i, a.match.size(), a.match) != 0) continue;
+      if (a.single_word) {
+        const bool left_ok = i == 0 || !is_word(static_cast<unsigned char>(text[i - 1]));
+        const size_t e = i + a.match.size();
+        const bool right_ok = e >= text.size() || !is_word(static_cast<unsigned char>(text[e]));
+        if (!left_ok || !right_ok) continue;
+      }
+      hit = &a;
+      break;
+    }
+    if (hit == nullptr) {
+      ++i;
+      continue;
+    }
+    size_t b = i, e = i + hit->match.size();
+    if (hit->lstrip)
+      while (b > start && is_space(static_cast<unsigned char>(text[b - 1]))) --b;
+    if (hit->rstrip)
+      while (e < text.size() && is_space(static_cast<unsigned char>(text[e]))) ++e;
+    if (b > start) out.push_back({text.substr(start, b - start), -1, start});
+    out.push_back({text.substr(b, e - b), hit->id, b});
+    i = start = e;
+  }
+  if (start < text.size()) out.push_back({text.substr(start), -1, start});
+  return out;
+}
 
-  std::vector<Piece> pretokenize(std::string text, bool at_start) const {
-    std::vector<Piece> pieces = {{std::move(text), at_start}};
-    for (const PreStep& st : pre) {
-      std::vector<Piece> next;
-      for (Piece& p : pieces) {
-        switch (st.kind) {
-          case PreStep::kByteLevel: {
-            if (st.add_prefix_space && (p.text.empty() || p.text[0] != ' ')) p.text = " " + p.text;
-            std::vector<Piece> split;
-            if (st.re) {
-              std::vector<std::pair<size_t, size_t>> m;
-              st.re->for_each_match(p.text, [&](size_t b, size_t e) { m.emplace_back(b, e); });
-              split_piece(p, m, Behavior::kIsolated, false, split);
-            } else {
-              split.push_back(p);
-            }
-            for (Piece& s : split) {
-              std::string mapped;
-              for (unsigned char c : s.text) mapped += byte_map().to_char[c];
-              next.push_back({std::move(mapped), s.at_start});
-            }
-            break;
-          }
-          case PreStep::kSplit: {
+std::vector<Piece> HfTokenizer::Impl::pretokenize(std::string text, bool at_start) const {
+  std::vector<Piece> pieces = {{std::move(text), at_start}};
+  for (const PreStep& st : pre) {
+    std::vector<Piece> next;
+    for (Piece& p : pieces) {
+      switch (st.kind) {
+        case PreStep::kByteLevel: {
+          if (st.add_prefix_space && (p.text.empty() || p.text[0] != ' ')) p.text = " " + p.text;
+          std::vector<Piece> split;
+          if (st.re) {
             std::vector<std::pair<size_t, size_t>> m;
             st.re->for_each_match(p.text, [&](size_t b, size_t e) { m.emplace_back(b, e); });
-            split_piece(p, m, st.behavior, st.invert, next);
+            split_piece(p, m, Behavior::kIsolated, false, split);
+          } else {
+            split.push_back(p);
+          }
+          for (Piece& s : split) {
+            std::string mapped;
+            for (unsigned char c : s.text) mapped += byte_map().to_char[c];
+            next.push_back({std::move(mapped), s.at_start});
+          }
+          break;
+        }
+        case PreStep::kSplit: {
+          std::vector<std::pair<size_t, size_t>> m;
+          st.re->for_each_match(p.text, [&](size_t b, size_t e) { m.emplace_back(b, e); });
+          split_piece(p, m, st.behavior, st.invert, next);
+          break;
+        }
+        case PreStep::kMetaspace: {
+          Piece q{replace_all(p.text, " ", st.replacement), p.at_start};
+          const bool starts = q.text.rfind(st.replacement, 0) == 0;
+          if (!starts &&
+              (st.prepend_scheme == "always" || (st.prepend_scheme == "first" && q.at_start)))
+            q.text = st.replacement + q.text;
+          if (!st.split) {
+            next.push_back(std::move(q));
             break;
           }
-          case PreStep::kMetaspace: {
-            Piece q{replace_all(p.text, " ", st.replacement), p.at_start};
-            const bool starts = q.text.rfind(st.replacement, 0) == 0;
-            if (!starts &&
-                (st.prepend_scheme == "always" || (st.prepend_scheme == "first" && q.at_start)))
-              q.text = st.replacement + q.text;
-            if (!st.split) {
-              next.push_back(std::move(q));
-              break;
-            }
-            std::vector<std::pair<size_t, size_t>> m;
-            for (size_t k = q.text.find(st.replacement); k != std::string::npos;
-                 k = q.text.find(st.replacement, k + st.replacement.size()))
-              m.emplace_back(k, k + st.replacement.size());
-            split_piece(q, m, Behavior::kMergedWithNext, false, next);
-            break;
-          }
+          std::vector<std::pair<size_t, size_t>> m;
+          for (size_t k = q.text.find(st.replacement); k != std::string::npos;
+               k = q.text.find(st.replacement, k + st.replacement.size()))
+            m.emplace_back(k, k + st.replacement.size());
+          split_piece(q, m, Behavior::kMergedWithNext, false, next);
+          break;
         }
       }
-      pieces = std::move(next);
     }
-    return pieces;
+    pieces = std::move(next);
   }
+  return pieces;
+}
 
-  void bpe(std::string_view word, std::vector<int32_t>& out) const {
-    if (word.empty()) return;
-    if (ignore_merges) {
-      auto it = vocab.find(std::string(word));
-      if (it != vocab.end()) {
-        out.push_back(it->second);
-        return;
-      }
+void HfTokenizer::Impl::bpe(std::string_view word, std::vector<int32_t>& out) const {
+  if (word.empty()) return;
+  if (ignore_merges) {
+    auto it = vocab.find(std::string(word));
+    if (it != vocab.end()) {
+      out.push_back(it->second);
+      return;
     }
-    std::vector<int32_t> sym;
-    int32_t pending_unk = -1;
-    std::string buf;
-    for (size_t i = 0; i < word.size();) {
-      const size_t len = utf8_char_len(word, i);
-      buf.assign(word.substr(i, len));
-      i += len;
-      auto it = vocab.find(buf);
-      if (it != vocab.end()) {
+  }
+  std::vector<int32_t> sym;
+  int32_t pending_unk = -1;
+  std::string buf;
+  for (size_t i = 0; i < word.size();) {
+    const size_t len = utf8_char_len(word, i);
+    buf.assign(word.substr(i, len));
+    i += len;
+    auto it = vocab.find(buf);
+    if (it != vocab.end()) {
+      if (pending_unk >= 0) sym.push_back(pending_unk), pending_unk = -1;
+      sym.push_back(it->second);
+      continue;
+    }
+    if (byte_fallback) {
+      bool all = true;
+      for (unsigned char c : buf) all = all && byte_ids[c] >= 0;
+      if (all) {
         if (pending_unk >= 0) sym.push_back(pending_unk), pending_unk = -1;
-        sym.push_back(it->second);
+        for (unsigned char c : buf) sym.push_back(byte_ids[c]);
         continue;
       }
-      if (byte_fallback) {
-        bool all = true;
-        for (unsigned char c : buf) all = all && byte_ids[c] >= 0;
-        if (all) {
-          if (pending_unk >= 0) sym.push_back(pending_unk), pending_unk = -1;
-          for (unsigned char c : buf) sym.push_back(byte_ids[c]);
-          continue;
-        }
-      }
-      if (unk_id >= 0) {
-        if (pending_unk >= 0 && !fuse_unk) sym.push_back(pending_unk);
-        pending_unk = unk_id;
-      }
-      // Without an unknown token the character is dropped, as the library does.
     }
-    if (pending_unk >= 0) sym.push_back(pending_unk);
-    const int64_t n = static_cast<int64_t>(sym.size());
-    std::vector<int64_t> prev(static_cast<size_t>(n)), next(static_cast<size_t>(n));
-    std::vector<bool> alive(static_cast<size_t>(n), true);
-    for (int64_t i = 0; i < n; ++i) {
-      prev[size_t(i)] = i - 1;
-      next[size_t(i)] = i + 1 < n ? i + 1 : -1;
+    if (unk_id >= 0) {
+      if (pending_unk >= 0 && !fuse_unk) sym.push_back(pending_unk);
+      pending_unk = unk_id;
     }
-    struct Cand {
-      int32_t rank;
-      int64_t pos;
-      int32_t new_id;
-    };
-    auto worse = [](const Cand& a, const Cand& b) {
-      return a.rank != b.rank ? a.rank > b.rank : a.pos > b.pos;
-    };
-    std::priority_queue<Cand, std::vector<Cand>, decltype(worse)> heap(worse);
-    auto push = [&](int64_t l) {
-      if (l < 0 || next[size_t(l)] < 0) return;
-      auto it = merges.find(key(sym[size_t(l)], sym[size_t(next[size_t(l)])]));
-      if (it != merges.end()) heap.push(Cand{it->second.first, l, it->second.second});
-    };
-    for (int64_t i = 0; i + 1 < n; ++i) push(i);
-    while (!heap.empty()) {
-      const Cand c = heap.top();
-      heap.pop();
-      if (!alive[size_t(c.pos)] || next[size_t(c.pos)] < 0) continue;
-      const int64_t r = next[size_t(c.pos)];
-      auto it = merges.find(key(sym[size_t(c.pos)], sym[size_t(r)]));
-      if (it == merges.end() || it->second.second != c.new_id) continue;  // stale entry
-      sym[size_t(c.pos)] = c.new_id;
-      alive[size_t(r)] = false;
-      next[size_t(c.pos)] = next[size_t(r)];
-      if (next[size_t(r)] >= 0) prev[size_t(next[size_t(r)])] = c.pos;
-      push(prev[size_t(c.pos)]);
-      push(c.pos);
-    }
-    for (int64_t i = 0; i >= 0 && i < n; i = next[size_t(i)]) out.push_back(sym[size_t(i)]);
+    // Without an unknown token the character is dropped, as the library does.
   }
-};
+  if (pending_unk >= 0) sym.push_back(pending_unk);
+  const int64_t n = static_cast<int64_t>(sym.size());
+  std::vector<int64_t> prev(static_cast<size_t>(n)), next(static_cast<size_t>(n));
+  std::vector<bool> alive(static_cast<size_t>(n), true);
+  for (int64_t i = 0; i < n; ++i) {
+    prev[size_t(i)] = i - 1;
+    next[size_t(i)] = i + 1 < n ? i + 1 : -1;
+  }
+  struct Cand {
+    int32_t rank;
+    int64_t pos;
+    int32_t new_id;
+  };
+  auto worse = [](const Cand& a, const Cand& b) {
+    return a.rank != b.rank ? a.rank > b.rank : a.pos > b.pos;
+  };
+  std::priority_queue<Cand, std::vector<Cand>, decltype(worse)> heap(worse);
+  auto push = [&](int64_t l) {
+    if (l < 0 || next[size_t(l)] < 0) return;
+    auto it = merges.find(key(sym[size_t(l)], sym[size_t(next[size_t(l)])]));
+    if (it != merges.end()) heap.push(Cand{it->second.first, l, it->second.second});
+  };
+  for (int64_t i = 0; i + 1 < n; ++i) push(i);
+  while (!heap.empty()) {
+    const Cand c = heap.top();
+    heap.pop();
+    if (!alive[size_t(c.pos)] || next[size_t(c.pos)] < 0) continue;
+    const int64_t r = next[size_t(c.pos)];
+    auto it = merges.find(key(sym[size_t(c.pos)], sym[size_t(r)]));
+    if (it == merges.end() || it->second.second != c.new_id) continue;  // stale entry
+    sym[size_t(c.pos)] = c.new_id;
+    alive[size_t(r)] = false;
+    next[size_t(c.pos)] = next[size_t(r)];
+    if (next[size_t(r)] >= 0) prev[size_t(next[size_t(r)])] = c.pos;
+    push(prev[size_t(c.pos)]);
+    push(c.pos);
+  }
+  for (int64_t i = 0; i >= 0 && i < n; i = next[size_t(i)]) out.push_back(sym[size_t(i)]);
+}
 
 // --- construction ------------------------------------------------------------------------------
 
@@ -528,159 +367,12 @@ HfTokenizer::HfTokenizer(const nlohmann::json& tj, const nlohmann::json& cfg,
       RLHF_CHECK(it != m.vocab.end(), "{}: unk_token '{}' is not in the vocabulary", src, unk);
       m.unk_id = it->second;
     }
-    // --- merges
-    if (model.contains("merges") && !model.at("merges").is_null()) {
-      const json& merges = model.at("merges");
-      RLHF_CHECK(merges.is_array(), "{}: model.merges must be an array", src);
-      int32_t rank = 0;
-      for (const json& mg : merges) {
-        std::string a, b;
-        if (mg.is_string()) {
-          const std::string s = mg.get<std::string>();
-          const size_t sp = s.find(' ');
-          RLHF_CHECK(sp != std::string::npos && s.find(' ', sp + 1) == std::string::npos,
-                     "{}: merge {} is not two tokens separated by one space", src, rank);
-          a = s.substr(0, sp);
-          b = s.substr(sp + 1);
-        } else {
-          RLHF_CHECK(mg.is_array() && mg.size() == 2 && mg[0].is_string() && mg[1].is_string(),
-                     "{}: merge {} must be \"a b\" or [a, b]", src, rank);
-          a = mg[0].get<std::string>();
-          b = mg[1].get<std::string>();
-        }
-        auto ia = m.vocab.find(a), ib = m.vocab.find(b), iab = m.vocab.find(a + b);
-        RLHF_CHECK(ia != m.vocab.end() && ib != m.vocab.end() && iab != m.vocab.end(),
-                   "{}: merge {} ('{}' + '{}') refers to a token outside the vocabulary", src, rank,
-                   a, b);
-        m.merges.emplace(Impl::key(ia->second, ib->second), std::make_pair(rank, iab->second));
-        ++rank;
-      }
-    }
-    // --- normalizer
-    std::function<void(const json&)> add_norm = [&](const json& n) {
-      if (n.is_null()) return;
-      const std::string t = str_member(n, "type", src + ": normalizer");
-      if (t == "Sequence") {
-        const json& list = member(n, "normalizers", src + ": normalizer");
-        RLHF_CHECK(list.is_array(), "{}: normalizers must be an array", src);
-        for (const json& x : list) add_norm(x);
-      } else if (t == "Prepend") {
-        m.norm.push_back({Impl::NormStep::kPrepend, str_member(n, "prepend", src), ""});
-      } else if (t == "Replace") {
-        const json& p = member(n, "pattern", src + ": Replace normalizer");
-        RLHF_CHECK(p.is_object() && p.contains("String"),
-                   "{}: only string patterns are supported in Replace normalizers", src);
-        m.norm.push_back({Impl::NormStep::kReplace, str_member(p, "String", src),
-                          str_member(n, "content", src)});
-      } else if (t == "NFC") {
-        m.norm.push_back({Impl::NormStep::kIdentity, "", ""});
-      } else if (t == "Strip") {
-        Impl::NormStep s{Impl::NormStep::kStrip, "", ""};
-        s.left = bool_member(n, "strip_left", true);
-        s.right = bool_member(n, "strip_right", true);
-        m.norm.push_back(s);
-      } else {
-        RLHF_FAIL("{}: normalizer '{}' is not supported", src, t);
-      }
-    };
-    if (tj.contains("normalizer")) add_norm(tj.at("normalizer"));
-    // --- pre-tokenizer
-    std::function<void(const json&)> add_pre = [&](const json& p) {
-      if (p.is_null()) return;
-      const std::string t = str_member(p, "type", src + ": pre_tokenizer");
-      Impl::PreStep st{};
-      if (t == "Sequence") {
-        const json& list = member(p, "pretokenizers", src + ": pre_tokenizer");
-        RLHF_CHECK(list.is_array(), "{}: pretokenizers must be an array", src);
-        for (const json& x : list) add_pre(x);
-        return;
-      } else if (t == "ByteLevel") {
-        st.kind = Impl::PreStep::kByteLevel;
-        st.add_prefix_space = bool_member(p, "add_prefix_space", false);
-        if (bool_member(p, "use_regex", true))
-          st.re = std::make_shared<Regex>(kGpt2SplitPattern, src);
-        byte_level_ = true;
-      } else if (t == "Split") {
-        st.kind = Impl::PreStep::kSplit;
-        const json& pat = member(p, "pattern", src + ": Split");
-        if (pat.is_object() && pat.contains("Regex"))
-          st.re = std::make_shared<Regex>(str_member(pat, "Regex", src), src);
-        else if (pat.is_object() && pat.contains("String"))
-          st.re = std::make_shared<Regex>(regex_escape(str_member(pat, "String", src)), src);
-        else
-          RLHF_FAIL("{}: Split pattern must be {{\"Regex\": ...}} or {{\"String\": ...}}", src);
-        st.behavior = behavior_from(str_member(p, "behavior", src, "Isolated"), src);
-        st.invert = bool_member(p, "invert", false);
-      } else if (t == "Metaspace") {
-        st.kind = Impl::PreStep::kMetaspace;
-        st.replacement = str_member(p, "replacement", src, "\xE2\x96\x81");
-        RLHF_CHECK(!st.replacement.empty(), "{}: empty Metaspace replacement", src);
-        if (p.contains("prepend_scheme"))
-          st.prepend_scheme = str_member(p, "prepend_scheme", src, "always");
-        else
-          st.prepend_scheme = bool_member(p, "add_prefix_space", true) ? "always" : "never";
-        RLHF_CHECK(st.prepend_scheme == "always" || st.prepend_scheme == "first" ||
-                       st.prepend_scheme == "never",
-                   "{}: unknown Metaspace prepend_scheme '{}'", src, st.prepend_scheme);
-        st.split = bool_member(p, "split", true);
-      } else if (t == "Digits") {
-        st.kind = Impl::PreStep::kSplit;
-        const bool individual = bool_member(p, "individual_digits", false);
-        st.re = std::make_shared<Regex>(individual ? R"(\p{N})" : R"(\p{N}+)", src);
-        st.behavior = Behavior::kIsolated;
-      } else {
-        RLHF_FAIL("{}: pre-tokenizer '{}' is not supported", src, t);
-      }
-      m.pre.push_back(std::move(st));
-    };
-    if (tj.contains("pre_tokenizer")) add_pre(tj.at("pre_tokenizer"));
-    // --- decoder
-    std::function<void(const json&)> add_dec = [&](const json& d) {
-      if (d.is_null()) return;
-      m.has_decoder = true;
-      const std::string t = str_member(d, "type", src + ": decoder");
-      Impl::DecStep st{};
-      if (t == "Sequence") {
-        const json& list = member(d, "decoders", src + ": decoder");
-        RLHF_CHECK(list.is_array(), "{}: decoders must be an array", src);
-        for (const json& x : list) add_dec(x);
-        return;
-      } else if (t == "ByteLevel") {
-        st.kind = Impl::DecStep::kByteLevel;
-      } else if (t == "Replace") {
-        const json& p = member(d, "pattern", src + ": Replace decoder");
-        RLHF_CHECK(p.is_object() && p.contains("String"),
-                   "{}: only string patterns are supported in Replace decoders", src);
-        st.kind = Impl::DecStep::kReplace;
-        st.a = str_member(p, "String", src);
-        st.b = str_member(d, "content", src);
-      } else if (t == "ByteFallback") {
-        st.kind = Impl::DecStep::kByteFallback;
-      } else if (t == "Fuse") {
-        st.kind = Impl::DecStep::kFuse;
-      } else if (t == "Strip") {
-        st.kind = Impl::DecStep::kStrip;
-        st.a = str_member(d, "content", src, " ");
-        const json& s = member(d, "start", src + ": Strip decoder");
-        const json& e = member(d, "stop", src + ": Strip decoder");
-        RLHF_CHECK(s.is_number_unsigned() && e.is_number_unsigned() && s.get<uint64_t>() < 1024 &&
-                       e.get<uint64_t>() < 1024,
-                   "{}: Strip decoder start/stop must be small non-negative integers", src);
-        st.start = s.get<int64_t>();
-        st.stop = e.get<int64_t>();
-      } else if (t == "Metaspace") {
-        st.kind = Impl::DecStep::kMetaspace;
-        st.a = str_member(d, "replacement", src, "\xE2\x96\x81");
-        if (d.contains("prepend_scheme"))
-          st.prepend = str_member(d, "prepend_scheme", src, "always") != "never";
-        else
-          st.prepend = bool_member(d, "add_prefix_space", true);
-      } else {
-        RLHF_FAIL("{}: decoder '{}' is not supported", src, t);
-      }
-      m.dec.push_back(std::move(st));
-    };
-    if (tj.contains("decoder")) add_dec(tj.at("decoder"));
+    hf::parse_merges(m, model, src);
+    // --- normalizer, pre-tokenizer, decoder
+    if (tj.contains("normalizer")) hf::parse_normalizer(m, tj.at("normalizer"), src);
+    if (tj.contains("pre_tokenizer"))
+      byte_level_ = hf::parse_pre_tokenizer(m, tj.at("pre_tokenizer"), src);
+    if (tj.contains("decoder")) hf::parse_decoder(m, tj.at("decoder"), src);
     // --- added tokens: match strings (normalized ones in their normalized form)
     for (Impl::Added& a : added) {
       m.added_index[a.content] = a.id;
@@ -699,48 +391,8 @@ HfTokenizer::HfTokenizer(const nlohmann::json& tj, const nlohmann::json& cfg,
     std::stable_sort(m.added_raw.begin(), m.added_raw.end(), longest);
     std::stable_sort(m.added_norm.begin(), m.added_norm.end(), longest);
     // --- post-processor
-    std::function<void(const json&)> add_post = [&](const json& p) {
-      if (p.is_null()) return;
-      const std::string t = str_member(p, "type", src + ": post_processor");
-      if (t == "Sequence") {
-        const json& list = member(p, "processors", src + ": post_processor");
-        RLHF_CHECK(list.is_array(), "{}: processors must be an array", src);
-        for (const json& x : list) add_post(x);
-      } else if (t == "ByteLevel") {
-        // offsets only
-      } else if (t == "TemplateProcessing") {
-        const json& single = member(p, "single", src + ": TemplateProcessing");
-        const json& specials =
-            p.contains("special_tokens") ? p.at("special_tokens") : json::object();
-        RLHF_CHECK(single.is_array(), "{}: TemplateProcessing.single must be an array", src);
-        m.prefix.clear();
-        m.suffix.clear();
-        bool seen_a = false;
-        for (const json& item : single) {
-          if (item.is_object() && item.contains("Sequence")) {
-            seen_a = true;
-            continue;
-          }
-          const json& sp = member(item, "SpecialToken", src + ": TemplateProcessing item");
-          const std::string name = str_member(sp, "id", src);
-          RLHF_CHECK(specials.is_object() && specials.contains(name),
-                     "{}: TemplateProcessing uses '{}', which is not in its special_tokens", src,
-                     name);
-          const json& ids = member(specials.at(name), "ids", src + ": special token " + name);
-          RLHF_CHECK(ids.is_array(), "{}: special token '{}' ids must be an array", src, name);
-          for (const json& id : ids) {
-            RLHF_CHECK(id.is_number_integer() && id.get<int64_t>() >= 0 &&
-                           id.get<int64_t>() < static_cast<int64_t>(tokens_.size()),
-                       "{}: special token '{}' has an id outside the vocabulary", src, name);
-            (seen_a ? m.suffix : m.prefix).push_back(id.get<int32_t>());
-          }
-        }
-        m.have_template = true;
-      } else {
-        RLHF_FAIL("{}: post-processor '{}' is not supported", src, t);
-      }
-    };
-    if (tj.contains("post_processor")) add_post(tj.at("post_processor"));
+    if (tj.contains("post_processor"))
+      hf::parse_post_processor(m, tj.at("post_processor"), src, int64_t(tokens_.size()));
     // --- special tokens from tokenizer_config.json / special_tokens_map.json
     auto id_of = [&](const std::string& name) -> int32_t {
       if (name.empty()) return -1;
