@@ -44,7 +44,7 @@ TEST_CASE("bf16: N ranks (ZeRO-3) train like 1 rank") {
   const auto norms = train(*net, cfg, 4, r * per, per, 1);
   const auto w = full_weights(net->store());
   for (size_t s = 0; s < norms.size(); ++s)
-    CHECK(norms[s] == doctest::Approx(ref_norms[s]).epsilon(2e-3));
+    CHECK(norms[s] == doctest::Approx(ref_norms[s]).epsilon(1e-5));
   double max_n = 0, max_gap = 0;
   for (size_t u = 0; u < w.size(); ++u) {
     const int64_t n = layout.unit(int(u)).numel;
@@ -54,11 +54,11 @@ TEST_CASE("bf16: N ranks (ZeRO-3) train like 1 rank") {
     INFO(gap.summary("fp32 vs bf16, 1 rank"));
     max_n = std::max(max_n, cmp.max_abs_err);
     max_gap = std::max(max_gap, gap.max_abs_err);
-    // 4 AdamW steps at lr 3e-3 move a weight by ~1e-2; a changed bf16 rounding perturbs a few
-    // small gradients, which AdamW's normalisation can turn into up to ~lr per step.
-    CHECK(cmp.max_abs_err <= 2e-3);
-    CHECK(cmp.nmse <= 1e-6);
+    // The fp32 test's bound (tests/mpi/test_zero3.cpp): 4 AdamW steps at lr 3e-3 move weights
+    // by ~1e-2; gradient round-off differences give weight differences far below 2e-5.
+    CHECK(cmp.max_abs_err <= 2e-5);
   }
+  CHECK(max_gap > 100 * std::max(max_n, 1e-7));  // the bf16 path ran: far from fp32
   MESSAGE(fmt::format("bf16 N={} vs 1 rank: max |dw| {:.3e}; fp32 vs bf16 on 1 rank: {:.3e}", N,
                       max_n, max_gap));
 }
