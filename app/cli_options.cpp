@@ -201,8 +201,9 @@ void ParallelArgs::bind(OptionSet& o) {
   o.add("param_dtype", param_dtype,
         "Compute precision of the models' GEMMs: bf16 (bf16 weights and activations, fp32 "
         "accumulation, fp32 master weights, gradients and AdamW moments), fp32, or auto = bf16 on "
-        "GPUs and on CPUs with AMX or AVX512-BF16, fp32 elsewhere (the CPU's bf16 is not wired "
-        "into the model yet: auto gives fp32 there and bf16 is refused)")
+        "GPUs and on CPUs with AMX or AVX512-BF16 (oneDNN), fp32 elsewhere; bf16 on a CPU without "
+        "them runs emulated by oneDNN (slower than fp32); a build without oneDNN refuses bf16 on "
+        "the CPU")
       .check(one_of({"auto", "bf16", "fp32"}));
   o.add("bf16", bf16, "Same as --param_dtype bf16 (OpenRLHF's switch)");
   o.add("comm_timeout", comm_timeout,

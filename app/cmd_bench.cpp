@@ -7,6 +7,7 @@
 #include <iostream>
 
 #include "app/commands.h"
+#include "app/param_dtype.h"
 #include "app/runtime.h"
 #include "bench/bench_comm.h"
 #include "bench/bench_cuda.h"
@@ -107,6 +108,7 @@ int run_bench(const BenchArgs& args) {
     if (!args.model_config.empty()) o.config = io::load_model_config_file(args.model_config);
     set_train_run(o);
     o.zero_stage = args.zero.zero_stage;
+    o.bf16 = cpu_bf16(args.parallel, false);  // also the bf16 step, next to fp32
     const parallel::CommKind kind = parallel::comm_kind_from_name(args.parallel.comm_backend);
     auto comm = parallel::make_comm(MPI_COMM_WORLD, "train_comm", kind);
     LOG0_INFO("bench train: {} rank(s) x {} threads", comm->size(), threads);
@@ -114,12 +116,12 @@ int run_bench(const BenchArgs& args) {
       emit(row);
       if (row["bench"] == "train")
         LOG0_INFO(
-            "bench train: zero {} | {} ranks | step {:.3f}s (comm {:.3f}s) | {:.0f} tok/s | "
+            "bench train: {} | zero {} | {} ranks | step {:.3f}s (comm {:.3f}s) | {:.0f} tok/s | "
             "{:.1f} GFLOP/s per rank = {:.2f} x sgemm ({:.1f})",
-            row["zero_stage"].get<int>(), row["ranks"].get<int>(), row["step_s"].get<double>(),
-            row["comm_s"].get<double>(), row["tokens_per_s"].get<double>(),
-            row["gflops_per_s_per_rank"].get<double>(), row["ratio_to_sgemm"].get<double>(),
-            row["sgemm_gflops_per_s"].get<double>());
+            row["param_dtype"].get<std::string>(), row["zero_stage"].get<int>(),
+            row["ranks"].get<int>(), row["step_s"].get<double>(), row["comm_s"].get<double>(),
+            row["tokens_per_s"].get<double>(), row["gflops_per_s_per_rank"].get<double>(),
+            row["ratio_to_sgemm"].get<double>(), row["sgemm_gflops_per_s"].get<double>());
     });
   }
   // --gen_batches, for both generate benchmarks (CPU and GPU).
@@ -164,6 +166,7 @@ int run_bench(const BenchArgs& args) {
     o.batches = gen_batches;
     o.long_requests = args.gen_long_requests;
     o.long_fixed_batch = args.gen_long_fixed_batch;
+    o.bf16 = cpu_bf16(args.parallel, false);  // also the fixed runs on a bf16 engine
     LOG0_INFO("bench generate: {} threads per rank", threads);
     bench::run_bench_generate(o, emit);
   }

@@ -26,6 +26,7 @@
 #include <nlohmann/json.hpp>
 
 #include "app/commands.h"
+#include "app/param_dtype.h"
 #include "app/runtime.h"
 #include "core/error.h"
 #include "core/log.h"
@@ -138,7 +139,8 @@ int run_eval(const EvalArgs& args) {
   std::unique_ptr<rollout::Engine> engine;
   if (topo->generates()) {
     engine = std::make_unique<rollout::Engine>(
-        layout, engine_options(args.gen, device, tp_comm.get(), tokenizer->eos_id()));
+        layout, engine_options(args.gen, device, tp_comm.get(), tokenizer->eos_id(),
+                               cpu_bf16(args.parallel, device == parallel::Device::kCuda)));
     io::load_model_weights(src, layout, engine->unit_buffers());  // any --pretrain format
   }
   // Multi-turn episodes (--env_command, --stop_strings): one environment per engine rank; its

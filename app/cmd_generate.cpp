@@ -46,6 +46,7 @@
 #include <nlohmann/json.hpp>
 
 #include "app/commands.h"
+#include "app/param_dtype.h"
 #include "app/runtime.h"
 #include "core/error.h"
 #include "core/log.h"
@@ -446,8 +447,9 @@ int run_generate(const GenerateArgs& args) {
     // The engine's tensor-parallel group (collective over engine_comm; TP 1: none).
     const std::unique_ptr<parallel::Comm> tp_comm =
         tp > 1 ? parallel::make_comm(topo->engine_comm(), "engine_comm") : nullptr;
-    rollout::Engine engine(layout,
-                           engine_options(args.gen, device, tp_comm.get(), tokenizer->eos_id()));
+    rollout::Engine engine(
+        layout, engine_options(args.gen, device, tp_comm.get(), tokenizer->eos_id(),
+                               cpu_bf16(args.parallel, device == parallel::Device::kCuda)));
     io::load_model_weights(src, layout, engine.unit_buffers());  // any --pretrain format
     const rollout::KvCache& kv = engine.kv_cache();
     if (rank == 0)

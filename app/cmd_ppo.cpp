@@ -101,7 +101,7 @@ rl::RlRunConfig rl_run_config(const PpoArgs& a, const char* cmd) {
   c.critic_adam = make_adamw(a.optim, a.critic_learning_rate);
   c.lr_scheduler = a.optim.lr_scheduler;
   c.lr_warmup_ratio = a.optim.lr_warmup_ratio;
-  c.engine = engine_options(a.gen, parallel::Device::kCpu, nullptr, -1);
+  c.engine = engine_options(a.gen, parallel::Device::kCpu, nullptr, -1, c.runtime.bf16);
   c.sync_bucket_mb = a.sync_bucket_mb;
   c.eval_dataset = a.eval_dataset;
   c.eval_steps = a.eval_steps;

@@ -28,6 +28,7 @@
 #include <nlohmann/json.hpp>
 
 #include "app/commands.h"
+#include "app/param_dtype.h"
 #include "app/runtime.h"
 #include "core/error.h"
 #include "core/log.h"
@@ -238,6 +239,7 @@ int run_score(const ScoreArgs& args) {
   }
 
   rl::Scorer scorer(layout);
+  scorer.set_bf16(cpu_bf16(args.parallel, false));  // score runs on the CPU only
   io::load_model_weights(src, layout, scorer.unit_buffers());
   const ScoreContext c{args, *tokenizer, cfg.model_type, scorer, max_len};
   const auto t0 = std::chrono::steady_clock::now();

@@ -34,8 +34,9 @@ ParamDtypeChoice resolve_param_dtype(const std::string& flag, bool bf16_alias, b
   if (asked == "bf16") {
     if (!cpu_bf16_ready)
       throw UsageError(fmt::format(
-          "{}: bf16 compute on the CPU is not wired into the model yet (CPU {}); the CPU "
-          "computes in fp32\nhint: --param_dtype fp32 (or auto), or --device cuda",
+          "{}: bf16 compute on the CPU needs oneDNN, and this build has none (CPU {}); the CPU "
+          "computes in fp32\nhint: --param_dtype fp32 (or auto), or install libdnnl-dev "
+          "(scripts/install-deps.sh) and rebuild, or --device cuda",
           given, isa));
     return {ParamDtype::kBf16, cpu_native_bf16
                                    ? "asked"
@@ -48,18 +49,28 @@ ParamDtypeChoice resolve_param_dtype(const std::string& flag, bool bf16_alias, b
     return {ParamDtype::kFp32, fmt::format("auto: CPU {} has neither AMX nor AVX512-BF16", isa)};
   if (!cpu_bf16_ready)
     return {ParamDtype::kFp32,
-            fmt::format("auto: CPU {} computes bf16 natively, but bf16 compute on the CPU is not "
-                        "wired into the model yet",
-                        isa)};
+            fmt::format("auto: CPU {} computes bf16 natively, but this build has no oneDNN", isa)};
   return {ParamDtype::kBf16, fmt::format("auto: CPU {} computes bf16 natively", isa)};
 }
 
-ParamDtype setup_param_dtype(const ParallelArgs& args, bool gpu) {
+namespace {
+
+ParamDtypeChoice resolve_here(const ParallelArgs& args, bool gpu) {
   const CpuFeatures& f = cpu_features();
-  const std::string isa = cpu_isa_string(f);
   const bool ready = kCpuBf16Wired && model::onednn_available();
-  const ParamDtypeChoice c =
-      resolve_param_dtype(args.param_dtype, args.bf16, gpu, cpu_has_native_bf16(f), ready, isa);
+  return resolve_param_dtype(args.param_dtype, args.bf16, gpu, cpu_has_native_bf16(f), ready,
+                             cpu_isa_string(f));
+}
+
+}  // namespace
+
+bool cpu_bf16(const ParallelArgs& args, bool gpu) {
+  return !gpu && resolve_here(args, gpu).dtype == ParamDtype::kBf16;
+}
+
+ParamDtype setup_param_dtype(const ParallelArgs& args, bool gpu) {
+  const std::string isa = cpu_isa_string(cpu_features());
+  const ParamDtypeChoice c = resolve_here(args, gpu);
   if (log_rank() == 0) {
     std::string onednn = model::onednn_version_string();
     // The kernel oneDNN picks for a bf16 GEMM of this CPU (a 2048 x 576 x 576 projection).

@@ -17,10 +17,10 @@ enum class ParamDtype { kFp32, kBf16 };
 /// "fp32", "bf16".
 const char* param_dtype_name(ParamDtype d);
 
-/// Whether the CPU backend's model computes in bf16 when asked. false until the decoder layer and
-/// the engines call the bf16 GEMMs (model/ops/matmul_bf16.h): `--param_dtype bf16` is then refused
-/// on the CPU, and `auto` gives fp32 there.
-inline constexpr bool kCpuBf16Wired = false;
+/// Whether the CPU backend's model computes in bf16 when asked: true — the trainer's decoder layers
+/// and heads (model/layer_bf16.h), the experience passes and the CPU engine run their GEMMs in bf16
+/// through oneDNN. A build without oneDNN still refuses bf16 on the CPU (cpu_bf16_ready false).
+inline constexpr bool kCpuBf16Wired = true;
 
 /// What resolve_param_dtype decided, and why (for the start-up log).
 struct ParamDtypeChoice {
@@ -37,6 +37,11 @@ struct ParamDtypeChoice {
 ParamDtypeChoice resolve_param_dtype(const std::string& flag, bool bf16_alias, bool gpu,
                                      bool cpu_native_bf16, bool cpu_bf16_ready,
                                      const std::string& isa);
+
+/// Whether a command's CPU models (trainer, experience passes, scorer, CPU engine) compute in bf16:
+/// resolve_param_dtype with this process's CPU features and build, without the log; false when
+/// `gpu` (the GPU backend is bf16 on its own). Throws UsageError like resolve_param_dtype.
+bool cpu_bf16(const ParallelArgs& args, bool gpu);
 
 /// resolve_param_dtype for a command running on `gpu` or the CPU, with this process's CPU features
 /// and build; logs (rank 0) "param_dtype: <choice> (<reason>) | ISA <isa> | <oneDNN version and the

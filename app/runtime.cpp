@@ -1,5 +1,7 @@
 #include "app/runtime.h"
 
+#include "app/param_dtype.h"
+
 namespace rlhf::app {
 
 parallel::RuntimeOptions runtime_options(const ParallelArgs& args, int tensor_parallel) {
@@ -13,6 +15,7 @@ parallel::RuntimeOptions runtime_options(const ParallelArgs& args, int tensor_pa
   o.nccl_timeout = args.nccl_timeout < 0 ? args.comm_timeout : args.nccl_timeout;
   o.attn_implementation = args.attn_implementation;
   o.tensor_parallel = tensor_parallel;
+  o.bf16 = cpu_bf16(args, parallel::resolve_device(args.device) == parallel::Device::kCuda);
   return o;
 }
 
@@ -41,8 +44,9 @@ io::ModelSource model_source(const ModelArgs& args, model::HeadKind want_head) {
 }
 
 rollout::EngineOptions engine_options(const GenerationArgs& gen, parallel::Device device,
-                                      parallel::Comm* tp_comm, int32_t eos_token_id) {
+                                      parallel::Comm* tp_comm, int32_t eos_token_id, bool bf16) {
   rollout::EngineOptions o;
+  o.bf16 = bf16 && device == parallel::Device::kCpu;
   o.tp_comm = tp_comm;
   o.kv_cache_bytes = gen.gen_kv_cache_mb * (int64_t(1) << 20);
   o.max_batch = gen.gen_max_num_seqs;

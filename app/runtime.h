@@ -19,7 +19,8 @@
 namespace rlhf::app {
 
 /// --ranks_per_node, --gen_ranks_per_node, --threads, --comm_backend, --device, --nccl_timeout,
-/// --attn_implementation, and the engines' tensor-parallel size.
+/// --attn_implementation, the engines' tensor-parallel size, and --param_dtype resolved for the CPU
+/// (app::cpu_bf16; throws UsageError like it).
 parallel::RuntimeOptions runtime_options(const ParallelArgs& args, int tensor_parallel = 1);
 
 /// --zero_stage, --adam_offload, --gradient_checkpointing, --zero_keep_params.
@@ -32,9 +33,10 @@ rl::TrackingOptions tracking_options(const TrackingArgs& a);
 io::ModelSource model_source(const ModelArgs& args, model::HeadKind want_head);
 
 /// The generation engine's options from the generation flags and the device: --gen_kv_cache_mb
-/// (CPU), --vllm_gpu_memory_utilization and --enforce_eager (GPU), --gen_max_num_seqs.
+/// (CPU), --vllm_gpu_memory_utilization and --enforce_eager (GPU), --gen_max_num_seqs; bf16: a
+/// CPU engine computes in bf16 (app::cpu_bf16 of the command's --param_dtype).
 rollout::EngineOptions engine_options(const GenerationArgs& gen, parallel::Device device,
-                                      parallel::Comm* tp_comm, int32_t eos_token_id);
+                                      parallel::Comm* tp_comm, int32_t eos_token_id, bool bf16);
 
 /// The rule rewards' options from --reward_format_pattern, --reward_keywords (comma-separated),
 /// --reward_length_target, --reward_command, --reward_command_timeout (--reward itself is the spec

@@ -16,6 +16,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/cpu_features.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "io/model_source.h"
@@ -225,6 +226,10 @@ class GenerateBench {
   /// new tokens, at most long_batch at once, timed once.
   void ragged_run();
 
+  /// The fixed-length runs again on a bf16 engine (opt.bf16), each against its fp32 run
+  /// (fixed_runs first): "fixed_bf16" and "generate_bf16_vs_fp32" rows.
+  void bf16_runs();
+
  private:
   /// A request of prompt_len random tokens and max_new new tokens (temperature 1, opt.seed).
   rollout::GenerationRequest request(uint64_t id, int64_t max_new);
@@ -261,6 +266,7 @@ class GenerateBench {
   std::mt19937_64 rng_;
   std::uniform_int_distribution<int32_t> tok_;
   double fixed_at_long_batch_ = 0;  ///< tokens/s of the fixed run at long_batch (0 = none)
+  std::vector<rollout::EngineStats> fixed_stats_;  ///< the fixed runs' stats, by opt.batches
 };
 
 GenerateBench::GenerateBench(const BenchGenerateOptions& opt, const Emit& emit)
@@ -291,8 +297,10 @@ GenerateBench::GenerateBench(const BenchGenerateOptions& opt, const Emit& emit)
   layout_.emplace(cfg_, model::HeadKind::kLM);
 
   triad_ = bench_triad(opt.triad_mb << 20, 5, emit);
+  // The ragged run's batch only when it runs (the decode-GEMM rows at 64 rows take minutes on a
+  // loaded machine).
   const int64_t gemm_rows = std::max<int64_t>(
-      opt.long_batch,
+      opt.long_requests > 0 ? opt.long_batch : 1,
       opt.batches.empty() ? 1 : *std::max_element(opt.batches.begin(), opt.batches.end()));
   sgemm_ = bench_sgemm_decode_shapes(cfg_, gemm_rows, emit, &kernel_gflops_);
 
@@ -438,8 +446,43 @@ void GenerateBench::fixed_runs() {
       if (rep == 0 || engine.stats().total_s < st.total_s) st = engine.stats();
     }
     if (B == opt_.long_batch) fixed_at_long_batch_ = tokens_per_s(st);
+    fixed_stats_.push_back(st);
     report("fixed", B, B, opt_.new_tokens, st, 0.0, engine);
   }
+}
+
+void GenerateBench::bf16_runs() {
+  rollout::EngineOptions ob = eo_;
+  ob.bf16 = true;
+  auto eb = engine_like(ob);
+  const double w32 = weight_bytes_;
+  weight_bytes_ = double(eb->weight_bytes_per_decode_step());  // report()'s bytes: bf16 weights
+  for (size_t i = 0; i < opt_.batches.size(); ++i) {
+    const int64_t B = opt_.batches[i];
+    std::vector<rollout::GenerationRequest> reqs;
+    for (int64_t j = 0; j < B; ++j) reqs.push_back(request(uint64_t(j), opt_.new_tokens));
+    eb->generate(reqs);  // warm-up
+    rollout::EngineStats st;
+    for (int rep = 0; rep < opt_.repeats; ++rep) {
+      eb->generate(reqs);
+      if (rep == 0 || eb->stats().total_s < st.total_s) st = eb->stats();
+    }
+    report("fixed_bf16", B, B, opt_.new_tokens, st, 0.0, *eb);
+    const rollout::EngineStats& s32 = fixed_stats_[i];
+    emit_({{"bench", "generate_bf16_vs_fp32"},
+           {"batch", B},
+           {"new_tokens", opt_.new_tokens},
+           {"fp32_tokens_per_s", tokens_per_s(s32)},
+           {"bf16_tokens_per_s", tokens_per_s(st)},
+           {"speedup", tokens_per_s(st) / tokens_per_s(s32)},
+           {"fp32_step_ms", s32.decode_s / double(s32.decode_steps) * 1e3},
+           {"bf16_step_ms", st.decode_s / double(st.decode_steps) * 1e3},
+           {"isa", cpu_isa_string(cpu_features())}});
+    LOG0_INFO("generate bf16 vs fp32, batch {}: {:.0f} vs {:.0f} tok/s = {:.2f}x (ISA {})", B,
+              tokens_per_s(st), tokens_per_s(s32), tokens_per_s(st) / tokens_per_s(s32),
+              cpu_isa_string(cpu_features()));
+  }
+  weight_bytes_ = w32;
 }
 
 void GenerateBench::long_fixed_runs() {
@@ -497,6 +540,7 @@ void run_bench_generate(const BenchGenerateOptions& opt, const Emit& emit) {
   if (opt.long_fixed_batch > 0) bench.attention_decode_rows();
   bench.make_engine();
   bench.fixed_runs();
+  if (opt.bf16) bench.bf16_runs();
   if (opt.long_fixed_batch > 0) bench.long_fixed_runs();
   if (opt.long_requests > 0) bench.ragged_run();
 }

@@ -39,6 +39,10 @@ struct BenchGenerateOptions {
   /// Rounds of (fixed run at new_tokens, long run) for the long ratio: the fastest of each side.
   int long_rounds = 3;
   int64_t triad_mb = 256;  ///< bytes of each of the triad's three arrays
+  /// Also each fixed-length run on a bf16 engine (--param_dtype bf16; needs oneDNN): rows
+  /// {"bench":"generate", "run":"fixed_bf16", ...} and {"bench":"generate_bf16_vs_fp32", batch,
+  /// fp32_tokens_per_s, bf16_tokens_per_s, speedup, fp32_step_ms, bf16_step_ms, isa}.
+  bool bf16 = false;
   uint64_t seed = 42;
 };
 

@@ -13,10 +13,12 @@
 #include <tuple>
 #include <vector>
 
+#include "core/cpu_features.h"
 #include "core/error.h"
 #include "core/memory.h"
 #include "model/flops.h"
 #include "model/init.h"
+#include "model/ops/matmul_bf16.h"
 #include "parallel/param_store.h"
 #include "parallel/train_model.h"
 #include "parallel/zero3.h"
@@ -46,6 +48,11 @@ model::ModelConfig stories15m_config() {
 }
 
 double bench_sgemm_model_shapes(const model::ModelConfig& cfg, int64_t rows, const Emit& emit) {
+  return bench_gemm_model_shapes(cfg, rows, emit, false);
+}
+
+double bench_gemm_model_shapes(const model::ModelConfig& cfg, int64_t rows, const Emit& emit,
+                               bool bf16) {
   const int64_t C = cfg.hidden_size, F = cfg.intermediate_size, D = cfg.D();
   const int64_t Q = cfg.num_attention_heads * D, KV = cfg.num_key_value_heads * D;
   const int64_t L = cfg.num_hidden_layers;
@@ -66,9 +73,28 @@ double bench_sgemm_model_shapes(const model::ModelConfig& cfg, int64_t rows, con
     for (auto& v : x) v = d(rng);
     for (auto& v : w) v = d(rng);
     for (auto& v : y) v = d(rng);
+    std::vector<model::bfloat16> xb, wb, yb;  // bf16: the operands, rounded once (not timed)
+    if (bf16) {
+      xb.resize(x.size());
+      wb.resize(w.size());
+      yb.resize(y.size());
+      model::float_to_bf16_n(xb.data(), x.data(), int64_t(x.size()));
+      model::float_to_bf16_n(wb.data(), w.data(), int64_t(w.size()));
+      model::float_to_bf16_n(yb.data(), y.data(), int64_t(y.size()));
+    }
     // The three GEMMs of a linear: forward, dx, dW (same flop count 2·rows·IC·OC each).
     auto run = [&](int which) {
-      if (which == 0)
+      if (bf16) {  // oneDNN: the bf16 operands, fp32 results
+        if (which == 0)
+          model::matmul_bf16_cpu(false, true, rows, OC, IC, xb.data(), IC, wb.data(), IC, nullptr,
+                                 y.data(), OC, false);
+        else if (which == 1)
+          model::matmul_bf16_cpu(false, false, rows, IC, OC, yb.data(), OC, wb.data(), IC, nullptr,
+                                 x.data(), IC, false);
+        else
+          model::matmul_bf16_cpu(true, false, OC, IC, rows, yb.data(), OC, xb.data(), IC, nullptr,
+                                 w.data(), IC, true);
+      } else if (which == 0)
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(rows), int(OC), int(IC), 1.0f,
                     x.data(), int(IC), w.data(), int(IC), 0.0f, y.data(), int(OC));
       else if (which == 1)
@@ -88,7 +114,7 @@ double bench_sgemm_model_shapes(const model::ModelConfig& cfg, int64_t rows, con
       total_flops += flops * double(count);
       total_time += t * double(count);
       static const char* kNames[] = {"forward", "backward_dx", "backward_dw"};
-      emit({{"bench", "sgemm"},
+      emit({{"bench", bf16 ? "gemm_bf16" : "sgemm"},
             {"gemm", kNames[which]},
             {"M", which == 2 ? OC : rows},
             {"N", which == 1 ? IC : (which == 0 ? OC : IC)},
@@ -148,7 +174,7 @@ namespace {
 
 // One variant of the training benchmark on `comm`; returns its result row.
 nlohmann::json bench_train_variant(const BenchTrainOptions& opt, parallel::Comm& comm,
-                                   int zero_stage, double sgemm) {
+                                   int zero_stage, double sgemm, bool bf16 = false) {
   const model::ModelConfig& cfg = opt.config;
   const int N = comm.size();
   const int64_t T = opt.seq_len;
@@ -172,7 +198,7 @@ nlohmann::json bench_train_variant(const BenchTrainOptions& opt, parallel::Comm&
     store = std::make_unique<parallel::LocalParamStore>(layout);
   }
   const std::unique_ptr<parallel::TrainModel> net =
-      parallel::make_cpu_train_model(std::move(store), opt.gradient_checkpointing);
+      parallel::make_cpu_train_model(std::move(store), opt.gradient_checkpointing, bf16);
   for (int u = 0; u < layout.num_units(); ++u) {
     std::vector<float> full(size_t(layout.unit(u).numel));
     model::init_unit_params(full.data(), layout.unit(u), opt.seed);
@@ -189,6 +215,7 @@ nlohmann::json bench_train_variant(const BenchTrainOptions& opt, parallel::Comm&
   const double tokens_per_step = double(seqs * T);
   const double gflops = model::training_flops_per_token(cfg, T) * tokens_per_step / step_s / 1e9;
   return {{"bench", "train"},
+          {"param_dtype", bf16 ? "bf16" : "fp32"},
           {"model_params", layout.num_parameters()},
           {"ranks", N},
           {"zero_stage", zero_stage},
@@ -214,6 +241,37 @@ nlohmann::json bench_train_variant(const BenchTrainOptions& opt, parallel::Comm&
 
 }  // namespace
 
+namespace {
+
+// The bf16 training step next to the fp32 one (run_bench_train's bf16 option): the same model and
+// batch in bf16, against the same run's oneDNN bf16 matmul on the model's shapes.
+void bf16_rows(const BenchTrainOptions& opt, parallel::Comm& comm, const Emit& emit,
+               const nlohmann::json& fp32_row, double sgemm, int64_t mb) {
+  const double local = bench_gemm_model_shapes(opt.config, mb * opt.seq_len,
+                                               comm.rank() == 0 ? emit : Emit([](auto&) {}), true);
+  double gemm = 0;
+  comm.all_reduce(&local, &gemm, 1);
+  gemm /= comm.size();
+  auto row = bench_train_variant(opt, comm, opt.zero_stage, sgemm, true);
+  const double per_rank = row["gflops_per_s_per_rank"].get<double>();
+  row["bf16_gemm_gflops_per_s"] = gemm;
+  row["ratio_to_gemm"] = per_rank / gemm;
+  row["isa"] = cpu_isa_string(cpu_features());
+  row["onednn_impl"] = model::onednn_matmul_impl(true, mb * opt.seq_len, opt.config.hidden_size,
+                                                 opt.config.hidden_size);
+  row["peak_rss_bytes"] = peak_rss_bytes();
+  emit(row);
+  emit({{"bench", "train_bf16_vs_fp32"},
+        {"ranks", comm.size()},
+        {"isa", row["isa"]},
+        {"fp32_tokens_per_s", fp32_row["tokens_per_s"]},
+        {"bf16_tokens_per_s", row["tokens_per_s"]},
+        {"speedup", row["tokens_per_s"].get<double>() / fp32_row["tokens_per_s"].get<double>()},
+        {"bf16_gemm_vs_sgemm", gemm / sgemm}});
+}
+
+}  // namespace
+
 void run_bench_train(const BenchTrainOptions& opt, parallel::Comm& comm, const Emit& emit) {
   const model::ModelConfig& cfg = opt.config;
   RLHF_CHECK(opt.seq_len <= cfg.max_position_embeddings,
@@ -233,6 +291,7 @@ void run_bench_train(const BenchTrainOptions& opt, parallel::Comm& comm, const E
   auto row = bench_train_variant(opt, comm, opt.zero_stage, sgemm);
   row["peak_rss_bytes"] = peak_rss_bytes();
   emit(row);
+  if (opt.bf16) bf16_rows(opt, comm, emit, row, sgemm, mb);
   if (comm.size() > 1 && opt.compare_zero0 && opt.zero_stage == 3) {
     auto base = bench_train_variant(opt, comm, 0, sgemm);
     emit(base);

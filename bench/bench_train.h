@@ -30,6 +30,8 @@ struct BenchTrainOptions {
   int zero_stage = 3;
   bool adam_offload = false;
   bool compare_zero0 = true;  ///< on > 1 rank with zero_stage 3, also run ZeRO-0 and report ratios
+  /// Also train in bf16 (--param_dtype bf16; needs oneDNN): its row and the bf16/fp32 ratio.
+  bool bf16 = false;
   uint64_t seed = 42;
 };
 
@@ -37,6 +39,11 @@ struct BenchTrainOptions {
 /// forward (forward y = x·Wᵀ, backward dx = dy·W and dW = dyᵀ·x of each linear, the LM head
 /// included) and returns the flop-weighted GFLOP/s (Σ flops / Σ time). Emits one row per shape.
 double bench_sgemm_model_shapes(const model::ModelConfig& cfg, int64_t rows, const Emit& emit);
+
+/// bench_sgemm_model_shapes in OpenBLAS sgemm (bf16 false; rows "sgemm") or oneDNN's bf16 matmul
+/// on operands rounded beforehand (bf16 true; rows "gemm_bf16"; throws rlhf::Error without oneDNN).
+double bench_gemm_model_shapes(const model::ModelConfig& cfg, int64_t rows, const Emit& emit,
+                               bool bf16);
 
 /// The median step of a timed training run: wall seconds of the slowest rank, and the seconds that
 /// rank's step spent inside `comm`'s collectives.
@@ -61,6 +68,10 @@ TrainStepTime time_train_steps(parallel::TrainModel& net, const model::ModelConf
 /// rank, ...}. FLOPs per token: model::training_flops_per_token (6·N_matmul + 6·L·H·D·T).
 /// On > 1 rank with zero_stage 3 and compare_zero0, also runs ZeRO-0 and emits
 /// {"bench":"train_zero3_vs_zero0", step_time_ratio, memory_per_rank_ratio, ...}.
+/// With bf16, also the bf16 step: {"bench":"train", "param_dtype":"bf16", ...,
+/// bf16_gemm_gflops_per_s (oneDNN bf16 matmul on the model's shapes, same run), ratio_to_gemm, isa,
+/// onednn_impl} and
+/// {"bench":"train_bf16_vs_fp32", fp32_tokens_per_s, bf16_tokens_per_s, speedup, isa}.
 void run_bench_train(const BenchTrainOptions& opt, parallel::Comm& comm, const Emit& emit);
 
 }  // namespace rlhf::bench

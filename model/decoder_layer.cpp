@@ -1,8 +1,10 @@
 #include "model/decoder_layer.h"
 
 #include <algorithm>
+#include <type_traits>
 
 #include "core/error.h"
+#include "model/layer_bf16.h"
 #include "model/mlp.h"
 #include "model/ops/linear.h"
 #include "model/ops/residual.h"
@@ -15,15 +17,22 @@ template <typename T>
 void project_forward_cpu(Proj p, T* y, const T* x, const LayerParams<const T>& w,
                          const LayerSpec& s, const LayerRun<T>& run) {
   const Projection r = projection(s, p);
+  if constexpr (std::is_same_v<T, float>)
+    if (run.bf16 != nullptr)
+      return project_forward_bf16(*run.bf16, p, y, x, w.bias(p), run.N, r.in, r.out);
   run.linear(y, x, w.weight(p), w.bias(p), run.N, r.in, r.out);
 }
 
 template <typename T>
 void project_backward_cpu(Proj p, T* dx, const T* dy, const T* x, const LayerParams<T>& g,
-                          const LayerParams<const T>& w, const LayerSpec& s, int64_t N,
+                          const LayerParams<const T>& w, const LayerSpec& s, const LayerRun<T>& run,
                           bool accumulate_dx) {
   const Projection r = projection(s, p);
-  linear_backward_cpu(dx, g.weight(p), g.bias(p), dy, x, w.weight(p), N, r.in, r.out,
+  if constexpr (std::is_same_v<T, float>)
+    if (run.bf16 != nullptr)
+      return project_backward_bf16(*run.bf16, p, dx, g.weight(p), g.bias(p), dy, x, run.N, r.in,
+                                   r.out, accumulate_dx);
+  linear_backward_cpu(dx, g.weight(p), g.bias(p), dy, x, w.weight(p), run.N, r.in, r.out,
                       accumulate_dx);
 }
 
@@ -64,10 +73,10 @@ void decoder_layer_backward_cpu(T* dres, const LayerParams<T>& g, LayerGradScrat
                                 const AttentionBackwardFn<T>& attention) {
   const int64_t N = run.N, C = s.C, Q = s.q_dim(), KV = s.kv_dim();
   // MLP: x_out = x_mid + mlp(ln2); dres is d x_out.
-  mlp_backward_cpu(d.dln, g, d, a, dres, a.ln2, w, s, N);
+  mlp_backward_cpu(d.dln, g, d, a, dres, a.ln2, w, s, run);
   rmsnorm_backward_cpu(dres, g.w_post, d.dln, a.x_mid, w.w_post, a.rstd2, N, C);
   // Attention: x_mid = x_in + o_proj(atty); dres is now d x_mid.
-  project_backward_cpu(Proj::kO, d.datty, dres, a.atty, g, w, s, N, false);
+  project_backward_cpu(Proj::kO, d.datty, dres, a.atty, g, w, s, run, false);
   attention(d.dq, d.dk, d.dv, d.datty, a.q, a.k, a.v);
   rope_backward_cpu(d.dq, d.dq, run.pos, run.rope_cos, run.rope_sin, N, s.H, s.D, s.rope_style);
   rope_backward_cpu(d.dk, d.dk, run.pos, run.rope_cos, run.rope_sin, N, s.Hkv, s.D, s.rope_style);
@@ -83,18 +92,18 @@ void decoder_layer_backward_cpu(T* dres, const LayerParams<T>& g, LayerGradScrat
     dqp = d.dq_raw;
     dkp = d.dk_raw;
   }
-  project_backward_cpu(Proj::kQ, d.dln, dqp, a.ln1, g, w, s, N, false);
-  project_backward_cpu(Proj::kK, d.dln, dkp, a.ln1, g, w, s, N, true);
-  project_backward_cpu(Proj::kV, d.dln, d.dv, a.ln1, g, w, s, N, true);
+  project_backward_cpu(Proj::kQ, d.dln, dqp, a.ln1, g, w, s, run, false);
+  project_backward_cpu(Proj::kK, d.dln, dkp, a.ln1, g, w, s, run, true);
+  project_backward_cpu(Proj::kV, d.dln, d.dv, a.ln1, g, w, s, run, true);
   rmsnorm_backward_cpu(dres, g.w_in, d.dln, x_in, w.w_in, a.rstd1, N, C);
 }
 
-#define RLHF_INSTANTIATE_PROJECT(T)                                                             \
-  template void project_forward_cpu<T>(Proj, T*, const T*, const LayerParams<const T>&,         \
-                                       const LayerSpec&, const LayerRun<T>&);                   \
-  template void project_backward_cpu<T>(Proj, T*, const T*, const T*, const LayerParams<T>&,    \
-                                        const LayerParams<const T>&, const LayerSpec&, int64_t, \
-                                        bool);
+#define RLHF_INSTANTIATE_PROJECT(T)                                                          \
+  template void project_forward_cpu<T>(Proj, T*, const T*, const LayerParams<const T>&,      \
+                                       const LayerSpec&, const LayerRun<T>&);                \
+  template void project_backward_cpu<T>(Proj, T*, const T*, const T*, const LayerParams<T>&, \
+                                        const LayerParams<const T>&, const LayerSpec&,       \
+                                        const LayerRun<T>&, bool);
 RLHF_INSTANTIATE_PROJECT(float)
 RLHF_INSTANTIATE_PROJECT(double)
 #undef RLHF_INSTANTIATE_PROJECT

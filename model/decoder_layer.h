@@ -22,6 +22,8 @@
 
 namespace rlhf::model {
 
+struct LayerBf16;  // model/layer_bf16.h
+
 // ---------------------------------------------------------------------------------------------
 // CPU (T = float, or double for gradient checks)
 
@@ -44,6 +46,9 @@ struct LayerRun {
   /// Tensor parallel: sums an (N, C) partial output over the group, in place (o_proj and
   /// down_proj outputs, before their residual adds). Empty: no group.
   std::function<void(T* y, int64_t n)> partial_sum;
+  /// The pass's precision: nullptr = T everywhere; else (T = float only) this layer's bf16
+  /// weights, and every projection computes in bf16 (model/layer_bf16.h) instead of `linear`.
+  const LayerBf16* bf16 = nullptr;
 };
 
 /// The one call site of every projection's forward on the CPU (llama.cpp's build_lora_mm): y (N,
@@ -55,12 +60,12 @@ template <typename T>
 void project_forward_cpu(Proj p, T* y, const T* x, const LayerParams<const T>& w,
                          const LayerSpec& s, const LayerRun<T>& run);
 
-/// Backward of project_forward_cpu over N rows (linear_backward_cpu): dx (N, in) = dy · W (+=
-/// with accumulate_dx; skipped when dx is nullptr), g.weight(p) += dyᵀ · x (skipped when nullptr:
-/// a frozen weight), g.bias(p) += Σ_n dy (skipped when nullptr).
+/// Backward of project_forward_cpu over run.N rows (linear_backward_cpu; in bf16 when run.bf16): dx
+/// (N, in) = dy · W (+= with accumulate_dx; skipped when dx is nullptr), g.weight(p) += dyᵀ · x
+/// (skipped when nullptr: a frozen weight), g.bias(p) += Σ_n dy (skipped when nullptr).
 template <typename T>
 void project_backward_cpu(Proj p, T* dx, const T* dy, const T* x, const LayerParams<T>& g,
-                          const LayerParams<const T>& w, const LayerSpec& s, int64_t N,
+                          const LayerParams<const T>& w, const LayerSpec& s, const LayerRun<T>& run,
                           bool accumulate_dx);
 
 /// One decoder layer forward (see the file comment). x_in, x_out: (N, C); x_out may alias x_in

@@ -40,23 +40,24 @@ void mlp_forward_cpu(T* y, LayerActs<T>& a, const T* x, const LayerParams<const 
 template <typename T>
 void mlp_backward_cpu(T* dx, const LayerParams<T>& g, LayerGradScratch<T>& d, const LayerActs<T>& a,
                       const T* dy, const T* x, const LayerParams<const T>& w, const LayerSpec& s,
-                      int64_t N) {
+                      const LayerRun<T>& run) {
+  const int64_t N = run.N;
   switch (s.mlp) {
     case MlpKind::kDense:
-      project_backward_cpu(Proj::kDown, d.dh, dy, a.h, g, w, s, N, false);
+      project_backward_cpu(Proj::kDown, d.dh, dy, a.h, g, w, s, run, false);
       swiglu_backward_cpu(d.dgate, d.dup, d.dh, a.gate, a.up, N, s.F);
-      project_backward_cpu(Proj::kGate, dx, d.dgate, x, g, w, s, N, false);
-      project_backward_cpu(Proj::kUp, dx, d.dup, x, g, w, s, N, true);
+      project_backward_cpu(Proj::kGate, dx, d.dgate, x, g, w, s, run, false);
+      project_backward_cpu(Proj::kUp, dx, d.dup, x, g, w, s, run, true);
       return;
   }
 }
 
-#define RLHF_INSTANTIATE_MLP(T)                                                              \
-  template void mlp_forward_cpu<T>(T*, LayerActs<T>&, const T*, const LayerParams<const T>&, \
-                                   const LayerSpec&, const LayerRun<T>&);                    \
-  template void mlp_backward_cpu<T>(T*, const LayerParams<T>&, LayerGradScratch<T>&,         \
-                                    const LayerActs<T>&, const T*, const T*,                 \
-                                    const LayerParams<const T>&, const LayerSpec&, int64_t);
+#define RLHF_INSTANTIATE_MLP(T)                                                                 \
+  template void mlp_forward_cpu<T>(T*, LayerActs<T>&, const T*, const LayerParams<const T>&,    \
+                                   const LayerSpec&, const LayerRun<T>&);                       \
+  template void mlp_backward_cpu<T>(                                                            \
+      T*, const LayerParams<T>&, LayerGradScratch<T>&, const LayerActs<T>&, const T*, const T*, \
+      const LayerParams<const T>&, const LayerSpec&, const LayerRun<T>&);
 RLHF_INSTANTIATE_MLP(float)
 RLHF_INSTANTIATE_MLP(double)
 #undef RLHF_INSTANTIATE_MLP

@@ -26,12 +26,13 @@ template <typename T>
 void mlp_forward_cpu(T* y, LayerActs<T>& a, const T* x, const LayerParams<const T>& w,
                      const LayerSpec& s, const LayerRun<T>& run);
 
-/// Backward of mlp_forward_cpu over N rows: dx (N, C) assigned from dy (N, C), the activations a
-/// of the forward over x; parameter gradients += into g (nullptr weights: frozen, skipped).
+/// Backward of mlp_forward_cpu over run.N rows (its projections in bf16 when run.bf16): dx (N, C)
+/// assigned from dy (N, C), the activations a of the forward over x; parameter gradients += into g
+/// (nullptr weights: frozen, skipped).
 template <typename T>
 void mlp_backward_cpu(T* dx, const LayerParams<T>& g, LayerGradScratch<T>& d, const LayerActs<T>& a,
                       const T* dy, const T* x, const LayerParams<const T>& w, const LayerSpec& s,
-                      int64_t N);
+                      const LayerRun<T>& run);
 
 #ifdef RLHF_CUDA
 /// The device MLP (contract of mlp_forward_cpu; bf16 values, kernels on st).

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <type_traits>
 
 #include "core/checked_alloc.h"
 #include "core/error.h"
@@ -10,6 +11,7 @@
 #include "model/ops/embedding.h"
 #include "model/ops/linear.h"
 #include "model/ops/logprob.h"
+#include "model/ops/matmul_bf16.h"
 #include "model/ops/residual.h"
 #include "model/ops/rmsnorm.h"
 #include "model/ops/rope.h"
@@ -18,6 +20,9 @@
 namespace rlhf::model {
 
 namespace {
+
+// Keys of the head weights in the bf16 head cache (layer units use their unit index).
+constexpr int kHeadKeyLm = -1, kHeadKeyScore = -2;
 
 template <typename T>
 void grow(std::vector<T>& v, int64_t n, const char* what) {
@@ -76,6 +81,56 @@ LayerRun<T> Transformer<T>::layer_run(LayerActs<T>& s, const int32_t* pos) const
 }
 
 template <typename T>
+void Transformer<T>::set_bf16(bool on) {
+  RLHF_CHECK(!on || (std::is_same_v<T, float>), "bf16 compute needs the float model, not double");
+  RLHF_CHECK(!on || onednn_available(),
+             "bf16 compute on the CPU needs oneDNN, and this build has none (libdnnl-dev; CMake "
+             "RLHF_ONEDNN)");
+  bf16_ = on;
+  bf16_next_pass();
+}
+
+template <typename T>
+void Transformer<T>::bf16_next_pass() {
+  bf16_layer_.next_pass();
+  bf16_head_.next_pass();
+}
+
+template <typename T>
+void Transformer<T>::head_linear(T* y, const T* x, const T* w, int64_t rows, int64_t IC, int64_t OC,
+                                 int key) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (bf16_) {
+      thread_local std::vector<bfloat16> xb;
+      if (int64_t(xb.size()) < rows * IC) xb.resize(size_t(rows * IC));
+      float_to_bf16_n(xb.data(), x, rows * IC);
+      linear_forward_bf16(y, xb.data(), bf16_head_.get(w, key, OC * IC), nullptr, rows, IC, OC);
+      return;
+    }
+  }
+  linear_forward_cpu(y, x, w, static_cast<const T*>(nullptr), rows, IC, OC);
+}
+
+template <typename T>
+void Transformer<T>::head_linear_backward(T* dx, T* dw, const T* dy, const T* x, const T* w,
+                                          int64_t rows, int64_t IC, int64_t OC, int key) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (bf16_) {
+      thread_local std::vector<bfloat16> dyb, xb;
+      if (int64_t(dyb.size()) < rows * OC) dyb.resize(size_t(rows * OC));
+      if (int64_t(xb.size()) < rows * IC) xb.resize(size_t(rows * IC));
+      float_to_bf16_n(dyb.data(), dy, rows * OC);
+      float_to_bf16_n(xb.data(), x, rows * IC);
+      linear_backward_bf16(dx, dw, nullptr, dyb.data(), xb.data(), bf16_head_.get(w, key, OC * IC),
+                           rows, IC, OC, false);
+      round_to_bf16_n(dx, rows * IC);
+      return;
+    }
+  }
+  linear_backward_cpu(dx, dw, static_cast<T*>(nullptr), dy, x, w, rows, IC, OC, false);
+}
+
+template <typename T>
 void Transformer<T>::reserve(int64_t B, int64_t T_len, bool for_backward) {
   set_geometry(B, T_len);
   // Every buffer below is N = B·T rows of a bounded model width (ModelConfig::validate), times the
@@ -130,8 +185,15 @@ void Transformer<T>::embed(UnitProvider<T>& p, const int32_t* tokens) {
 template <typename T>
 void Transformer<T>::layer_forward(const T* params, int l, const T* x_in, T* x_out, LayerActs<T>& a,
                                    const int32_t* pos) {
-  const LayerParams<const T> w(layout_.unit(layout_.layer_unit(l)), params);
-  decoder_layer_forward_cpu(x_out, a, x_in, w, spec_, layer_run(a, pos));
+  const int u = layout_.layer_unit(l);
+  const LayerParams<const T> w(layout_.unit(u), params);
+  LayerRun<T> run = layer_run(a, pos);
+  if constexpr (std::is_same_v<T, float>)
+    if (bf16_) {
+      bf16_view_ = layer_bf16(layout_.unit(u), bf16_layer_.get(params, u, layout_.unit(u).numel));
+      run.bf16 = &bf16_view_;
+    }
+  decoder_layer_forward_cpu(x_out, a, x_in, w, spec_, run);
 }
 
 template <typename T>
@@ -161,8 +223,7 @@ void Transformer<T>::lm_logprobs(const T* w, T* lp, T* entropy, bool keep_logits
   T* ent = entropy ? entropy_.data() : nullptr;
   for (int64_t r0 = 0; r0 < N_; r0 += chunk) {
     const int64_t rows = std::min(chunk, N_ - r0);
-    linear_forward_cpu(logits_.data(), lnf_.data() + r0 * C_, w, static_cast<const T*>(nullptr),
-                       rows, C_, V_);
+    head_linear(logits_.data(), lnf_.data() + r0 * C_, w, rows, C_, V_, kHeadKeyLm);
     logprob_forward_cpu(lp + r0, lse_.data() + r0, ent ? ent + r0 : nullptr, logits_.data(),
                         targets_.data() + r0, rows, V_, inv_temperature_);
   }
@@ -175,6 +236,7 @@ void Transformer<T>::forward_lm(UnitProvider<T>& p, const int32_t* tokens, const
                                 T inv_temperature) {
   RLHF_CHECK(layout_.head() == HeadKind::kLM, "forward_lm needs a model with an LM head, not '{}'",
              to_string(layout_.head()));
+  bf16_next_pass();
   p.begin_pass(false);
   trunk_forward(p, tokens, B, T_len, for_backward);
   targets_.assign(targets, targets + N_);
@@ -197,6 +259,7 @@ template <typename T>
 void Transformer<T>::forward_logits(UnitProvider<T>& p, const int32_t* tokens, int64_t B,
                                     int64_t T_len, T* logits) {
   RLHF_CHECK(layout_.head() == HeadKind::kLM, "forward_logits needs a model with an LM head");
+  bf16_next_pass();
   p.begin_pass(false);
   trunk_forward(p, tokens, B, T_len, false);
   const int hu = layout_.head_unit(), eu = layout_.embedding_unit();
@@ -204,7 +267,7 @@ void Transformer<T>::forward_logits(UnitProvider<T>& p, const int32_t* tokens, i
   const T* hp = p.acquire_params(hu);
   final_norm(hp, x_last());
   const T* w = acquire_lm_head(p, layout_, hp, static_cast<T*>(nullptr)).w;
-  linear_forward_cpu(logits, lnf_.data(), w, static_cast<const T*>(nullptr), N_, C_, V_);
+  head_linear(logits, lnf_.data(), w, N_, C_, V_, kHeadKeyLm);
   if (tied) p.release_params(eu);
   p.release_params(hu);
   p.end_pass(false);
@@ -232,6 +295,7 @@ void Transformer<T>::backward_lm(UnitProvider<T>& p, const T* dlp, const T* dent
              "backward_lm needs a preceding forward_lm(for_backward = true)");
   RLHF_CHECK(dentropy == nullptr || entropy_valid_,
              "backward_lm with an entropy gradient needs forward_lm to compute the entropy");
+  bf16_next_pass();
   p.begin_pass(true);
   logprob_backward_cpu(logits_.data(), dlp, dentropy, logits_.data(), lse_.data(),
                        dentropy ? entropy_.data() : nullptr, targets_.data(), N_, V_,
@@ -243,8 +307,7 @@ void Transformer<T>::backward_lm(UnitProvider<T>& p, const T* dlp, const T* dent
   const auto head = acquire_lm_head(p, layout_, hp, hg);
   const T* w = head.w;
   T* dw = head.dw;
-  linear_backward_cpu(dlnf_.data(), dw, static_cast<T*>(nullptr), logits_.data(), lnf_.data(), w,
-                      N_, C_, V_, false);
+  head_linear_backward(dlnf_.data(), dw, logits_.data(), lnf_.data(), w, N_, C_, V_, kHeadKeyLm);
   if (tied) {
     // Hand the LM-head part of the embedding gradient back now (a ZeRO-3 provider reduce-scatters
     // it) rather than holding a full embedding-sized buffer through the whole backward; the
@@ -260,13 +323,14 @@ void Transformer<T>::forward_scalar(UnitProvider<T>& p, const int32_t* tokens, i
                                     int64_t T_len, T* values, bool for_backward) {
   RLHF_CHECK(layout_.head() != HeadKind::kLM,
              "forward_scalar needs a model with a value or reward head");
+  bf16_next_pass();
   p.begin_pass(false);
   trunk_forward(p, tokens, B, T_len, for_backward);
   const int hu = layout_.head_unit();
   const T* hp = p.acquire_params(hu);
   final_norm(hp, x_last());
-  linear_forward_cpu(values, lnf_.data(), hp + layout_.unit(hu).at("score.weight").offset,
-                     static_cast<const T*>(nullptr), N_, C_, int64_t(1));
+  head_linear(values, lnf_.data(), hp + layout_.unit(hu).at("score.weight").offset, N_, C_,
+              int64_t(1), kHeadKeyScore);
   p.release_params(hu);
   p.end_pass(false);
   have_backward_state_ = for_backward;
@@ -277,13 +341,14 @@ template <typename T>
 void Transformer<T>::backward_scalar(UnitProvider<T>& p, const T* dvalues) {
   RLHF_CHECK(have_backward_state_ && last_head_ != HeadKind::kLM,
              "backward_scalar needs a preceding forward_scalar(for_backward = true)");
+  bf16_next_pass();
   p.begin_pass(true);
   const int hu = layout_.head_unit();
   const T* hp = p.acquire_params(hu);
   T* hg = p.acquire_grads(hu);
   const int64_t off = layout_.unit(hu).at("score.weight").offset;
-  linear_backward_cpu(dlnf_.data(), hg + off, static_cast<T*>(nullptr), dvalues, lnf_.data(),
-                      hp + off, N_, C_, int64_t(1), false);
+  head_linear_backward(dlnf_.data(), hg + off, dvalues, lnf_.data(), hp + off, N_, C_, int64_t(1),
+                       kHeadKeyScore);
   head_backward_common(p, hp, hg);
 }
 
@@ -305,7 +370,14 @@ void Transformer<T>::layer_backward(const T* params, T* grads, int l, const T* x
                                                                    const T* k, const T* v) {
     attention_backward_cpu(dq, dk, dv, datty, att, q, k, v, B, Tl, H, Hkv, D);
   };
-  decoder_layer_backward_cpu(dres, g, d, a, x_in, w, spec_, layer_run(a), attention);
+  LayerRun<T> run = layer_run(a);
+  if constexpr (std::is_same_v<T, float>)
+    if (bf16_) {
+      const int ui = layout_.layer_unit(l);
+      bf16_view_ = layer_bf16(u, bf16_layer_.get(params, ui, u.numel));
+      run.bf16 = &bf16_view_;
+    }
+  decoder_layer_backward_cpu(dres, g, d, a, x_in, w, spec_, run, attention);
 }
 
 template <typename T>

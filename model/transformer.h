@@ -9,6 +9,7 @@
 #include "model/arch.h"
 #include "model/decoder_layer.h"
 #include "model/forward_batch.h"
+#include "model/layer_bf16.h"
 #include "model/layout.h"
 #include "model/model_loop.h"
 #include "model/provider.h"
@@ -33,6 +34,13 @@ class Transformer : public ModelLoop<Transformer<T>, T, LayerActs<T>> {
  public:
   /// gradient_checkpointing: keep only each layer's input and recompute the layer in backward.
   Transformer(const ParamLayout& layout, bool gradient_checkpointing = false);
+
+  /// The compute precision of every later pass: false (the default) = T everywhere; true (T =
+  /// float only) = the bf16 mode of model/layer_bf16.h for every GEMM — the decoder layers'
+  /// projections and the LM or scalar head (logits and values stay fp32, unrounded) — with fp32
+  /// parameters and gradients. Throws rlhf::Error for T = double or a build without oneDNN.
+  void set_bf16(bool on);
+  bool bf16() const { return bf16_; }
 
   /// LM forward. tokens, targets: (B, T) int32 (target −1 = no loss at that position, lp = 0).
   /// lp: (B, T) out; entropy: (B, T) out or nullptr. inv_temperature scales the logits before the
@@ -101,6 +109,15 @@ class Transformer : public ModelLoop<Transformer<T>, T, LayerActs<T>> {
   void lm_logprobs(const T* w, T* lp, T* entropy, bool keep_logits);
   std::vector<int64_t> sweep_trunk(UnitProvider<T>& p, const std::vector<ForwardBatch<T>>& batches);
   void head_backward_common(UnitProvider<T>& p, const T* head_params, T* head_grads);
+  // A new pass: the bf16 copies are converted again (the weights may have changed).
+  void bf16_next_pass();
+  // y (rows, OC) = x (rows, IC) · wᵀ, the heads' GEMM (no bias): T, or bf16 operands with fp32
+  // accumulation and an unrounded fp32 y when bf16_ (w's bf16 copy cached per pass under key).
+  void head_linear(T* y, const T* x, const T* w, int64_t rows, int64_t IC, int64_t OC, int key);
+  // Its backward: dx (rows, IC) = dy · w (assigned; rounded to bf16 when bf16_), dw += dyᵀ · x
+  // (skipped when nullptr).
+  void head_linear_backward(T* dx, T* dw, const T* dy, const T* x, const T* w, int64_t rows,
+                            int64_t IC, int64_t OC, int key);
 
   using Base::B_, Base::C_, Base::D_, Base::F_, Base::H_, Base::Hkv_, Base::L_, Base::N_, Base::T_,
       Base::V_, Base::checkpointing_, Base::entropy_valid_, Base::have_backward_state_, Base::kept_,
@@ -121,6 +138,11 @@ class Transformer : public ModelLoop<Transformer<T>, T, LayerActs<T>> {
   // Backward scratch: the residual gradient, one layer's activation gradients (carved by
   // layer_grad_table), the final norm's output gradient.
   std::vector<T> dres_, dlayer_, dlnf_;
+  // bf16 mode (set_bf16): the copy of the layer unit being run and of the head's weight, and the
+  // view layer_run hands the decoder layer.
+  bool bf16_ = false;
+  Bf16UnitCache bf16_layer_, bf16_head_;
+  LayerBf16 bf16_view_;
 };
 
 }  // namespace rlhf::model

@@ -51,6 +51,7 @@ void Transformer<T>::forward_lm_sweep(UnitProvider<T>& p,
   RLHF_CHECK(layout_.head() == HeadKind::kLM,
              "forward_lm_sweep needs a model with an LM head, not '{}'", to_string(layout_.head()));
   if (batches.empty()) return;
+  bf16_next_pass();
   p.begin_pass(false);
   const std::vector<int64_t> row = sweep_trunk(p, batches);
   inv_temperature_ = inv_temperature;
@@ -77,6 +78,7 @@ void Transformer<T>::forward_scalar_sweep(UnitProvider<T>& p,
   RLHF_CHECK(layout_.head() != HeadKind::kLM,
              "forward_scalar_sweep needs a model with a value or reward head");
   if (batches.empty()) return;
+  bf16_next_pass();
   p.begin_pass(false);
   const std::vector<int64_t> row = sweep_trunk(p, batches);
   const int hu = layout_.head_unit();
@@ -86,8 +88,7 @@ void Transformer<T>::forward_scalar_sweep(UnitProvider<T>& p,
     const ForwardBatch<T>& b = batches[i];
     sweep_geometry(b);
     final_norm(hp, sweep_res_.data() + row[i] * C_);
-    linear_forward_cpu(b.out, lnf_.data(), score, static_cast<const T*>(nullptr), N_, C_,
-                       int64_t(1));
+    head_linear(b.out, lnf_.data(), score, N_, C_, int64_t(1), -2);
   }
   p.release_params(hu);
   p.end_pass(false);

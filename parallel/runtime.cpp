@@ -71,6 +71,7 @@ TrainRuntime setup_train_runtime(const RuntimeOptions& opts, bool needs_generati
   rt.train_comm = make_comm(rt.topology->train_comm(), "train_comm", kind);
 
   rt.device = setup_device(opts, *rt.topology, &rt.cuda_device);
+  rt.bf16 = opts.bf16 && rt.device == Device::kCpu;
   if (rt.device == Device::kCuda) {
     rt.device_comm = make_comm(rt.topology->train_comm(), "train_comm_nccl", CommKind::kNccl, {},
                                opts.nccl_timeout);

@@ -23,6 +23,8 @@ struct RuntimeOptions {
   double nccl_timeout = 1800;         ///< --nccl_timeout (s, 0 = none)
   std::string attn_implementation = "flash";  ///< --attn_implementation: flash | cudnn
   int tensor_parallel = 1;  ///< --vllm_tensor_parallel_size: ranks per generation engine
+  /// --param_dtype resolved to bf16 for the CPU (app::cpu_bf16): CPU models compute in bf16
+  bool bf16 = false;
 };
 
 /// Sets the OpenMP (and OpenBLAS) thread count of this rank: `threads` if > 0, else the node's
@@ -69,6 +71,8 @@ struct TrainRuntime {
   Device device = Device::kCpu;
   int cuda_device = -1;  ///< the CUDA device of this rank (cuda only)
   int threads = 1;
+  /// CPU models compute in bf16 (RuntimeOptions::bf16 on a CPU run; model/layer_bf16.h)
+  bool bf16 = false;
   int rank() const { return topology->rank(); }
 };
 

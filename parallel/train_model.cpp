@@ -1,5 +1,7 @@
 #include "parallel/train_model.h"
 
+#include <type_traits>
+
 #include "core/error.h"
 #include "core/log.h"
 #include "core/memory.h"
@@ -54,8 +56,10 @@ void for_each_group(const std::vector<ForwardBatch>& batches, int64_t bytes_per_
 template <typename Store, typename Net, typename Provider>
 class BoundModel final : public TrainModel {
  public:
-  BoundModel(std::unique_ptr<Store> store, bool checkpointing, const char* device)
-      : store_(std::move(store)), net_(store_->layout(), checkpointing), device_(device) {}
+  BoundModel(std::unique_ptr<Store> store, bool checkpointing, const char* device, bool bf16)
+      : store_(std::move(store)), net_(store_->layout(), checkpointing), device_(device) {
+    if constexpr (std::is_same_v<Net, model::Transformer<float>>) net_.set_bf16(bf16);
+  }
   ParamStore& store() override { return *store_; }
   const char* device() const override { return device_; }
   void forward_lm(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T, float* lp,
@@ -98,10 +102,10 @@ class BoundModel final : public TrainModel {
 }  // namespace
 
 std::unique_ptr<TrainModel> make_cpu_train_model(std::unique_ptr<ParamStore> store,
-                                                 bool gradient_checkpointing) {
+                                                 bool gradient_checkpointing, bool bf16) {
   return std::make_unique<
       BoundModel<ParamStore, model::Transformer<float>, model::UnitProvider<float>>>(
-      std::move(store), gradient_checkpointing, "cpu");
+      std::move(store), gradient_checkpointing, "cpu", bf16);
 }
 
 #ifdef RLHF_CUDA
@@ -109,7 +113,7 @@ std::unique_ptr<TrainModel> make_cuda_train_model(std::unique_ptr<DeviceZero3Sto
                                                   bool gradient_checkpointing) {
   return std::make_unique<
       BoundModel<DeviceZero3Store, model::TransformerCuda, model::DeviceUnitProvider>>(
-      std::move(store), gradient_checkpointing, "cuda");
+      std::move(store), gradient_checkpointing, "cuda", true);
 }
 #endif
 
@@ -139,7 +143,7 @@ std::unique_ptr<TrainModel> make_train_model(const model::ParamLayout& layout, T
   } else {
     store = make_param_store(layout, *rt.train_comm, z);
   }
-  return make_cpu_train_model(std::move(store), checkpointing);
+  return make_cpu_train_model(std::move(store), checkpointing, rt.bf16);
 }
 
 std::unique_ptr<ParamStore> make_param_store(const model::ParamLayout& layout, Comm& comm,

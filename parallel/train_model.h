@@ -64,9 +64,10 @@ class TrainModel {
   virtual int64_t activation_bytes() const = 0;
 };
 
-/// The CPU model over `store` (any ParamStore with a host provider).
+/// The CPU model over `store` (any ParamStore with a host provider); bf16: its GEMMs compute in
+/// bf16 (Transformer::set_bf16; throws rlhf::Error without oneDNN), else fp32.
 std::unique_ptr<TrainModel> make_cpu_train_model(std::unique_ptr<ParamStore> store,
-                                                 bool gradient_checkpointing);
+                                                 bool gradient_checkpointing, bool bf16 = false);
 
 #ifdef RLHF_CUDA
 /// The GPU model over `store` (on the current CUDA device).
@@ -89,7 +90,8 @@ std::unique_ptr<ParamStore> make_param_store(const model::ParamLayout& layout, C
                                              const ZeroOptions& z);
 
 /// The model a training command trains (or scores with, frozen) on rt's device: on the CPU the
-/// store of make_param_store (frozen: a weights-only ZeRO-3 store) with Transformer<float>; on
+/// store of make_param_store (frozen: a weights-only ZeRO-3 store) with Transformer<float> (in
+/// bf16 when rt.bf16); on
 /// the GPU a DeviceZero3Store over rt.device_comm with TransformerCuda. Call on training ranks
 /// only. Throws rlhf::Error for --zero_stage 0 on the GPU.
 std::unique_ptr<TrainModel> make_train_model(const model::ParamLayout& layout, TrainRuntime& rt,

@@ -40,6 +40,9 @@ class Scorer {
 
   const model::ParamLayout& layout() const { return params_.layout(); }
 
+  /// Score in bf16 (model::Transformer::set_bf16; throws rlhf::Error without oneDNN) or fp32.
+  void set_bf16(bool on) { net_.set_bf16(on); }
+
  private:
   // lp of targets within one sequence: lp[t] = log p(tokens[t+1] | tokens[..t]) for t in
   // [from, tokens.size() - 1); returns those values.

@@ -3,18 +3,24 @@
 // (model::linear_decode_pack), a paged fp32 or fp16 KV cache in host memory, prompts through BLAS
 // GEMM, decode rows through linear_decode_packed_cpu and attention_decode_cpu. Tensor parallel
 // (Megatron style) over a parallel::Comm.
+// In bf16 (EngineOptions::bf16, the trainer's --param_dtype bf16): the linears' weights are bf16
+// copies instead (model/layer_bf16.h numerics: bf16 operands, fp32 accumulation, outputs rounded
+// to bf16) — prompts through oneDNN, decode rows through linear_decode_packed_bf16_cpu (half the
+// bytes per step, still batch-invariant); no packed fp32 copy is kept.
 #include <algorithm>
 #include <array>
 #include <string>
 
 #include "core/checked_alloc.h"
 #include "core/error.h"
+#include "model/layer_bf16.h"
 #include "model/layer_params.h"
 #include "model/ops/attention.h"
 #include "model/ops/attention_decode.h"
 #include "model/ops/embedding.h"
 #include "model/ops/linear.h"
 #include "model/ops/linear_decode.h"
+#include "model/ops/matmul_bf16.h"
 #include "model/ops/rmsnorm.h"
 #include "model/ops/rope.h"
 #include "rollout/engine.h"
@@ -103,7 +109,11 @@ class CpuBackend final : public EngineBackend {
         tp_(tp),
         spec_(tp_layer_spec(layout.config(), tp)),
         cache_(tp_kv_config(layout.config(), tp), o.kv_cache_bytes, o.block_size,
-               kv_element_bytes(o.kv_cache_dtype)) {
+               kv_element_bytes(o.kv_cache_dtype)),
+        bf16_(o.bf16) {
+    RLHF_CHECK(!bf16_ || model::onednn_available(),
+               "a bf16 CPU engine needs oneDNN, and this build has none (libdnnl-dev; CMake "
+               "RLHF_ONEDNN)");
     const model::ModelConfig& c = layout.config();
     // P <= kMaxPositionEmbeddings and D <= kMaxHeadDim (ModelConfig::validate): P·D/2 <= 2^35.
     const int64_t P = c.max_position_embeddings, D = c.D();
@@ -116,11 +126,16 @@ class CpuBackend final : public EngineBackend {
 
   KvCache& kv_cache() override { return cache_; }
   bool feeds_observations() const override { return tp_.size == 1; }
-  int64_t weight_element_bytes() const override { return int64_t(sizeof(float)); }
+  int64_t weight_element_bytes() const override {
+    return bf16_ ? int64_t(sizeof(model::bfloat16)) : int64_t(sizeof(float));
+  }
 
   void prepare_weights(bool) override {
     if (tp_.size > 1) slice_weights();  // the unit buffers may have changed (weight sync)
-    pack_weights();
+    if (bf16_)
+      convert_weights_bf16();
+    else
+      pack_weights();
   }
   const float* prefill(const int32_t* prompt, int64_t P, const int32_t* blocks) override;
   void copy_prefix(const int32_t* src, const int32_t* dst, int64_t n) override {
@@ -134,8 +149,14 @@ class CpuBackend final : public EngineBackend {
     std::array<std::vector<float>, 7> w, b;  // by layer_linears() slot
     LayerW view;                             // the copies, with the source's other tensors
   };
+  /// A layer's linears in bf16: plain (oneDNN, prefill) and packed (decode) copies, by Proj.
+  struct LayerBf16Copy {
+    std::array<std::vector<model::bfloat16>, model::kNumProj> plain, packed;
+    model::LayerBf16 plain_view, packed_view;
+  };
   void slice_weights();
   void pack_weights();
+  void convert_weights_bf16();
   // Layer l's weights as the unit buffer holds them (this rank's slices under TP).
   LayerW layer_weights(int l) const {
     if (tp_.size > 1) return sliced_[size_t(l)].view;
@@ -160,6 +181,9 @@ class CpuBackend final : public EngineBackend {
   std::vector<LayerCopy> sliced_;  // TP > 1: this rank's slices
   std::vector<LayerCopy> packed_;  // the decode copies (linear_decode_pack)
   std::vector<float> packed_head_;
+  bool bf16_ = false;
+  std::vector<LayerBf16Copy> bf16_layers_;         // bf16: each layer's linears
+  std::vector<model::bfloat16> packed_head_bf16_;  // bf16: the packed LM head
   Rows decode_rows_, prefill_rows_;
   std::vector<float> logits_;          // (B, V) decode logits
   std::vector<float> patt_, plogits_;  // prefill: attention probabilities, last logits
@@ -214,6 +238,34 @@ void CpuBackend::pack_weights() {
   pack(packed_head_, weights_.unit_buffer(lw.unit) + lw.offset, c.hidden_size, c.vocab_size);
 }
 
+void CpuBackend::convert_weights_bf16() {
+  const model::ModelConfig& c = layout_.config();
+  bf16_layers_.resize(size_t(c.num_hidden_layers));
+  for (int l = 0; l < c.num_hidden_layers; ++l) {
+    LayerBf16Copy& t = bf16_layers_[size_t(l)];
+    const LayerW w = layer_weights(l);
+    t.packed_view.packed = true;
+    for (const model::ProjInfo& pi : model::kProjections) {
+      const model::Projection r = model::projection(spec_, pi.id);
+      auto& plain = t.plain[size_t(pi.id)];
+      auto& packed = t.packed[size_t(pi.id)];
+      checked_resize(plain, r.in * r.out, "the engine's bf16 weights");
+      model::float_to_bf16_n(plain.data(), w.weight(pi.id), r.in * r.out);
+      checked_resize(packed, model::linear_decode_packed_size(r.in, r.out),
+                     "the engine's packed bf16 weights");
+      model::linear_decode_pack_bf16(packed.data(), w.weight(pi.id), r.in, r.out);
+      t.plain_view.w.weight(pi.id) = plain.data();
+      t.packed_view.w.weight(pi.id) = packed.data();
+    }
+  }
+  const model::ParamLayout::TensorRef lw = layout_.lm_head_weight();
+  checked_resize(packed_head_bf16_, model::linear_decode_packed_size(c.hidden_size, c.vocab_size),
+                 "the engine's packed bf16 LM head");
+  model::linear_decode_pack_bf16(packed_head_bf16_.data(),
+                                 weights_.unit_buffer(lw.unit) + lw.offset, c.hidden_size,
+                                 c.vocab_size);
+}
+
 model::LayerRun<float> CpuBackend::layer_run(int64_t N, const int32_t* pos,
                                              model::LinearFn<float> linear) const {
   model::LayerRun<float> run;
@@ -247,6 +299,12 @@ const float* CpuBackend::head_logits(const float* x, int64_t N, Rows& r, float* 
   model::rmsnorm_forward_cpu(r.a.ln1, r.a.rstd1, x,
                              unit_tensor(layout_.head_unit(), "model.norm.weight"), N,
                              c.hidden_size, c.rms_norm_eps);
+  if (bf16_) {  // the trainer's bf16 head: round(x) · round(W)ᵀ, fp32 logits
+    model::round_to_bf16_n(r.a.ln1, N * c.hidden_size);
+    model::linear_decode_packed_bf16_cpu(logits, r.a.ln1, packed_head_bf16_.data(), nullptr, N,
+                                         c.hidden_size, c.vocab_size);
+    return logits;
+  }
   model::linear_decode_packed_cpu(logits, r.a.ln1, packed_head_.data(), nullptr, N, c.hidden_size,
                                   c.vocab_size);
   return logits;
@@ -277,6 +335,7 @@ const float* CpuBackend::prefill(const int32_t* prompt, int64_t P, const int32_t
   // not depend on the batch).
   model::LayerRun<float> run = layer_run(P, ppos_.data(), &model::linear_forward_cpu<float>);
   for (int l = 0; l < c.num_hidden_layers; ++l) {
+    if (bf16_) run.bf16 = &bf16_layers_[size_t(l)].plain_view;
     // The prompt attends to itself causally; its K/V go to the cache for the decode steps.
     run.attention = [&, l](float* atty, const float* q, const float* k, const float* v) {
       cache_.write(l, blocks, 0, P, k, v);
@@ -310,6 +369,11 @@ const float* CpuBackend::decode(const DecodeBatch& d) {
         cache_.write(l, d.table + i * d.max_blocks, d.pos[i], 1, k + i * KV, v + i * KV);
       attend_cached(atty, q, l, d.table, d.lens, R, d.max_blocks);
     };
+    if (bf16_) {  // the bf16 packed panels; norms and biases from the fp32 buffers
+      run.bf16 = &bf16_layers_[size_t(l)].packed_view;
+      model::decoder_layer_forward_cpu(r.x.data(), a, r.x.data(), layer_weights(l), spec_, run);
+      continue;
+    }
     model::decoder_layer_forward_cpu(r.x.data(), a, r.x.data(), packed_[size_t(l)].view, spec_,
                                      run);
   }

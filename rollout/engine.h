@@ -43,6 +43,10 @@ struct EngineOptions {
   /// trainer's forward), or fp16 (half the bytes decode attention reads and twice the positions
   /// per byte of budget; keys and values rounded to 11 significant bits). A GPU engine keeps bf16.
   KvDtype kv_cache_dtype = KvDtype::kFloat32;
+  /// A CPU engine computes in bf16 (the trainer's --param_dtype bf16, model/layer_bf16.h): bf16
+  /// weight copies, prompts through oneDNN, decode through the bf16 packed kernel. Needs oneDNN in
+  /// the build. false: fp32. (A GPU engine is bf16 always.)
+  bool bf16 = false;
   /// Positions per KV block (--kv_block_size); 0 = the device's default, kCpuKvBlockSize or
   /// kGpuKvBlockSize (resolved_block_size()).
   int64_t block_size = 0;

@@ -1,6 +1,6 @@
 // --param_dtype / --bf16: parsed on every computing command, and the resolution rule
-// (app/param_dtype.h) on a GPU and on CPUs with and without native bf16, with the bf16 GEMMs wired
-// into the CPU model or not; refusals are usage errors (exit status 2) that say why.
+// (app/param_dtype.h) on a GPU and on CPUs with and without native bf16, with oneDNN in the
+// build or not; refusals are usage errors (exit status 2) that say why.
 #include "app/param_dtype.h"
 
 #include "tests/cli_test_util.h"
@@ -59,17 +59,16 @@ TEST_CASE("param_dtype: the auto rule and the refusals") {
   CHECK(resolved("auto", false, false, true, false) == ParamDtype::kFp32);
   CHECK(contains(
       app::resolve_param_dtype("auto", false, false, true, false, "avx512_core_amx").reason,
-      "not wired into the model yet"));
+      "this build has no oneDNN"));
   // Explicit bf16 on the CPU: refused until the path is ready (native or not), then accepted.
   const std::string no = refusal("bf16", false, false, true, false);
-  CHECK(
-      contains(no, "--param_dtype bf16: bf16 compute on the CPU is not wired into the model yet"));
+  CHECK(contains(no, "--param_dtype bf16: bf16 compute on the CPU needs oneDNN"));
   CHECK(contains(refusal("auto", true, false, false, false), "--bf16: bf16 compute on the CPU"));
   CHECK(resolved("bf16", false, false, false, true) == ParamDtype::kBf16);
   CHECK(contains(app::resolve_param_dtype("bf16", false, false, false, true, "avx512_core").reason,
                  "emulates"));
   // --bf16 with an explicit fp32 contradicts it.
   CHECK(contains(refusal("fp32", true, false, true, true), "contradict"));
-  // The CPU model does not compute in bf16 yet, so `auto` must not pick it anywhere.
-  CHECK_FALSE(app::kCpuBf16Wired);
+  // The CPU model computes in bf16 (model/layer_bf16.h); whether a build can is onednn_available.
+  CHECK(app::kCpuBf16Wired);
 }
