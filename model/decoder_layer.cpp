@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "core/error.h"
+#include "model/lora.h"
 #include "model/mlp.h"
 #include "model/ops/linear.h"
 #include "model/ops/residual.h"
@@ -16,6 +17,7 @@ void project_forward_cpu(Proj p, T* y, const T* x, const LayerParams<const T>& w
                          const LayerSpec& s, const LayerRun<T>& run) {
   const Projection r = projection(s, p);
   run.linear(y, x, w.weight(p), w.bias(p), run.N, r.in, r.out);
+  if (w.lora != nullptr) lora_forward_cpu(y, x, (*w.lora)[p], w.lora->scale, run.N, r.in, r.out);
 }
 
 template <typename T>
@@ -25,6 +27,7 @@ void project_backward_cpu(Proj p, T* dx, const T* dy, const T* x, const LayerPar
   const Projection r = projection(s, p);
   linear_backward_cpu(dx, g.weight(p), g.bias(p), dy, x, w.weight(p), N, r.in, r.out,
                       accumulate_dx);
+  if (w.lora != nullptr) lora_backward_cpu(dx, dy, x, (*w.lora)[p], w.lora->scale, N, r.in, r.out);
 }
 
 template <typename T>
