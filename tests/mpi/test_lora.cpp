@@ -61,7 +61,7 @@ TEST_CASE("lora store: N ranks train like 1 rank; the base stays frozen") {
   auto cmp = compare_arrays(sN.adapters(), s1.adapters(), n);
   INFO(cmp.summary("adapters N ranks vs 1"));
   CHECK(cmp.max_abs_err <= 2e-5);
-  std::vector<float> m1(size_t(n)), v1(size_t(n)), mN(size_t(n)), vN(size_t(n));
+  std::vector<float> m1(static_cast<size_t>(n)), v1(m1), mN(m1), vN(m1);
   s1.gather_adapter_moments(m1.data(), v1.data());
   sN.gather_adapter_moments(mN.data(), vN.data());
   CHECK(compare_arrays(mN.data(), m1.data(), n).max_abs_err <= 1e-6);
