@@ -6,6 +6,8 @@
 #      floats, a few % of a full-parameter run's;
 #  (c) k steps + checkpoint (adapters and their moments) + --load_checkpoint k more steps == 2k
 #      steps straight: identical per-step metrics and final weights;
+#      export --format peft writes the checkpoint's adapter as the run saved it, and export
+#      --merge_lora merges it into the base exactly as the run's merged model;
 #  (d) bad LoRA flags exit 2 naming the flag.
 # Usage: lora.sh <rlhf binary> <source dir>     (env MPIEXEC: mpiexec's path)
 set -u
@@ -79,7 +81,7 @@ K=3
 RES=("${GRPO[@]}" --lora_rank 4 --target_modules q_proj,v_proj,down_proj --actor_learning_rate 3e-3
      --lr_scheduler constant)
 "${MPI[@]}" -np 2 "$RLHF" "${RES[@]}" --max_steps $((2 * K)) --save_path "$W/straight" \
-  --ckpt_path "$W/straight/ckpt" > "$W/straight.log" 2>&1 \
+  --ckpt_path "$W/straight/ckpt" --save_steps $((2 * K)) > "$W/straight.log" 2>&1 \
   || { tail "$W/straight.log"; fail "straight LoRA run exited"; }
 "${MPI[@]}" -np 2 "$RLHF" "${RES[@]}" --max_steps $K --save_path "$W/resumed" \
   --ckpt_path "$W/resumed/ckpt" --save_steps $K > "$W/first.log" 2>&1 \
@@ -95,6 +97,19 @@ fa=$(fp "$W/straight.log")
 fb=$(fp "$W/second.log")
 [ -n "$fa" ] && [ "$fa" = "$fb" ] || fail "final weights differ: $fa (straight) vs $fb (resumed)"
 echo "ok: LoRA $K steps + resume + $K steps == $((2 * K)) steps straight (weights $fa)"
+# PEFT interop: the checkpoint's adapter exported as PEFT is the adapter the run saved, byte for
+# byte; the base with that adapter merged by `rlhf export --merge_lora` is the run's merged model.
+"$RLHF" export --pretrain "$W/straight/ckpt/step_$((2 * K)).h5" --format peft \
+  --output_path "$W/peft" --log_level warn || fail "export --format peft exited"
+cmp "$W/peft/adapter_model.safetensors" "$W/straight/model_adapter/adapter_model.safetensors" \
+  || fail "the exported PEFT adapter differs from the one the run saved"
+"$RLHF" export --pretrain "$W/straight/model.h5" --output_path "$W/trained_hf" --log_level warn \
+  || fail "export of the trained model exited"
+"$RLHF" export --pretrain "$W/sft/model.h5" --lora_path "$W/peft" --merge_lora \
+  --output_path "$W/merged_hf" --log_level warn || fail "export --merge_lora exited"
+cmp "$W/trained_hf/model.safetensors" "$W/merged_hf/model.safetensors" \
+  || fail "base + exported adapter merged differs from the run's merged model"
+echo "ok: export --format peft gives the run's adapter; export --merge_lora gives its merged model"
 # A full-parameter run refuses the LoRA checkpoint.
 out=$("${MPI[@]}" -np 1 "$RLHF" "${GRPO[@]}" --max_steps $((2 * K)) --save_path "$W/resumed" \
   --ckpt_path "$W/resumed/ckpt" --load_checkpoint 2>&1) && fail "a full run resumed a LoRA checkpoint"
