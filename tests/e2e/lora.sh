@@ -110,6 +110,20 @@ cmp "$W/peft/adapter_model.safetensors" "$W/straight/model_adapter/adapter_model
 cmp "$W/trained_hf/model.safetensors" "$W/merged_hf/model.safetensors" \
   || fail "base + exported adapter merged differs from the run's merged model"
 echo "ok: export --format peft gives the run's adapter; export --merge_lora gives its merged model"
+# Disaggregated (1 training rank + 1 generation rank): the adapters reach the engine over the
+# intercommunicator, and the run follows the colocated one (same samples, losses and KL).
+"${MPI[@]}" -np 2 "$RLHF" "${RES[@]}" --max_steps $K --ranks_per_node 2 --gen_ranks_per_node 1 \
+  --save_path "$W/disagg" > "$W/disagg.log" 2>&1 || { tail "$W/disagg.log"; fail "disaggregated LoRA run exited"; }
+python3 - "$W/disagg/metrics.jsonl" "$W/straight/metrics.jsonl" <<'EOF2' || fail "disaggregated LoRA run diverged"
+import json, sys
+a = [json.loads(l) for l in open(sys.argv[1])]
+b = [json.loads(l) for l in open(sys.argv[2])][:len(a)]
+for x, y in zip(a, b):
+    for k in ["reward_mean", "response_length_mean", "policy_loss", "kl_mean", "sync_bytes"]:
+        if abs(x[k] - y[k]) > 1e-5 * max(1.0, abs(y[k])):
+            sys.exit(f"step {x['step']}: {k} {x[k]} vs {y[k]}")
+EOF2
+echo "ok: a disaggregated LoRA run (adapters over the intercommunicator) follows the colocated one"
 # A full-parameter run refuses the LoRA checkpoint.
 out=$("${MPI[@]}" -np 1 "$RLHF" "${GRPO[@]}" --max_steps $((2 * K)) --save_path "$W/resumed" \
   --ckpt_path "$W/resumed/ckpt" --load_checkpoint 2>&1) && fail "a full run resumed a LoRA checkpoint"
