@@ -358,9 +358,9 @@ struct GenerationArgs {
   std::string stop_strings;
 
   void bind(OptionSet& o);
-  /// Throws UsageError for environment flags that cannot work (--env_command with a GPU or
-  /// tensor-parallel engine, bad --stop_strings). `device` is --device's value ("" = cpu).
-  void validate(const std::string& device) const;
+  /// Throws UsageError for environment flags that cannot work (--env_command with a
+  /// tensor-parallel engine, bad --stop_strings).
+  void validate() const;
 };
 
 /// The rule rewards (`--reward` and its options), shared by `ppo`, `grpo` and `eval`.

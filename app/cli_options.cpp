@@ -374,18 +374,13 @@ void GenerationArgs::bind(OptionSet& o) {
       .alias("vllm_stop_strings");
 }
 
-void GenerationArgs::validate(const std::string& device) const {
+void GenerationArgs::validate() const {
   try {
     (void)rl::parse_stop_strings(stop_strings);
   } catch (const Error& e) {
     usage_fail("{}", e.what());
   }
   if (env_command.empty()) return;
-  if (device == "cuda")
-    usage_fail(
-        "--env_command runs on CPU generation engines only (observation tokens are prefilled by "
-        "the CPU engine's decode step), not with --device cuda\nhint: drop --device cuda for a "
-        "run with an environment");
   if (vllm_tensor_parallel_size > 1)
     usage_fail(
         "--env_command needs --vllm_tensor_parallel_size 1 (got {}): one environment "
@@ -612,7 +607,7 @@ void PpoArgs::validate() {
     usage_fail(
         "no reward: give --reward (a rule: math, countdown, ...), --reward_pretrain, or an "
         "--env_command that gives rewards");
-  gen.validate(parallel.device);
+  gen.validate();
   rewards.validate(label_key);
   const bool group = advantage_estimator != "gae" && advantage_estimator != "reinforce";
   if (group && gen.n_samples_per_prompt < 2)
@@ -664,7 +659,7 @@ void PpoArgs::validate() {
 }
 
 void GenerateArgs::validate() {
-  gen.validate(parallel.device);
+  gen.validate();
 }
 
 void EvalArgs::bind(OptionSet& o) {
@@ -694,7 +689,7 @@ void EvalArgs::bind(OptionSet& o) {
 }
 
 void EvalArgs::validate() {
-  gen.validate(parallel.device);
+  gen.validate();
   if (rewards.reward.empty() && !rewards.reward_command.empty()) rewards.reward = "command";
   if (rewards.reward.empty())
     usage_fail(

@@ -144,12 +144,8 @@ int run_eval(const EvalArgs& args) {
   // Multi-turn episodes (--env_command, --stop_strings): one environment per engine rank; its
   // reward scores a sample where given, else --reward.
   std::unique_ptr<rl::Environment> env;
-  if (engine && !args.gen.env_command.empty()) {
-    RLHF_CHECK(!engine->on_gpu(),
-               "--env_command needs a CPU generation engine\nhint: drop "
-               "--device cuda");
+  if (engine && !args.gen.env_command.empty())
     env = rl::make_environment(args.gen.env_command, args.gen.env_timeout);
-  }
   eo.episodes.env = env.get();
   eo.episodes.stop_strings = rl::parse_stop_strings(args.gen.stop_strings);
   eo.episodes.max_turns = args.gen.env_max_turns;

@@ -487,8 +487,6 @@ int run_generate(const GenerateArgs& args) {
       }
     };
     // Multi-turn episodes (--env_command, --stop_strings): one environment per engine rank.
-    RLHF_CHECK(args.gen.env_command.empty() || !engine.on_gpu(),
-               "--env_command needs a CPU generation engine\nhint: drop --device cuda");
     const std::unique_ptr<rl::Environment> env =
         args.gen.env_command.empty()
             ? nullptr

@@ -96,14 +96,18 @@ int main(int argc, char** argv) {
       MPI_Finalize();
       return 0;
     }
+    // Refusals that need the world's size and nodes, before any model loads (exit 2), and before
+    // the log folder is made: a refused run leaves nothing behind.
+    rlhf::app::check_usage(cmd.args, MPI_COMM_WORLD);
     rlhf::init_logging({rank, world_size, cmd.common().log_level, cmd.common().log_dir});
     LOG0_INFO("{} | rlhf {} | {} rank{}", rlhf::app::version_string(), cmd.command, world_size,
               world_size == 1 ? "" : "s");
     LOG_DEBUG("rank {} of {} on host {}", rank, world_size, host);
     rlhf::app::print_resolved_config(cmd);
     for (const std::string& notice : cmd.notices) LOG0_WARN("{}", notice);
-    // Refusals that need the world's size and nodes, before any model loads (exit 2).
-    rlhf::app::check_usage(cmd.args, MPI_COMM_WORLD);
+    // A SIGTERM/SIGUSR1 names the rank and phase before ending the process; training commands
+    // replace these with their preemption handlers (stop after the step, checkpoint, exit 3).
+    rlhf::parallel::install_fault_note_handlers();
     status = rlhf::app::run_command(cmd.args);
     // Stopped on SIGTERM/SIGUSR1 with a checkpoint written: every rank returns it together.
     if (status == rlhf::parallel::kExitPreempted) {

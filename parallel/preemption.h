@@ -13,10 +13,17 @@ class Comm;
 inline constexpr int kExitPreempted = 3;
 
 /// Installs the SIGTERM and SIGUSR1 handlers of this process (idempotent). The first signal only
-/// records itself; a second SIGTERM or SIGUSR1 takes its default action (a user who presses ^C
+/// records itself and writes one line to stderr naming the rank, the signal and the phase
+/// (core/phase.h) — a job ended from outside, e.g. by mpirun after another rank died, says what
+/// it was doing; a second SIGTERM or SIGUSR1 takes its default action (a user who presses ^C
 /// twice, or Slurm's SIGKILL after KillWait, still ends the process at once). Syscalls restart
 /// (SA_RESTART): a signal never turns into an I/O error.
 void install_preemption_handlers();
+
+/// For commands that do not stop gracefully (generate, eval, score): SIGTERM and SIGUSR1 write
+/// the same one line (rank, signal, phase) and then take their default action (the process
+/// ends as before).
+void install_fault_note_handlers();
 
 /// The signal this process has received (SIGTERM or SIGUSR1), or 0. Async-signal-safe read.
 int preemption_signal();

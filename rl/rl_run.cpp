@@ -234,11 +234,8 @@ int run_rl(const RlRunConfig& c) {
   }
   // Multi-turn episodes: one environment per generation rank (a program started now).
   std::unique_ptr<Environment> env;
-  if (topo.generates() && !c.env_command.empty()) {
-    RLHF_CHECK(!engine->on_gpu() && engine->tp_size() == 1,
-               "--env_command needs a CPU generation engine with --vllm_tensor_parallel_size 1");
+  if (topo.generates() && !c.env_command.empty())
     env = make_environment(c.env_command, c.env_timeout);
-  }
   EpisodeOptions episodes;
   episodes.env = env.get();
   episodes.stop_strings = parse_stop_strings(c.stop_strings);

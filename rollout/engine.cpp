@@ -81,16 +81,28 @@ TpGroup tp_group(parallel::Comm* tp_comm) {
   return g;
 }
 
+std::string tp_split_problem(const model::ModelConfig& c, int T) {
+  auto fits = [&](int64_t t) {
+    return c.num_attention_heads % t == 0 && c.num_key_value_heads % t == 0 &&
+           c.intermediate_size % t == 0;
+  };
+  if (T >= 1 && fits(T)) return "";
+  std::string ok;
+  for (int t = 1; t <= 64; ++t)
+    if (fits(t)) ok += (ok.empty() ? "" : ", ") + std::to_string(t);
+  return fmt::format(
+      "--vllm_tensor_parallel_size {}: tensor parallel size {} must divide the attention heads "
+      "({}), the KV heads ({}) and intermediate_size ({}) of the model\nhint: use a "
+      "--vllm_tensor_parallel_size that divides all three: {}",
+      T, T, c.num_attention_heads, c.num_key_value_heads, c.intermediate_size, ok);
+}
+
 model::LayerSpec tp_layer_spec(const model::ModelConfig& c, const TpGroup& tp) {
   model::LayerSpec s = model::layer_spec(c);
   const int T = tp.size;
   if (T == 1) return s;
-  RLHF_CHECK(c.num_attention_heads % T == 0 && c.num_key_value_heads % T == 0 &&
-                 c.intermediate_size % T == 0,
-             "tensor parallel size {} must divide the attention heads ({}), the KV heads ({}) "
-             "and intermediate_size ({})\nhint: use a --vllm_tensor_parallel_size that divides "
-             "all three",
-             T, c.num_attention_heads, c.num_key_value_heads, c.intermediate_size);
+  const std::string problem = tp_split_problem(c, T);
+  RLHF_CHECK(problem.empty(), "{}", problem);
   s.H /= T;
   s.Hkv /= T;
   s.F /= T;
@@ -279,17 +291,25 @@ void Engine::start_group(const std::vector<GenerationRequest>& requests, int64_t
   stats_.prefill_s += since(t_prefill);
 }
 
+bool Engine::observations_row_by_row() const {
+  return opt_.observations_row_by_row || !backend_->feeds_observations();
+}
+
 DecodeBatch Engine::prepare_decode(const std::vector<Seq*>& active) {
   const int64_t B = static_cast<int64_t>(active.size());
   Work& w = *work_;
   // One row per token to feed: each sequence's last sampled token, then any observation tokens
-  // (multi-turn), at consecutive positions.
+  // (multi-turn), at consecutive positions — all in this step, or row by row one per step.
+  const bool by_row = observations_row_by_row();
+  auto rows_of = [&](const Seq& s) {
+    return by_row ? int64_t(1) : 1 + static_cast<int64_t>(s.extra.size());
+  };
   DecodeBatch d;
   d.B = B;
   w.last_row.resize(static_cast<size_t>(B));
   for (int64_t b = 0; b < B; ++b) {
     const Seq* s = active[size_t(b)];
-    d.rows += 1 + static_cast<int64_t>(s->extra.size());
+    d.rows += rows_of(*s);
     w.last_row[size_t(b)] = d.rows - 1;
     d.max_blocks = std::max(d.max_blocks, static_cast<int64_t>(s->blocks.size()));
   }
@@ -300,8 +320,9 @@ DecodeBatch Engine::prepare_decode(const std::vector<Seq*>& active) {
   int64_t row = 0;
   for (int64_t b = 0; b < B; ++b) {
     const Seq& s = *active[size_t(b)];
-    for (int64_t j = 0; j <= static_cast<int64_t>(s.extra.size()); ++j, ++row) {
-      w.tokens[size_t(row)] = j == 0 ? s.next_token : s.extra[size_t(j - 1)];
+    for (int64_t j = 0; j < rows_of(s); ++j, ++row) {
+      const int64_t k = by_row ? s.fed : j;  // 0 = next_token, k > 0 = extra[k - 1]
+      w.tokens[size_t(row)] = k == 0 ? s.next_token : s.extra[size_t(k - 1)];
       w.pos[size_t(row)] = int32_t(s.len + j);
       w.lens[size_t(row)] = int32_t(s.len + j + 1);
       std::copy(s.blocks.begin(), s.blocks.end(), w.table.begin() + row * d.max_blocks);
@@ -325,12 +346,18 @@ void Engine::decode_and_sample(Run& run) {
   for (auto& s : active) batch.push_back(s.get());
   const int64_t B = static_cast<int64_t>(batch.size());
   const float* logits = backend_->decode(prepare_decode(batch));
+  // Row by row, a sequence still feeding its observation samples nothing this step.
+  const bool by_row = observations_row_by_row();
+  auto samples_now = [&](const Seq& s) {
+    return !by_row || s.fed == static_cast<int64_t>(s.extra.size());
+  };
   w.sampled.resize(static_cast<size_t>(B));
   std::exception_ptr error;
 #pragma omp parallel for schedule(dynamic, 1)
   for (int64_t b = 0; b < B; ++b) {
     try {
       const Seq& s = *batch[size_t(b)];
+      if (!samples_now(s)) continue;
       const double u = counter_uniform(s.sampling->seed, s.request_id, uint64_t(s.sample_index),
                                        uint64_t(s.result.tokens.size()));
       w.sampled[size_t(b)] =
@@ -349,7 +376,15 @@ void Engine::decode_and_sample(Run& run) {
   size_t kept = 0;
   for (int64_t b = 0; b < B; ++b) {
     Seq& s = *active[size_t(b)];
-    s.len += 1 + static_cast<int64_t>(s.extra.size());  // the rows fed this step are now cached
+    const bool sampled = samples_now(s);
+    s.len += by_row ? 1 : 1 + static_cast<int64_t>(s.extra.size());  // the rows fed are cached
+    if (!sampled) {
+      ++s.fed;
+      if (kept != size_t(b)) active[kept] = std::move(active[size_t(b)]);
+      ++kept;
+      continue;
+    }
+    s.fed = 0;
     s.extra.clear();
     const Run::Outcome o = run.append(s, w.sampled[size_t(b)]);
     if (o == Run::Outcome::kFinished) continue;
@@ -371,10 +406,6 @@ std::vector<GenerationResult> Engine::generate(const std::vector<GenerationReque
   if (hooks != nullptr) {
     RLHF_CHECK(hooks->max_turns >= 1, "multi-turn generation: max_turns must be >= 1, got {}",
                hooks->max_turns);
-    RLHF_CHECK(!hooks->on_turn_end || backend_->feeds_observations(),
-               "--env_command needs a CPU generation engine with --vllm_tensor_parallel_size 1 "
-               "(observation tokens are prefilled by the CPU engine's decode step only)\nhint: "
-               "drop --device cuda / --vllm_tensor_parallel_size for runs with an environment");
   }
   // The unit buffers may have changed (loading, weight sync) since the last call.
   backend_->prepare_weights(device_weights_current_);

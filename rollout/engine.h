@@ -50,6 +50,10 @@ struct EngineOptions {
   int64_t max_batch = 256;    ///< most sequences decoded at once (vLLM max_num_seqs)
   int32_t eos_token_id = -1;  ///< stop token; -1 = the model config's eos_token_id
   bool ignore_eos = false;    ///< never stop on EOS (benchmarks)
+  /// Multi-turn: feed a turn's observation tokens one decode step each (one row per sequence),
+  /// what the engine always does on a backend that takes one row per sequence (the GPU, tensor
+  /// parallel CPU); the same tokens and log-probs as feeding them in one step (tests compare).
+  bool observations_row_by_row = false;
   /// Run on the current CUDA device (rollout/engine_cuda.h): bf16 weights and KV cache in device
   /// memory; kv_cache_bytes is then derived from gpu_memory_utilization. Tensor parallel size 1.
   bool cuda = false;
@@ -283,6 +287,9 @@ class Engine {
                    int64_t n, Run& run);
   // The decode inputs (tokens, positions, lengths, block table) of the active sequences: one row
   // per token to feed (the last sampled token, then any observation tokens).
+  /// Whether observation tokens go one decode step each (EngineOptions::observations_row_by_row,
+  /// or a backend that takes one row per sequence).
+  bool observations_row_by_row() const;
   DecodeBatch prepare_decode(const std::vector<Seq*>& active);
   // One decode step over run.active, then a token sampled for each and routed (Run::append):
   // finished ones leave, those whose turn ended move to run.turning.

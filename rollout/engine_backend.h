@@ -7,6 +7,8 @@
 // parallel over a parallel::Comm) and, in a build with CUDA, the GPU one (rollout/engine_cuda.h).
 #pragma once
 
+#include <string>
+
 #include <array>
 #include <cstdint>
 #include <memory>
@@ -35,9 +37,15 @@ struct TpGroup {
 /// The group an engine built with options.tp_comm runs in (size 1 without one).
 TpGroup tp_group(parallel::Comm* tp_comm);
 
+/// Why a tensor-parallel group of size T cannot split model c (Megatron style: attention heads,
+/// KV heads and MLP columns evenly over the group): "" when it can, else one message naming the
+/// three sizes and, as a hint, every size from 1 to 64 that would work. The one rule both the
+/// engine (tp_layer_spec) and the start-up usage check (app/usage_checks.cpp) apply.
+std::string tp_split_problem(const model::ModelConfig& c, int T);
+
 /// This rank's layer dims under tensor parallelism (Megatron style): H/T attention heads, Hkv/T
-/// KV heads and F/T MLP columns of the config's. Throws rlhf::Error, with a hint, when T does not
-/// divide all three.
+/// KV heads and F/T MLP columns of the config's. Throws rlhf::Error (tp_split_problem's message)
+/// when T does not divide all three.
 model::LayerSpec tp_layer_spec(const model::ModelConfig& c, const TpGroup& tp);
 
 /// The config whose KV heads are this rank's (what its KV cache holds): num_key_value_heads
@@ -119,7 +127,8 @@ class EngineBackend {
   virtual const float* decode(const DecodeBatch& batch) = 0;
 
   /// Whether decode() takes more than one row per sequence (observation tokens of multi-turn
-  /// generation); when false the scheduler never gives it one.
+  /// generation); when false the scheduler feeds them one decode step each (one row per
+  /// sequence), with the same results.
   virtual bool feeds_observations() const = 0;
 
   /// Bytes of one weight element that a decode step reads (4 for fp32, 2 for bf16).

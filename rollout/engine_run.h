@@ -21,9 +21,12 @@ struct Engine::Seq {
   std::vector<int32_t> blocks;  // its KV blocks (worst case, allocated at admission)
   int64_t len = 0;              // positions in the cache
   int32_t next_token = -1;      // last sampled token: fed at position len by the next step
-  /// Observation tokens fed after next_token (positions len+1, ...) by the next step: one decode
-  /// row each. Empty in single-turn generation.
+  /// Observation tokens fed after next_token (positions len+1, ...): one decode row each, all in
+  /// the next step, or one per step on a backend that takes one row per sequence. Empty in
+  /// single-turn generation.
   std::vector<int32_t> extra;
+  /// Row by row: how many of next_token, extra... earlier steps fed (0 = next_token comes next).
+  int64_t fed = 0;
   int64_t max_new = 0;
   int64_t turn = 0;        // index of the current turn
   int64_t turn_begin = 0;  // response position where the current turn began

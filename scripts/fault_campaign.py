@@ -12,7 +12,9 @@ so a failure replays):
   * a stopped rank: the message must come from the watchdog and name the victim ("rank 1 (pid N)
     is stopped", "waiting for rank 1", "engine 1 has sent no progress", "rank 0 has sent no
     heartbeat") and the phase ("(sft step 7/40)", "(RL step 3, ...)", "(generate, ...)");
-  * a killed rank: mpirun's message names it ("process rank 1 with PID N ... exited on signal 9");
+  * a killed rank: mpirun's message names it ("process rank 1 with PID N ... exited on signal 9"),
+    and a surviving rank, which mpirun then ends with SIGTERM, names the phase it was in ("rlhf
+    rank 0: SIGTERM received during RL step 4, weight sync");
   * the training modes then run again with --load_checkpoint and must equal the straight run:
     every metrics record (timings aside) and the final weights fingerprint.
 A fault that landed after the job had already finished is drawn again at half the time (at most 3
@@ -277,7 +279,12 @@ class Campaign:
                               text)
                 if not m:
                     problems.append(f"mpirun does not name rank {victim} as killed")
-                said = m.group(0) if m else ""
+                # mpirun then ends the other ranks with SIGTERM: each says what it was doing.
+                p = re.search(r"rlhf rank \d+: SIGTERM received during "
+                              r"\(?(sft step|RL step|generate)[^\n]*", text)
+                if not p:
+                    problems.append("no surviving rank names the phase it was in")
+                said = (m.group(0) if m else "") + (f"; {p.group(0)}" if p else "")
             resumed = ""
             if resumable and not problems:
                 rc, _ = self.run(args + ["--load_checkpoint"], f"{out}.resume.log", 900)

@@ -131,7 +131,9 @@ TEST_CASE("multi-turn flags: --env_command, --stop_strings and its OpenRLHF alia
   CHECK(std::get<app::GenerateArgs>(t.args).gen.stop_strings == "</a>");
   // Errors name the flag.
   CHECK(contains(usage_error(with({"--stop_strings", "a\\q"})), "--stop_strings"));
-  CHECK(contains(usage_error(with({"--env_command", "x", "--device", "cuda"})), "--env_command"));
+  // GPU engines run environments too (observation tokens one decode step each).
+  CHECK(std::get<app::GenerateArgs>(parse(with({"--env_command", "x", "--device", "cuda"})).args)
+            .gen.env_command == "x");
   CHECK(contains(usage_error(with({"--env_command", "x", "--vllm_tensor_parallel_size", "2"})),
                  "--env_command"));
   CHECK(contains(usage_error(with({"--env_max_turns", "0"})), "--env_max_turns"));

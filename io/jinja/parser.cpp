@@ -545,10 +545,7 @@ class Parser {
       } else if (is_op("[")) {
         e = parse_subscript(std::move(e));
       } else if (is_op("(")) {
-        auto c = make(Expr::Kind::kCall, e->pos);
-        c->args.push_back(std::move(e));
-        parse_call_args(*c);
-        e = std::move(c);
+        e = parse_call(std::move(e));
       } else {
         return e;
       }
@@ -577,6 +574,14 @@ class Parser {
     s->args.push_back(std::move(e));
     for (auto& p : parts) s->args.push_back(std::move(p));
     return s;
+  }
+
+  // e(args...): a call of what e evaluates to (a macro, a method, a global function).
+  ExprPtr parse_call(ExprPtr e) {
+    auto c = make(Expr::Kind::kCall, e->pos);
+    c->args.push_back(std::move(e));
+    parse_call_args(*c);
+    return c;
   }
 
   // (args..., name=value...) into e.args (after what is already there) and e.kwargs.
@@ -612,10 +617,7 @@ class Parser {
       } else if (is_name("is")) {
         e = parse_test(std::move(e));
       } else if (is_op("(")) {
-        auto c = make(Expr::Kind::kCall, e->pos);
-        c->args.push_back(std::move(e));
-        parse_call_args(*c);
-        e = std::move(c);
+        e = parse_call(std::move(e));
       } else {
         return e;
       }

@@ -171,14 +171,17 @@ rc=$?
 mpi_usage() {
   local name=$1 want=$2
   shift 2
-  # From the temporary folder: a refused run may still create its default log folder (./ckpt).
-  out=$(cd "$TMP" && timeout 60 "$MPIEXEC" -np 2 --oversubscribe --allow-run-as-root "$RLHF_ABS" "$@" 2>&1)
+  # From an empty folder: a refused run must leave nothing behind (no ./ckpt log folder).
+  local cwd="$TMP/$name.cwd"
+  mkdir -p "$cwd"
+  out=$(cd "$cwd" && timeout 60 "$MPIEXEC" -np 2 --oversubscribe --allow-run-as-root "$RLHF_ABS" "$@" 2>&1)
   rc=$?
   printf '%s\n' "$out" >"$TMP/$name.log"
   [[ $rc -ne 124 ]] || fail "$name: mpiexec -np 2 timed out (a rank hung)"
   expect_rc "$name" 2
   expect_out "$name" "$want"
   ! grep -q "no such file" <<<"$out" || fail "$name: the model or dataset was opened before the refusal"
+  [[ -z "$(ls -A "$cwd")" ]] || fail "$name: the refused run left files behind: $(ls -A "$cwd")"
 }
 GRPO_ARGS=(grpo --pretrain "$TMP/none.h5" --prompt_data "$TMP/none.jsonl" --reward math --label_key label --n_samples_per_prompt 2
   --rollout_batch_size 2 --train_batch_size 4 --micro_train_batch_size 2 --micro_rollout_batch_size 2)
@@ -187,6 +190,11 @@ mpi_usage usage_async_colocated "--async_train needs generation ranks apart from
 mpi_usage usage_placement "--gen_ranks_per_node" "${GRPO_ARGS[@]}" --gen_ranks_per_node 3
 mpi_usage usage_tp "--vllm_tensor_parallel_size" "${GRPO_ARGS[@]}" --gen_ranks_per_node 1 \
   --vllm_tensor_parallel_size 2
+# The tensor-parallel size against the model's heads: refused from its config alone (tiny with one
+# KV head: 2 cannot split it), with the sizes that would work.
+sed 's/^num_key_value_heads = .*/num_key_value_heads = 1/' "$SRC/examples/models/tiny.toml" >"$TMP/tiny_mqa.toml"
+mpi_usage usage_tp_heads "the KV heads (1) and intermediate_size (352) of the model" \
+  grpo --model_config "$TMP/tiny_mqa.toml" "${GRPO_ARGS[@]:3}" --vllm_tensor_parallel_size 2
 mpi_usage usage_sft_gen "unknown option '--gen_ranks_per_node'" sft --dataset "$TMP/none.jsonl" \
   --pretrain "$TMP/none.h5" --gen_ranks_per_node 1
 mpi_usage usage_generate_placement "--gen_ranks_per_node" generate --pretrain "$TMP/none.h5" \

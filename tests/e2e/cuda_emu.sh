@@ -80,6 +80,23 @@ for l in open(sys.argv[1]):
 EOF
 [ -f "$TMP/grpo/model.h5" ] || fail "no final policy"
 
+# --- multi-turn on GPU engines: the toy environment (a turn ends at a digit, the environment
+# answers with observation tokens), two steps on two ranks
+"${MPI[@]}" "$EMU" grpo --pretrain "$TMP/sft_gpu/model.h5" --prompt_data "$TASK" --input_key input \
+  --env_command builtin:toy --stop_strings "0,1,2,3,4,5,6,7,8,9" --env_max_turns 3 \
+  --n_samples_per_prompt 4 --rollout_batch_size 4 --train_batch_size 16 --micro_train_batch_size 4 \
+  --generate_max_len 12 --max_steps 2 --seed 1 --threads 1 --device cuda \
+  --save_path "$TMP/env" --ckpt_path "$TMP/env/ckpt" > "$TMP/env.log" 2>&1 ||
+  fail "gpu grpo with --env_command: $(tail -3 "$TMP/env.log")"
+python3 - "$TMP/env/metrics.jsonl" <<'EOF' || fail "no multi-turn episodes on the GPU engines"
+import json, sys
+recs = [json.loads(l) for l in open(sys.argv[1])]
+assert len(recs) == 2, len(recs)
+assert sum(r["env_observation_tokens"] for r in recs) > 0, recs
+print("gpu env: turns", [round(r["env_turns_mean"], 2) for r in recs],
+      "observation tokens", [r["env_observation_tokens"] for r in recs])
+EOF
+
 # --- the real binary has no GPU here: --device cuda is a clear error, not a crash
 if "$RLHF" "${SFT[@]}" --device cuda --save_path "$TMP/nogpu" > "$TMP/nogpu.log" 2>&1; then
   grep -q "device: cuda" "$TMP/nogpu.log" || fail "--device cuda without a GPU succeeded"

@@ -287,6 +287,43 @@ TEST_CASE("multi-turn: an episode does not depend on the batch; no hooks = the s
   }
 }
 
+TEST_CASE("multi-turn: observations fed one decode step each give the same episodes, bitwise") {
+  // What a backend that takes one row per sequence (the GPU engine) does, on the CPU engine:
+  // the same rows at the same positions, spread over steps; the sequence samples nothing until
+  // its last observation token is in the cache.
+  std::vector<GenerationRequest> reqs;
+  for (int i = 0; i < 4; ++i) {
+    GenerationRequest r;
+    r.id = uint64_t(40 + i);
+    r.prompt = prompt_of(3 + 3 * i, uint64_t(50 + i));
+    r.n_samples = 1 + i % 2;
+    r.max_new_tokens = 24 + 5 * i;
+    r.sampling.temperature = 0.9;
+    reqs.push_back(r);
+  }
+  const TurnHooks h = fixed_turn_hooks(3, 4, 6);
+  EngineOptions by_row;
+  by_row.observations_row_by_row = true;
+  auto e_rows = make_engine(by_row);
+  auto e_step = make_engine();
+  const auto a = e_step->generate(reqs, {}, &h);
+  const auto b = e_rows->generate(reqs, {}, &h);
+  REQUIRE(a.size() == b.size());
+  int64_t observed = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    INFO("sample ", i);
+    CHECK(a[i].tokens == b[i].tokens);
+    CHECK(a[i].logprobs == b[i].logprobs);
+    CHECK(a[i].action_mask == b[i].action_mask);
+    CHECK(a[i].turns == b[i].turns);
+    for (uint8_t m : a[i].action_mask) observed += m == 0;
+  }
+  CHECK(observed > 0);
+  // Row by row takes one more decode step per observation token than it has samples.
+  CHECK(e_rows->stats().decode_steps > e_step->stats().decode_steps);
+  CHECK(e_rows->stats().observation_tokens == e_step->stats().observation_tokens);
+}
+
 TEST_CASE(
     "multi-turn samples survive serialize_samples; the untagged single-turn form still reads") {
   rollout::Sample a;
