@@ -204,6 +204,17 @@ struct OptimArgs {
   void bind(OptionSet& o);
 };
 
+/// LoRA adapters (OpenRLHF flag names; PEFT's conventions, model/lora.h).
+struct LoraArgs {
+  int lora_rank = 0;                          ///< --lora_rank: 0 = train every weight
+  double lora_alpha = 16.0;                   ///< --lora_alpha: the adapter scale is alpha / rank
+  std::string target_modules = "all-linear";  ///< --target_modules: all-linear | q_proj,v_proj,...
+  double lora_dropout = 0.0;                  ///< --lora_dropout: only 0 is implemented
+  std::string lora_path;  ///< --lora_path: a PEFT adapter folder to start from ("" = fresh)
+
+  void bind(OptionSet& o);
+};
+
 /// ZeRO-3 training strategy (DeepSpeed/OpenRLHF flag names).
 struct ZeroArgs {
   int zero_stage = 3;                   ///< --zero_stage: 0 (replicated) or 3 (sharded)
@@ -282,6 +293,7 @@ struct SftArgs {
   TrainLoopArgs loop;
   OptimArgs optim;
   ZeroArgs zero;
+  LoraArgs lora;
   ParallelArgs parallel;
   CheckpointArgs ckpt;
   TrackingArgs tracking;
@@ -439,6 +451,7 @@ struct PpoArgs {
   GenerationArgs gen;
   int64_t sync_bucket_mb = 64;  ///< --sync_bucket_mb: weight-sync bucket size
   ZeroArgs zero;
+  LoraArgs lora;
   ParallelArgs parallel;
   /// --save_path (final model), --save_steps, --logging_steps, --ckpt_path, --max_ckpt_num,
   /// --load_checkpoint
@@ -542,6 +555,8 @@ struct ExportArgs {
   std::string format = "safetensors";  ///< --format: safetensors | hdf5 | gguf
   std::string output_path;             ///< --output_path: folder (safetensors) or file
   std::string dtype = "float32";       ///< --dtype: float32 | bfloat16 | float16 (tensors written)
+  std::string lora_path;               ///< --lora_path: a PEFT adapter to merge (with --merge_lora)
+  bool merge_lora = false;             ///< --merge_lora: write base + adapter merged
   void bind(OptionSet& o);
   /// Throws UsageError for a dtype the format cannot store (GGUF/HDF5 restrictions).
   void validate();

@@ -115,7 +115,13 @@ void ExportArgs::bind(OptionSet& o) {
         "Model to export: rlhf HDF5 checkpoint, Hugging Face folder, llama2.c .bin or GGUF file")
       .required();
   o.add("tokenizer", tokenizer, "Tokenizer to ship with the model (\"\" = the model's own)");
-  o.add("format", format, "Output format").check(one_of({"safetensors", "hdf5", "gguf"}));
+  o.add("format", format,
+        "Output format (peft: the LoRA adapter of a LoRA training checkpoint given as --pretrain)")
+      .check(one_of({"safetensors", "hdf5", "gguf", "peft"}));
+  o.add("lora_path", lora_path,
+        "A PEFT LoRA adapter folder to merge into --pretrain (--merge_lora)");
+  o.add("merge_lora", merge_lora,
+        "Write --pretrain with the --lora_path adapter merged: W + (alpha/r)·B·A");
   o.add("output_path", output_path,
         "Output: a folder for safetensors, a file for hdf5 (a folder means <folder>/model.h5) "
         "and gguf")
@@ -125,6 +131,13 @@ void ExportArgs::bind(OptionSet& o) {
 }
 
 void ExportArgs::validate() {
+  if (merge_lora && lora_path.empty())
+    usage_fail("--merge_lora needs --lora_path (the PEFT adapter folder to merge)");
+  if (!lora_path.empty() && !merge_lora)
+    usage_fail("--lora_path {} without --merge_lora: add --merge_lora to write the merged model",
+               lora_path);
+  if (format == "peft" && merge_lora)
+    usage_fail("--format peft writes an adapter; --merge_lora writes a merged model: pick one");
   if (format == "hdf5" && dtype != "float32")
     usage_fail("--dtype {} with --format hdf5: checkpoints store float32\nhint: drop --dtype",
                dtype);
@@ -173,6 +186,24 @@ void ZeroArgs::bind(OptionSet& o) {
   o.add("gradient_checkpointing", gradient_checkpointing, "Recompute activations in backward");
   o.add("zero_keep_params", zero_keep_params,
         "ZeRO-3: keep the units gathered in forward for backward (no second all-gather)");
+}
+
+void LoraArgs::bind(OptionSet& o) {
+  o.add("lora_rank", lora_rank,
+        "LoRA rank r (0 = train every weight; > 0 = freeze the base, train "
+        "adapters)")
+      .check(ge(0));
+  o.add("lora_alpha", lora_alpha, "LoRA alpha: the adapters are scaled by alpha / rank")
+      .check(gt(0));
+  o.add("target_modules", target_modules,
+        "LoRA targets: all-linear or a comma list of q_proj,k_proj,v_proj,o_proj,gate_proj,"
+        "up_proj,down_proj");
+  o.add("lora_path", lora_path,
+        "A PEFT LoRA adapter folder to start from (adapter_config.json + "
+        "adapter_model.safetensors); its r, alpha and targets are used");
+  o.add("lora_dropout", lora_dropout, "Dropout on the LoRA branch's input (only 0 is implemented)")
+      .check(ge(0))
+      .check(below(1));
 }
 
 void ParallelArgs::bind(OptionSet& o) {
@@ -260,6 +291,7 @@ void SftArgs::bind(OptionSet& o) {
   loop.bind(o);
   optim.bind(o);
   zero.bind(o);
+  lora.bind(o);
   parallel.bind(o);
   ckpt.bind(o);
   tracking.bind(o);
@@ -522,6 +554,7 @@ void PpoArgs::bind(OptionSet& o) {
   gen.bind(o);
   o.add("sync_bucket_mb", sync_bucket_mb, "Weight-sync bucket size (MiB)").check(ge(1));
   zero.bind(o);
+  lora.bind(o);
   parallel.bind(o);
   ckpt.bind(o);
   o.add("eval_dataset", eval_dataset,

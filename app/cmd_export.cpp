@@ -10,7 +10,9 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "io/dtype.h"
+#include "io/peft_adapter.h"
 #include "io/pretrained.h"
+#include "rl/checkpoint.h"
 
 namespace rlhf::app {
 
@@ -35,7 +37,23 @@ int run_export(const ExportArgs& args) {
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   if (rank != 0) return 0;
-  const io::PretrainedModel m = io::open_pretrained_arg(args.pretrain, args.tokenizer);
+  if (args.format == "peft") {
+    // A LoRA training checkpoint's adapters as a PEFT folder.
+    const rl::LoraCheckpoint ck = rl::read_lora_checkpoint(args.pretrain);
+    const model::LoraLayout ll(model::layer_spec(ck.config), int(ck.config.num_hidden_layers),
+                               ck.lora);
+    io::write_peft_adapter(args.output_path, ll, ck.adapters.data(), "");
+    LOG0_INFO("wrote {} (peft: {})", args.output_path, ll.describe());
+    return 0;
+  }
+  io::PretrainedModel m = io::open_pretrained_arg(args.pretrain, args.tokenizer);
+  if (args.merge_lora) {
+    const model::LoraConfig c = io::read_peft_adapter_config(args.lora_path);
+    const model::LoraLayout ll(model::layer_spec(m.config), int(m.config.num_hidden_layers), c);
+    m.tensors =
+        io::merge_lora_tensors(m.tensors, ll, io::read_peft_adapter_weights(args.lora_path, ll));
+    LOG0_INFO("merging {} from {}", ll.describe(), args.lora_path);
+  }
   LOG0_INFO("export: {}", m.describe());
   LOG0_INFO("model: {} | {} parameters | {} layers, hidden {}, heads {}/{}, RoPE {}",
             m.config.model_type, m.config.num_parameters(m.head), m.config.num_hidden_layers,

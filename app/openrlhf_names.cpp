@@ -30,7 +30,6 @@ constexpr const char* kRemote =
 constexpr const char* kPartial =
     "no partial rollouts: with --async_train each rollout comes from one weight version, at most "
     "--async_queue_size versions old";
-constexpr const char* kLora = "no LoRA: rlhf trains every weight (ZeRO-3 shards them)";
 constexpr const char* k4bit = "no quantised (4-bit) training weights";
 constexpr const char* kDsTp =
     "no tensor parallelism in training: ZeRO-3 shards the parameters (--zero_stage 3)";
@@ -175,10 +174,10 @@ constexpr OpenRlhfName kTable[] = {
     REJECT("ds.ring_attn_head_stride", kRing),
     REJECT("ds.tensor_parallel_size", kDsTp),
     REJECT("ds.load_in_4bit", k4bit),
-    REJECT("ds.lora.rank", kLora),
-    REJECT("ds.lora.alpha", kLora),
-    REJECT("ds.lora.target_modules", kLora),
-    REJECT("ds.lora.dropout", kLora),
+    ALIAS("ds.lora.rank", "lora_rank"),
+    ALIAS("ds.lora.alpha", "lora_alpha"),
+    ALIAS("ds.lora.target_modules", "target_modules"),
+    ALIAS("ds.lora.dropout", "lora_dropout"),
     REJECT("ds.zpg", kDs),
     REJECT("ds.deepcompile", kDs),
     REJECT("ds.grad_accum_dtype", kDs),
@@ -238,10 +237,6 @@ constexpr OpenRlhfName kTable[] = {
     REJECT("agent_func_path", kAgent),
     REJECT("remote_rm_url", kRemote),
     REJECT("partial_rollout", kPartial),
-    REJECT("lora_rank", kLora),
-    REJECT("lora_alpha", kLora),
-    REJECT("target_modules", kLora),
-    REJECT("lora_dropout", kLora),
     REJECT("load_in_4bit", k4bit),
     REJECT("ds_tensor_parallel_size", kDsTp),
     REJECT("prompt_split", kSplit),

@@ -1,6 +1,7 @@
 #include "app/runtime.h"
 
 #include "app/param_dtype.h"
+#include "io/peft_adapter.h"
 
 namespace rlhf::app {
 
@@ -37,6 +38,40 @@ parallel::ZeroOptions zero_options(const ZeroArgs& z) {
   o.gradient_checkpointing = z.gradient_checkpointing;
   o.zero_keep_params = z.zero_keep_params;
   return o;
+}
+
+model::LoraConfig lora_options(const LoraArgs& a) {
+  model::LoraConfig c;
+  c.rank = a.lora_rank;
+  c.alpha = a.lora_alpha;
+  c.dropout = a.lora_dropout;
+  try {
+    c.targets = model::parse_target_modules(a.target_modules);
+    c.validate();
+    if (!a.lora_path.empty()) {
+      // The adapter's own settings; flags given besides must agree with them.
+      const model::LoraConfig f = io::read_peft_adapter_config(a.lora_path);
+      if (a.lora_rank != 0 && a.lora_rank != f.rank)
+        throw UsageError(fmt::format("--lora_rank {} but the --lora_path adapter has r = {}",
+                                     a.lora_rank, f.rank));
+      if (a.lora_alpha != 16.0 && a.lora_alpha != f.alpha)
+        throw UsageError(
+            fmt::format("--lora_alpha {} but the --lora_path adapter has lora_alpha = {}",
+                        a.lora_alpha, f.alpha));
+      if (a.target_modules != "all-linear" && c.targets != f.targets)
+        throw UsageError(fmt::format("--target_modules {} but the --lora_path adapter targets {}",
+                                     a.target_modules, model::target_modules_string(f.targets)));
+      c.rank = f.rank;
+      c.alpha = f.alpha;
+      c.targets = f.targets;
+      c.path = a.lora_path;
+    }
+  } catch (const UsageError&) {
+    throw;
+  } catch (const Error& e) {
+    throw UsageError(e.what());
+  }
+  return c;
 }
 
 io::ModelSource model_source(const ModelArgs& args, model::HeadKind want_head) {

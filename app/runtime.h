@@ -26,6 +26,10 @@ parallel::RuntimeOptions runtime_options(const ParallelArgs& args, int tensor_pa
 /// --zero_stage, --adam_offload, --gradient_checkpointing, --zero_keep_params.
 parallel::ZeroOptions zero_options(const ZeroArgs& z);
 
+/// --lora_rank, --lora_alpha, --target_modules, --lora_dropout as a model::LoraConfig. Throws
+/// UsageError naming the flag for an unknown --target_modules name.
+model::LoraConfig lora_options(const LoraArgs& a);
+
 /// --use_tensorboard, --use_wandb and --wandb_* as rl::TrackingOptions ("false" = off).
 rl::TrackingOptions tracking_options(const TrackingArgs& a);
 

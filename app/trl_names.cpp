@@ -53,6 +53,9 @@ constexpr TrlName kTable[] = {
     {"use_vllm", "nothing: rlhf always generates with its own engines (--gen_ranks_per_node)"},
     {"bf16", "--param_dtype bf16 (or --bf16, the same; the default auto is bf16 on GPUs)"},
     {"deepspeed", "--zero_stage and --adam_offload"},
+    {"use_peft", "--lora_rank R (> 0 trains LoRA adapters)"},
+    {"lora_r", "--lora_rank"},
+    {"lora_target_modules", "--target_modules"},
     {"report_to",
      "--use_tensorboard DIR (tensorboard) and --use_wandb (wandb); metrics.jsonl is always "
      "written"},

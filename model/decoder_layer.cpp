@@ -5,6 +5,7 @@
 
 #include "core/error.h"
 #include "model/layer_bf16.h"
+#include "model/lora.h"
 #include "model/mlp.h"
 #include "model/ops/linear.h"
 #include "model/ops/residual.h"
@@ -17,10 +18,15 @@ template <typename T>
 void project_forward_cpu(Proj p, T* y, const T* x, const LayerParams<const T>& w,
                          const LayerSpec& s, const LayerRun<T>& run) {
   const Projection r = projection(s, p);
+  bool done = false;
   if constexpr (std::is_same_v<T, float>)
-    if (run.bf16 != nullptr)
-      return project_forward_bf16(*run.bf16, p, y, x, w.bias(p), run.N, r.in, r.out);
-  run.linear(y, x, w.weight(p), w.bias(p), run.N, r.in, r.out);
+    if (run.bf16 != nullptr) {
+      project_forward_bf16(*run.bf16, p, y, x, w.bias(p), run.N, r.in, r.out);
+      done = true;
+    }
+  if (!done) run.linear(y, x, w.weight(p), w.bias(p), run.N, r.in, r.out);
+  // The adapter's low-rank branch (in fp32, also when the base GEMM ran in bf16).
+  if (w.lora != nullptr) lora_forward_cpu(y, x, (*w.lora)[p], w.lora->scale, run.N, r.in, r.out);
 }
 
 template <typename T>
@@ -28,12 +34,18 @@ void project_backward_cpu(Proj p, T* dx, const T* dy, const T* x, const LayerPar
                           const LayerParams<const T>& w, const LayerSpec& s, const LayerRun<T>& run,
                           bool accumulate_dx) {
   const Projection r = projection(s, p);
+  bool done = false;
   if constexpr (std::is_same_v<T, float>)
-    if (run.bf16 != nullptr)
-      return project_backward_bf16(*run.bf16, p, dx, g.weight(p), g.bias(p), dy, x, run.N, r.in,
-                                   r.out, accumulate_dx);
-  linear_backward_cpu(dx, g.weight(p), g.bias(p), dy, x, w.weight(p), run.N, r.in, r.out,
-                      accumulate_dx);
+    if (run.bf16 != nullptr) {
+      project_backward_bf16(*run.bf16, p, dx, g.weight(p), g.bias(p), dy, x, run.N, r.in, r.out,
+                            accumulate_dx);
+      done = true;
+    }
+  if (!done)
+    linear_backward_cpu(dx, g.weight(p), g.bias(p), dy, x, w.weight(p), run.N, r.in, r.out,
+                        accumulate_dx);
+  if (w.lora != nullptr)
+    lora_backward_cpu(dx, dy, x, (*w.lora)[p], w.lora->scale, run.N, r.in, r.out);
 }
 
 template <typename T>

@@ -3,10 +3,15 @@
 // Shared by the trainer (model/transformer.cpp: params and grads) and the generation engine.
 #pragma once
 
+#include <type_traits>
+
 #include "model/layout.h"
 #include "model/projections.h"
 
 namespace rlhf::model {
+
+template <typename T>
+struct LoraLayerView;  // model/lora.h
 
 /// The tensors of a decoder layer inside a unit buffer `base` laid out as `u` (params or grads;
 /// P = float, const float, double, ...). Each projection of the table (model/projections.h) is a
@@ -16,7 +21,12 @@ namespace rlhf::model {
 /// a required tensor is missing from `u`.
 template <typename P>
 struct LayerParams {
-  P *wq, *bq, *wk, *bk, *wv, *bv, *wo, *bo, *q_norm, *k_norm, *wg, *wu, *wd, *w_in, *w_post;
+  P *wq = nullptr, *bq = nullptr, *wk = nullptr, *bk = nullptr, *wv = nullptr, *bv = nullptr,
+    *wo = nullptr, *bo = nullptr, *q_norm = nullptr, *k_norm = nullptr, *wg = nullptr,
+    *wu = nullptr, *wd = nullptr, *w_in = nullptr, *w_post = nullptr;
+  /// The layer's LoRA adapters (model/lora.h), set on the parameter view only; nullptr: none
+  /// (or switched off: the reference policy). The projection call sites read it.
+  const LoraLayerView<std::remove_const_t<P>>* lora = nullptr;
   LayerParams() = default;
   LayerParams(const UnitLayout& u, P* base) {
     auto opt = [&](const char* s) -> P* {
@@ -97,7 +107,8 @@ LmHead<W, G> acquire_lm_head(Provider& p, const ParamLayout& layout, const W* hp
   if (!layout.config().tie_word_embeddings)
     return {hp + r.offset, hg != nullptr ? hg + r.offset : nullptr, false};
   const W* w = p.acquire_params(r.unit) + r.offset;
-  return {w, hg != nullptr ? p.acquire_grads(r.unit) + r.offset : nullptr, true};
+  G* g = hg != nullptr ? p.acquire_grads(r.unit) : nullptr;
+  return {w, g != nullptr ? g + r.offset : nullptr, true};
 }
 
 }  // namespace rlhf::model

@@ -186,7 +186,12 @@ template <typename T>
 void Transformer<T>::layer_forward(const T* params, int l, const T* x_in, T* x_out, LayerActs<T>& a,
                                    const int32_t* pos) {
   const int u = layout_.layer_unit(l);
-  const LayerParams<const T> w(layout_.unit(u), params);
+  LayerParams<const T> w(layout_.unit(u), params);
+  LoraLayerView<T> lora;
+  if (lora_active()) {
+    lora = lora_layer_view<T>(*lora_layout_, l, lora_params_, nullptr);
+    w.lora = &lora;
+  }
   LayerRun<T> run = layer_run(a, pos);
   if constexpr (std::is_same_v<T, float>)
     if (bf16_) {
@@ -280,8 +285,8 @@ void Transformer<T>::head_backward_common(UnitProvider<T>& p, const T* head_para
   const UnitLayout& hu = layout_.unit(layout_.head_unit());
   const int64_t norm_off = hu.at("model.norm.weight").offset;
   std::fill(dres_.begin(), dres_.begin() + N_ * C_, T(0));
-  rmsnorm_backward_cpu(dres_.data(), head_grads + norm_off, dlnf_.data(), x_last(),
-                       head_params + norm_off, rstdf_.data(), N_, C_);
+  rmsnorm_backward_cpu(dres_.data(), head_grads != nullptr ? head_grads + norm_off : nullptr,
+                       dlnf_.data(), x_last(), head_params + norm_off, rstdf_.data(), N_, C_);
   p.release_grads(layout_.head_unit());
   p.release_params(layout_.head_unit());
   trunk_backward(p, dres_.data());
@@ -347,8 +352,8 @@ void Transformer<T>::backward_scalar(UnitProvider<T>& p, const T* dvalues) {
   const T* hp = p.acquire_params(hu);
   T* hg = p.acquire_grads(hu);
   const int64_t off = layout_.unit(hu).at("score.weight").offset;
-  head_linear_backward(dlnf_.data(), hg + off, dvalues, lnf_.data(), hp + off, N_, C_, int64_t(1),
-                       kHeadKeyScore);
+  head_linear_backward(dlnf_.data(), hg != nullptr ? hg + off : nullptr, dvalues, lnf_.data(),
+                       hp + off, N_, C_, int64_t(1), kHeadKeyScore);
   head_backward_common(p, hp, hg);
 }
 
@@ -359,8 +364,14 @@ template <typename T>
 void Transformer<T>::layer_backward(const T* params, T* grads, int l, const T* x_in,
                                     LayerActs<T>& a, T* dres) {
   const UnitLayout& u = layout_.unit(layout_.layer_unit(l));
-  const LayerParams<const T> w(u, params);
-  const LayerParams<T> g(u, grads);
+  LayerParams<const T> w(u, params);
+  // A frozen base (LoRA) hands out no gradient buffer: every base gradient is skipped.
+  const LayerParams<T> g = grads != nullptr ? LayerParams<T>(u, grads) : LayerParams<T>();
+  LoraLayerView<T> lora;
+  if (lora_active()) {
+    lora = lora_layer_view<T>(*lora_layout_, l, lora_params_, lora_grads_);
+    w.lora = &lora;
+  }
   LayerGradScratch<T> d;
   carve(d, layer_grad_table(spec_), N_, dlayer_.data(), static_cast<T*>(nullptr), kGradAlign);
   const T* att = a.att;
@@ -385,8 +396,9 @@ void Transformer<T>::trunk_backward(UnitProvider<T>& p, T* dres) {
   backward_layers(p, dres);
   const int eu = layout_.embedding_unit();
   T* eg = p.acquire_grads(eu);
-  embedding_backward_cpu(eg + layout_.unit(eu).at("embed_tokens.weight").offset, dres,
-                         tokens_.data(), N_, C_, V_);
+  if (eg != nullptr)
+    embedding_backward_cpu(eg + layout_.unit(eu).at("embed_tokens.weight").offset, dres,
+                           tokens_.data(), N_, C_, V_);
   p.release_grads(eu);
 }
 

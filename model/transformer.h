@@ -11,6 +11,7 @@
 #include "model/forward_batch.h"
 #include "model/layer_bf16.h"
 #include "model/layout.h"
+#include "model/lora.h"
 #include "model/model_loop.h"
 #include "model/provider.h"
 
@@ -84,6 +85,21 @@ class Transformer : public ModelLoop<Transformer<T>, T, LayerActs<T>> {
   /// Bytes of activation memory currently allocated (for the memory report).
   int64_t activation_bytes() const;
 
+  /// Runs every layer with LoRA adapters (model/lora.h): params is the flat adapter buffer
+  /// (layout->numel() elements), grads its gradient buffer (accumulated += by backward; nullptr:
+  /// none). The pointers must stay valid while the adapters are set; layout nullptr removes them.
+  /// The base weights' gradients are whatever the provider's acquire_grads returns: nullptr (a
+  /// frozen base, the LoRA case) skips every base gradient.
+  void set_lora(const LoraLayout* layout, const T* params, T* grads) {
+    lora_layout_ = layout;
+    lora_params_ = params;
+    lora_grads_ = grads;
+  }
+  /// Switches the adapters off (false: the passes run the base weights alone — the reference
+  /// policy) or back on. No effect without set_lora.
+  void set_lora_enabled(bool on) { lora_on_ = on; }
+  bool lora_active() const { return lora_layout_ != nullptr && lora_on_; }
+
  private:
   // Each backward scratch buffer starts on a multiple of this many elements (256 bytes of float).
   static constexpr int64_t kGradAlign = 64;
@@ -127,6 +143,10 @@ class Transformer : public ModelLoop<Transformer<T>, T, LayerActs<T>> {
   std::vector<T> rope_cos_, rope_sin_;  // (max_pos, D/2)
   std::vector<int32_t> tokens_, targets_, pos_;
   T inv_temperature_ = T(1);
+  const LoraLayout* lora_layout_ = nullptr;
+  const T* lora_params_ = nullptr;
+  T* lora_grads_ = nullptr;
+  bool lora_on_ = true;
 
   // Activation storage, sized by reserve(): residual stream (L+1, N, C), per-layer activations
   // (L or 1 sets), final norm, head output.

@@ -5,6 +5,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "core/memory.h"
+#include "parallel/lora_store.h"
 #include "parallel/zero3.h"
 
 #include "model/transformer.h"
@@ -41,6 +42,10 @@ void TrainModel::forward_scalar_sweep(const std::vector<ForwardBatch>& batches) 
   for (const ForwardBatch& b : batches) forward_scalar(b.tokens, b.B, b.seq_len, b.out, false);
 }
 
+void TrainModel::set_adapters_enabled(bool) {
+  RLHF_FAIL("internal error: switching LoRA adapters on a model without adapters");
+}
+
 namespace {
 
 // The batches of [first[g], first[g+1]) for each group of sweep_groups.
@@ -58,7 +63,20 @@ class BoundModel final : public TrainModel {
  public:
   BoundModel(std::unique_ptr<Store> store, bool checkpointing, const char* device, bool bf16)
       : store_(std::move(store)), net_(store_->layout(), checkpointing), device_(device) {
-    if constexpr (std::is_same_v<Net, model::Transformer<float>>) net_.set_bf16(bf16);
+    if constexpr (std::is_same_v<Net, model::Transformer<float>>) {
+      net_.set_bf16(bf16);
+      if (auto* ls = dynamic_cast<LoraStore*>(store_.get())) {
+        net_.set_lora(&ls->lora_layout(), ls->adapters(), ls->adapter_grads());
+        lora_ = true;
+      }
+    }
+  }
+  bool has_adapters() const override { return lora_; }
+  void set_adapters_enabled(bool on) override {
+    if constexpr (std::is_same_v<Net, model::Transformer<float>>) {
+      if (lora_) return net_.set_lora_enabled(on);
+    }
+    TrainModel::set_adapters_enabled(on);
   }
   ParamStore& store() override { return *store_; }
   const char* device() const override { return device_; }
@@ -97,6 +115,7 @@ class BoundModel final : public TrainModel {
   std::unique_ptr<Store> store_;
   Net net_;
   const char* device_;
+  bool lora_ = false;
 };
 
 }  // namespace
@@ -120,6 +139,13 @@ std::unique_ptr<TrainModel> make_cuda_train_model(std::unique_ptr<DeviceZero3Sto
 std::unique_ptr<TrainModel> make_train_model(const model::ParamLayout& layout, TrainRuntime& rt,
                                              const ZeroOptions& z, bool frozen) {
   RLHF_ASSERT(rt.train_comm != nullptr);
+  if (z.lora.enabled() && !frozen) {
+    RLHF_CHECK(layout.head() == model::HeadKind::kLM,
+               "--lora_rank {}: LoRA trains models with an LM head (sft, the grpo/ppo actor); a "
+               "{} head would stay frozen (train it without --lora_rank)",
+               z.lora.rank, model::to_string(layout.head()));
+    return make_lora_train_model(layout, rt, z, z.lora, 0);
+  }
   const bool checkpointing = z.gradient_checkpointing && !frozen;
   if (rt.device == Device::kCuda) {
 #ifdef RLHF_CUDA
@@ -144,6 +170,22 @@ std::unique_ptr<TrainModel> make_train_model(const model::ParamLayout& layout, T
     store = make_param_store(layout, *rt.train_comm, z);
   }
   return make_cpu_train_model(std::move(store), checkpointing, rt.bf16);
+}
+
+std::unique_ptr<TrainModel> make_lora_train_model(const model::ParamLayout& layout,
+                                                  TrainRuntime& rt, const ZeroOptions& z,
+                                                  const model::LoraConfig& lora, uint64_t seed) {
+  RLHF_ASSERT(rt.train_comm != nullptr);
+  RLHF_CHECK(rt.device != Device::kCuda,
+             "--lora_rank {} with --device cuda: LoRA runs on the CPU backend only for now",
+             lora.rank);
+  Zero3Options f;
+  f.frozen = true;
+  f.keep_params_for_backward = z.zero_keep_params;
+  auto base = std::make_unique<Zero3Store>(layout, *rt.train_comm, f);
+  return make_cpu_train_model(
+      std::make_unique<LoraStore>(std::move(base), lora, *rt.train_comm, seed),
+      z.gradient_checkpointing, rt.bf16);
 }
 
 std::unique_ptr<ParamStore> make_param_store(const model::ParamLayout& layout, Comm& comm,

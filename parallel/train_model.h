@@ -10,6 +10,7 @@
 
 #include "model/forward_batch.h"
 #include "model/layout.h"
+#include "model/lora.h"
 #include "parallel/param_store.h"
 #include "parallel/runtime.h"
 
@@ -62,6 +63,12 @@ class TrainModel {
   virtual void forward_scalar_sweep(const std::vector<ForwardBatch>& batches);
   /// Bytes of activation memory (host or device) the model currently holds.
   virtual int64_t activation_bytes() const = 0;
+  /// True for a LoRA model (make_lora_train_model): a frozen base with trained adapters.
+  virtual bool has_adapters() const { return false; }
+  /// LoRA: the passes run with the adapters (true, the policy) or the base alone (false, the
+  /// reference policy: the same weights, no second copy). Throws rlhf::Error on a model without
+  /// adapters.
+  virtual void set_adapters_enabled(bool on);
 };
 
 /// The CPU model over `store` (any ParamStore with a host provider); bf16: its GEMMs compute in
@@ -81,6 +88,9 @@ struct ZeroOptions {
   bool adam_offload = false;            ///< --adam_offload: Adam state + step on the host
   bool gradient_checkpointing = false;  ///< --gradient_checkpointing: recompute activations
   bool zero_keep_params = false;        ///< --zero_keep_params: keep forward's gathers
+  /// --lora_rank, --lora_alpha, --target_modules, --lora_dropout: rank 0 trains every weight;
+  /// rank > 0 freezes the base and trains LoRA adapters (make_lora_train_model).
+  model::LoraConfig lora;
 };
 
 /// The training state for z.zero_stage: ZeRO-3 shards (with adam_offload, zero_keep_params), or
@@ -91,9 +101,10 @@ std::unique_ptr<ParamStore> make_param_store(const model::ParamLayout& layout, C
 
 /// The model a training command trains (or scores with, frozen) on rt's device: on the CPU the
 /// store of make_param_store (frozen: a weights-only ZeRO-3 store) with Transformer<float> (in
-/// bf16 when rt.bf16); on
-/// the GPU a DeviceZero3Store over rt.device_comm with TransformerCuda. Call on training ranks
-/// only. Throws rlhf::Error for --zero_stage 0 on the GPU.
+/// bf16 when rt.bf16); on the GPU a DeviceZero3Store over rt.device_comm with TransformerCuda.
+/// With z.lora enabled and not frozen: make_lora_train_model (parallel/lora_store.h). Call on
+/// training ranks only. Throws rlhf::Error for --zero_stage 0 on the GPU, and for LoRA on a model
+/// with a value or reward head (its head would stay frozen) or on the GPU.
 std::unique_ptr<TrainModel> make_train_model(const model::ParamLayout& layout, TrainRuntime& rt,
                                              const ZeroOptions& z, bool frozen = false);
 

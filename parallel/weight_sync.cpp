@@ -159,6 +159,30 @@ SyncStats WeightSync::sync(const ParamStore* source, const std::vector<float*>& 
   return st;
 }
 
+SyncStats WeightSync::sync_adapters(const float* src, float* dst, int64_t n) {
+  RLHF_CHECK(!trains_ || src != nullptr, "adapter sync: a training rank must pass its adapters");
+  RLHF_CHECK(!generates_ || dst != nullptr, "adapter sync: an engine rank must pass its buffer");
+  RLHF_CHECK(n <= std::numeric_limits<int>::max(), "adapter sync: {} floats is too large", n);
+  WatchScope watch("adapter sync", "world");
+  SyncStats st;
+  st.mode = colocated_ ? "colocated" : "disaggregated";
+  st.buckets = 1;
+  st.bytes = n * int64_t(sizeof(float));
+  const double t0 = now_s();
+  if (colocated_) {
+    std::memcpy(dst, src, sizeof(float) * size_t(n));
+  } else if (trains_) {
+    const int root = train_comm_->rank() == 0 ? MPI_ROOT : MPI_PROC_NULL;
+    MPI_CHECK(MPI_Bcast(const_cast<float*>(src), int(n), MPI_FLOAT, root, inter_));
+  } else {
+    MPI_CHECK(MPI_Bcast(dst, int(n), MPI_FLOAT, 0, inter_));
+  }
+  st.seconds = max_over_world(topo_.world(), now_s() - t0);
+  st.algbw_GBps = st.seconds > 0 ? double(st.bytes) / st.seconds / 1e9 : 0;
+  st.busbw_GBps = st.algbw_GBps;
+  return st;
+}
+
 double WeightSync::reference_all_gather_seconds(int iters) {
   const int64_t total = shard_layout_.total_padded();
   const int64_t per_rank = total / n_train_;

@@ -87,6 +87,14 @@ class WeightSync {
   double reference_device_all_gather_seconds(Comm* nccl, int iters = 3);
 #endif
 
+  /// LoRA: the adapters' flat buffer (n floats, whole on every training rank: parallel::LoraStore)
+  /// into every engine's adapter buffer — the only weights that change during a LoRA run, so the
+  /// bytes are ∝ r. Colocated: a local copy on each rank; disaggregated: one MPI_Bcast on the
+  /// intercommunicator from the first training rank. Training ranks pass src (dst may be
+  /// nullptr when the rank has no engine), generation-only ranks dst. SyncStats::bytes = 4·n,
+  /// buckets 1. Collective over the world.
+  SyncStats sync_adapters(const float* src, float* dst, int64_t n);
+
   /// The plain-collective reference for the benchmark: one all-gather of the same total bytes on
   /// the same communicator (train_comm, or the intercommunicator): one untimed call (it touches
   /// the receive buffer, as the engine buffers are touched), then the fastest of `iters` timed

@@ -9,6 +9,7 @@
 #include "io/h5_verify.h"
 #include "io/hdf5_ckpt.h"
 #include "io/tokenizer_hdf5.h"
+#include "parallel/lora_store.h"
 
 namespace rlhf::rl {
 
@@ -48,6 +49,80 @@ std::vector<std::string> list_checkpoints(const std::string& dir) {
   return out;
 }
 
+namespace {
+
+// The LoRA settings a checkpoint's slot records (and a resume must match).
+nlohmann::json lora_json(const model::LoraConfig& c) {
+  return {{"r", c.rank},
+          {"lora_alpha", c.alpha},
+          {"target_modules", model::target_modules_string(c.targets)}};
+}
+
+// A LoRA slot: the adapters (under /<group>/<adapter tensor name>) and their moments only. The
+// frozen base is not stored: the group's "lora" attribute records that the base weights are the
+// run's --pretrain (or --model_config init), which a resumed run loads again.
+void save_lora_slot(io::CheckpointWriter* w, const CheckpointSlot& s, parallel::LoraStore& ls) {
+  const model::LoraLayout& ll = ls.lora_layout();
+  std::vector<float> m(size_t(ll.numel())), v(m.size());
+  if (s.optimizer) ls.gather_adapter_moments(m.data(), v.data());  // collective
+  if (w == nullptr) return;
+  const std::string g = "/" + s.group;
+  nlohmann::json attr = lora_json(ll.config());
+  attr["base"] = "not stored: the run's --pretrain / --model_config";
+  w->write_string_attr(g, "lora", attr.dump());
+  for (const model::TensorInfo& t : ll.tensors()) {
+    w->write_dataset<float>(g + "/" + t.name, ls.adapters() + t.offset, t.shape);
+    if (!s.optimizer) continue;
+    w->write_dataset<float>("/optimizer/" + s.group + "/m/" + t.name, m.data() + t.offset, t.shape);
+    w->write_dataset<float>("/optimizer/" + s.group + "/v/" + t.name, v.data() + t.offset, t.shape);
+  }
+}
+
+void load_lora_slot(io::CheckpointReader& r, const std::string& path, const CheckpointSlot& s,
+                    parallel::LoraStore& ls) {
+  const model::LoraLayout& ll = ls.lora_layout();
+  const std::string g = "/" + s.group;
+  RLHF_CHECK(r.has_attr(g, "lora"),
+             "{}: {} holds a full model, this run trains LoRA adapters (--lora_rank {})", path, g,
+             ll.config().rank);
+  nlohmann::json stored = nlohmann::json::parse(r.read_string_attr(g, "lora"));
+  stored.erase("base");
+  RLHF_CHECK(stored == lora_json(ll.config()), "{}: {} was saved with LoRA {}, this run has {}",
+             path, g, stored.dump(), lora_json(ll.config()).dump());
+  std::vector<float> p(size_t(ll.numel()), 0.0f), m(p.size(), 0.0f), v(p.size(), 0.0f);
+  for (const model::TensorInfo& t : ll.tensors()) {
+    r.read_dataset<float>(g + "/" + t.name, p.data() + t.offset, t.shape);
+    if (!s.optimizer) continue;
+    r.read_dataset<float>("/optimizer/" + s.group + "/m/" + t.name, m.data() + t.offset, t.shape);
+    r.read_dataset<float>("/optimizer/" + s.group + "/v/" + t.name, v.data() + t.offset, t.shape);
+  }
+  ls.load_adapters(p.data());
+  if (s.optimizer) ls.load_adapter_moments(m.data(), v.data());
+}
+
+}  // namespace
+
+LoraCheckpoint read_lora_checkpoint(const std::string& path) {
+  io::CheckpointReader r(path);
+  io::check_checkpoint_format(r);
+  RLHF_CHECK(r.exists("/model") && r.has_attr("/model", "lora"),
+             "{}: not a LoRA training checkpoint (its /model group has no adapters)", path);
+  LoraCheckpoint out;
+  out.config =
+      model::ModelConfig::from_json(nlohmann::json::parse(r.read_string_attr("/model", "config")),
+                                    path + ":/model", model::ConfigKeys::kHuggingFace);
+  const nlohmann::json j = nlohmann::json::parse(r.read_string_attr("/model", "lora"));
+  out.lora.rank = j.at("r").get<int>();
+  out.lora.alpha = j.at("lora_alpha").get<double>();
+  out.lora.targets = model::parse_target_modules(j.at("target_modules").get<std::string>());
+  const model::LoraLayout ll(model::layer_spec(out.config), int(out.config.num_hidden_layers),
+                             out.lora);
+  out.adapters.assign(size_t(ll.numel()), 0.0f);
+  for (const model::TensorInfo& t : ll.tensors())
+    r.read_dataset<float>("/model/" + t.name, out.adapters.data() + t.offset, t.shape);
+  return out;
+}
+
 std::string hf_checkpoint_dir(const std::string& ckpt_file) {
   const fs::path p(ckpt_file);
   return (p.parent_path() / (p.stem().string() + "_hf")).string();
@@ -69,6 +144,10 @@ void save_train_checkpoint(const std::string& path, const std::vector<Checkpoint
         w->create_group("/optimizer/" + s.group + "/m");
         w->create_group("/optimizer/" + s.group + "/v");
       }
+    }
+    if (auto* ls = dynamic_cast<parallel::LoraStore*>(s.store)) {
+      save_lora_slot(w.get(), s, *ls);
+      continue;
     }
     std::vector<float> full, m, v;
     for (int u = 0; u < layout.num_units(); ++u) {
@@ -137,6 +216,12 @@ nlohmann::json load_train_checkpoint(const std::string& path,
                                       path + ":" + g, model::ConfigKeys::kHuggingFace);
     RLHF_CHECK(stored.to_json() == layout.config().to_json(),
                "{}: {} was saved for a different model config", path, g);
+    if (auto* ls = dynamic_cast<parallel::LoraStore*>(s.store)) {
+      load_lora_slot(r, path, s, *ls);
+      continue;
+    }
+    RLHF_CHECK(!r.has_attr(g, "lora"),
+               "{}: {} holds LoRA adapters; resume it with the same --lora_rank", path, g);
     std::vector<float> full, m, v;
     for (int u = 0; u < layout.num_units(); ++u) {
       const model::UnitLayout& unit = layout.unit(u);

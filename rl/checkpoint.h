@@ -20,6 +20,8 @@
 #include <vector>
 
 #include "io/tokenizer.h"
+#include "model/config.h"
+#include "model/lora.h"
 #include "parallel/param_store.h"
 
 namespace rlhf::rl {
@@ -40,6 +42,16 @@ struct CheckpointSlot {
 void save_train_checkpoint(const std::string& path, const std::vector<CheckpointSlot>& slots,
                            const nlohmann::json& trainer_state, bool writer, int max_keep,
                            const io::Tokenizer* tokenizer = nullptr);
+
+/// The adapters of a LoRA training checkpoint (save_train_checkpoint of a LoRA store): the model
+/// config, the LoRA settings and the flat adapter buffer (model::LoraLayout of both).
+struct LoraCheckpoint {
+  model::ModelConfig config;
+  model::LoraConfig lora;
+  std::vector<float> adapters;
+};
+/// Reads them; throws rlhf::Error naming `path` when it is not a LoRA training checkpoint.
+LoraCheckpoint read_lora_checkpoint(const std::string& path);
 
 /// The Hugging Face folder written next to checkpoint `ckpt_file` by --save_hf_ckpt:
 /// `<dir>/step_<k>.h5` → `<dir>/step_<k>_hf` (OpenRLHF writes `<ckpt_path>/<tag>_hf`).

@@ -12,6 +12,7 @@
 #include "io/metrics.h"
 #include "io/model_source.h"
 #include "optim/schedule.h"
+#include "parallel/lora_store.h"
 #include "parallel/preemption.h"
 #include "parallel/weight_sync.h"
 #include "rl/checkpoint.h"
@@ -42,7 +43,10 @@ Models build_models(const RlRunConfig& c, parallel::TrainRuntime& rt, const io::
   Models m;
   m.actor = parallel::make_train_model(layout, rt, c.zero);
   initialize_weights(m.actor->store(), src, seed);
-  if (with_ref) {
+  if (with_ref && m.actor->has_adapters()) {
+    // LoRA: the reference policy is the actor's own base weights, adapters off — no copy.
+    m.ref = parallel::adapters_off_view(*m.actor);
+  } else if (with_ref) {
     m.ref = parallel::make_train_model(layout, rt, c.zero, /*frozen=*/true);
     initialize_weights(m.ref->store(), src, seed);
   }
@@ -63,7 +67,10 @@ Models build_models(const RlRunConfig& c, parallel::TrainRuntime& rt, const io::
     const io::ModelSource csrc = io::resolve_model_source(pre.empty() ? c.model_config : "", pre,
                                                           "", model::HeadKind::kValue);
     const model::ParamLayout cl(csrc.config, model::HeadKind::kValue);
-    m.critic = parallel::make_train_model(cl, rt, c.zero);
+    // The critic trains every weight (its value head is new); --lora_rank applies to the actor.
+    parallel::ZeroOptions cz = c.zero;
+    cz.lora = {};
+    m.critic = parallel::make_train_model(cl, rt, cz);
     initialize_weights(m.critic->store(), csrc, seed + 1);
   }
   return m;
@@ -223,6 +230,7 @@ int run_rl(const RlRunConfig& c) {
     eo.eos_token_id = tokenizer->eos_id();
     eo.unit_room = parallel::WeightSync::engine_unit_room(layout, n_train);
     engine = std::make_unique<rollout::Engine>(layout, eo);
+    if (c.zero.lora.enabled()) engine->set_lora(c.zero.lora);
   }
   // Multi-turn episodes: one environment per generation rank (a program started now).
   std::unique_ptr<Environment> env;
@@ -300,6 +308,15 @@ int run_rl(const RlRunConfig& c) {
   // Colocated GPU ranks sync device to device (NCCL gathers of the bf16 shards straight into the
   // engines' device weights); every other placement goes through the engines' host buffers.
   const bool device_sync = rt.device == parallel::Device::kCuda && pl.colocated();
+  const bool lora = c.zero.lora.enabled();
+  RLHF_CHECK(!lora || !device_sync,
+             "--lora_rank with --device cuda: LoRA runs on the CPU backend only for now");
+  bool base_synced = false;
+  const int64_t lora_numel =
+      lora ? model::LoraLayout(model::layer_spec(layout.config()),
+                               int(layout.config().num_hidden_layers), c.zero.lora)
+                 .numel()
+           : 0;
   parts.sync_weights = [&]() -> parallel::SyncStats {
     if (device_sync) {
 #ifdef RLHF_CUDA
@@ -310,6 +327,24 @@ int run_rl(const RlRunConfig& c) {
       engine->device_weights_updated();
       return ss;
 #endif
+    }
+    if (lora) {
+      // LoRA: the frozen base once, then only the adapters (bytes ∝ r).
+      parallel::SyncStats ss;
+      if (!base_synced)
+        ss = sync.sync(m.actor ? &m.actor->store() : nullptr,
+                       engine ? engine->unit_buffers() : std::vector<float*>());
+      base_synced = true;
+      auto* ls = m.actor ? dynamic_cast<parallel::LoraStore*>(&m.actor->store()) : nullptr;
+      const parallel::SyncStats as = sync.sync_adapters(
+          ls ? ls->adapters() : nullptr, engine ? engine->lora_buffer() : nullptr, lora_numel);
+      ss.mode = as.mode;
+      ss.buckets += as.buckets;
+      ss.bytes += as.bytes;
+      ss.seconds += as.seconds;
+      ss.algbw_GBps = ss.seconds > 0 ? double(ss.bytes) / ss.seconds / 1e9 : 0;
+      ss.busbw_GBps = as.busbw_GBps;
+      return ss;
     }
     return sync.sync(m.actor ? &m.actor->store() : nullptr,
                      engine ? engine->unit_buffers() : std::vector<float*>());
@@ -336,6 +371,13 @@ int run_rl(const RlRunConfig& c) {
             src.config.model_type, layout.num_parameters(), src.describe(),
             with_critic ? "yes" : "no", with_ref ? "yes" : "no", c.reward,
             c.reward_pretrain.empty() ? "" : " + model " + c.reward_pretrain);
+  if (lora)
+    LOG0_INFO(
+        "{} (base frozen; the reference policy is the base, adapters off; engines get the "
+        "adapters only)",
+        model::LoraLayout(model::layer_spec(layout.config()),
+                          int(layout.config().num_hidden_layers), c.zero.lora)
+            .describe());
   LOG0_INFO(
       "{} engines, {} training ranks | {} prompts, {} per step x {} samples | {} steps "
       "({} per episode) | {} optimizer steps per RL step",

@@ -12,6 +12,7 @@
 #include "io/model_source.h"
 #include "io/tokenizer.h"
 #include "model/flops.h"
+#include "parallel/lora_store.h"
 #include "parallel/preemption.h"
 #include "rl/weights.h"
 
@@ -141,6 +142,9 @@ int run_sft(const SftConfig& c) {
             layout.num_parameters(), cfg.num_hidden_layers, cfg.hidden_size,
             cfg.num_attention_heads, cfg.num_key_value_heads, src.describe());
   LOG0_INFO("tokenizer: {}", tokenizer->name());
+  if (auto* ls = dynamic_cast<parallel::LoraStore*>(&net->store()))
+    LOG0_INFO("{} (base frozen; the saved model is the merged W + (alpha/r)·B·A)",
+              ls->lora_layout().describe());
   LOG0_INFO("data: {} ({}) | {}", c.dataset, data.format, data.stats.summary());
   LOG0_INFO(
       "training: {} steps ({} per epoch x {} epochs) | batch {} = {} rank(s) x {} micro x {} "

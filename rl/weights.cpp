@@ -8,9 +8,11 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "io/hdf5_ckpt.h"
+#include "io/peft_adapter.h"
 #include "io/pretrained.h"
 #include "io/tokenizer_hdf5.h"
 #include "model/init.h"
+#include "parallel/lora_store.h"
 
 namespace rlhf::rl {
 
@@ -38,6 +40,16 @@ void initialize_weights(parallel::ParamStore& store, const io::ModelSource& src,
       }
     }
     store.load_unit(u, full.data());
+  }
+  // LoRA: the --lora_path adapter, else fresh adapters (PEFT's init) from the run's seed.
+  if (auto* ls = dynamic_cast<parallel::LoraStore*>(&store)) {
+    const model::LoraLayout& ll = ls->lora_layout();
+    if (ll.config().path.empty()) {
+      ls->init_adapters(seed);
+    } else {
+      ls->load_adapters(io::read_peft_adapter_weights(ll.config().path, ll).data());
+      LOG0_INFO("LoRA adapters from {}", ll.config().path);
+    }
   }
 }
 
@@ -112,6 +124,11 @@ void save_hf_model(parallel::ParamStore& store, const std::string& dir, int rank
   LOG0_INFO("saved Hugging Face folder {}", dir);
 }
 
+std::string lora_adapter_dir(const std::string& model_path) {
+  const std::filesystem::path p(model_path);
+  return (p.parent_path() / (p.stem().string() + "_adapter")).string();
+}
+
 uint64_t save_model(parallel::ParamStore& store, const std::string& path, int rank,
                     const io::Tokenizer* tokenizer) {
   const model::ParamLayout& layout = store.layout();
@@ -132,6 +149,11 @@ uint64_t save_model(parallel::ParamStore& store, const std::string& path, int ra
   if (tokenizer != nullptr) io::write_tokenizer_hdf5(w, *tokenizer);
   w.commit();
   LOG0_INFO("saved {} | weights fingerprint {:016x}", path, h);
+  if (auto* ls = dynamic_cast<parallel::LoraStore*>(&store)) {
+    const std::string dir = lora_adapter_dir(path);
+    io::write_peft_adapter(dir, ls->lora_layout(), ls->adapters(), "");
+    LOG0_INFO("saved the LoRA adapter (PEFT) {}", dir);
+  }
   return h;
 }
 

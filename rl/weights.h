@@ -14,14 +14,21 @@ namespace rlhf::rl {
 
 /// Fills the store's master weights: from the pretrained model (shapes checked) or a deterministic
 /// random init with `seed` (the same weights for any rank count). A value/reward model started
-/// from an LM keeps the trunk and the final norm and initialises score.weight randomly.
+/// from an LM keeps the trunk and the final norm and initialises score.weight randomly. A LoRA
+/// store (parallel/lora_store.h) also gets its adapters: the PEFT folder of its config's path
+/// (--lora_path), else fresh ones (model::lora_init with `seed`).
 /// Collective over the store's communicator.
 void initialize_weights(parallel::ParamStore& store, const io::ModelSource& src, uint64_t seed);
 
 /// Writes the store's consolidated model to `path` (HDF5, .tmp + rename) from rank 0; collective.
-/// With a tokenizer, its files go under /tokenizer so the checkpoint restores it.
+/// With a tokenizer, its files go under /tokenizer so the checkpoint restores it. A LoRA store
+/// (parallel/lora_store.h) writes the merged model there and its adapter as a PEFT folder,
+/// lora_adapter_dir(path).
 /// Returns (and rank 0 logs) a fingerprint of the weights: FNV-1a 64 over the fp32 bytes of every
 /// tensor in layout order — equal fingerprints mean bit-identical weights.
+/// Where save_model puts a LoRA run's PEFT adapter: "<dir>/model.h5" -> "<dir>/model_adapter".
+std::string lora_adapter_dir(const std::string& model_path);
+
 uint64_t save_model(parallel::ParamStore& store, const std::string& path, int rank,
                     const io::Tokenizer* tokenizer = nullptr);
 

@@ -130,6 +130,17 @@ class CpuBackend final : public EngineBackend {
     return bf16_ ? int64_t(sizeof(model::bfloat16)) : int64_t(sizeof(float));
   }
 
+  void set_lora(const model::LoraLayout* layout, const float* adapters) override {
+    RLHF_CHECK(layout == nullptr || tp_.size == 1,
+               "--lora_rank with --vllm_tensor_parallel_size {}: a tensor-parallel engine does not "
+               "apply LoRA adapters yet",
+               tp_.size);
+    lora_views_.clear();
+    if (layout == nullptr) return;
+    for (int l = 0; l < layout->num_layers(); ++l)
+      lora_views_.push_back(model::lora_layer_view<float>(*layout, l, adapters, nullptr));
+  }
+
   void prepare_weights(bool) override {
     if (tp_.size > 1) slice_weights();  // the unit buffers may have changed (weight sync)
     if (bf16_)
@@ -157,11 +168,14 @@ class CpuBackend final : public EngineBackend {
   void slice_weights();
   void pack_weights();
   void convert_weights_bf16();
-  // Layer l's weights as the unit buffer holds them (this rank's slices under TP).
+  // Layer l's weights as the unit buffer holds them (this rank's slices under TP), with its LoRA
+  // adapters (applied unmerged, beside the base GEMM: the prefill's path, and bf16 decode's).
   LayerW layer_weights(int l) const {
     if (tp_.size > 1) return sliced_[size_t(l)].view;
     const int u = layout_.layer_unit(l);
-    return LayerW(layout_.unit(u), weights_.unit_buffer(u));
+    LayerW w(layout_.unit(u), weights_.unit_buffer(u));
+    if (!lora_views_.empty()) w.lora = &lora_views_[size_t(l)];
+    return w;
   }
   const float* unit_tensor(int u, const char* name) const {
     return weights_.unit_buffer(u) + layout_.unit(u).at(name).offset;
@@ -182,8 +196,10 @@ class CpuBackend final : public EngineBackend {
   std::vector<LayerCopy> packed_;  // the decode copies (linear_decode_pack)
   std::vector<float> packed_head_;
   bool bf16_ = false;
-  std::vector<LayerBf16Copy> bf16_layers_;         // bf16: each layer's linears
-  std::vector<model::bfloat16> packed_head_bf16_;  // bf16: the packed LM head
+  std::vector<LayerBf16Copy> bf16_layers_;               // bf16: each layer's linears
+  std::vector<model::bfloat16> packed_head_bf16_;        // bf16: the packed LM head
+  std::vector<model::LoraLayerView<float>> lora_views_;  // per layer; empty: no adapters
+  std::vector<float> merged_;                            // pack_weights' W + (α/r)·B·A scratch
   Rows decode_rows_, prefill_rows_;
   std::vector<float> logits_;          // (B, V) decode logits
   std::vector<float> patt_, plogits_;  // prefill: attention probabilities, last logits
@@ -229,10 +245,23 @@ void CpuBackend::pack_weights() {
   for (int l = 0; l < c.num_hidden_layers; ++l) {
     LayerCopy& p = packed_[size_t(l)];
     const LayerW w = layer_weights(l);
-    p.view = w;  // the packed linears, with the unpacked norms and biases
+    p.view = w;             // the packed linears, with the unpacked norms and biases
+    p.view.lora = nullptr;  // decode reads the adapters merged into its packed copies
     const auto slots = layer_linears<float>(spec_);
-    for (size_t i = 0; i < slots.size(); ++i)
-      p.view.*slots[i].w = pack(p.w[i], w.*slots[i].w, slots[i].in, slots[i].out);
+    for (size_t i = 0; i < slots.size(); ++i) {
+      const float* src = w.*slots[i].w;
+      const model::LoraProjView<float>* a =
+          w.lora != nullptr ? &(*w.lora)[model::Proj(int(i))] : nullptr;
+      if (a != nullptr && a->A != nullptr) {  // W' = W + (α/r)·B·A, then packed
+        const int64_t n = slots[i].in * slots[i].out;
+        checked_resize(merged_, n, "the engine's merged LoRA weight");
+        std::copy(src, src + n, merged_.begin());
+        model::lora_merge_cpu(merged_.data(), a->A, a->B, w.lora->scale, a->r, slots[i].in,
+                              slots[i].out);
+        src = merged_.data();
+      }
+      p.view.*slots[i].w = pack(p.w[i], src, slots[i].in, slots[i].out);
+    }
   }
   const model::ParamLayout::TensorRef lw = layout_.lm_head_weight();
   pack(packed_head_, weights_.unit_buffer(lw.unit) + lw.offset, c.hidden_size, c.vocab_size);

@@ -16,6 +16,7 @@
 
 #include "model/decoder_layer.h"
 #include "model/layout.h"
+#include "model/lora.h"
 #include "model/ops/cuda_types.h"
 #include "model/provider.h"
 #include "parallel/comm.h"
@@ -228,6 +229,15 @@ class Engine {
   int64_t weight_bytes_per_decode_step() const;
   /// True when the forward passes run on the GPU (options.cuda).
   bool on_gpu() const { return opt_.cuda; }
+  /// LoRA (model/lora.h): the engine's model becomes the unit buffers' base weights with the
+  /// adapters `cfg` lays out, held in lora_buffer() (zero, i.e. the base model, until written:
+  /// WeightSync::sync_adapters). The CPU backend merges them into its packed decode weights at
+  /// every generate() and runs them unmerged beside the prefill GEMMs. Throws rlhf::Error on the
+  /// GPU or with tensor parallelism (not implemented) and from LoraLayout.
+  void set_lora(const model::LoraConfig& cfg);
+  /// The adapters' flat buffer (LoraLayout::numel floats); nullptr before set_lora.
+  float* lora_buffer() { return lora_.empty() ? nullptr : lora_.data(); }
+  int64_t lora_numel() const { return int64_t(lora_.size()); }
 #ifdef RLHF_CUDA
   /// GPU engine: its bf16 device unit buffers (ParamLayout order), what WeightSync::sync_device
   /// writes. After writing them, call device_weights_updated(): generate() then uses them as they
@@ -295,7 +305,9 @@ class Engine {
   TpGroup tp_;
   std::unique_ptr<EngineBackend> backend_;  // runs the model: CPU, or GPU with options.cuda
   std::unique_ptr<Work> work_;
-  bool device_weights_current_ = false;  // the device units were written directly
+  bool device_weights_current_ = false;             // the device units were written directly
+  std::unique_ptr<model::LoraLayout> lora_layout_;  // set_lora
+  std::vector<float> lora_;
   EngineStats stats_;
 };
 

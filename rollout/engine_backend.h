@@ -14,9 +14,11 @@
 #include <memory>
 #include <vector>
 
+#include "core/error.h"
 #include "model/decoder_layer.h"
 #include "model/layer_params.h"
 #include "model/layout.h"
+#include "model/lora.h"
 #include "model/ops/cuda_types.h"
 #include "parallel/comm.h"
 #include "rollout/kv_cache.h"
@@ -131,6 +133,16 @@ class EngineBackend {
 
   /// Bytes of one weight element that a decode step reads (4 for fp32, 2 for bf16).
   virtual int64_t weight_element_bytes() const = 0;
+
+  /// LoRA (model/lora.h): from now on the model is the unit buffers' base weights with the
+  /// adapters of `layout` in `adapters` (layout->numel() floats the engine owns, read at every
+  /// prepare_weights and prefill; nullptr layout: none). This default refuses adapters (throws
+  /// rlhf::Error): the GPU backend has no LoRA yet.
+  virtual void set_lora(const model::LoraLayout* layout, const float* adapters) {
+    (void)adapters;
+    RLHF_CHECK(layout == nullptr,
+               "--lora_rank: the GPU generation engine does not apply LoRA adapters yet");
+  }
 
 #ifdef RLHF_CUDA
   /// A GPU backend's bf16 device unit buffers (ParamLayout order), what a device-to-device weight

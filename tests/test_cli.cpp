@@ -184,7 +184,8 @@ TEST_CASE("cli: every sft option can come from TOML") {
       "max_ckpt_num = 4\nload_checkpoint = true\napply_chat_template = true\n"
       "save_hf_ckpt = true\nuse_tensorboard = \"/tmp/tb\"\nuse_wandb = \"false\"\n"
       "wandb_project = \"p\"\nwandb_group = \"g\"\nwandb_run_name = \"r\"\nwandb_org = \"o\"\n"
-      "param_dtype = \"fp32\"\nbf16 = false\n");
+      "param_dtype = \"fp32\"\nbf16 = false\nlora_rank = 8\nlora_alpha = 32\n"
+      "target_modules = \"q_proj,v_proj\"\nlora_path = \"/tmp/adapter\"\nlora_dropout = 0\n");
   const ParsedCommand p = parse({"sft", "--config", f.str()});
   const app::SftArgs& a = sft(p);
   CHECK(a.data.dataset == "d.jsonl");
@@ -239,6 +240,11 @@ TEST_CASE("cli: every sft option can come from TOML") {
   CHECK(a.tracking.wandb_group == "g");
   CHECK(a.tracking.wandb_run_name == "r");
   CHECK(a.tracking.wandb_org == "o");
+  CHECK(a.lora.lora_rank == 8);
+  CHECK(a.lora.lora_alpha == 32);
+  CHECK(a.lora.target_modules == "q_proj,v_proj");
+  CHECK(a.lora.lora_path == "/tmp/adapter");
+  CHECK(a.lora.lora_dropout == 0);
   // Every option came from the file, except the file itself and --pretrain (exclusive with
   // --model_config).
   for (const auto& row : p.config) {

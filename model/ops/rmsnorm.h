@@ -12,7 +12,8 @@ namespace rlhf::model {
 template <typename T>
 void rmsnorm_forward_cpu(T* y, T* rstd, const T* x, const T* w, int64_t N, int64_t C, double eps);
 
-/// dx += (x is the residual stream: accumulates), dw += (parameter). dy: (N, C).
+/// dx += (x is the residual stream: accumulates), dw += (parameter; skipped when dw is nullptr: a
+/// frozen weight). dy: (N, C).
 template <typename T>
 void rmsnorm_backward_cpu(T* dx, T* dw, const T* dy, const T* x, const T* w, const T* rstd,
                           int64_t N, int64_t C);

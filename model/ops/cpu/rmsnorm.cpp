@@ -42,9 +42,9 @@ void rmsnorm_backward_cpu(T* dx, T* dw, const T* dy, const T* x, const T* w, con
       for (int64_t c = 0; c < C; ++c) dxr[c] += r * w[c] * dyr[c] - k * xr[c];
     }
     // Parameter gradient: columns split across threads, rows summed in order, so the result does
-    // not depend on the thread count.
+    // not depend on the thread count. A frozen weight (dw = nullptr, LoRA) has none.
     constexpr int64_t kBlock = 64;
-    const int64_t nblocks = (C + kBlock - 1) / kBlock;
+    const int64_t nblocks = dw != nullptr ? (C + kBlock - 1) / kBlock : 0;
 #pragma omp for schedule(static)
     for (int64_t b = 0; b < nblocks; ++b) {
       const int64_t c0 = b * kBlock, c1 = std::min(C, c0 + kBlock);
