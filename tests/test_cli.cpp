@@ -184,7 +184,7 @@ TEST_CASE("cli: every sft option can come from TOML") {
       "max_ckpt_num = 4\nload_checkpoint = true\napply_chat_template = true\n"
       "save_hf_ckpt = true\nuse_tensorboard = \"/tmp/tb\"\nuse_wandb = \"false\"\n"
       "wandb_project = \"p\"\nwandb_group = \"g\"\nwandb_run_name = \"r\"\nwandb_org = \"o\"\n"
-      "param_dtype = \"fp32\"\nbf16 = false\n");
+      "param_dtype = \"fp32\"\nbf16 = false\npacking_samples = true\n");
   const ParsedCommand p = parse({"sft", "--config", f.str()});
   const app::SftArgs& a = sft(p);
   CHECK(a.data.dataset == "d.jsonl");
@@ -222,6 +222,7 @@ TEST_CASE("cli: every sft option can come from TOML") {
   CHECK(a.loop.max_steps == 9);
   CHECK(a.common.disable_progress == true);
   CHECK(a.zero.zero_keep_params == true);
+  CHECK(a.zero.packing_samples == true);
   CHECK(a.parallel.comm_backend == "mpi");
   CHECK(a.model.tokenizer == "tok.json");
   CHECK(a.parallel.device == "cpu");
