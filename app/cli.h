@@ -221,6 +221,7 @@ struct ZeroArgs {
   bool adam_offload = false;            ///< --adam_offload: Adam state + step on the host
   bool gradient_checkpointing = false;  ///< --gradient_checkpointing: recompute activations
   bool zero_keep_params = false;        ///< --zero_keep_params: keep forward's gathers for backward
+  bool packing_samples = false;         ///< --packing_samples: micro-batches packed into one row
 
   void bind(OptionSet& o);
 };
@@ -593,6 +594,9 @@ struct BenchArgs {
   std::string gen_batches = "1,8,64";  ///< --gen_batches: generate, the fixed runs' batch sizes
   int64_t gen_long_requests = 256;     ///< --gen_long_requests: generate, ragged run (0 = skip)
   int64_t gen_long_fixed_batch = 8;    ///< --gen_long_fixed_batch: generate, long run (0 = skip)
+  int64_t packing_bench_samples = 32;  ///< --packing_bench_samples: packing, the global batch
+  /// --packing_bench_lengths: packing, lo hi of the uniform sample lengths (tokens)
+  std::array<double, 2> packing_bench_len = {64, 1024};
   void bind(OptionSet& o);
   void validate();
 };

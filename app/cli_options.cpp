@@ -47,7 +47,8 @@ void BenchArgs::bind(OptionSet& o) {
       ->add_option("suite", suites,
                    "Benchmarks to run: train, generate, comm, sync, all (default all); rl "
                    "(minutes: not in all); gemm (sgemm vs oneDNN fp32 vs bf16 at --model_config's "
-                   "shapes, default SmolLM-135M's: not in all)")
+                   "shapes, default SmolLM-135M's: not in all); packing (--packing_samples with "
+                   "token budgets vs padded micro-batches on ragged lengths: not in all)")
       ->type_name("SUITE");
   o.add("model_config", model_config, "Model config for train (\"\" = stories15M shape)");
   o.add("tokens_per_step", tokens_per_step, "Tokens per optimizer step (global)").check(ge(1));
@@ -80,15 +81,24 @@ void BenchArgs::bind(OptionSet& o) {
   o.add("gen_long_fixed_batch", gen_long_fixed_batch,
         "generate: batch of the 1024-token run next to the same batch at 128 (0 = skip)")
       .check(ge(0));
+  o.add("packing_bench_samples", packing_bench_samples,
+        "packing: samples of the global batch (padded micro-batches: --micro_train_batch_size, "
+        "0 = 8)")
+      .check(ge(1));
+  o.add("packing_bench_lengths", packing_bench_len,
+        "packing: lo hi of the uniform sample lengths (tokens)")
+      .check(ge(2));
 }
 
 void BenchArgs::validate() {
   if (suites.empty()) suites = {"all"};
   for (const std::string& s : suites)
     if (s != "train" && s != "generate" && s != "comm" && s != "sync" && s != "rl" && s != "gemm" &&
-        s != "all")
-      usage_fail("unknown benchmark suite '{}'\nhint: train, generate, comm, sync, rl, gemm or all",
-                 s);
+        s != "packing" && s != "all")
+      usage_fail(
+          "unknown benchmark suite '{}'\nhint: train, generate, comm, sync, rl, gemm, packing or "
+          "all",
+          s);
 }
 
 void ModelArgs::bind(OptionSet& o) {
@@ -186,6 +196,9 @@ void ZeroArgs::bind(OptionSet& o) {
   o.add("gradient_checkpointing", gradient_checkpointing, "Recompute activations in backward");
   o.add("zero_keep_params", zero_keep_params,
         "ZeRO-3: keep the units gathered in forward for backward (no second all-gather)");
+  o.add("packing_samples", packing_samples,
+        "Pack each micro-batch's samples into one row without padding (block-diagonal causal "
+        "attention, positions from 0 per sample)");
 }
 
 void LoraArgs::bind(OptionSet& o) {

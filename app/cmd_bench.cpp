@@ -13,6 +13,7 @@
 #include "bench/bench_cuda.h"
 #include "bench/bench_gemm.h"
 #include "bench/bench_generate.h"
+#include "bench/bench_packing.h"
 #include "bench/bench_rl.h"
 #include "bench/bench_sync.h"
 #include "bench/bench_train.h"
@@ -202,6 +203,28 @@ int run_bench(const BenchArgs& args) {
       o.config = io::load_model_config_file(args.model_config);
     }
     bench::run_bench_gemm(o, emit);
+  }
+  if (std::find(args.suites.begin(), args.suites.end(), "packing") != args.suites.end()) {
+    bench::BenchPackingOptions o;
+    if (!args.model_config.empty()) o.config = io::load_model_config_file(args.model_config);
+    if (args.micro_train_batch_size > 0) o.micro_batch = args.micro_train_batch_size;
+    o.samples = args.packing_bench_samples;
+    o.len_lo = static_cast<int64_t>(args.packing_bench_len[0]);
+    o.len_hi = static_cast<int64_t>(args.packing_bench_len[1]);
+    o.steps = args.steps;
+    o.seed = static_cast<uint64_t>(args.common.seed);
+    bench::run_bench_packing(o, [&](const nlohmann::json& row) {
+      emit(row);
+      LOG0_INFO(
+          "bench packing: {} samples of {}-{} tokens ({} real) | padded: {} micro-batches, {} "
+          "tokens, {:.0f} tok/s | packed: {} micro-batches of <= {} tokens, {:.0f} tok/s | "
+          "{:.2f}x",
+          row["samples"].get<int64_t>(), row["len_lo"].get<int64_t>(), row["len_hi"].get<int64_t>(),
+          row["real_tokens"].get<int64_t>(), row["padded_micro_batches"].get<int64_t>(),
+          row["padded_tokens"].get<int64_t>(), row["padded_tokens_per_s"].get<double>(),
+          row["packed_micro_batches"].get<int64_t>(), row["packed_budget"].get<int64_t>(),
+          row["packed_tokens_per_s"].get<double>(), row["speedup"].get<double>());
+    });
   }
   if (std::find(args.suites.begin(), args.suites.end(), "rl") != args.suites.end()) {
     bench::BenchRlOptions o;

@@ -73,6 +73,7 @@ rl::RlRunConfig rl_run_config(const PpoArgs& a, const char* cmd) {
     po.is_hi = a.behav_imp_weight_cap;  // 0: no cap
   }
   po.dynamic_batch = a.use_dynamic_batch;
+  po.packing = a.zero.packing_samples;
   po.train_max_tokens = a.train_max_tokens_per_gpu;
   po.rollout_max_tokens =
       a.rollout_max_tokens_per_gpu > 0 ? a.rollout_max_tokens_per_gpu : a.train_max_tokens_per_gpu;

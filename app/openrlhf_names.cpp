@@ -33,9 +33,6 @@ constexpr const char* kPartial =
 constexpr const char* k4bit = "no quantised (4-bit) training weights";
 constexpr const char* kDsTp =
     "no tensor parallelism in training: ZeRO-3 shards the parameters (--zero_stage 3)";
-constexpr const char* kPacking =
-    "rlhf trains on padded micro-batches of --micro_train_batch_size samples: the same losses "
-    "and gradients, without packing's speed-up";
 constexpr const char* kDynBatch =
     "token-budget micro-batches are grpo and ppo's (--use_dynamic_batch); sft and rm use "
     "--micro_train_batch_size samples: the same gradients";
@@ -168,7 +165,7 @@ constexpr OpenRlhfName kTable[] = {
     ALIAS("ds.zero_stage", "zero_stage"),
     ALIAS("ds.adam_offload", "adam_offload"),
     ALIAS_ELSE_IGNORE("ds.param_dtype", "param_dtype", 1, kParamDtype, kTrain),
-    IGNORE("ds.packing_samples", 0, kPacking, kTrain),
+    ALIAS("ds.packing_samples", "packing_samples"),
     IGNORE("ds.enable_sleep", 0, kSleep, kRl),
     REJECT("ds.ring_attn_size", kRing),
     REJECT("ds.ring_attn_head_stride", kRing),
@@ -228,7 +225,6 @@ constexpr OpenRlhfName kTable[] = {
     IGNORE("vllm_enable_sleep", 0, kSleep, kRl),
     IGNORE("deepspeed_enable_sleep", 0, kSleep, kRl),
     IGNORE("enable_prefix_caching", 0, kPrefix, kRl),
-    IGNORE("packing_samples", 0, kPacking, kTrain),
     IGNORE("use_dynamic_batch", 0, kDynBatch, kTrain),
     IGNORE("train_max_tokens_per_gpu", 1, kDynBatch, kTrain),
     IGNORE("rollout_max_tokens_per_gpu", 1, kDynBatch, kRl),

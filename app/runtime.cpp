@@ -37,6 +37,7 @@ parallel::ZeroOptions zero_options(const ZeroArgs& z) {
   o.adam_offload = z.adam_offload;
   o.gradient_checkpointing = z.gradient_checkpointing;
   o.zero_keep_params = z.zero_keep_params;
+  o.packing_samples = z.packing_samples;
   return o;
 }
 

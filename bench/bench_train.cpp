@@ -197,8 +197,8 @@ nlohmann::json bench_train_variant(const BenchTrainOptions& opt, parallel::Comm&
   } else {
     store = std::make_unique<parallel::LocalParamStore>(layout);
   }
-  const std::unique_ptr<parallel::TrainModel> net =
-      parallel::make_cpu_train_model(std::move(store), opt.gradient_checkpointing, bf16);
+  const std::unique_ptr<parallel::TrainModel> net = parallel::make_cpu_train_model(
+      std::move(store), opt.gradient_checkpointing, nullptr, parallel::kSweepResidualBytes, bf16);
   for (int u = 0; u < layout.num_units(); ++u) {
     std::vector<float> full(size_t(layout.unit(u).numel));
     model::init_unit_params(full.data(), layout.unit(u), opt.seed);

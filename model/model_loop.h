@@ -16,11 +16,13 @@
 // different unit order) is one edit here for both backends.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
 #include "core/error.h"
 #include "model/arch.h"
+#include "model/forward_batch.h"
 #include "model/layout.h"
 
 namespace rlhf::model {
@@ -46,17 +48,41 @@ class ModelLoop {
   }
 
   /// Checks a batch of B sequences of T tokens (non-empty, T <= max_position_embeddings) and
-  /// makes it the current geometry. Throws rlhf::Error naming the bad value.
-  void set_geometry(int64_t B, int64_t T) {
+  /// makes it the current geometry; with packed seqs (SeqLens) the B·T tokens hold seqs.n samples
+  /// instead, each at most max_position_embeddings long (the row itself may be longer). Throws
+  /// rlhf::Error naming the bad value.
+  void set_geometry(int64_t B, int64_t T, SeqLens seqs = {}) {
     RLHF_CHECK(B >= 1 && T >= 1, "batch must be non-empty, got B={} T={}", B, T);
-    RLHF_CHECK(T <= layout_.config().max_position_embeddings,
-               "sequence length {} exceeds max_position_embeddings {}", T,
+    set_segments(B, T, seqs);
+    RLHF_CHECK(max_seg_ <= layout_.config().max_position_embeddings,
+               "sequence length {} exceeds max_position_embeddings {}", max_seg_,
                layout_.config().max_position_embeddings);
     B_ = B;
     T_ = T;
     N_ = B * T;
   }
-
+  /// cu_ and max_seg_ of a batch: seqs' boundaries (checked), or the B rows of T tokens.
+  void set_segments(int64_t B, int64_t T, SeqLens seqs) {
+    cu_.clear();
+    if (!seqs.packed()) {
+      for (int64_t b = 0; b <= B; ++b) cu_.push_back(int32_t(b * T));
+      max_seg_ = T;
+      return;
+    }
+    RLHF_CHECK(seqs.n >= 1 && seqs.cu[0] == 0 && seqs.cu[seqs.n] == B * T,
+               "packed batch: cu_seqlens must run from 0 to B*T = {} over n >= 1 samples (got n "
+               "= {}, from {} to {})",
+               B * T, seqs.n, seqs.n >= 0 ? seqs.cu[0] : -1, seqs.n >= 0 ? seqs.cu[seqs.n] : -1);
+    max_seg_ = 0;
+    for (int64_t s = 0; s < seqs.n; ++s) {
+      RLHF_CHECK(seqs.cu[s + 1] > seqs.cu[s], "packed batch: sample {} is empty", s);
+      max_seg_ = std::max<int64_t>(max_seg_, seqs.cu[s + 1] - seqs.cu[s]);
+    }
+    cu_.assign(seqs.cu, seqs.cu + seqs.n + 1);
+  }
+  /// Whether the current batch's samples differ from its rows (packed with more than one sample a
+  /// row somewhere): B rows of T tokens give cu_ = 0, T, ..., B·T.
+  bool packed() const { return cu_.size() != size_t(B_) + 1 || max_seg_ != T_; }
   /// Activation sets a pass keeps: every layer's for backward without checkpointing, else one.
   int64_t layer_sets(bool for_backward) const { return (for_backward && !checkpointing_) ? L_ : 1; }
   /// Residual-stream slots a pass uses: every layer's input and the output for backward (L + 1),
@@ -130,9 +156,33 @@ class ModelLoop {
     }
   }
 
+  /// A forward sweep over no batches: acquires and releases every unit in the order a sweep does
+  /// (embedding, layers, head and, for a tied LM head, the embedding again), computing nothing, so
+  /// that a rank with nothing to sweep still takes part in a ZeRO-3 store's gathers (collective).
+  /// lm_head: the sweep is an LM one (forward_lm_sweep). Ends any backward state.
+  template <typename Provider>
+  void idle_sweep(Provider& p, bool lm_head) {
+    have_backward_state_ = false;
+    p.begin_pass(false);
+    const int eu = layout_.embedding_unit(), hu = layout_.head_unit();
+    p.acquire_params(eu);
+    p.release_params(eu);
+    for (int l = 0; l < L_; ++l) {
+      p.acquire_params(layout_.layer_unit(l));
+      p.release_params(layout_.layer_unit(l));
+    }
+    p.acquire_params(hu);
+    if (lm_head && layout_.config().tie_word_embeddings) {
+      p.acquire_params(eu);
+      p.release_params(eu);
+    }
+    p.release_params(hu);
+    p.end_pass(false);
+  }
   /// B_, T_, N_ of one batch of a sweep (its scratch is sized for the largest).
   template <typename Batch>
   void sweep_geometry(const Batch& b) {
+    set_segments(b.B, b.seq_len, b.seqs);
     B_ = b.B;
     T_ = b.seq_len;
     N_ = b.B * b.seq_len;
@@ -147,6 +197,10 @@ class ModelLoop {
   int64_t C_, F_, H_, Hkv_, D_, V_, L_;
   // Current batch geometry and pass state.
   int64_t B_ = 0, T_ = 0, N_ = 0;
+  // The batch's samples over its N_ tokens (SeqLens::cu; B_ rows of T_ when not packed) and the
+  // longest of them.
+  std::vector<int32_t> cu_;
+  int64_t max_seg_ = 0;
   bool have_backward_state_ = false;
   bool entropy_valid_ = false;
   bool kept_ = false;  // the last trunk forward kept every layer's activations

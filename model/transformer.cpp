@@ -48,7 +48,7 @@ std::vector<ActInfo> Transformer<T>::act_table() const {
   // Training keeps QK-norm's inputs and the (B, H, T, T) attention probabilities.
   ActOptions o;
   o.backward = true;
-  o.att_per_row = H_ * T_;
+  o.att_per_row = H_ * max_seg_;  // packed: Σ H·n_s² <= N·H·max n_s
   return layer_act_table(spec_, o);
 }
 
@@ -73,9 +73,10 @@ LayerRun<T> Transformer<T>::layer_run(LayerActs<T>& s, const int32_t* pos) const
   run.rope_sin = rope_sin_.data();
   run.linear = &linear_forward_cpu<T>;
   T* att = s.att;
-  const int64_t B = B_, Tl = T_, H = H_, Hkv = Hkv_, D = D_;
-  run.attention = [att, B, Tl, H, Hkv, D](T* atty, const T* q, const T* k, const T* v) {
-    attention_forward_cpu(atty, att, q, k, v, B, Tl, H, Hkv, D);
+  const int32_t* cu = cu_.data();
+  const int64_t n = int64_t(cu_.size()) - 1, H = H_, Hkv = Hkv_, D = D_;
+  run.attention = [att, cu, n, H, Hkv, D](T* atty, const T* q, const T* k, const T* v) {
+    attention_forward_varlen_cpu(atty, att, q, k, v, cu, n, H, Hkv, D);
   };
   return run;
 }
@@ -131,15 +132,15 @@ void Transformer<T>::head_linear_backward(T* dx, T* dw, const T* dy, const T* x,
 }
 
 template <typename T>
-void Transformer<T>::reserve(int64_t B, int64_t T_len, bool for_backward) {
-  set_geometry(B, T_len);
+void Transformer<T>::reserve(int64_t B, int64_t T_len, bool for_backward, SeqLens seqs) {
+  set_geometry(B, T_len, seqs);
   // Every buffer below is N = B·T rows of a bounded model width (ModelConfig::validate), times the
   // layers kept for backward: refuse a batch whose buffers would not fit in int64 before any
   // product can wrap.
   const long double rows = static_cast<long double>(B) * static_cast<long double>(T_len);
   const long double floats =
       rows * static_cast<long double>(L_ + 2) *
-          static_cast<long double>(C_ + 3 * F_ + 4 * H_ * D_ + H_ * T_len + 16) +
+          static_cast<long double>(C_ + 3 * F_ + 4 * H_ * D_ + H_ * max_seg_ + 16) +
       rows * static_cast<long double>(V_);
   RLHF_CHECK(floats < 0x1p60L,
              "a batch of {} x {} tokens is too large for this model: its activations would take "
@@ -153,8 +154,8 @@ void Transformer<T>::reserve(int64_t B, int64_t T_len, bool for_backward) {
   grow(lse_, N, "activations (log-sum-exp)");
   grow(entropy_, N, "activations (entropy)");
   checked_resize(pos_, N, "token positions");
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t t = 0; t < T_len; ++t) pos_[static_cast<size_t>(b * T_len + t)] = int32_t(t);
+  for (size_t s = 0; s + 1 < cu_.size(); ++s)  // positions restart at 0 per sample
+    for (int32_t n = cu_[s]; n < cu_[s + 1]; ++n) pos_[size_t(n)] = n - cu_[s];
   if (for_backward) {
     grow(dres_, N * C_, "activation gradients");
     grow(dlayer_, act_elems(layer_grad_table(spec_), N, kGradAlign).values, "activation gradients");
@@ -203,8 +204,8 @@ void Transformer<T>::layer_forward(const T* params, int l, const T* x_in, T* x_o
 
 template <typename T>
 void Transformer<T>::trunk_forward(UnitProvider<T>& p, const int32_t* tokens, int64_t B,
-                                   int64_t T_len, bool for_backward) {
-  reserve(B, T_len, for_backward);
+                                   int64_t T_len, bool for_backward, SeqLens seqs) {
+  reserve(B, T_len, for_backward, seqs);
   tokens_.assign(tokens, tokens + N_);
   embed(p, tokens);
   forward_layers(p, for_backward);
@@ -238,12 +239,12 @@ void Transformer<T>::lm_logprobs(const T* w, T* lp, T* entropy, bool keep_logits
 template <typename T>
 void Transformer<T>::forward_lm(UnitProvider<T>& p, const int32_t* tokens, const int32_t* targets,
                                 int64_t B, int64_t T_len, T* lp, T* entropy, bool for_backward,
-                                T inv_temperature) {
+                                T inv_temperature, SeqLens seqs) {
   RLHF_CHECK(layout_.head() == HeadKind::kLM, "forward_lm needs a model with an LM head, not '{}'",
              to_string(layout_.head()));
   bf16_next_pass();
   p.begin_pass(false);
-  trunk_forward(p, tokens, B, T_len, for_backward);
+  trunk_forward(p, tokens, B, T_len, for_backward, seqs);
   targets_.assign(targets, targets + N_);
   inv_temperature_ = inv_temperature;
   const int hu = layout_.head_unit(), eu = layout_.embedding_unit();
@@ -325,12 +326,12 @@ void Transformer<T>::backward_lm(UnitProvider<T>& p, const T* dlp, const T* dent
 
 template <typename T>
 void Transformer<T>::forward_scalar(UnitProvider<T>& p, const int32_t* tokens, int64_t B,
-                                    int64_t T_len, T* values, bool for_backward) {
+                                    int64_t T_len, T* values, bool for_backward, SeqLens seqs) {
   RLHF_CHECK(layout_.head() != HeadKind::kLM,
              "forward_scalar needs a model with a value or reward head");
   bf16_next_pass();
   p.begin_pass(false);
-  trunk_forward(p, tokens, B, T_len, for_backward);
+  trunk_forward(p, tokens, B, T_len, for_backward, seqs);
   const int hu = layout_.head_unit();
   const T* hp = p.acquire_params(hu);
   final_norm(hp, x_last());
@@ -375,11 +376,12 @@ void Transformer<T>::layer_backward(const T* params, T* grads, int l, const T* x
   LayerGradScratch<T> d;
   carve(d, layer_grad_table(spec_), N_, dlayer_.data(), static_cast<T*>(nullptr), kGradAlign);
   const T* att = a.att;
-  const int64_t B = B_, Tl = T_, H = H_, Hkv = Hkv_, D = D_;
-  const AttentionBackwardFn<T> attention = [att, B, Tl, H, Hkv, D](T* dq, T* dk, T* dv,
+  const int32_t* cu = cu_.data();
+  const int64_t n = int64_t(cu_.size()) - 1, H = H_, Hkv = Hkv_, D = D_;
+  const AttentionBackwardFn<T> attention = [att, cu, n, H, Hkv, D](T* dq, T* dk, T* dv,
                                                                    const T* datty, const T* q,
                                                                    const T* k, const T* v) {
-    attention_backward_cpu(dq, dk, dv, datty, att, q, k, v, B, Tl, H, Hkv, D);
+    attention_backward_varlen_cpu(dq, dk, dv, datty, att, q, k, v, cu, n, H, Hkv, D);
   };
   LayerRun<T> run = layer_run(a);
   if constexpr (std::is_same_v<T, float>)

@@ -46,10 +46,14 @@ class Transformer : public ModelLoop<Transformer<T>, T, LayerActs<T>> {
   /// LM forward. tokens, targets: (B, T) int32 (target −1 = no loss at that position, lp = 0).
   /// lp: (B, T) out; entropy: (B, T) out or nullptr. inv_temperature scales the logits before the
   /// softmax (OpenRLHF divides by --temperature). With for_backward, activations are kept for
-  /// backward_lm; without, only one layer's scratch is used. Throws rlhf::Error on a token or
-  /// target outside the vocabulary or T > max_position_embeddings.
+  /// backward_lm; without, only one layer's scratch is used. seqs: sample packing (SeqLens,
+  /// model/forward_batch.h): the B·T tokens hold seqs.n samples, each attending to itself only,
+  /// positions restarting per sample (the backward uses the same). Throws rlhf::Error on a token
+  /// or target outside the vocabulary, a sequence (sample) longer than max_position_embeddings,
+  /// or bad seqs.
   void forward_lm(UnitProvider<T>& p, const int32_t* tokens, const int32_t* targets, int64_t B,
-                  int64_t T_, T* lp, T* entropy, bool for_backward, T inv_temperature = T(1));
+                  int64_t T_, T* lp, T* entropy, bool for_backward, T inv_temperature = T(1),
+                  SeqLens seqs = {});
 
   /// Inference forward returning the raw logits: logits (B, T, V) out. For tests and references
   /// (the training path never materialises more than it needs).
@@ -59,9 +63,9 @@ class Transformer : public ModelLoop<Transformer<T>, T, LayerActs<T>> {
   /// nullptr. Parameter gradients accumulate (+=) into the provider's grad buffers.
   void backward_lm(UnitProvider<T>& p, const T* dlp, const T* dentropy);
 
-  /// Scalar-head forward: values (B, T) out (one scalar per position).
+  /// Scalar-head forward: values (B, T) out (one scalar per position); seqs as forward_lm.
   void forward_scalar(UnitProvider<T>& p, const int32_t* tokens, int64_t B, int64_t T_, T* values,
-                      bool for_backward);
+                      bool for_backward, SeqLens seqs = {});
 
   /// Scalar-head backward for the last forward_scalar(for_backward = true); dvalues (B, T).
   void backward_scalar(UnitProvider<T>& p, const T* dvalues);
@@ -103,7 +107,7 @@ class Transformer : public ModelLoop<Transformer<T>, T, LayerActs<T>> {
  private:
   // Each backward scratch buffer starts on a multiple of this many elements (256 bytes of float).
   static constexpr int64_t kGradAlign = 64;
-  void reserve(int64_t B, int64_t T_, bool for_backward);
+  void reserve(int64_t B, int64_t T_, bool for_backward, SeqLens seqs = {});
   // One layer's saved forward (model/activations.h): the routine's activations and, as att, the
   // attention probabilities (B, H, T, T) that attention_backward_cpu needs.
   std::vector<ActInfo> act_table() const;
@@ -119,7 +123,7 @@ class Transformer : public ModelLoop<Transformer<T>, T, LayerActs<T>> {
                      const int32_t* pos);
   void layer_backward(const T* params, T* grads, int l, const T* x_in, LayerActs<T>& a, T* dres);
   void trunk_forward(UnitProvider<T>& p, const int32_t* tokens, int64_t B, int64_t T_,
-                     bool for_backward);
+                     bool for_backward, SeqLens seqs = {});
   void trunk_backward(UnitProvider<T>& p, T* dres);
   void final_norm(const T* head_params, const T* x);
   void lm_logprobs(const T* w, T* lp, T* entropy, bool keep_logits);
@@ -136,10 +140,10 @@ class Transformer : public ModelLoop<Transformer<T>, T, LayerActs<T>> {
                             int64_t IC, int64_t OC, int key);
 
   using Base::B_, Base::C_, Base::D_, Base::F_, Base::H_, Base::Hkv_, Base::L_, Base::N_, Base::T_,
-      Base::V_, Base::checkpointing_, Base::entropy_valid_, Base::have_backward_state_, Base::kept_,
-      Base::last_head_, Base::layout_, Base::spec_;
+      Base::V_, Base::checkpointing_, Base::cu_, Base::entropy_valid_, Base::have_backward_state_,
+      Base::kept_, Base::last_head_, Base::layout_, Base::max_seg_, Base::spec_;
   using Base::backward_layers, Base::forward_layers, Base::layer_sets, Base::residual_slots,
-      Base::set_geometry, Base::sweep_geometry, Base::sweep_layers, Base::x_last;
+      Base::idle_sweep, Base::set_geometry, Base::sweep_geometry, Base::sweep_layers, Base::x_last;
   std::vector<T> rope_cos_, rope_sin_;  // (max_pos, D/2)
   std::vector<int32_t> tokens_, targets_, pos_;
   T inv_temperature_ = T(1);

@@ -2,8 +2,10 @@
 #include "model/transformer_cuda.h"
 
 #include <algorithm>
+#include <mutex>
 
 #include "core/error.h"
+#include "core/log.h"
 #include "model/layer_params.h"
 #include "model/ops/attention.h"
 #include "model/ops/embedding.h"
@@ -79,6 +81,22 @@ void TransformerCuda::point_layer(LayerActsCuda& a, int set) {
   carve(a, t, N_, layers_.get() + set * e.values, layer_f32_.get() + set * e.stats);
 }
 
+namespace {
+
+// Once per process: with --attn_implementation cudnn, say that packed rows run on the flash
+// kernels (the cuDNN graphs are built per dense (B, T) shape, not per packing layout).
+void note_packed_attention() {
+  static std::once_flag once;
+  if (attention_impl() == AttentionImpl::kCudnn)
+    std::call_once(once, [] {
+      LOG_INFO(
+          "attention: packed rows (--packing_samples) run on the flash kernels, not cuDNN (its "
+          "graphs here are built per dense batch shape, not per packing layout)");
+    });
+}
+
+}  // namespace
+
 LayerRunCuda TransformerCuda::layer_run(const LayerActsCuda& a, cudaStream_t s,
                                         const int32_t* pos) const {
   LayerRunCuda run;
@@ -90,6 +108,15 @@ LayerRunCuda TransformerCuda::layer_run(const LayerActsCuda& a, cudaStream_t s,
   run.stream = s;
   float* lse = a.att;
   const int64_t B = B_, T = T_, H = H_, Hkv = Hkv_, D = D_;
+  if (packed()) {  // block-diagonal over the samples, read from the positions
+    const int32_t* p = run.pos;
+    note_packed_attention();
+    run.attention = [lse, p, B, T, H, Hkv, D](bf16* atty, const bf16* q, const bf16* k,
+                                              const bf16* v, cudaStream_t st) {
+      attention_forward_varlen_cuda(atty, lse, q, k, v, p, B * T, H, Hkv, D, st);
+    };
+    return run;
+  }
   run.attention = [lse, B, T, H, Hkv, D](bf16* atty, const bf16* q, const bf16* k, const bf16* v,
                                          cudaStream_t st) {
     attention_forward_cuda(atty, lse, q, k, v, B, T, H, Hkv, D, st);
@@ -97,8 +124,9 @@ LayerRunCuda TransformerCuda::layer_run(const LayerActsCuda& a, cudaStream_t s,
   return run;
 }
 
-void TransformerCuda::reserve(int64_t B, int64_t T_len, bool for_backward, cudaStream_t s) {
-  set_geometry(B, T_len);
+void TransformerCuda::reserve(int64_t B, int64_t T_len, bool for_backward, cudaStream_t s,
+                              SeqLens seqs) {
+  set_geometry(B, T_len, seqs);
   const int64_t N = N_, Q = H_ * D_, KV = Hkv_ * D_;
   const int64_t sets = layer_sets(for_backward);
   res_.resize(residual_slots(for_backward) * N * C_, "activations (residual stream)");
@@ -116,9 +144,8 @@ void TransformerCuda::reserve(int64_t B, int64_t T_len, bool for_backward, cudaS
   targets_.resize(N);
   pos_.resize(N);
   pos_host_.resize(static_cast<size_t>(N));
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t t = 0; t < T_len; ++t)
-      pos_host_[static_cast<size_t>(b * T_len + t)] = static_cast<int32_t>(t);
+  for (size_t i = 0; i + 1 < cu_.size(); ++i)  // positions restart at 0 per sample
+    for (int32_t n = cu_[i]; n < cu_[i + 1]; ++n) pos_host_[size_t(n)] = n - cu_[i];
   // In stream order: kernels of the previous pass may still read the old ids and positions.
   CUDA_CHECK(cudaMemcpyAsync(pos_.get(), pos_host_.data(), static_cast<size_t>(N) * sizeof(int32_t),
                              cudaMemcpyHostToDevice, s));
@@ -195,11 +222,12 @@ int64_t TransformerCuda::logit_chunk_rows() const {
 
 void TransformerCuda::forward_lm(DeviceUnitProvider& p, const int32_t* tokens,
                                  const int32_t* targets, int64_t B, int64_t T_len, float* lp,
-                                 float* entropy, bool for_backward, float inv_temperature) {
+                                 float* entropy, bool for_backward, float inv_temperature,
+                                 SeqLens seqs) {
   RLHF_CHECK(layout_.head() == HeadKind::kLM, "forward_lm needs a model with an LM head, not '{}'",
              to_string(layout_.head()));
   const cudaStream_t s = p.stream();
-  reserve(B, T_len, for_backward, s);
+  reserve(B, T_len, for_backward, s, seqs);
   upload_ids(tokens, targets, s);
   p.begin_pass(false);
   trunk_forward(p, for_backward);
@@ -265,11 +293,12 @@ void TransformerCuda::forward_logits(DeviceUnitProvider& p, const int32_t* token
 }
 
 void TransformerCuda::forward_scalar(DeviceUnitProvider& p, const int32_t* tokens, int64_t B,
-                                     int64_t T_len, float* values, bool for_backward) {
+                                     int64_t T_len, float* values, bool for_backward,
+                                     SeqLens seqs) {
   RLHF_CHECK(layout_.head() != HeadKind::kLM,
              "forward_scalar needs a model with a value or reward head");
   const cudaStream_t s = p.stream();
-  reserve(B, T_len, for_backward, s);
+  reserve(B, T_len, for_backward, s, seqs);
   upload_ids(tokens, nullptr, s);
   p.begin_pass(false);
   trunk_forward(p, for_backward);
@@ -377,10 +406,15 @@ void TransformerCuda::layer_backward(const bf16* params, float* grads, int l, co
   const LayerActsCuda& acts = a;
   const float* lse = a.att;
   const int64_t B = B_, T = T_, H = H_, Hkv = Hkv_, D = D_;
-  auto attention = [&acts, lse, B, T, H, Hkv, D](bf16* dq, bf16* dk, bf16* dv, const bf16* datty,
-                                                 cudaStream_t st) {
-    attention_backward_cuda(dq, dk, dv, datty, acts.atty, lse, acts.q, acts.k, acts.v, B, T, H, Hkv,
-                            D, st);
+  const int32_t* pos = packed() ? pos_.get() : nullptr;
+  auto attention = [&acts, lse, pos, B, T, H, Hkv, D](bf16* dq, bf16* dk, bf16* dv,
+                                                      const bf16* datty, cudaStream_t st) {
+    if (pos != nullptr)
+      attention_backward_varlen_cuda(dq, dk, dv, datty, acts.atty, lse, acts.q, acts.k, acts.v, pos,
+                                     B * T, H, Hkv, D, st);
+    else
+      attention_backward_cuda(dq, dk, dv, datty, acts.atty, lse, acts.q, acts.k, acts.v, B, T, H,
+                              Hkv, D, st);
   };
   decoder_layer_backward_cuda(dres, g, d, scratch, acts, x_in, w, spec_, layer_run(a, s),
                               attention);

@@ -57,11 +57,12 @@ class TransformerCuda : public ModelLoop<TransformerCuda, bf16, LayerActsCuda> {
 
   /// LM forward, contract of Transformer::forward_lm: tokens, targets (B, T) int32 host (target
   /// −1: no loss, lp = 0); lp (B, T) fp32 host out; entropy (B, T) host out or nullptr.
-  /// Throws rlhf::Error on a token or target outside the vocabulary, T > max_position_embeddings,
-  /// or a CUDA failure.
+  /// seqs: sample packing (SeqLens), attention by attention_forward_varlen_cuda. Throws
+  /// rlhf::Error on a token or target outside the vocabulary, a sequence (sample) longer than
+  /// max_position_embeddings, bad seqs, or a CUDA failure.
   void forward_lm(DeviceUnitProvider& p, const int32_t* tokens, const int32_t* targets, int64_t B,
                   int64_t T_, float* lp, float* entropy, bool for_backward,
-                  float inv_temperature = 1.0f);
+                  float inv_temperature = 1.0f, SeqLens seqs = {});
 
   /// Raw logits (B, T, V) fp32 host out (widened from bf16), for tests and references.
   void forward_logits(DeviceUnitProvider& p, const int32_t* tokens, int64_t B, int64_t T_,
@@ -71,9 +72,10 @@ class TransformerCuda : public ModelLoop<TransformerCuda, bf16, LayerActsCuda> {
   /// (dentropy may be nullptr). Parameter gradients accumulate (+=) into the provider's buffers.
   void backward_lm(DeviceUnitProvider& p, const float* dlp, const float* dentropy);
 
-  /// Scalar-head forward: values (B, T) fp32 host out (bf16 head output, widened).
+  /// Scalar-head forward: values (B, T) fp32 host out (bf16 head output, widened); seqs as
+  /// forward_lm.
   void forward_scalar(DeviceUnitProvider& p, const int32_t* tokens, int64_t B, int64_t T_,
-                      float* values, bool for_backward);
+                      float* values, bool for_backward, SeqLens seqs = {});
 
   /// Scalar-head backward for the last forward_scalar(for_backward = true); dvalues (B, T) fp32
   /// host (rounded to bf16 on the device).
@@ -109,7 +111,7 @@ class TransformerCuda : public ModelLoop<TransformerCuda, bf16, LayerActsCuda> {
   // Throws rlhf::Error naming the first id outside [0, V) (−1 allowed with allow_minus_one).
   static void check_ids(const int32_t* ids, int64_t N, int64_t V, bool allow_minus_one,
                         const char* what);
-  void reserve(int64_t B, int64_t T_, bool for_backward, cudaStream_t s);
+  void reserve(int64_t B, int64_t T_, bool for_backward, cudaStream_t s, SeqLens seqs = {});
   // One layer's saved forward (model/activations.h): the routine's activations and, as att, the
   // attention lse (B, H, T) the flash backward needs; bf16 values in layers_, fp32 statistics in
   // layer_f32_.

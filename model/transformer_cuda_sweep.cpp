@@ -27,6 +27,7 @@ void TransformerCuda::sweep_trunk(DeviceUnitProvider& p,
     const ForwardBatch<float>& b = batches[i];
     RLHF_CHECK(b.B >= 1 && b.seq_len >= 1, "batch must be non-empty, got B={} T={}", b.B,
                b.seq_len);
+    set_geometry(b.B, b.seq_len, b.seqs);  // validates the packing and the samples' lengths
     const int64_t N = b.B * b.seq_len;
     check_ids(b.tokens, N, V_, false, "token id");
     if (lm) check_ids(b.targets, N, V_, true, "target");
@@ -34,7 +35,7 @@ void TransformerCuda::sweep_trunk(DeviceUnitProvider& p,
     if (N > batches[largest].B * batches[largest].seq_len) largest = i;
   }
   const int64_t total = sweep_offset_.back();
-  reserve(batches[largest].B, batches[largest].seq_len, false, s);  // checks max_position too
+  reserve(batches[largest].B, batches[largest].seq_len, false, s, batches[largest].seqs);
   sweep_res_.resize(total * C_, "activations (residual streams of a forward sweep)");
   sweep_tokens_.resize(total);
   sweep_pos_.resize(total);
@@ -45,8 +46,10 @@ void TransformerCuda::sweep_trunk(DeviceUnitProvider& p,
     const ForwardBatch<float>& b = batches[i];
     const int64_t off = sweep_offset_[i], N = b.B * b.seq_len;
     std::copy(b.tokens, b.tokens + N, sweep_host_ids_.begin() + off);
-    for (int64_t n = 0; n < N; ++n)
-      sweep_host_ids_[size_t(total + off + n)] = int32_t(n % b.seq_len);
+    set_segments(b.B, b.seq_len, b.seqs);  // positions restart at 0 per sample
+    for (size_t j = 0; j + 1 < cu_.size(); ++j)
+      for (int32_t n = cu_[j]; n < cu_[j + 1]; ++n)
+        sweep_host_ids_[size_t(total + off + n)] = n - cu_[j];
     if (lm) std::copy(b.targets, b.targets + N, sweep_host_ids_.begin() + 2 * total + off);
   }
   const size_t bytes = size_t(total) * sizeof(int32_t);
@@ -82,7 +85,7 @@ void TransformerCuda::forward_lm_sweep(DeviceUnitProvider& p,
                                        float inv_temperature) {
   RLHF_CHECK(layout_.head() == HeadKind::kLM,
              "forward_lm_sweep needs a model with an LM head, not '{}'", to_string(layout_.head()));
-  if (batches.empty()) return;
+  if (batches.empty()) return idle_sweep(p, true);
   const cudaStream_t s = p.stream();
   p.begin_pass(false);
   sweep_trunk(p, batches, true);
@@ -127,7 +130,7 @@ void TransformerCuda::forward_scalar_sweep(DeviceUnitProvider& p,
                                            const std::vector<ForwardBatch<float>>& batches) {
   RLHF_CHECK(layout_.head() != HeadKind::kLM,
              "forward_scalar_sweep needs a model with a value or reward head");
-  if (batches.empty()) return;
+  if (batches.empty()) return idle_sweep(p, false);
   const cudaStream_t s = p.stream();
   p.begin_pass(false);
   sweep_trunk(p, batches, false);

@@ -23,15 +23,18 @@ std::vector<int64_t> Transformer<T>::sweep_trunk(UnitProvider<T>& p,
   std::vector<int64_t> row;
   int64_t total = 0;
   for (const ForwardBatch<T>& b : batches) {
-    reserve(b.B, b.seq_len, false);  // validates the shape and grows the per-batch scratch
+    RLHF_CHECK(b.B >= 1 && b.seq_len >= 1, "batch must be non-empty, got B={} T={}", b.B,
+               b.seq_len);
     row.push_back(total);
-    total += N_;
+    total += b.B * b.seq_len;
   }
   checked_grow(sweep_res_, total * C_, "activations (residual streams of a forward sweep)");
   checked_resize(sweep_pos_, total, "token positions (forward sweep)");
-  for (size_t i = 0; i < batches.size(); ++i)
-    for (int64_t n = 0; n < batches[i].B * batches[i].seq_len; ++n)
-      sweep_pos_[size_t(row[i] + n)] = int32_t(n % batches[i].seq_len);
+  for (size_t i = 0; i < batches.size(); ++i) {
+    // Validates the shape (and packing), grows the per-batch scratch, lays out the positions.
+    reserve(batches[i].B, batches[i].seq_len, false, batches[i].seqs);
+    std::copy(pos_.begin(), pos_.begin() + N_, sweep_pos_.begin() + row[i]);
+  }
   const int eu = layout_.embedding_unit();
   const T* emb = p.acquire_params(eu);
   for (size_t i = 0; i < batches.size(); ++i) {
@@ -50,8 +53,8 @@ void Transformer<T>::forward_lm_sweep(UnitProvider<T>& p,
                                       T inv_temperature) {
   RLHF_CHECK(layout_.head() == HeadKind::kLM,
              "forward_lm_sweep needs a model with an LM head, not '{}'", to_string(layout_.head()));
-  if (batches.empty()) return;
   bf16_next_pass();
+  if (batches.empty()) return idle_sweep(p, true);
   p.begin_pass(false);
   const std::vector<int64_t> row = sweep_trunk(p, batches);
   inv_temperature_ = inv_temperature;
@@ -77,8 +80,8 @@ void Transformer<T>::forward_scalar_sweep(UnitProvider<T>& p,
                                           const std::vector<ForwardBatch<T>>& batches) {
   RLHF_CHECK(layout_.head() != HeadKind::kLM,
              "forward_scalar_sweep needs a model with a value or reward head");
-  if (batches.empty()) return;
   bf16_next_pass();
+  if (batches.empty()) return idle_sweep(p, false);
   p.begin_pass(false);
   const std::vector<int64_t> row = sweep_trunk(p, batches);
   const int hu = layout_.head_unit();

@@ -18,7 +18,7 @@
 namespace rlhf::parallel {
 
 std::vector<size_t> sweep_groups(const std::vector<ForwardBatch>& batches, int64_t bytes_per_token,
-                                 int64_t budget_bytes) {
+                                 int64_t budget_bytes, int64_t min_groups) {
   std::vector<size_t> first{0};
   int64_t held = 0;
   for (size_t i = 0; i < batches.size(); ++i) {
@@ -30,16 +30,28 @@ std::vector<size_t> sweep_groups(const std::vector<ForwardBatch>& batches, int64
     held += bytes;
   }
   if (!batches.empty()) first.push_back(batches.size());
+  while (int64_t(first.size()) - 1 < min_groups) {
+    size_t big = 0;  // the first group with the most batches
+    for (size_t g = 1; g + 1 < first.size(); ++g)
+      if (first[g + 1] - first[g] > first[big + 1] - first[big]) big = g;
+    if (first.size() < 2 || first[big + 1] - first[big] < 2) {
+      first.push_back(batches.size());  // an empty group
+      continue;
+    }
+    const size_t mid = first[big] + (first[big + 1] - first[big] + 1) / 2;
+    first.insert(first.begin() + std::ptrdiff_t(big) + 1, mid);
+  }
   return first;
 }
 
 void TrainModel::forward_lm_sweep(const std::vector<ForwardBatch>& batches, float inv_temperature) {
   for (const ForwardBatch& b : batches)
-    forward_lm(b.tokens, b.targets, b.B, b.seq_len, b.out, nullptr, false, inv_temperature);
+    forward_lm(b.tokens, b.targets, b.B, b.seq_len, b.out, nullptr, false, inv_temperature, b.seqs);
 }
 
 void TrainModel::forward_scalar_sweep(const std::vector<ForwardBatch>& batches) {
-  for (const ForwardBatch& b : batches) forward_scalar(b.tokens, b.B, b.seq_len, b.out, false);
+  for (const ForwardBatch& b : batches)
+    forward_scalar(b.tokens, b.B, b.seq_len, b.out, false, b.seqs);
 }
 
 void TrainModel::set_adapters_enabled(bool) {
@@ -48,10 +60,19 @@ void TrainModel::set_adapters_enabled(bool) {
 
 namespace {
 
-// The batches of [first[g], first[g+1]) for each group of sweep_groups.
+// The batches of [first[g], first[g+1]) for each group of sweep_groups, as many groups on every
+// rank of comm (the largest count; the others split groups or sweep nothing, which still acquires
+// every unit: a ZeRO-3 gather is a collective).
 template <typename Fn>
-void for_each_group(const std::vector<ForwardBatch>& batches, int64_t bytes_per_token, Fn&& fn) {
-  const std::vector<size_t> first = sweep_groups(batches, bytes_per_token, kSweepResidualBytes);
+void for_each_group(const std::vector<ForwardBatch>& batches, int64_t bytes_per_token,
+                    int64_t budget_bytes, Comm* comm, Fn&& fn) {
+  std::vector<size_t> first = sweep_groups(batches, bytes_per_token, budget_bytes);
+  if (comm != nullptr && comm->size() > 1) {
+    const int64_t mine = int64_t(first.size()) - 1;
+    int64_t most = 0;
+    comm->all_reduce(&mine, &most, 1, ReduceOp::kMax);
+    if (most > mine) first = sweep_groups(batches, bytes_per_token, budget_bytes, most);
+  }
   for (size_t g = 0; g + 1 < first.size(); ++g)
     fn(std::vector<ForwardBatch>(batches.begin() + std::ptrdiff_t(first[g]),
                                  batches.begin() + std::ptrdiff_t(first[g + 1])));
@@ -61,8 +82,13 @@ void for_each_group(const std::vector<ForwardBatch>& batches, int64_t bytes_per_
 template <typename Store, typename Net, typename Provider>
 class BoundModel final : public TrainModel {
  public:
-  BoundModel(std::unique_ptr<Store> store, bool checkpointing, const char* device, bool bf16)
-      : store_(std::move(store)), net_(store_->layout(), checkpointing), device_(device) {
+  BoundModel(std::unique_ptr<Store> store, bool checkpointing, const char* device, Comm* sweep_comm,
+             int64_t sweep_budget_bytes, bool bf16)
+      : store_(std::move(store)),
+        net_(store_->layout(), checkpointing),
+        device_(device),
+        sweep_comm_(sweep_comm),
+        sweep_budget_(sweep_budget_bytes) {
     if constexpr (std::is_same_v<Net, model::Transformer<float>>) {
       net_.set_bf16(bf16);
       if (auto* ls = dynamic_cast<LoraStore*>(store_.get())) {
@@ -81,26 +107,28 @@ class BoundModel final : public TrainModel {
   ParamStore& store() override { return *store_; }
   const char* device() const override { return device_; }
   void forward_lm(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T, float* lp,
-                  float* entropy, bool for_backward, float inv_temperature) override {
-    net_.forward_lm(provider(), tokens, targets, B, T, lp, entropy, for_backward, inv_temperature);
+                  float* entropy, bool for_backward, float inv_temperature,
+                  model::SeqLens seqs) override {
+    net_.forward_lm(provider(), tokens, targets, B, T, lp, entropy, for_backward, inv_temperature,
+                    seqs);
   }
   void backward_lm(const float* dlp, const float* dentropy) override {
     net_.backward_lm(provider(), dlp, dentropy);
   }
-  void forward_scalar(const int32_t* tokens, int64_t B, int64_t T, float* values,
-                      bool for_backward) override {
-    net_.forward_scalar(provider(), tokens, B, T, values, for_backward);
+  void forward_scalar(const int32_t* tokens, int64_t B, int64_t T, float* values, bool for_backward,
+                      model::SeqLens seqs) override {
+    net_.forward_scalar(provider(), tokens, B, T, values, for_backward, seqs);
   }
   void backward_scalar(const float* dvalues) override { net_.backward_scalar(provider(), dvalues); }
   void forward_lm_sweep(const std::vector<ForwardBatch>& batches, float inv_temperature) override {
-    for_each_group(batches, net_.sweep_residual_bytes_per_token(),
+    for_each_group(batches, net_.sweep_residual_bytes_per_token(), sweep_budget_, sweep_comm_,
                    [&](const std::vector<ForwardBatch>& g) {
                      net_.forward_lm_sweep(provider(), g, inv_temperature);
                    });
   }
   void forward_scalar_sweep(const std::vector<ForwardBatch>& batches) override {
     for_each_group(
-        batches, net_.sweep_residual_bytes_per_token(),
+        batches, net_.sweep_residual_bytes_per_token(), sweep_budget_, sweep_comm_,
         [&](const std::vector<ForwardBatch>& g) { net_.forward_scalar_sweep(provider(), g); });
   }
   int64_t activation_bytes() const override { return net_.activation_bytes(); }
@@ -116,23 +144,27 @@ class BoundModel final : public TrainModel {
   Net net_;
   const char* device_;
   bool lora_ = false;
+  Comm* sweep_comm_;
+  int64_t sweep_budget_;
 };
 
 }  // namespace
 
 std::unique_ptr<TrainModel> make_cpu_train_model(std::unique_ptr<ParamStore> store,
-                                                 bool gradient_checkpointing, bool bf16) {
+                                                 bool gradient_checkpointing, Comm* sweep_comm,
+                                                 int64_t sweep_budget_bytes, bool bf16) {
   return std::make_unique<
       BoundModel<ParamStore, model::Transformer<float>, model::UnitProvider<float>>>(
-      std::move(store), gradient_checkpointing, "cpu", bf16);
+      std::move(store), gradient_checkpointing, "cpu", sweep_comm, sweep_budget_bytes, bf16);
 }
 
 #ifdef RLHF_CUDA
 std::unique_ptr<TrainModel> make_cuda_train_model(std::unique_ptr<DeviceZero3Store> store,
-                                                  bool gradient_checkpointing) {
+                                                  bool gradient_checkpointing, Comm* sweep_comm,
+                                                  int64_t sweep_budget_bytes) {
   return std::make_unique<
       BoundModel<DeviceZero3Store, model::TransformerCuda, model::DeviceUnitProvider>>(
-      std::move(store), gradient_checkpointing, "cuda", true);
+      std::move(store), gradient_checkpointing, "cuda", sweep_comm, sweep_budget_bytes, true);
 }
 #endif
 
@@ -158,7 +190,8 @@ std::unique_ptr<TrainModel> make_train_model(const model::ParamLayout& layout, T
     o.frozen = frozen;
     o.keep_params_for_backward = z.zero_keep_params;
     return make_cuda_train_model(
-        std::make_unique<DeviceZero3Store>(layout, rt.device_comm.get(), o), checkpointing);
+        std::make_unique<DeviceZero3Store>(layout, rt.device_comm.get(), o), checkpointing,
+        rt.train_comm.get());
 #endif
   }
   std::unique_ptr<ParamStore> store;
@@ -169,7 +202,8 @@ std::unique_ptr<TrainModel> make_train_model(const model::ParamLayout& layout, T
   } else {
     store = make_param_store(layout, *rt.train_comm, z);
   }
-  return make_cpu_train_model(std::move(store), checkpointing, rt.bf16);
+  return make_cpu_train_model(std::move(store), checkpointing, rt.train_comm.get(),
+                              kSweepResidualBytes, rt.bf16);
 }
 
 std::unique_ptr<TrainModel> make_lora_train_model(const model::ParamLayout& layout,
@@ -185,7 +219,7 @@ std::unique_ptr<TrainModel> make_lora_train_model(const model::ParamLayout& layo
   auto base = std::make_unique<Zero3Store>(layout, *rt.train_comm, f);
   return make_cpu_train_model(
       std::make_unique<LoraStore>(std::move(base), lora, *rt.train_comm, seed),
-      z.gradient_checkpointing, rt.bf16);
+      z.gradient_checkpointing, rt.train_comm.get(), kSweepResidualBytes, rt.bf16);
 }
 
 std::unique_ptr<ParamStore> make_param_store(const model::ParamLayout& layout, Comm& comm,

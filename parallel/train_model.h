@@ -28,10 +28,15 @@ using ForwardBatch = model::ForwardBatch<float>;
 inline constexpr int64_t kSweepResidualBytes = int64_t(256) << 20;
 
 /// Splits `batches` into consecutive groups whose Σ B·seq_len·bytes_per_token stays within
-/// budget_bytes (a batch over the budget on its own is a group). Returns the first index of each
-/// group followed by batches.size(); {0} for no batches.
+/// budget_bytes (a batch over the budget on its own is a group). Then, while there are fewer than
+/// min_groups groups, the first of the groups with the most batches is split in two (the first
+/// half takes the extra batch) and, once every group holds one batch, empty groups are appended:
+/// every rank of a ZeRO-3 store must sweep as many groups (each gathers every unit, a collective),
+/// so the ranks agree on the largest count (TrainModel's sweeps all-reduce it). Returns the first
+/// index of each group followed by batches.size() (an empty group repeats the index); {0} for no
+/// batches and min_groups = 0.
 std::vector<size_t> sweep_groups(const std::vector<ForwardBatch>& batches, int64_t bytes_per_token,
-                                 int64_t budget_bytes);
+                                 int64_t budget_bytes, int64_t min_groups = 0);
 
 /// The forward/backward contracts are those of model::Transformer (model/transformer.h): tokens
 /// and targets (B, T) int32, lp / entropy / values and their gradients (B, T) fp32, all host
@@ -45,12 +50,14 @@ class TrainModel {
   /// "cpu" or "cuda".
   virtual const char* device() const = 0;
 
+  /// seqs: sample packing (model::SeqLens): the B·T tokens hold seqs.n samples end to end, each
+  /// attending to itself only with positions from 0.
   virtual void forward_lm(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T,
                           float* lp, float* entropy, bool for_backward,
-                          float inv_temperature = 1.0f) = 0;
+                          float inv_temperature = 1.0f, model::SeqLens seqs = {}) = 0;
   virtual void backward_lm(const float* dlp, const float* dentropy) = 0;
   virtual void forward_scalar(const int32_t* tokens, int64_t B, int64_t T, float* values,
-                              bool for_backward) = 0;
+                              bool for_backward, model::SeqLens seqs = {}) = 0;
   virtual void backward_scalar(const float* dvalues) = 0;
   /// Forward-only passes over micro-batches: each batch's out = its log-probs (forward_lm_sweep)
   /// or values (forward_scalar_sweep), bit for bit those of forward_lm / forward_scalar
@@ -58,7 +65,9 @@ class TrainModel {
   /// (model::Transformer::forward_lm_sweep, TransformerCuda::forward_lm_sweep) in groups of
   /// sweep_groups(..., kSweepResidualBytes), so a ZeRO-3 store gathers each unit once per group
   /// rather than once per micro-batch; this default runs them one after another (a model without
-  /// sweeps). Collective.
+  /// sweeps). Collective: the ranks of the training communicator agree on the number of groups
+  /// (all-reduced maximum; a rank with fewer runs empty sweeps, which still gather every unit),
+  /// so their batches may differ in number and length.
   virtual void forward_lm_sweep(const std::vector<ForwardBatch>& batches, float inv_temperature);
   virtual void forward_scalar_sweep(const std::vector<ForwardBatch>& batches);
   /// Bytes of activation memory (host or device) the model currently holds.
@@ -71,15 +80,24 @@ class TrainModel {
   virtual void set_adapters_enabled(bool on);
 };
 
-/// The CPU model over `store` (any ParamStore with a host provider); bf16: its GEMMs compute in
+/// The CPU model over `store` (any ParamStore with a host provider). sweep_comm: the store's
+/// training communicator, over which the forward sweeps agree on their group count (nullptr: a
+/// single rank, or a store without collectives); sweep_budget_bytes: the residual-stream budget
+/// of one sweep group (kSweepResidualBytes; tests pass a small one); bf16: its GEMMs compute in
 /// bf16 (Transformer::set_bf16; throws rlhf::Error without oneDNN), else fp32.
 std::unique_ptr<TrainModel> make_cpu_train_model(std::unique_ptr<ParamStore> store,
-                                                 bool gradient_checkpointing, bool bf16 = false);
+                                                 bool gradient_checkpointing,
+                                                 Comm* sweep_comm = nullptr,
+                                                 int64_t sweep_budget_bytes = kSweepResidualBytes,
+                                                 bool bf16 = false);
 
 #ifdef RLHF_CUDA
-/// The GPU model over `store` (on the current CUDA device).
+/// The GPU model over `store` (on the current CUDA device); sweep_comm, sweep_budget_bytes as
+/// make_cpu_train_model.
 std::unique_ptr<TrainModel> make_cuda_train_model(std::unique_ptr<DeviceZero3Store> store,
-                                                  bool gradient_checkpointing);
+                                                  bool gradient_checkpointing,
+                                                  Comm* sweep_comm = nullptr,
+                                                  int64_t sweep_budget_bytes = kSweepResidualBytes);
 #endif
 
 /// The ZeRO flags of a training command (DeepSpeed/OpenRLHF names), as plain values.
@@ -91,6 +109,8 @@ struct ZeroOptions {
   /// --lora_rank, --lora_alpha, --target_modules, --lora_dropout: rank 0 trains every weight;
   /// rank > 0 freezes the base and trains LoRA adapters (make_lora_train_model).
   model::LoraConfig lora;
+  /// --packing_samples: the trainers pack each micro-batch's samples into one row (model::SeqLens).
+  bool packing_samples = false;
 };
 
 /// The training state for z.zero_stage: ZeRO-3 shards (with adam_offload, zero_keep_params), or

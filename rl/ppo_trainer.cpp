@@ -64,20 +64,33 @@ PpoTrainer::PpoTrainer(const PpoModels& models, const PpoOptions& options,
 
 PpoTrainer::Batch PpoTrainer::make_batch(const std::vector<const Sample*>& s) const {
   Batch b;
-  b.B = int64_t(s.size());
-  for (const Sample* x : s)
-    b.T = std::max<int64_t>(b.T, int64_t(x->prompt.size() + x->response.size()));
+  b.n = int64_t(s.size());
+  int64_t longest = 0, total = 0;
+  for (const Sample* x : s) {
+    const int64_t len = int64_t(x->prompt.size() + x->response.size());
+    longest = std::max(longest, len);
+    total += len;
+  }
+  // Padded: sample r in row r; packed: every sample end to end in one row.
+  b.B = opt_.packing ? 1 : b.n;
+  b.T = opt_.packing ? total : longest;
   b.tokens.assign(size_t(b.B * b.T), opt_.pad_id);
   b.targets.assign(size_t(b.B * b.T), -1);
-  for (int64_t r = 0; r < b.B; ++r) {
+  if (opt_.packing) b.cu.push_back(0);
+  int64_t at = 0;
+  for (int64_t r = 0; r < b.n; ++r) {
     const Sample& x = *s[size_t(r)];
     const int64_t P = int64_t(x.prompt.size()), R = int64_t(x.response.size());
     RLHF_ASSERT(P >= 1);
-    std::copy(x.prompt.begin(), x.prompt.end(), b.tokens.begin() + r * b.T);
-    std::copy(x.response.begin(), x.response.end(), b.tokens.begin() + r * b.T + P);
+    const int64_t o = opt_.packing ? at : r * b.T;
+    std::copy(x.prompt.begin(), x.prompt.end(), b.tokens.begin() + o);
+    std::copy(x.response.begin(), x.response.end(), b.tokens.begin() + o + P);
     // Response token k is predicted at position P − 1 + k.
-    for (int64_t k = 0; k < R; ++k) b.targets[size_t(r * b.T + P - 1 + k)] = x.response[size_t(k)];
-    b.resp_pos.push_back(r * b.T + P - 1);
+    for (int64_t k = 0; k < R; ++k) b.targets[size_t(o + P - 1 + k)] = x.response[size_t(k)];
+    b.resp_pos.push_back(o + P - 1);
+    b.start.push_back(o);
+    at += P + R;
+    if (opt_.packing) b.cu.push_back(int32_t(at));
   }
   return b;
 }
@@ -102,8 +115,9 @@ std::vector<std::pair<int64_t, int64_t>> PpoTrainer::rank_micro_batches(
   };
   int64_t most = 1;
   for (int64_t r = 0; r < N; ++r)
-    most = std::max<int64_t>(most, int64_t(token_budget_runs(lengths(r), budget).size()));
-  return token_budget_runs(lengths(comm_.rank()), budget, most);
+    most = std::max<int64_t>(
+        most, int64_t(token_budget_runs(lengths(r), budget, 1, opt_.packing).size()));
+  return token_budget_runs(lengths(comm_.rank()), budget, most, opt_.packing);
 }
 
 std::vector<PpoTrainer::Batch> PpoTrainer::rollout_micro_batches(
@@ -130,7 +144,7 @@ std::vector<parallel::ForwardBatch> PpoTrainer::forward_batches(const std::vecto
   std::vector<parallel::ForwardBatch> fb;
   int64_t at = 0;
   for (const Batch& b : batches) {
-    fb.push_back({b.tokens.data(), b.targets.data(), b.B, b.T, out.data() + at});
+    fb.push_back({b.tokens.data(), b.targets.data(), b.B, b.T, out.data() + at, b.seqs()});
     at += b.B * b.T;
   }
   return fb;
@@ -147,9 +161,9 @@ std::vector<double> PpoTrainer::reward_model_scores(const std::vector<Sample>& s
   std::vector<float> local(static_cast<size_t>(per));
   int64_t at = 0;
   for (const Batch& b : batches) {
-    for (int64_t r = 0; r < b.B; ++r) {
+    for (int64_t r = 0; r < b.n; ++r) {
       const Sample& x = samples[size_t(first + b.first + r)];
-      const int64_t last = r * b.T + int64_t(x.prompt.size() + x.response.size()) - 1;
+      const int64_t last = b.start[size_t(r)] + int64_t(x.prompt.size() + x.response.size()) - 1;
       local[size_t(b.first + r)] = values[size_t(at + last)];
     }
     at += b.B * b.T;
@@ -213,7 +227,7 @@ Experience PpoTrainer::make_experience(const std::vector<Sample>& samples,
   auto scatter = [&](std::vector<float>& dst) {
     int64_t at = 0;
     for (const Batch& b : batches) {
-      for (int64_t r = 0; r < b.B; ++r) {
+      for (int64_t r = 0; r < b.n; ++r) {
         const Sample& x = samples[size_t(first + b.first + r)];
         for (size_t k = 0; k < x.response.size(); ++k)
           dst[size_t((b.first + r) * Tr + int64_t(k))] =
@@ -287,7 +301,7 @@ PpoTrainer::MicroBatch PpoTrainer::micro_batch(const Experience& e, const std::v
     v->assign(NT, 0.0f);
   mb.seq.assign(NT, -1);
   const double w_tok = 1.0 / double(std::max<int64_t>(step_tokens, 1));
-  for (int64_t r = 0; r < mb.b.B; ++r) {
+  for (int64_t r = 0; r < mb.b.n; ++r) {
     const int64_t i = ids[size_t(r)], len = e.resp_len[size_t(i)];
     // Per-sequence aggregation counts the sequence's action tokens (observations are context).
     const double w = loss_agg_weight(opt_.loss_agg_mode, e.act_len[size_t(i)], step_tokens,
@@ -317,7 +331,7 @@ void PpoTrainer::actor_micro_batch(MicroBatch& mb, bool current, bool mismatch, 
   const bool with_ent = opt_.entropy_loss_coef != 0;
   std::vector<float> lp(size_t(NT), 0.0f), ent(size_t(NT), 0.0f), dlp(size_t(NT), 0.0f);
   m_.actor->forward_lm(b.tokens.data(), b.targets.data(), b.B, b.T, lp.data(), ent.data(), true,
-                       inv_temp);
+                       inv_temp, b.seqs());
   if (current) {  // lp_old = sg[lp]: the policy that generated the batch, not yet updated
     std::vector<float> kl_cur(size_t(NT), 0.0f);
     if (m_.ref) kl_forward_cpu(kl_cur.data(), lp.data(), mb.ref_lp.data(), NT, opt_.kl_estimator);
@@ -332,7 +346,7 @@ void PpoTrainer::actor_micro_batch(MicroBatch& mb, bool current, bool mismatch, 
   std::vector<uint8_t> is_masked(size_t(NT), 0);
   if (corr != IsCorrection::kNone) {
     is_weights_cpu(isw.data(), is_masked.data(), mb.old_lp.data(), mb.rol_lp.data(), mb.seq.data(),
-                   NT, b.B, corr, opt_.is_lo, opt_.is_hi);
+                   NT, b.n, corr, opt_.is_lo, opt_.is_hi);
     for (int64_t p : mb.tok_pos) wpol[size_t(p)] *= isw[size_t(p)];
   }
   if (current && mismatch)  // lp_old exists only here: the step's mismatch metrics
@@ -347,10 +361,10 @@ void PpoTrainer::actor_micro_batch(MicroBatch& mb, bool current, bool mismatch, 
   std::vector<uint8_t> clipped(size_t(NT), 0);
   if (opt_.policy_loss == PolicyLossType::kGspo) {
     gspo_loss_forward_cpu(tok_loss.data(), clipped.data(), (float*)nullptr, lp.data(), lp_base,
-                          mb.adv.data(), mb.seq.data(), NT, b.B, opt_.eps_clip_low,
+                          mb.adv.data(), mb.seq.data(), NT, b.n, opt_.eps_clip_low,
                           opt_.eps_clip_high);
     gspo_loss_backward_cpu(dlp.data(), wpol.data(), lp.data(), lp_base, mb.adv.data(),
-                           mb.seq.data(), NT, b.B, opt_.eps_clip_low, opt_.eps_clip_high);
+                           mb.seq.data(), NT, b.n, opt_.eps_clip_low, opt_.eps_clip_high);
   } else {
     ppo_clip_loss_forward_cpu(tok_loss.data(), clipped.data(), (float*)nullptr, lp.data(),
                               mb.old_lp.data(), mb.adv.data(), NT, opt_.eps_clip_low,
@@ -384,7 +398,7 @@ void PpoTrainer::critic_micro_batch(const MicroBatch& mb, Sums& sums) {
   const Batch& b = mb.b;
   const int64_t NT = b.B * b.T;
   std::vector<float> v(size_t(NT), 0.0f), vl(size_t(NT), 0.0f), dv(size_t(NT), 0.0f);
-  m_.critic->forward_scalar(b.tokens.data(), b.B, b.T, v.data(), true);
+  m_.critic->forward_scalar(b.tokens.data(), b.B, b.T, v.data(), true, b.seqs());
   value_loss_forward_cpu(vl.data(), (uint8_t*)nullptr, v.data(), mb.vold.data(), mb.ret.data(), NT,
                          opt_.value_clip);
   value_loss_backward_cpu(dv.data(), mb.weight_tok.data(), v.data(), mb.vold.data(), mb.ret.data(),

@@ -54,10 +54,13 @@ struct PpoOptions {
   /// --vllm_is_truncated_threshold lo hi; with kDecoupled is_hi is --behav_imp_weight_cap (≤ 0:
   /// no cap).
   double is_lo = 0.5, is_hi = 5.0;
-  /// --use_dynamic_batch: micro-batches by a token budget (padded tokens B·T per rank) instead of
-  /// a sample count: --train_max_tokens_per_gpu for the forward/backward passes,
-  /// --rollout_max_tokens_per_gpu for the forward-only passes.
+  /// --use_dynamic_batch: micro-batches by a token budget (padded tokens B·T per rank, or with
+  /// packing the samples' tokens) instead of a sample count: --train_max_tokens_per_gpu for the
+  /// forward/backward passes, --rollout_max_tokens_per_gpu for the forward-only passes.
   bool dynamic_batch = false;
+  /// --packing_samples: each micro-batch's samples end to end in one row (model::SeqLens), every
+  /// forward and backward pass; the per-token and per-sample terms are those of the padded batch.
+  bool packing = false;
   int64_t train_max_tokens = 16192, rollout_max_tokens = 16192;
   double max_norm = 1.0;
   int32_t pad_id = 0;
@@ -152,11 +155,19 @@ class PpoTrainer {
   }
 
  private:
+  // One micro-batch's tokens: B rows of T, one sample per row right-padded, or with packing one
+  // row of every sample's tokens end to end (B = 1, cu their boundaries).
   struct Batch {
     std::vector<int32_t> tokens, targets;
     std::vector<int64_t> resp_pos;  ///< per sample in the batch: position of response token 0
+    std::vector<int64_t> start;     ///< per sample: position of its token 0 in the B·T tokens
+    std::vector<int32_t> cu;        ///< packed: the samples' boundaries (n + 1); else empty
     int64_t B = 0, T = 0;
+    int64_t n = 0;      ///< samples
     int64_t first = 0;  ///< index of the batch's first sample in this rank's slice
+    model::SeqLens seqs() const {
+      return cu.empty() ? model::SeqLens{} : model::SeqLens{cu.data(), n};
+    }
   };
   // The per-token experience of one micro-batch in batch positions (B, T), and its weights.
   struct MicroBatch {

@@ -10,6 +10,7 @@
 #include "io/tokenizer.h"
 #include "parallel/preemption.h"
 #include "rl/losses.h"
+#include "rl/packing.h"
 #include "rl/weights.h"
 
 namespace rlhf::rl {
@@ -21,36 +22,55 @@ namespace {
 class RmTask final : public SupervisedTask {
  public:
   RmTask(parallel::TrainModel& net, const io::PreferenceDataset& data,
-         const io::Tokenizer& tokenizer, int64_t train_batch_size)
+         const io::Tokenizer& tokenizer, int64_t train_batch_size, bool packing)
       : net_(net),
         data_(data),
         tokenizer_(tokenizer),
         pad_id_(tokenizer.pad_id()),
-        TB_(train_batch_size) {}
+        TB_(train_batch_size),
+        packing_(packing) {}
 
   const io::Tokenizer* saved_tokenizer() const override { return &tokenizer_; }
 
   int num_metrics() const override { return 3; }
 
   // 2·MB sequences, right-padded to the longest: chosen of pair i at row i, rejected at row
-  // MB + i. The reward of a sequence is the head's value at its last token; dloss/dr_chosen =
-  // dloss/dΔ / TB, dloss/dr_rejected = −dloss/dΔ / TB, 0 at every other token.
+  // MB + i (with packing: the 2·MB sequences end to end in one row, in that order). The reward of
+  // a sequence is the head's value at its last token; dloss/dr_chosen = dloss/dΔ / TB,
+  // dloss/dr_rejected = −dloss/dΔ / TB, 0 at every other token.
   void micro_batch(std::span<const int64_t> samples, std::span<double> sums) override {
     const int64_t MB = int64_t(samples.size()), B = 2 * MB;
     std::vector<const std::vector<int32_t>*> seqs;
     for (const int64_t s : samples) seqs.push_back(&data_.pairs[size_t(s)].chosen);
     for (const int64_t s : samples) seqs.push_back(&data_.pairs[size_t(s)].rejected);
     int64_t T = 0;
-    for (auto* s : seqs) T = std::max<int64_t>(T, int64_t(s->size()));
+    std::vector<int64_t> len, start;
+    for (auto* s : seqs) {
+      len.push_back(int64_t(s->size()));
+      T = std::max<int64_t>(T, len.back());
+    }
     tokens_.assign(size_t(B * T), pad_id_);
-    for (int64_t r = 0; r < B; ++r)
+    for (int64_t r = 0; r < B; ++r) {
       std::copy(seqs[size_t(r)]->begin(), seqs[size_t(r)]->end(), tokens_.begin() + r * T);
-    values_.resize(size_t(B * T));
-    dvalues_.assign(size_t(B * T), 0.0f);
-    net_.forward_scalar(tokens_.data(), B, T, values_.data(), true);
+      start.push_back(r * T);
+    }
+    int64_t rows = B;
+    model::SeqLens packed_seqs;
+    PackedRows packed;
+    if (packing_) {
+      packed = pack_rows(tokens_.data(), nullptr, B, T, len);
+      tokens_ = packed.tokens;
+      start = packed.start;
+      rows = 1;
+      T = packed.T;
+      packed_seqs = packed.seqs();
+    }
+    values_.resize(size_t(rows * T));
+    dvalues_.assign(size_t(rows * T), 0.0f);
+    net_.forward_scalar(tokens_.data(), rows, T, values_.data(), true, packed_seqs);
     for (int64_t i = 0; i < MB; ++i) {
-      const int64_t lc = i * T + int64_t(seqs[size_t(i)]->size()) - 1;
-      const int64_t lr = (MB + i) * T + int64_t(seqs[size_t(MB + i)]->size()) - 1;
+      const int64_t lc = start[size_t(i)] + len[size_t(i)] - 1;
+      const int64_t lr = start[size_t(MB + i)] + len[size_t(MB + i)] - 1;
       const double delta = double(values_[size_t(lc)]) - double(values_[size_t(lr)]);
       double dl = 0;
       sums[0] += bradley_terry_loss(delta, &dl);
@@ -85,6 +105,7 @@ class RmTask final : public SupervisedTask {
   const io::Tokenizer& tokenizer_;
   int32_t pad_id_;
   int64_t TB_;
+  bool packing_;
   std::vector<int32_t> tokens_;
   std::vector<float> values_, dvalues_;
 };
@@ -116,7 +137,7 @@ int run_rm(const RmConfig& c) {
   LOG0_INFO("reward model: {} parameters, {} | data: {} | {} steps", layout.num_parameters(),
             src.describe(), data.stats.summary(), plan.total_steps);
 
-  RmTask task(*net, data, *tokenizer, plan.train_batch_size);
+  RmTask task(*net, data, *tokenizer, plan.train_batch_size, c.zero.packing_samples);
   const SupervisedResult res = train_supervised(c.train, plan, task, *net, comm);
   if (res.signal != 0) return parallel::kExitPreempted;
   LOG0_INFO("done: {} steps in {:.1f}s | reward model {}", res.steps, res.seconds, res.model_path);

@@ -14,6 +14,7 @@
 #include "model/flops.h"
 #include "parallel/lora_store.h"
 #include "parallel/preemption.h"
+#include "rl/packing.h"
 #include "rl/weights.h"
 
 namespace rlhf::rl {
@@ -25,8 +26,13 @@ namespace {
 class SftTask final : public SupervisedTask {
  public:
   SftTask(parallel::TrainModel& net, const io::SftDataset& data, const io::Tokenizer& tokenizer,
-          const model::ModelConfig& cfg, int64_t max_len)
-      : net_(net), data_(data), tokenizer_(tokenizer), cfg_(cfg), max_len_(max_len) {}
+          const model::ModelConfig& cfg, int64_t max_len, bool packing)
+      : net_(net),
+        data_(data),
+        tokenizer_(tokenizer),
+        cfg_(cfg),
+        max_len_(max_len),
+        packing_(packing) {}
 
   int num_metrics() const override { return 2; }
 
@@ -39,15 +45,28 @@ class SftTask final : public SupervisedTask {
     RLHF_CHECK(n_loss_tokens_ > 0, "step {}: the batch has no loss tokens", step + 1);
   }
 
-  // lp = log p(target) per token; dloss/dlp = −1 / N_loss on loss tokens, 0 elsewhere.
+  // lp = log p(target) per token; dloss/dlp = −1 / N_loss on loss tokens, 0 elsewhere. With
+  // packing the rows are laid end to end without padding (the same loss tokens).
   void micro_batch(std::span<const int64_t> samples, std::span<double> sums) override {
     const std::vector<int64_t> idx(samples.begin(), samples.end());
-    const io::TokenBatch batch = io::collate_sft(data_.samples, idx, tokenizer_.pad_id());
+    io::TokenBatch batch = io::collate_sft(data_.samples, idx, tokenizer_.pad_id());
+    model::SeqLens seqs;
+    PackedRows packed;
+    if (packing_) {
+      std::vector<int64_t> len;
+      for (const int64_t i : idx) len.push_back(int64_t(data_.samples[size_t(i)].tokens.size()));
+      packed = pack_rows(batch.tokens.data(), batch.targets.data(), batch.B, batch.T, len);
+      batch.tokens = packed.tokens;
+      batch.targets = packed.targets;
+      batch.B = 1;
+      batch.T = packed.T;
+      seqs = packed.seqs();
+    }
     const int64_t N = batch.B * batch.T;
     lp_.resize(size_t(N));
     dlp_.resize(size_t(N));
     net_.forward_lm(batch.tokens.data(), batch.targets.data(), batch.B, batch.T, lp_.data(),
-                    nullptr, true);
+                    nullptr, true, 1.0f, seqs);
     for (int64_t n = 0; n < N; ++n) {
       const bool on = batch.targets[size_t(n)] >= 0;
       sums[0] -= on ? double(lp_[size_t(n)]) : 0.0;
@@ -90,6 +109,7 @@ class SftTask final : public SupervisedTask {
   const io::Tokenizer& tokenizer_;
   const model::ModelConfig& cfg_;
   int64_t max_len_;
+  bool packing_;
   double n_loss_tokens_ = 0;  // of the current step, over every rank
   std::vector<float> lp_, dlp_;
 };
@@ -152,7 +172,7 @@ int run_sft(const SftConfig& c) {
       plan.total_steps, plan.steps_per_epoch, c.train.max_epochs, plan.train_batch_size, world,
       plan.micro_batch_size, plan.accumulation, rt.threads);
 
-  SftTask task(*net, data, *tokenizer, cfg, c.data.max_len);
+  SftTask task(*net, data, *tokenizer, cfg, c.data.max_len, c.zero.packing_samples);
   const SupervisedResult res = train_supervised(c.train, plan, task, *net, comm);
   if (res.signal != 0) return parallel::kExitPreempted;
   LOG0_INFO("done: {} steps in {:.1f}s | final model {}", res.steps, res.seconds, res.model_path);

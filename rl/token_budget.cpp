@@ -7,19 +7,21 @@
 namespace rlhf::rl {
 
 std::vector<std::pair<int64_t, int64_t>> token_budget_runs(const std::vector<int64_t>& len,
-                                                           int64_t budget, int64_t min_runs) {
+                                                           int64_t budget, int64_t min_runs,
+                                                           bool packed) {
   RLHF_CHECK(budget >= 1, "token budget {} per micro-batch must be >= 1", budget);
   const int64_t n = int64_t(len.size());
   std::vector<std::pair<int64_t, int64_t>> runs;
-  int64_t begin = 0, longest = 0;
+  int64_t begin = 0, longest = 0, sum = 0;
   for (int64_t i = 0; i < n; ++i) {
-    const int64_t l = std::max(longest, len[size_t(i)]);
-    if (i > begin && (i - begin + 1) * l > budget) {
+    const int64_t l = std::max(longest, len[size_t(i)]), s = sum + len[size_t(i)];
+    if (i > begin && (packed ? s : (i - begin + 1) * l) > budget) {
       runs.emplace_back(begin, i);
       begin = i;
-      longest = len[size_t(i)];
+      longest = sum = len[size_t(i)];
     } else {
       longest = l;
+      sum = s;
     }
   }
   if (n > begin) runs.emplace_back(begin, n);

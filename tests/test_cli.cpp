@@ -185,7 +185,8 @@ TEST_CASE("cli: every sft option can come from TOML") {
       "save_hf_ckpt = true\nuse_tensorboard = \"/tmp/tb\"\nuse_wandb = \"false\"\n"
       "wandb_project = \"p\"\nwandb_group = \"g\"\nwandb_run_name = \"r\"\nwandb_org = \"o\"\n"
       "param_dtype = \"fp32\"\nbf16 = false\nlora_rank = 8\nlora_alpha = 32\n"
-      "target_modules = \"q_proj,v_proj\"\nlora_path = \"/tmp/adapter\"\nlora_dropout = 0\n");
+      "target_modules = \"q_proj,v_proj\"\nlora_path = \"/tmp/adapter\"\nlora_dropout = 0\n"
+      "packing_samples = true\n");
   const ParsedCommand p = parse({"sft", "--config", f.str()});
   const app::SftArgs& a = sft(p);
   CHECK(a.data.dataset == "d.jsonl");
@@ -223,6 +224,7 @@ TEST_CASE("cli: every sft option can come from TOML") {
   CHECK(a.loop.max_steps == 9);
   CHECK(a.common.disable_progress == true);
   CHECK(a.zero.zero_keep_params == true);
+  CHECK(a.zero.packing_samples == true);
   CHECK(a.parallel.comm_backend == "mpi");
   CHECK(a.model.tokenizer == "tok.json");
   CHECK(a.parallel.device == "cpu");

@@ -268,8 +268,9 @@ TEST_CASE("bf16 training: a few AdamW steps track fp32 training") {
   std::vector<std::vector<double>> losses(2);
   std::vector<std::vector<std::vector<float>>> weights(2);
   for (int bf16 = 0; bf16 < 2; ++bf16) {
-    auto net = parallel::make_cpu_train_model(std::make_unique<parallel::LocalParamStore>(layout),
-                                              false, bf16 == 1);
+    auto net =
+        parallel::make_cpu_train_model(std::make_unique<parallel::LocalParamStore>(layout), false,
+                                       nullptr, parallel::kSweepResidualBytes, bf16 == 1);
     for (int u = 0; u < layout.num_units(); ++u) {
       std::vector<float> full(size_t(layout.unit(u).numel));
       model::init_unit_params(full.data(), layout.unit(u), 3, 0.1);

@@ -352,3 +352,56 @@ TEST_CASE(
   }
 #endif
 }
+
+TEST_CASE("transformer cuda: packed rows (sample packing) follow the CPU packed model") {
+  RLHF_SKIP_WITHOUT_CUDA_DEVICE();
+#ifdef RLHF_CUDA
+  // Samples of 7, 40, 1 and 20 tokens in one row of 68: the 40-token sample crosses key tiles of
+  // 32 and query tiles of 16, and starts inside both. The CPU packed model equals the padded one
+  // (tests/test_packing.cpp); the GPU one is held to the CPU-comparison bounds of check_case.
+  const std::vector<int32_t> cu = {0, 7, 47, 48, 68};
+  const int64_t N = cu.back(), n = int64_t(cu.size()) - 1;
+  for (HeadKind head : {HeadKind::kLM, HeadKind::kValue}) {
+    const auto cfg = small_config(model::RopeStyle::kRotateHalf, false, false, 4, 2);
+    model::ParamLayout layout(cfg, head);
+    model::LocalParams<float> P(layout);
+    P.init(3, 0.05);
+    test::round_params_bf16(P);
+    const auto tokens = test::random_tokens(N, cfg.vocab_size, 21);
+    std::vector<int32_t> targets(size_t(N), -1);
+    for (int64_t s = 0; s < n; ++s)
+      for (int32_t t = cu[s]; t + 1 < cu[s + 1]; ++t) targets[size_t(t)] = tokens[size_t(t + 1)];
+    const auto a = test::random_vec<float>(N, 8);
+    const model::SeqLens seqs{cu.data(), n};
+    model::Transformer<float> cpu(layout, false);
+    std::vector<float> out_ref(static_cast<size_t>(N)), out(static_cast<size_t>(N)),
+        swept(static_cast<size_t>(N));
+    test::TestStream s;
+    TestDeviceParams D(P, s.get());
+    model::TransformerCuda gpu(layout);
+    const std::string name = head == HeadKind::kLM ? "packed lm" : "packed value";
+    if (head == HeadKind::kLM) {
+      cpu.forward_lm(P, tokens.data(), targets.data(), 1, N, out_ref.data(), nullptr, true, 1.0f,
+                     seqs);
+      cpu.backward_lm(P, a.data(), nullptr);
+      gpu.forward_lm(D, tokens.data(), targets.data(), 1, N, out.data(), nullptr, true, 1.0f, seqs);
+      gpu.backward_lm(D, a.data(), nullptr);
+      gpu.forward_lm_sweep(D, {{tokens.data(), targets.data(), 1, N, swept.data(), seqs}});
+    } else {
+      cpu.forward_scalar(P, tokens.data(), 1, N, out_ref.data(), true, seqs);
+      cpu.backward_scalar(P, a.data());
+      gpu.forward_scalar(D, tokens.data(), 1, N, out.data(), true, seqs);
+      gpu.backward_scalar(D, a.data());
+      gpu.forward_scalar_sweep(D, {{tokens.data(), nullptr, 1, N, swept.data(), seqs}});
+    }
+    test::check_nmse(name + " outputs", out, out_ref, kNmseOutputs);
+    CHECK(swept == out);  // the sweep runs the same kernels on the same shapes
+    for (int u = 0; u < layout.num_units(); ++u) {
+      const int64_t numel = layout.unit(u).numel;
+      std::vector<float> ref(P.grads(u), P.grads(u) + numel);
+      test::check_nmse(name + " grads of unit " + std::to_string(u), D.grads(u), ref, kNmseGrads);
+    }
+    CHECK(D.guards_intact());
+  }
+#endif
+}

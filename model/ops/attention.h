@@ -32,6 +32,25 @@ void attention_backward_cpu(T* dq, T* dk, T* dv, const T* dout, const T* att, co
                             const T* k, const T* v, int64_t B, int64_t T_, int64_t H, int64_t Hkv,
                             int64_t D);
 
+/// Sample packing (varlen, as flash-attn's *_varlen_func): q, out (N, H, D), k, v (N, Hkv, D) hold
+/// n_seqs samples end to end, sample s at tokens [cu_seqlens[s], cu_seqlens[s+1]) (cu_seqlens:
+/// (n_seqs + 1) int32 from 0, strictly ascending); each token attends causally to its own sample
+/// only (block-diagonal causal mask). att: the probabilities of sample s as (H, n_s, n_s) at
+/// offset H·Σ_{s'<s} n_s'² (at most H·N·max n_s elements). Same kernel as attention_forward_cpu
+/// (which is this function with cu_seqlens = 0, T, 2T, ...): each sample's result is bit for bit
+/// that of the sample alone. Throws rlhf::Error on bad dimensions or cu_seqlens.
+template <typename T>
+void attention_forward_varlen_cpu(T* out, T* att, const T* q, const T* k, const T* v,
+                                  const int32_t* cu_seqlens, int64_t n_seqs, int64_t H, int64_t Hkv,
+                                  int64_t D);
+
+/// Backward of attention_forward_varlen_cpu (the formulas of attention_backward_cpu per sample);
+/// shapes and layout as forward, dq, dk, dv assigned.
+template <typename T>
+void attention_backward_varlen_cpu(T* dq, T* dk, T* dv, const T* dout, const T* att, const T* q,
+                                   const T* k, const T* v, const int32_t* cu_seqlens,
+                                   int64_t n_seqs, int64_t H, int64_t Hkv, int64_t D);
+
 #ifdef RLHF_CUDA
 /// The implementation behind attention_forward_cuda / attention_backward_cuda (process-wide,
 /// --attn_implementation): kFlash, the flash-attention kernels of model/ops/cuda/attention.cu
@@ -68,6 +87,27 @@ void attention_backward_cuda(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, con
                              const float* lse, const bf16* q, const bf16* k, const bf16* v,
                              int64_t B, int64_t T_, int64_t H, int64_t Hkv, int64_t D,
                              cudaStream_t stream);
+
+/// Sample packing on the device (varlen; the CPU's attention_forward_varlen_cpu): q, out (N, H, D),
+/// k, v (N, Hkv, D) bf16 hold samples end to end; pos (N) int32 device, the RoPE positions, which
+/// restart at 0 at each sample's first token and count up by one inside it (any other layout is
+/// the caller's error: the kernels read lo_t = t − pos[t] as the first key row t may see). Token t
+/// attends to keys lo_t..t only (block-diagonal causal). lse (H, N) fp32. The flash kernels of
+/// attention_forward_cuda with the extra lower bound (the same masks and lse contract, so a sample
+/// alone gives the same result up to the online softmax's tile split); always the flash kernels,
+/// whatever attention_impl() says: cuDNN's graphs here are built per dense (B, T) shape and would
+/// need a plan per packing layout. Throws rlhf::Error like attention_forward_cuda.
+void attention_forward_varlen_cuda(bf16* out, float* lse, const bf16* q, const bf16* k,
+                                   const bf16* v, const int32_t* pos, int64_t N, int64_t H,
+                                   int64_t Hkv, int64_t D, cudaStream_t stream);
+
+/// Backward of attention_forward_varlen_cuda (the flash backward of attention_backward_cuda with
+/// the same lower bound; deterministic): dq (N, H, D), dk, dv (N, Hkv, D) bf16 assigned; the other
+/// arguments as forward and attention_backward_cuda.
+void attention_backward_varlen_cuda(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf16* out,
+                                    const float* lse, const bf16* q, const bf16* k, const bf16* v,
+                                    const int32_t* pos, int64_t N, int64_t H, int64_t Hkv,
+                                    int64_t D, cudaStream_t stream);
 
 /// Keys per split of attention_decode_cuda (flash-decoding: the keys of one sequence and KV head
 /// are cut into splits of this many positions; a second kernel combines the partial results).

@@ -26,19 +26,20 @@ TEST_CASE("bf16: N ranks (ZeRO-3) train like 1 rank") {
   model::ParamLayout layout(cfg, model::HeadKind::kLM);
   // The single-rank bf16 reference, on every rank: one micro-batch of all sequences.
   auto ref = parallel::make_cpu_train_model(std::make_unique<parallel::LocalParamStore>(layout),
-                                            false, true);
+                                            false, nullptr, parallel::kSweepResidualBytes, true);
   init_store(ref->store(), 5);
   const auto ref_norms = train(*ref, cfg, 4, 0, kSeqs, kSeqs);
   const auto ref_w = full_weights(ref->store());
   // And the fp32 single-rank run, to show the tolerance is well below the bf16 / fp32 gap.
-  auto f32 = parallel::make_cpu_train_model(std::make_unique<parallel::LocalParamStore>(layout),
-                                            false, false);
+  auto f32 =
+      parallel::make_cpu_train_model(std::make_unique<parallel::LocalParamStore>(layout), false);
   init_store(f32->store(), 5);
   train(*f32, cfg, 4, 0, kSeqs, kSeqs);
   const auto f32_w = full_weights(f32->store());
 
   auto net = parallel::make_cpu_train_model(
-      std::make_unique<parallel::Zero3Store>(layout, *comm, parallel::Zero3Options{}), false, true);
+      std::make_unique<parallel::Zero3Store>(layout, *comm, parallel::Zero3Options{}), false,
+      comm.get(), parallel::kSweepResidualBytes, true);
   init_store(net->store(), 5);
   const int64_t per = kSeqs / N;
   const auto norms = train(*net, cfg, 4, r * per, per, 1);

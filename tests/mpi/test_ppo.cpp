@@ -560,3 +560,38 @@ TEST_CASE("--use_dynamic_batch: token budgets train like sample counts, N ranks 
       compare(one, many, name + ": N ranks vs 1");
     }
 }
+
+TEST_CASE("--packing_samples: packed micro-batches train like padded ones, N ranks like 1 rank") {
+  auto world = parallel::make_comm(MPI_COMM_WORLD, "train_comm");
+  auto self = parallel::make_comm(MPI_COMM_SELF, "self");
+  const auto cfg = small_config(false);
+  // Synthetic sequences are 3..10 tokens: a budget of 20 packed tokens holds two to six samples.
+  for (bool dynamic : {false, true})
+    for (bool ppo : {false, true}) {
+      const std::string name = std::string(ppo ? "ppo" : "grpo") +
+                               (dynamic ? " packed, budget 20" : " packed") +
+                               " N=" + std::to_string(world->size());
+      auto packed = [dynamic](rl::PpoOptions& o) {
+        o.packing = true;
+        o.dynamic_batch = dynamic;
+        o.train_max_tokens = 20;
+        o.rollout_max_tokens = 20;
+      };
+      const Run padded = run(*self, ppo, cfg);
+      const Run one = run(*self, ppo, cfg, false, nullptr, 1e-8, rl::LossAggMode::kTokenMean,
+                          rl::PolicyLossType::kPpo, packed);
+      // The same experience (each sample attends to itself only, positions from 0: the padded
+      // forward's values up to summation order) and the same step.
+      for (auto [a, b, what] : {std::tuple{&one.lp_old, &padded.lp_old, "lp_old"},
+                                std::tuple{&one.lp_ref, &padded.lp_ref, "lp_ref"},
+                                std::tuple{&one.values, &padded.values, "values"}}) {
+        auto c = test::compare_arrays(a->data(), b->data(), int64_t(a->size()));
+        INFO(c.summary(name + " " + what));
+        CHECK(c.max_abs_err <= 1e-5);
+      }
+      compare(padded, one, name + ": packed vs padded");
+      const Run many = run(*world, ppo, cfg, false, nullptr, 1e-8, rl::LossAggMode::kTokenMean,
+                           rl::PolicyLossType::kPpo, packed);
+      compare(one, many, name + ": N ranks vs 1");
+    }
+}

@@ -54,25 +54,52 @@ void check_dims(const char* op, int64_t B, int64_t T_, int64_t H, int64_t Hkv, i
 
 }  // namespace
 
-// Per (b, h), per block of query rows [t0, t1):
+namespace {
+
+// The per-sample offsets of the saved probabilities: sample s's (H, n_s, n_s) block starts at
+// H·Σ_{s'<s} n_s'² (for B rows of T tokens: (b·H + h)·T·T, the (B, H, T, T) layout).
+std::vector<int64_t> att_offsets(const int32_t* cu, int64_t n, int64_t H) {
+  std::vector<int64_t> off(size_t(n + 1), 0);
+  for (int64_t s = 0; s < n; ++s) {
+    const int64_t len = cu[s + 1] - cu[s];
+    off[size_t(s + 1)] = off[size_t(s)] + H * len * len;
+  }
+  return off;
+}
+
+std::vector<int32_t> uniform_cu(int64_t B, int64_t T_) {
+  std::vector<int32_t> cu(size_t(B + 1));
+  for (int64_t b = 0; b <= B; ++b) cu[size_t(b)] = int32_t(b * T_);
+  return cu;
+}
+
+void check_cu(const char* op, const int32_t* cu, int64_t n) {
+  RLHF_CHECK(cu != nullptr && n >= 1 && cu[0] == 0, "{}: cu_seqlens must start at 0 (n = {})", op,
+             n);
+  for (int64_t s = 0; s < n; ++s)
+    RLHF_CHECK(cu[s + 1] > cu[s], "{}: sample {} of the packed batch is empty", op, s);
+}
+
+// Per (sample, head), per block of query rows [t0, t1) of the sample's Tn tokens:
 //   P[t0:t1, 0:t1] = Q[t0:t1] · K[0:t1]ᵀ / sqrt(D)            (GEMM, written straight into att)
 //   row-wise softmax over s ≤ t, zeros for s > t
 //   out[t0:t1]     = P[t0:t1, 0:t1] · V[0:t1]                  (GEMM)
 template <typename T>
-void attention_forward_cpu(T* out, T* att, const T* q, const T* k, const T* v, int64_t B,
-                           int64_t T_, int64_t H, int64_t Hkv, int64_t D) {
-  check_dims("attention_forward_cpu", B, T_, H, Hkv, D);
+void forward_varlen(T* out, T* att, const T* q, const T* k, const T* v, const int32_t* cu,
+                    int64_t n_seqs, int64_t H, int64_t Hkv, int64_t D) {
   const int64_t G = H / Hkv;               // query heads per KV head
   const int64_t qs = H * D, ks = Hkv * D;  // row strides of q/out and k/v
   const T sc = T(1) / std::sqrt(static_cast<T>(D));
+  const std::vector<int64_t> aoff = att_offsets(cu, n_seqs, H);
 #pragma omp parallel for schedule(static)
-  for (int64_t bh = 0; bh < B * H; ++bh) {
+  for (int64_t bh = 0; bh < n_seqs * H; ++bh) {
     const int64_t b = bh / H, h = bh % H, g = h / G;
-    const T* qb = q + b * T_ * qs + h * D;  // (T, D), row stride qs
-    const T* kb = k + b * T_ * ks + g * D;  // (T, D), row stride ks
-    const T* vb = v + b * T_ * ks + g * D;
-    T* ob = out + b * T_ * qs + h * D;
-    T* P = att + bh * T_ * T_;  // (T, T)
+    const int64_t t_first = cu[b], T_ = cu[b + 1] - cu[b];
+    const T* qb = q + t_first * qs + h * D;  // (T, D), row stride qs
+    const T* kb = k + t_first * ks + g * D;  // (T, D), row stride ks
+    const T* vb = v + t_first * ks + g * D;
+    T* ob = out + t_first * qs + h * D;
+    T* P = att + aoff[size_t(b)] + h * T_ * T_;  // (T, T)
     for (int64_t t0 = 0; t0 < T_; t0 += kRowBlock) {
       const int64_t t1 = std::min(T_, t0 + kRowBlock), m = t1 - t0;
       gemm(false, true, m, t1, D, sc, qb + t0 * qs, qs, kb, ks, T(0), P + t0 * T_, T_);
@@ -105,40 +132,43 @@ void attention_forward_cpu(T* out, T* att, const T* q, const T* k, const T* v, i
 // With S = QKᵀ/sqrt(D), P = softmax(S) (causal), O = PV and dO given:
 //   dV = Pᵀ·dO,  dP = dO·Vᵀ,  dS = P ⊙ (dP − rowsum(P ⊙ dP)),  dQ = dS·K/sqrt(D),
 //   dK = dSᵀ·Q/sqrt(D),
-// dK and dV summed over the G query heads of each KV head. The loop runs over (b, KV head), each
-// owned by one thread that adds its heads and row blocks in a fixed order: the result is
+// dK and dV summed over the G query heads of each KV head. The loop runs over (sample, KV head),
+// each owned by one thread that adds its heads and row blocks in a fixed order: the result is
 // deterministic and independent of the thread count, with no atomics. Per thread scratch: one
-// (kRowBlock, T) block of dP/dS, allocated once per call.
+// (kRowBlock, longest sample) block of dP/dS, allocated once per call.
 template <typename T>
-void attention_backward_cpu(T* dq, T* dk, T* dv, const T* dout, const T* att, const T* q,
-                            const T* k, const T* v, int64_t B, int64_t T_, int64_t H, int64_t Hkv,
-                            int64_t D) {
-  check_dims("attention_backward_cpu", B, T_, H, Hkv, D);
+void backward_varlen(T* dq, T* dk, T* dv, const T* dout, const T* att, const T* q, const T* k,
+                     const T* v, const int32_t* cu, int64_t n_seqs, int64_t H, int64_t Hkv,
+                     int64_t D) {
   const int64_t G = H / Hkv;
   const int64_t qs = H * D, ks = Hkv * D;
   const T sc = T(1) / std::sqrt(static_cast<T>(D));
+  const std::vector<int64_t> aoff = att_offsets(cu, n_seqs, H);
+  int64_t longest = 0;
+  for (int64_t s = 0; s < n_seqs; ++s) longest = std::max<int64_t>(longest, cu[s + 1] - cu[s]);
   // Allocated here, not inside the parallel region, so that a failed allocation throws normally.
-  const int64_t ds_elems = std::min(kRowBlock, T_) * T_;
+  const int64_t ds_elems = std::min(kRowBlock, longest) * longest;
   std::vector<T> ds_buf(static_cast<size_t>(omp_get_max_threads() * ds_elems));
 #pragma omp parallel
   {
     T* ds = ds_buf.data() + omp_get_thread_num() * ds_elems;
 #pragma omp for schedule(static)
-    for (int64_t bg = 0; bg < B * Hkv; ++bg) {
+    for (int64_t bg = 0; bg < n_seqs * Hkv; ++bg) {
       const int64_t b = bg / Hkv, g = bg % Hkv;
-      const T* kb = k + b * T_ * ks + g * D;
-      const T* vb = v + b * T_ * ks + g * D;
-      T* dkb = dk + b * T_ * ks + g * D;
-      T* dvb = dv + b * T_ * ks + g * D;
+      const int64_t t_first = cu[b], T_ = cu[b + 1] - cu[b];
+      const T* kb = k + t_first * ks + g * D;
+      const T* vb = v + t_first * ks + g * D;
+      T* dkb = dk + t_first * ks + g * D;
+      T* dvb = dv + t_first * ks + g * D;
       for (int64_t t = 0; t < T_; ++t) {
         std::fill(dkb + t * ks, dkb + t * ks + D, T(0));
         std::fill(dvb + t * ks, dvb + t * ks + D, T(0));
       }
       for (int64_t h = g * G; h < (g + 1) * G; ++h) {
-        const T* qb = q + b * T_ * qs + h * D;
-        const T* dob = dout + b * T_ * qs + h * D;
-        T* dqb = dq + b * T_ * qs + h * D;
-        const T* P = att + (b * H + h) * T_ * T_;
+        const T* qb = q + t_first * qs + h * D;
+        const T* dob = dout + t_first * qs + h * D;
+        T* dqb = dq + t_first * qs + h * D;
+        const T* P = att + aoff[size_t(b)] + h * T_ * T_;
         for (int64_t t0 = 0; t0 < T_; t0 += kRowBlock) {
           const int64_t t1 = std::min(T_, t0 + kRowBlock), m = t1 - t0;
           // dP = dO[t0:t1] · V[0:t1]ᵀ  -> ds (m, t1)
@@ -168,6 +198,41 @@ void attention_backward_cpu(T* dq, T* dk, T* dv, const T* dout, const T* att, co
   }
 }
 
+}  // namespace
+
+template <typename T>
+void attention_forward_cpu(T* out, T* att, const T* q, const T* k, const T* v, int64_t B,
+                           int64_t T_, int64_t H, int64_t Hkv, int64_t D) {
+  check_dims("attention_forward_cpu", B, T_, H, Hkv, D);
+  forward_varlen(out, att, q, k, v, uniform_cu(B, T_).data(), B, H, Hkv, D);
+}
+
+template <typename T>
+void attention_backward_cpu(T* dq, T* dk, T* dv, const T* dout, const T* att, const T* q,
+                            const T* k, const T* v, int64_t B, int64_t T_, int64_t H, int64_t Hkv,
+                            int64_t D) {
+  check_dims("attention_backward_cpu", B, T_, H, Hkv, D);
+  backward_varlen(dq, dk, dv, dout, att, q, k, v, uniform_cu(B, T_).data(), B, H, Hkv, D);
+}
+
+template <typename T>
+void attention_forward_varlen_cpu(T* out, T* att, const T* q, const T* k, const T* v,
+                                  const int32_t* cu_seqlens, int64_t n_seqs, int64_t H, int64_t Hkv,
+                                  int64_t D) {
+  check_dims("attention_forward_varlen_cpu", n_seqs, 1, H, Hkv, D);
+  check_cu("attention_forward_varlen_cpu", cu_seqlens, n_seqs);
+  forward_varlen(out, att, q, k, v, cu_seqlens, n_seqs, H, Hkv, D);
+}
+
+template <typename T>
+void attention_backward_varlen_cpu(T* dq, T* dk, T* dv, const T* dout, const T* att, const T* q,
+                                   const T* k, const T* v, const int32_t* cu_seqlens,
+                                   int64_t n_seqs, int64_t H, int64_t Hkv, int64_t D) {
+  check_dims("attention_backward_varlen_cpu", n_seqs, 1, H, Hkv, D);
+  check_cu("attention_backward_varlen_cpu", cu_seqlens, n_seqs);
+  backward_varlen(dq, dk, dv, dout, att, q, k, v, cu_seqlens, n_seqs, H, Hkv, D);
+}
+
 template void attention_forward_cpu<float>(float*, float*, const float*, const float*, const float*,
                                            int64_t, int64_t, int64_t, int64_t, int64_t);
 template void attention_forward_cpu<double>(double*, double*, const double*, const double*,
@@ -180,5 +245,14 @@ template void attention_backward_cpu<double>(double*, double*, double*, const do
                                              const double*, const double*, const double*,
                                              const double*, int64_t, int64_t, int64_t, int64_t,
                                              int64_t);
+#define RLHF_INSTANTIATE_VARLEN(T)                                                               \
+  template void attention_forward_varlen_cpu<T>(                                                 \
+      T*, T*, const T*, const T*, const T*, const int32_t*, int64_t, int64_t, int64_t, int64_t); \
+  template void attention_backward_varlen_cpu<T>(T*, T*, T*, const T*, const T*, const T*,       \
+                                                 const T*, const T*, const int32_t*, int64_t,    \
+                                                 int64_t, int64_t, int64_t);
+RLHF_INSTANTIATE_VARLEN(float)
+RLHF_INSTANTIATE_VARLEN(double)
+#undef RLHF_INSTANTIATE_VARLEN
 
 }  // namespace rlhf::model

@@ -13,6 +13,13 @@
 // Masking: a (row t, key tile from s0) pair is only visited when s0 <= t, so the tile's first key
 // is always visible and every running max is finite; keys s > t get score −inf (p = 0). Keys past
 // T are loaded as zeros and are masked the same way (s > t for every t < T).
+//
+// Packed rows (varlen: pos != nullptr, sample packing): row t sees keys lo_t <= s <= t only, with
+// lo_t = t − pos[t] the first token of its sample (positions restart at 0 per sample). A (row,
+// tile) pair is then visited only when the tile also reaches lo_t (s0 + kBc > lo_t), so its first
+// visible key max(s0, lo_t) <= t keeps the running max finite; the key loops start at the tile of
+// the block's first row's lo, and dk/dv stop at the first query tile whose rows all start after
+// the block's last key. pos = nullptr: lo_t = 0, the plain causal kernels.
 #include <atomic>
 
 #include "model/ops/attention.h"
@@ -66,8 +73,8 @@ __device__ __forceinline__ float dot_shared(const float* a, const float* b, int 
 // early. Shared: q tile (kFwdBr, D), K and V tiles (kBc, D + 1).
 template <int kDC>
 __global__ void __launch_bounds__(kWarps* kWarpSize)
-    attn_fwd_kernel(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v, int T,
-                    int H, int Hkv, int D, float scale) {
+    attn_fwd_kernel(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v,
+                    const int32_t* pos, int T, int H, int Hkv, int D, float scale) {
   extern __shared__ float smem[];
   const int ks = D + 1;
   float* sq = smem;
@@ -96,7 +103,15 @@ __global__ void __launch_bounds__(kWarps* kWarpSize)
     for (int c = 0; c < kDC; ++c) acc[rr][c] = 0.0f;
   }
   const int t_last = min(T, t0 + kFwdBr) - 1;
-  for (int s0 = 0; s0 <= t_last; s0 += kBc) {
+  const int32_t* pos_b = pos != nullptr ? pos + static_cast<int64_t>(b) * T : nullptr;
+  int lo[kFwdRows];  // first visible key of each row (its sample's first token)
+#pragma unroll
+  for (int rr = 0; rr < kFwdRows; ++rr) {
+    const int t = t0 + warp * kFwdRows + rr;
+    lo[rr] = pos_b != nullptr && t < T ? t - pos_b[t] : 0;
+  }
+  const int s_first = pos_b != nullptr ? (t0 - pos_b[t0]) / kBc * kBc : 0;
+  for (int s0 = s_first; s0 <= t_last; s0 += kBc) {
     __syncthreads();  // the previous tiles are consumed (and sq is complete)
     load_tile(sk, kb, kvs, s0, T, D);
     load_tile(sv, vb, kvs, s0, T, D);
@@ -104,9 +119,10 @@ __global__ void __launch_bounds__(kWarps* kWarpSize)
 #pragma unroll
     for (int rr = 0; rr < kFwdRows; ++rr) {
       const int r = warp * kFwdRows + rr, t = t0 + r;
-      if (t >= T || s0 > t) continue;  // warp-uniform
+      if (t >= T || s0 > t || s0 + kBc <= lo[rr]) continue;  // warp-uniform
       const int s = s0 + lane;
-      const float score = s <= t ? dot_shared(sq + r * D, sk + lane * ks, D) * scale : -INFINITY;
+      const float score =
+          s <= t && s >= lo[rr] ? dot_shared(sq + r * D, sk + lane * ks, D) * scale : -INFINITY;
       const float m_new = fmaxf(m[rr], warp_max(score));  // finite: key s0 <= t is visible
       const float corr = expf(m[rr] - m_new);             // 0 on the first tile (m = −inf)
       const float p = expf(score - m_new);                // 0 for masked keys
@@ -148,7 +164,8 @@ __global__ void __launch_bounds__(kWarps* kWarpSize)
 template <int kDC>
 __global__ void __launch_bounds__(kWarps* kWarpSize)
     attn_bwd_dq_kernel(bf16* dq, const bf16* dout, const bf16* out, const float* lse, const bf16* q,
-                       const bf16* k, const bf16* v, int T, int H, int Hkv, int D, float scale) {
+                       const bf16* k, const bf16* v, const int32_t* pos, int T, int H, int Hkv,
+                       int D, float scale) {
   extern __shared__ float smem[];
   const int ks = D + 1;
   float* sq = smem;
@@ -171,10 +188,13 @@ __global__ void __launch_bounds__(kWarps* kWarpSize)
     sq[i] = t < T ? to_f32(q[idx]) : 0.0f;
     sdo[i] = t < T ? to_f32(dout[idx]) : 0.0f;
   }
+  const int32_t* pos_b = pos != nullptr ? pos + static_cast<int64_t>(b) * T : nullptr;
   float row_lse[kDqRows], delta[kDqRows], acc[kDqRows][kDC];
+  int lo[kDqRows];
 #pragma unroll
   for (int rr = 0; rr < kDqRows; ++rr) {
     const int t = t0 + warp * kDqRows + rr;
+    lo[rr] = pos_b != nullptr && t < T ? t - pos_b[t] : 0;
     float part = 0.0f;
     if (t < T)
       for (int d = lane; d < D; d += kWarpSize) {
@@ -187,7 +207,8 @@ __global__ void __launch_bounds__(kWarps* kWarpSize)
     for (int c = 0; c < kDC; ++c) acc[rr][c] = 0.0f;
   }
   const int t_last = min(T, t0 + kDqBr) - 1;
-  for (int s0 = 0; s0 <= t_last; s0 += kBc) {
+  const int s_first = pos_b != nullptr ? (t0 - pos_b[t0]) / kBc * kBc : 0;
+  for (int s0 = s_first; s0 <= t_last; s0 += kBc) {
     __syncthreads();
     load_tile(sk, kb, kvs, s0, T, D);
     load_tile(sv, vb, kvs, s0, T, D);
@@ -195,10 +216,10 @@ __global__ void __launch_bounds__(kWarps* kWarpSize)
 #pragma unroll
     for (int rr = 0; rr < kDqRows; ++rr) {
       const int r = warp * kDqRows + rr, t = t0 + r;
-      if (t >= T || s0 > t) continue;  // warp-uniform
+      if (t >= T || s0 > t || s0 + kBc <= lo[rr]) continue;  // warp-uniform
       const int s = s0 + lane;
       float ds = 0.0f;
-      if (s <= t) {
+      if (s <= t && s >= lo[rr]) {
         const float p = expf(dot_shared(sq + r * D, sk + lane * ks, D) * scale - row_lse[rr]);
         const float dp = dot_shared(sdo + r * D, sv + lane * ks, D);
         ds = p * (dp - delta[rr]);
@@ -237,8 +258,8 @@ __global__ void __launch_bounds__(kWarps* kWarpSize)
 template <int kDC>
 __global__ void __launch_bounds__(kWarps* kWarpSize)
     attn_bwd_dkdv_kernel(bf16* dk, bf16* dv, const bf16* dout, const bf16* out, const float* lse,
-                         const bf16* q, const bf16* k, const bf16* v, int T, int H, int Hkv, int D,
-                         float scale) {
+                         const bf16* q, const bf16* k, const bf16* v, const int32_t* pos, int T,
+                         int H, int Hkv, int D, float scale) {
   extern __shared__ float smem[];
   float* sq = smem;                // (kDkvBr, D)
   float* sdo = sq + kDkvBr * D;    // (kDkvBr, D)
@@ -253,6 +274,10 @@ __global__ void __launch_bounds__(kWarps* kWarpSize)
   const int64_t kvoff = static_cast<int64_t>(b) * T * kvs + static_cast<int64_t>(g) * D;
   const int s0 = tile * kDkvBc;
   const int sw = s0 + warp * kKeysPerWarp;  // first key of this warp
+  const int32_t* pos_b = pos != nullptr ? pos + static_cast<int64_t>(b) * T : nullptr;
+  // Packed: the rows after the sample of the block's last key see none of its keys.
+  const int s_last = min(T, s0 + kDkvBc) - 1, sw_last = sw + kKeysPerWarp - 1;
+  auto row_lo = [&](int t) { return pos_b != nullptr ? t - pos_b[t] : 0; };
   float kr[kKeysPerWarp][kDC], vr[kKeysPerWarp][kDC], dka[kKeysPerWarp][kDC],
       dva[kKeysPerWarp][kDC];
 #pragma unroll
@@ -273,7 +298,7 @@ __global__ void __launch_bounds__(kWarps* kWarpSize)
     const int h = g * G + hh;
     const int64_t qoff = static_cast<int64_t>(b) * T * qs + static_cast<int64_t>(h) * D;
     const float* lse_bh = lse + (static_cast<int64_t>(b) * H + h) * T;
-    for (int tq0 = s0; tq0 < T; tq0 += kDkvBr) {
+    for (int tq0 = s0; tq0 < T && row_lo(tq0) <= s_last; tq0 += kDkvBr) {
       __syncthreads();  // the previous query tile is consumed
       for (int i = threadIdx.x; i < kDkvBr * D; i += blockDim.x) {
         const int r = i / D, d = i % D, t = tq0 + r;
@@ -300,6 +325,8 @@ __global__ void __launch_bounds__(kWarps* kWarpSize)
       for (int r = 0; r < rows; ++r) {
         const int t = tq0 + r;
         if (t < sw) continue;  // every key of this warp is after t (warp-uniform)
+        const int lo = row_lo(t);
+        if (lo > sw_last) continue;  // every key of this warp precedes t's sample (warp-uniform)
         const float* qrow = sq + r * D;
         const float* dorow = sdo + r * D;
         float sc[kKeysPerWarp], dp[kKeysPerWarp];
@@ -325,7 +352,7 @@ __global__ void __launch_bounds__(kWarps* kWarpSize)
 #pragma unroll
         for (int j = 0; j < kKeysPerWarp; ++j) {
           const int s = sw + j;
-          const float p = s <= t ? expf(sc[j] * scale - row_lse) : 0.0f;  // s <= t < T
+          const float p = s <= t && s >= lo ? expf(sc[j] * scale - row_lse) : 0.0f;  // s <= t < T
           const float ds = p * (dp[j] - row_delta);
 #pragma unroll
           for (int c = 0; c < kDC; ++c) {
@@ -557,32 +584,34 @@ unsigned grid_1d(int64_t blocks, const char* op) {
 }
 
 template <int kDC>
-void launch_forward(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v, int64_t B,
-                    int64_t T, int64_t H, int64_t Hkv, int64_t D, cudaStream_t stream) {
+void launch_forward(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v,
+                    const int32_t* pos, int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D,
+                    cudaStream_t stream) {
   const size_t smem = sizeof(float) * static_cast<size_t>(kFwdBr * D + 2 * kBc * (D + 1));
   const unsigned grid = grid_1d(B * H * cuda::ceil_div(T, kFwdBr), "attention_forward_cuda");
   attn_fwd_kernel<kDC><<<grid, kWarps * kWarpSize, smem, stream>>>(
-      out, lse, q, k, v, static_cast<int>(T), static_cast<int>(H), static_cast<int>(Hkv),
+      out, lse, q, k, v, pos, static_cast<int>(T), static_cast<int>(H), static_cast<int>(Hkv),
       static_cast<int>(D), 1.0f / sqrtf(static_cast<float>(D)));
   CUDA_CHECK(cudaGetLastError());
 }
 
 template <int kDC>
 void launch_backward(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf16* out,
-                     const float* lse, const bf16* q, const bf16* k, const bf16* v, int64_t B,
-                     int64_t T, int64_t H, int64_t Hkv, int64_t D, cudaStream_t stream) {
+                     const float* lse, const bf16* q, const bf16* k, const bf16* v,
+                     const int32_t* pos, int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D,
+                     cudaStream_t stream) {
   const float scale = 1.0f / sqrtf(static_cast<float>(D));
   const int Ti = static_cast<int>(T), Hi = static_cast<int>(H), Hkvi = static_cast<int>(Hkv),
             Di = static_cast<int>(D);
   const size_t smem_dq = sizeof(float) * static_cast<size_t>(2 * kDqBr * D + 2 * kBc * (D + 1));
   const unsigned grid_dq = grid_1d(B * H * cuda::ceil_div(T, kDqBr), "attention_backward_cuda");
   attn_bwd_dq_kernel<kDC><<<grid_dq, kWarps * kWarpSize, smem_dq, stream>>>(
-      dq, dout, out, lse, q, k, v, Ti, Hi, Hkvi, Di, scale);
+      dq, dout, out, lse, q, k, v, pos, Ti, Hi, Hkvi, Di, scale);
   CUDA_CHECK(cudaGetLastError());
   const size_t smem_kv = sizeof(float) * static_cast<size_t>(2 * kDkvBr * D + 2 * kDkvBr);
   const unsigned grid_kv = grid_1d(B * Hkv * cuda::ceil_div(T, kDkvBc), "attention_backward_cuda");
   attn_bwd_dkdv_kernel<kDC><<<grid_kv, kWarps * kWarpSize, smem_kv, stream>>>(
-      dk, dv, dout, out, lse, q, k, v, Ti, Hi, Hkvi, Di, scale);
+      dk, dv, dout, out, lse, q, k, v, pos, Ti, Hi, Hkvi, Di, scale);
   CUDA_CHECK(cudaGetLastError());
 }
 
@@ -663,11 +692,11 @@ void attention_forward_cuda(bf16* out, float* lse, const bf16* q, const bf16* k,
     return;
   switch (d_chunks(D)) {
     case 1:
-      return launch_forward<1>(out, lse, q, k, v, B, T_, H, Hkv, D, stream);
+      return launch_forward<1>(out, lse, q, k, v, nullptr, B, T_, H, Hkv, D, stream);
     case 2:
-      return launch_forward<2>(out, lse, q, k, v, B, T_, H, Hkv, D, stream);
+      return launch_forward<2>(out, lse, q, k, v, nullptr, B, T_, H, Hkv, D, stream);
     default:
-      return launch_forward<4>(out, lse, q, k, v, B, T_, H, Hkv, D, stream);
+      return launch_forward<4>(out, lse, q, k, v, nullptr, B, T_, H, Hkv, D, stream);
   }
 }
 
@@ -682,11 +711,47 @@ void attention_backward_cuda(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, con
     return;
   switch (d_chunks(D)) {
     case 1:
-      return launch_backward<1>(dq, dk, dv, dout, out, lse, q, k, v, B, T_, H, Hkv, D, stream);
+      return launch_backward<1>(dq, dk, dv, dout, out, lse, q, k, v, nullptr, B, T_, H, Hkv, D,
+                                stream);
     case 2:
-      return launch_backward<2>(dq, dk, dv, dout, out, lse, q, k, v, B, T_, H, Hkv, D, stream);
+      return launch_backward<2>(dq, dk, dv, dout, out, lse, q, k, v, nullptr, B, T_, H, Hkv, D,
+                                stream);
     default:
-      return launch_backward<4>(dq, dk, dv, dout, out, lse, q, k, v, B, T_, H, Hkv, D, stream);
+      return launch_backward<4>(dq, dk, dv, dout, out, lse, q, k, v, nullptr, B, T_, H, Hkv, D,
+                                stream);
+  }
+}
+
+void attention_forward_varlen_cuda(bf16* out, float* lse, const bf16* q, const bf16* k,
+                                   const bf16* v, const int32_t* pos, int64_t N, int64_t H,
+                                   int64_t Hkv, int64_t D, cudaStream_t stream) {
+  NVTX_RANGE_FN();
+  check_dims("attention_forward_varlen_cuda", 1, N, H, Hkv, D);
+  RLHF_CHECK(pos != nullptr, "attention_forward_varlen_cuda: pos is null");
+  switch (d_chunks(D)) {
+    case 1:
+      return launch_forward<1>(out, lse, q, k, v, pos, 1, N, H, Hkv, D, stream);
+    case 2:
+      return launch_forward<2>(out, lse, q, k, v, pos, 1, N, H, Hkv, D, stream);
+    default:
+      return launch_forward<4>(out, lse, q, k, v, pos, 1, N, H, Hkv, D, stream);
+  }
+}
+
+void attention_backward_varlen_cuda(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf16* out,
+                                    const float* lse, const bf16* q, const bf16* k, const bf16* v,
+                                    const int32_t* pos, int64_t N, int64_t H, int64_t Hkv,
+                                    int64_t D, cudaStream_t stream) {
+  NVTX_RANGE_FN();
+  check_dims("attention_backward_varlen_cuda", 1, N, H, Hkv, D);
+  RLHF_CHECK(pos != nullptr, "attention_backward_varlen_cuda: pos is null");
+  switch (d_chunks(D)) {
+    case 1:
+      return launch_backward<1>(dq, dk, dv, dout, out, lse, q, k, v, pos, 1, N, H, Hkv, D, stream);
+    case 2:
+      return launch_backward<2>(dq, dk, dv, dout, out, lse, q, k, v, pos, 1, N, H, Hkv, D, stream);
+    default:
+      return launch_backward<4>(dq, dk, dv, dout, out, lse, q, k, v, pos, 1, N, H, Hkv, D, stream);
   }
 }
 
