@@ -2,6 +2,7 @@
 
 #include <mpi.h>
 
+#include <algorithm>
 #include <chrono>
 #include <random>
 #include <vector>
@@ -36,11 +37,11 @@ void run_bench_packing(const BenchPackingOptions& opt, const Emit& emit) {
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   if (rank != 0) return;
-  const model::ModelConfig& cfg = opt.config;
-  RLHF_CHECK(
-      opt.len_lo >= 2 && opt.len_lo <= opt.len_hi && opt.len_hi <= cfg.max_position_embeddings,
-      "bench packing: lengths [{}, {}] must lie in [2, max_position_embeddings = {}]", opt.len_lo,
-      opt.len_hi, cfg.max_position_embeddings);
+  // The shape's positions are raised to the longest sample (RoPE tables only: random weights).
+  model::ModelConfig cfg = opt.config;
+  cfg.max_position_embeddings = std::max(cfg.max_position_embeddings, opt.len_hi);
+  RLHF_CHECK(opt.len_lo >= 2 && opt.len_lo <= opt.len_hi,
+             "bench packing: lengths [{}, {}] must satisfy 2 <= lo <= hi", opt.len_lo, opt.len_hi);
   const model::ParamLayout layout(cfg, model::HeadKind::kLM);
   auto store = std::make_unique<parallel::LocalParamStore>(layout);
   for (int u = 0; u < layout.num_units(); ++u) {

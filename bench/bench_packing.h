@@ -31,7 +31,8 @@ struct BenchPackingOptions {
 ///    padded_tokens, padded_s, padded_tokens_per_s, packed_micro_batches, packed_budget,
 ///    packed_s, packed_tokens_per_s, speedup}
 /// with seconds the mean over opt.steps timed passes and tokens/s counting real tokens only.
-/// Throws rlhf::Error on a length range outside [1, max_position_embeddings].
+/// The config's max_position_embeddings is raised to len_hi if below (the weights are random).
+/// Throws rlhf::Error unless 2 <= len_lo <= len_hi.
 void run_bench_packing(const BenchPackingOptions& opt, const Emit& emit);
 
 }  // namespace rlhf::bench
