@@ -124,15 +124,16 @@ class AdaptersOff final : public TrainModel {
   ParamStore& store() override { return m_.store(); }
   const char* device() const override { return m_.device(); }
   void forward_lm(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T, float* lp,
-                  float* entropy, bool for_backward, float inv_temperature) override {
+                  float* entropy, bool for_backward, float inv_temperature,
+                  model::SeqLens seqs) override {
     Off off(m_);
-    m_.forward_lm(tokens, targets, B, T, lp, entropy, for_backward, inv_temperature);
+    m_.forward_lm(tokens, targets, B, T, lp, entropy, for_backward, inv_temperature, seqs);
   }
   void backward_lm(const float*, const float*) override { frozen(); }
-  void forward_scalar(const int32_t* tokens, int64_t B, int64_t T, float* values,
-                      bool for_backward) override {
+  void forward_scalar(const int32_t* tokens, int64_t B, int64_t T, float* values, bool for_backward,
+                      model::SeqLens seqs) override {
     Off off(m_);
-    m_.forward_scalar(tokens, B, T, values, for_backward);
+    m_.forward_scalar(tokens, B, T, values, for_backward, seqs);
   }
   void backward_scalar(const float*) override { frozen(); }
   void forward_lm_sweep(const std::vector<ForwardBatch>& batches, float inv_temperature) override {
