@@ -14,7 +14,8 @@ so a failure replays):
     heartbeat") and the phase ("(sft step 7/40)", "(RL step 3, ...)", "(generate, ...)");
   * a killed rank: mpirun's message names it ("process rank 1 with PID N ... exited on signal 9"),
     and a surviving rank, which mpirun then ends with SIGTERM, names the phase it was in ("rlhf
-    rank 0: SIGTERM received during RL step 4, weight sync");
+    rank 0: SIGTERM received during RL step 4, weight sync") — reported when mpirun forwards the
+    line before its SIGKILL, not required (that race is mpirun's);
   * the training modes then run again with --load_checkpoint and must equal the straight run:
     every metrics record (timings aside) and the final weights fingerprint.
 A fault that landed after the job had already finished is drawn again at half the time (at most 3
@@ -279,12 +280,13 @@ class Campaign:
                               text)
                 if not m:
                     problems.append(f"mpirun does not name rank {victim} as killed")
-                # mpirun then ends the other ranks with SIGTERM: each says what it was doing.
+                # mpirun then ends the other ranks with SIGTERM: each says what it was doing, when
+                # mpirun forwards that line before its SIGKILL follows (best effort: reported, not
+                # required — the race is mpirun's).
                 p = re.search(r"rlhf rank \d+: SIGTERM received during "
                               r"\(?(sft step|RL step|generate)[^\n]*", text)
-                if not p:
-                    problems.append("no surviving rank names the phase it was in")
-                said = (m.group(0) if m else "") + (f"; {p.group(0)}" if p else "")
+                said = (m.group(0) if m else "") + (
+                    f"; {p.group(0)}" if p else "; (no survivor's phase line reached the log)")
             resumed = ""
             if resumable and not problems:
                 rc, _ = self.run(args + ["--load_checkpoint"], f"{out}.resume.log", 900)
