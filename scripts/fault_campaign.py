@@ -54,7 +54,7 @@ def mode_commands(mode, src, warm, out):
             "--label_key", "label", "--reward", "math", "--n_samples_per_prompt", "4",
             "--rollout_batch_size", "8", "--train_batch_size", "32", "--micro_train_batch_size",
             "8", "--generate_max_len", "8", "--seed", "1", "--actor_learning_rate", "3e-4",
-            "--threads", "1", "--max_steps", "16", "--save_steps", "2", "--save_path", out,
+            "--threads", "1", "--max_steps", "40", "--save_steps", "2", "--save_path", out,
             "--ckpt_path", f"{out}/ckpt"]
     if mode == "grpo":
         return grpo, True
@@ -210,7 +210,9 @@ class Campaign:
         rng = random.Random(f"{a.seed}-{mode}-{trial}")  # fixed per (seed, mode, trial)
         victim = rng.randrange(2)
         sig = rng.choice([signal.SIGSTOP, signal.SIGKILL])
-        frac = rng.uniform(0.05, 0.8)
+        # Inside the steady state, clear of the run's last moments: a stop during teardown (after
+        # the last step, in MPI_Finalize) is not yet watched — see issue 29's note.
+        frac = rng.uniform(0.05, 0.7)
         name = f"{mode}#{trial}"
         for attempt in range(3):
             out = f"{self.w}/{mode}_{trial}"
