@@ -1,8 +1,9 @@
 // Usage checks that need the world (its size and nodes) but no model: the placement of the ranks
 // (--ranks_per_node, --gen_ranks_per_node, --vllm_tensor_parallel_size), the flag combinations
 // that depend on it (--async_train with colocation) and the tensor-parallel size against the
-// model's heads (its config only, no weights). Run by app/main once after parse_args, on every rank, before any model or dataset loads,
-// so a refusal exits 2 (a usage error) within a second instead of 1 after the models load.
+// model's heads (its config only, no weights). Run by app/main once after parse_args, on every
+// rank, before any model or dataset loads, so a refusal exits 2 (a usage error) within a second
+// instead of 1 after the models load.
 #pragma once
 
 #include <mpi.h>
