@@ -12,17 +12,24 @@
 //   void layer_backward(const P* params, G* grads, int l, const Value* x_in, Acts& a,
 //                       Value* dres)
 //   void copy_rows(Value* dst, const Value* src, int64_t n)
-// and its embedding, heads, buffers and transfers. Adding a loop feature (pipeline stages, a
-// different unit order) is one edit here for both backends.
+//   void final_norm_backward(const P* hp, G* hg)  d RMSNorm(x_L) -> the residual gradient (hg:
+//                                                 nullptr = frozen)
+//   void trunk_backward(Provider& p)              the layers' and the embedding's backward
+// and its embedding, the heads' arithmetic, buffers and transfers. The heads' unit order (which
+// units a head pass acquires and releases, and when) and their pass state are written here once
+// (head_forward, head_backward). Adding a loop feature (pipeline stages, a different unit order)
+// is one edit here for both backends.
 #pragma once
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 #include "core/error.h"
 #include "model/arch.h"
 #include "model/forward_batch.h"
+#include "model/layer_params.h"
 #include "model/layout.h"
 
 namespace rlhf::model {
@@ -186,6 +193,88 @@ class ModelLoop {
     B_ = b.B;
     T_ = b.seq_len;
     N_ = b.B * b.seq_len;
+  }
+
+  /// Refuses a head pass (`what`, e.g. "forward_lm") on a model without the head it needs: an LM
+  /// head (lm) or a value / reward head. Throws rlhf::Error naming `what` and the model's head.
+  void check_head(bool lm, const char* what) const {
+    if (lm)
+      RLHF_CHECK(layout_.head() == HeadKind::kLM, "{} needs a model with an LM head, not '{}'",
+                 what, to_string(layout_.head()));
+    else
+      RLHF_CHECK(layout_.head() != HeadKind::kLM, "{} needs a model with a value or reward head",
+                 what);
+  }
+  /// Refuses a head backward (lm: backward_lm, else backward_scalar) that does not follow a
+  /// forward of the same head with for_backward, or asks for an entropy gradient when that
+  /// forward computed no entropy. Throws rlhf::Error.
+  void check_backward(bool lm, bool entropy_grad) const {
+    if (!lm) {
+      RLHF_CHECK(have_backward_state_ && last_head_ != HeadKind::kLM,
+                 "backward_scalar needs a preceding forward_scalar(for_backward = true)");
+      return;
+    }
+    RLHF_CHECK(have_backward_state_ && last_head_ == HeadKind::kLM,
+               "backward_lm needs a preceding forward_lm(for_backward = true)");
+    RLHF_CHECK(!entropy_grad || entropy_valid_,
+               "backward_lm with an entropy gradient needs forward_lm to compute the entropy");
+  }
+
+  /// The head of a forward pass (or sweep), after its trunk: acquires the head unit and, for an LM
+  /// head tied to the embeddings, the embedding unit (acquire_lm_head), calls fn(hp, w) with the
+  /// head unit's parameters hp and the head weight w (lm_head (V, C), or score (1, C)) to compute
+  /// the outputs, releases the units and ends the pass. Every head pass of both backends takes
+  /// its units in this order, as a ZeRO-3 store's collectives need. for_backward: a backward of
+  /// this head may follow.
+  template <typename Provider, typename Fn>
+  void head_forward(Provider& p, bool for_backward, Fn&& fn) {
+    const int hu = layout_.head_unit();
+    const auto* hp = p.acquire_params(hu);
+    if (layout_.head() == HeadKind::kLM) {
+      using G = std::remove_pointer_t<decltype(p.acquire_grads(hu))>;
+      const auto head = acquire_lm_head(p, layout_, hp, static_cast<G*>(nullptr));
+      fn(hp, head.w);
+      if (head.tied) p.release_params(layout_.embedding_unit());
+    } else {
+      fn(hp, hp + layout_.unit(hu).at("score.weight").offset);
+    }
+    p.release_params(hu);
+    p.end_pass(false);
+    have_backward_state_ = for_backward;
+    last_head_ = layout_.head();
+  }
+
+  /// The backward of the head and then of the trunk: begins the pass, acquires the head unit's
+  /// parameters hp and gradients hg (and, for a tied LM head, the embedding's), calls fn(hp, w, dw)
+  /// — which writes d loss / d RMSNorm(x_L) into the backend's buffer and accumulates the head
+  /// weight's gradient into dw (nullptr: frozen) —, hands a tied head's embedding back at once (a
+  /// ZeRO-3 store reduce-scatters its gradient part then instead of holding an embedding-sized
+  /// buffer through the backward; the embedding's backward acquires it again and accumulates),
+  /// runs net().final_norm_backward(hp, hg), releases the head unit, runs net().trunk_backward(p)
+  /// and ends the pass.
+  template <typename Provider, typename Fn>
+  void head_backward(Provider& p, Fn&& fn) {
+    p.begin_pass(true);
+    const int hu = layout_.head_unit(), eu = layout_.embedding_unit();
+    const auto* hp = p.acquire_params(hu);
+    auto* hg = p.acquire_grads(hu);
+    if (layout_.head() == HeadKind::kLM) {
+      const auto head = acquire_lm_head(p, layout_, hp, hg);
+      fn(hp, head.w, head.dw);
+      if (head.tied) {
+        p.release_grads(eu);
+        p.release_params(eu);
+      }
+    } else {
+      const int64_t off = layout_.unit(hu).at("score.weight").offset;
+      fn(hp, hp + off, hg != nullptr ? hg + off : nullptr);
+    }
+    net().final_norm_backward(hp, hg);
+    p.release_grads(hu);
+    p.release_params(hu);
+    net().trunk_backward(p);
+    have_backward_state_ = false;
+    p.end_pass(true);
   }
 
   /// The residual stream after the last layer of the last forward pass.

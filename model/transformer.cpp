@@ -240,122 +240,74 @@ template <typename T>
 void Transformer<T>::forward_lm(UnitProvider<T>& p, const int32_t* tokens, const int32_t* targets,
                                 int64_t B, int64_t T_len, T* lp, T* entropy, bool for_backward,
                                 T inv_temperature, SeqLens seqs) {
-  RLHF_CHECK(layout_.head() == HeadKind::kLM, "forward_lm needs a model with an LM head, not '{}'",
-             to_string(layout_.head()));
+  check_head(true, "forward_lm");
   bf16_next_pass();
   p.begin_pass(false);
   trunk_forward(p, tokens, B, T_len, for_backward, seqs);
   targets_.assign(targets, targets + N_);
   inv_temperature_ = inv_temperature;
-  const int hu = layout_.head_unit(), eu = layout_.embedding_unit();
-  const bool tied = layout_.config().tie_word_embeddings;
-  const T* hp = p.acquire_params(hu);
-  final_norm(hp, x_last());
-  const T* w = acquire_lm_head(p, layout_, hp, static_cast<T*>(nullptr)).w;
-  lm_logprobs(w, lp, entropy, for_backward);
-  if (tied) p.release_params(eu);
-  p.release_params(hu);
-  p.end_pass(false);
-  have_backward_state_ = for_backward;
-  last_head_ = HeadKind::kLM;
+  head_forward(p, for_backward, [&](const T* hp, const T* w) {
+    final_norm(hp, x_last());
+    lm_logprobs(w, lp, entropy, for_backward);
+  });
   entropy_valid_ = entropy != nullptr;
 }
 
 template <typename T>
 void Transformer<T>::forward_logits(UnitProvider<T>& p, const int32_t* tokens, int64_t B,
                                     int64_t T_len, T* logits) {
-  RLHF_CHECK(layout_.head() == HeadKind::kLM, "forward_logits needs a model with an LM head");
+  check_head(true, "forward_logits");
   bf16_next_pass();
   p.begin_pass(false);
   trunk_forward(p, tokens, B, T_len, false);
-  const int hu = layout_.head_unit(), eu = layout_.embedding_unit();
-  const bool tied = layout_.config().tie_word_embeddings;
-  const T* hp = p.acquire_params(hu);
-  final_norm(hp, x_last());
-  const T* w = acquire_lm_head(p, layout_, hp, static_cast<T*>(nullptr)).w;
-  head_linear(logits, lnf_.data(), w, N_, C_, V_, kHeadKeyLm);
-  if (tied) p.release_params(eu);
-  p.release_params(hu);
-  p.end_pass(false);
-  have_backward_state_ = false;
+  head_forward(p, false, [&](const T* hp, const T* w) {
+    final_norm(hp, x_last());
+    head_linear(logits, lnf_.data(), w, N_, C_, V_, kHeadKeyLm);
+  });
 }
 
 template <typename T>
-void Transformer<T>::head_backward_common(UnitProvider<T>& p, const T* head_params, T* head_grads) {
+void Transformer<T>::final_norm_backward(const T* head_params, T* head_grads) {
   // dlnf_ holds d loss / d RMSNorm(x_L); the residual gradient starts here.
-  const UnitLayout& hu = layout_.unit(layout_.head_unit());
-  const int64_t norm_off = hu.at("model.norm.weight").offset;
+  const int64_t norm_off = layout_.unit(layout_.head_unit()).at("model.norm.weight").offset;
   std::fill(dres_.begin(), dres_.begin() + N_ * C_, T(0));
   rmsnorm_backward_cpu(dres_.data(), head_grads != nullptr ? head_grads + norm_off : nullptr,
                        dlnf_.data(), x_last(), head_params + norm_off, rstdf_.data(), N_, C_);
-  p.release_grads(layout_.head_unit());
-  p.release_params(layout_.head_unit());
-  trunk_backward(p, dres_.data());
-  have_backward_state_ = false;
-  p.end_pass(true);
 }
 
 template <typename T>
 void Transformer<T>::backward_lm(UnitProvider<T>& p, const T* dlp, const T* dentropy) {
-  RLHF_CHECK(have_backward_state_ && last_head_ == HeadKind::kLM,
-             "backward_lm needs a preceding forward_lm(for_backward = true)");
-  RLHF_CHECK(dentropy == nullptr || entropy_valid_,
-             "backward_lm with an entropy gradient needs forward_lm to compute the entropy");
+  check_backward(true, dentropy != nullptr);
   bf16_next_pass();
-  p.begin_pass(true);
-  logprob_backward_cpu(logits_.data(), dlp, dentropy, logits_.data(), lse_.data(),
-                       dentropy ? entropy_.data() : nullptr, targets_.data(), N_, V_,
-                       inv_temperature_);
-  const int hu = layout_.head_unit(), eu = layout_.embedding_unit();
-  const bool tied = layout_.config().tie_word_embeddings;
-  const T* hp = p.acquire_params(hu);
-  T* hg = p.acquire_grads(hu);
-  const auto head = acquire_lm_head(p, layout_, hp, hg);
-  const T* w = head.w;
-  T* dw = head.dw;
-  head_linear_backward(dlnf_.data(), dw, logits_.data(), lnf_.data(), w, N_, C_, V_, kHeadKeyLm);
-  if (tied) {
-    // Hand the LM-head part of the embedding gradient back now (a ZeRO-3 provider reduce-scatters
-    // it) rather than holding a full embedding-sized buffer through the whole backward; the
-    // embedding backward acquires it again and accumulates.
-    p.release_grads(eu);
-    p.release_params(eu);
-  }
-  head_backward_common(p, hp, hg);
+  head_backward(p, [&](const T*, const T* w, T* dw) {
+    logprob_backward_cpu(logits_.data(), dlp, dentropy, logits_.data(), lse_.data(),
+                         dentropy ? entropy_.data() : nullptr, targets_.data(), N_, V_,
+                         inv_temperature_);
+    head_linear_backward(dlnf_.data(), dw, logits_.data(), lnf_.data(), w, N_, C_, V_, kHeadKeyLm);
+  });
 }
 
 template <typename T>
 void Transformer<T>::forward_scalar(UnitProvider<T>& p, const int32_t* tokens, int64_t B,
                                     int64_t T_len, T* values, bool for_backward, SeqLens seqs) {
-  RLHF_CHECK(layout_.head() != HeadKind::kLM,
-             "forward_scalar needs a model with a value or reward head");
+  check_head(false, "forward_scalar");
   bf16_next_pass();
   p.begin_pass(false);
   trunk_forward(p, tokens, B, T_len, for_backward, seqs);
-  const int hu = layout_.head_unit();
-  const T* hp = p.acquire_params(hu);
-  final_norm(hp, x_last());
-  head_linear(values, lnf_.data(), hp + layout_.unit(hu).at("score.weight").offset, N_, C_,
-              int64_t(1), kHeadKeyScore);
-  p.release_params(hu);
-  p.end_pass(false);
-  have_backward_state_ = for_backward;
-  last_head_ = layout_.head();
+  head_forward(p, for_backward, [&](const T* hp, const T* score) {
+    final_norm(hp, x_last());
+    head_linear(values, lnf_.data(), score, N_, C_, int64_t(1), kHeadKeyScore);
+  });
 }
 
 template <typename T>
 void Transformer<T>::backward_scalar(UnitProvider<T>& p, const T* dvalues) {
-  RLHF_CHECK(have_backward_state_ && last_head_ != HeadKind::kLM,
-             "backward_scalar needs a preceding forward_scalar(for_backward = true)");
+  check_backward(false, false);
   bf16_next_pass();
-  p.begin_pass(true);
-  const int hu = layout_.head_unit();
-  const T* hp = p.acquire_params(hu);
-  T* hg = p.acquire_grads(hu);
-  const int64_t off = layout_.unit(hu).at("score.weight").offset;
-  head_linear_backward(dlnf_.data(), hg != nullptr ? hg + off : nullptr, dvalues, lnf_.data(),
-                       hp + off, N_, C_, int64_t(1), kHeadKeyScore);
-  head_backward_common(p, hp, hg);
+  head_backward(p, [&](const T*, const T* score, T* dscore) {
+    head_linear_backward(dlnf_.data(), dscore, dvalues, lnf_.data(), score, N_, C_, int64_t(1),
+                         kHeadKeyScore);
+  });
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -394,7 +346,8 @@ void Transformer<T>::layer_backward(const T* params, T* grads, int l, const T* x
 }
 
 template <typename T>
-void Transformer<T>::trunk_backward(UnitProvider<T>& p, T* dres) {
+void Transformer<T>::trunk_backward(UnitProvider<T>& p) {
+  T* dres = dres_.data();
   backward_layers(p, dres);
   const int eu = layout_.embedding_unit();
   T* eg = p.acquire_grads(eu);

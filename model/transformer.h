@@ -124,11 +124,13 @@ class Transformer : public ModelLoop<Transformer<T>, T, LayerActs<T>> {
   void layer_backward(const T* params, T* grads, int l, const T* x_in, LayerActs<T>& a, T* dres);
   void trunk_forward(UnitProvider<T>& p, const int32_t* tokens, int64_t B, int64_t T_,
                      bool for_backward, SeqLens seqs = {});
-  void trunk_backward(UnitProvider<T>& p, T* dres);
+  // ModelLoop's head steps: the decoder layers' and the embedding's backward from dres_, and the
+  // final norm's backward from dlnf_ into dres_ (head_grads: nullptr = frozen).
+  void trunk_backward(UnitProvider<T>& p);
+  void final_norm_backward(const T* head_params, T* head_grads);
   void final_norm(const T* head_params, const T* x);
   void lm_logprobs(const T* w, T* lp, T* entropy, bool keep_logits);
   std::vector<int64_t> sweep_trunk(UnitProvider<T>& p, const std::vector<ForwardBatch<T>>& batches);
-  void head_backward_common(UnitProvider<T>& p, const T* head_params, T* head_grads);
   // A new pass: the bf16 copies are converted again (the weights may have changed).
   void bf16_next_pass();
   // y (rows, OC) = x (rows, IC) · wᵀ, the heads' GEMM (no bias): T, or bf16 operands with fp32
@@ -142,7 +144,8 @@ class Transformer : public ModelLoop<Transformer<T>, T, LayerActs<T>> {
   using Base::B_, Base::C_, Base::D_, Base::F_, Base::H_, Base::Hkv_, Base::L_, Base::N_, Base::T_,
       Base::V_, Base::checkpointing_, Base::cu_, Base::entropy_valid_, Base::have_backward_state_,
       Base::kept_, Base::last_head_, Base::layout_, Base::max_seg_, Base::spec_;
-  using Base::backward_layers, Base::forward_layers, Base::layer_sets, Base::residual_slots,
+  using Base::backward_layers, Base::check_backward, Base::check_head, Base::forward_layers,
+      Base::head_backward, Base::head_forward, Base::layer_sets, Base::residual_slots,
       Base::idle_sweep, Base::set_geometry, Base::sweep_geometry, Base::sweep_layers, Base::x_last;
   std::vector<T> rope_cos_, rope_sin_;  // (max_pos, D/2)
   std::vector<int32_t> tokens_, targets_, pos_;

@@ -224,174 +224,128 @@ void TransformerCuda::forward_lm(DeviceUnitProvider& p, const int32_t* tokens,
                                  const int32_t* targets, int64_t B, int64_t T_len, float* lp,
                                  float* entropy, bool for_backward, float inv_temperature,
                                  SeqLens seqs) {
-  RLHF_CHECK(layout_.head() == HeadKind::kLM, "forward_lm needs a model with an LM head, not '{}'",
-             to_string(layout_.head()));
+  check_head(true, "forward_lm");
   const cudaStream_t s = p.stream();
   reserve(B, T_len, for_backward, s, seqs);
   upload_ids(tokens, targets, s);
   p.begin_pass(false);
   trunk_forward(p, for_backward);
   inv_temperature_ = inv_temperature;
-  const int hu = layout_.head_unit(), eu = layout_.embedding_unit();
-  const bf16* hp = p.acquire_params(hu);
-  final_norm(hp, x_last(), s);
-  const auto head = acquire_lm_head(p, layout_, hp, static_cast<float*>(nullptr));
-  const bf16* w = head.w;
-  const bool tied = head.tied;
-  const int64_t chunk = logit_chunk_rows();
-  logits_.resize(chunk * V_, "logits");
-  // With one chunk the logits stay for backward (which turns them into dlogits in place).
-  logits_kept_ = for_backward && chunk == N_;
-  for (int64_t r0 = 0; r0 < N_; r0 += chunk) {
-    const int64_t rows = std::min(chunk, N_ - r0);
-    linear_forward_cuda(logits_.get(), lnf_.get() + r0 * C_, w, nullptr, rows, C_, V_, s);
-    logprob_forward_cuda(lp_.get() + r0, lse_.get() + r0, entropy_.get() + r0, logits_.get(),
-                         targets_.get() + r0, rows, V_, inv_temperature, s);
-  }
-  if (tied) p.release_params(eu);
-  p.release_params(hu);
-  p.end_pass(false);
+  head_forward(p, for_backward, [&](const bf16* hp, const bf16* w) {
+    final_norm(hp, x_last(), s);
+    const int64_t chunk = logit_chunk_rows();
+    logits_.resize(chunk * V_, "logits");
+    // With one chunk the logits stay for backward (which turns them into dlogits in place).
+    logits_kept_ = for_backward && chunk == N_;
+    for (int64_t r0 = 0; r0 < N_; r0 += chunk) {
+      const int64_t rows = std::min(chunk, N_ - r0);
+      linear_forward_cuda(logits_.get(), lnf_.get() + r0 * C_, w, nullptr, rows, C_, V_, s);
+      logprob_forward_cuda(lp_.get() + r0, lse_.get() + r0, entropy_.get() + r0, logits_.get(),
+                           targets_.get() + r0, rows, V_, inv_temperature, s);
+    }
+  });
   download(lp, lp_.get(), N_, s);
   if (entropy != nullptr) download(entropy, entropy_.get(), N_, s);
   CUDA_CHECK(cudaStreamSynchronize(s));
-  have_backward_state_ = for_backward;
-  last_head_ = HeadKind::kLM;
   entropy_valid_ = true;
 }
 
 void TransformerCuda::forward_logits(DeviceUnitProvider& p, const int32_t* tokens, int64_t B,
                                      int64_t T_len, float* logits) {
-  RLHF_CHECK(layout_.head() == HeadKind::kLM, "forward_logits needs a model with an LM head");
+  check_head(true, "forward_logits");
   const cudaStream_t s = p.stream();
   reserve(B, T_len, false, s);
   upload_ids(tokens, nullptr, s);
   p.begin_pass(false);
   trunk_forward(p, false);
-  const int hu = layout_.head_unit(), eu = layout_.embedding_unit();
-  const bf16* hp = p.acquire_params(hu);
-  final_norm(hp, x_last(), s);
-  const auto head = acquire_lm_head(p, layout_, hp, static_cast<float*>(nullptr));
-  const bf16* w = head.w;
-  const bool tied = head.tied;
-  const int64_t chunk = logit_chunk_rows();
-  logits_.resize(chunk * V_, "logits");
-  std::vector<bf16> host(static_cast<size_t>(chunk * V_));
-  for (int64_t r0 = 0; r0 < N_; r0 += chunk) {
-    const int64_t rows = std::min(chunk, N_ - r0);
-    linear_forward_cuda(logits_.get(), lnf_.get() + r0 * C_, w, nullptr, rows, C_, V_, s);
-    CUDA_CHECK(cudaMemcpyAsync(host.data(), logits_.get(),
-                               static_cast<size_t>(rows * V_) * sizeof(bf16),
-                               cudaMemcpyDeviceToHost, s));
-    CUDA_CHECK(cudaStreamSynchronize(s));
-    for (int64_t i = 0; i < rows * V_; ++i)
-      logits[r0 * V_ + i] = __bfloat162float(host[static_cast<size_t>(i)]);
-  }
-  if (tied) p.release_params(eu);
-  p.release_params(hu);
-  p.end_pass(false);
-  have_backward_state_ = false;
+  head_forward(p, false, [&](const bf16* hp, const bf16* w) {
+    final_norm(hp, x_last(), s);
+    const int64_t chunk = logit_chunk_rows();
+    logits_.resize(chunk * V_, "logits");
+    std::vector<bf16> host(static_cast<size_t>(chunk * V_));
+    for (int64_t r0 = 0; r0 < N_; r0 += chunk) {
+      const int64_t rows = std::min(chunk, N_ - r0);
+      linear_forward_cuda(logits_.get(), lnf_.get() + r0 * C_, w, nullptr, rows, C_, V_, s);
+      CUDA_CHECK(cudaMemcpyAsync(host.data(), logits_.get(),
+                                 static_cast<size_t>(rows * V_) * sizeof(bf16),
+                                 cudaMemcpyDeviceToHost, s));
+      CUDA_CHECK(cudaStreamSynchronize(s));
+      for (int64_t i = 0; i < rows * V_; ++i)
+        logits[r0 * V_ + i] = __bfloat162float(host[static_cast<size_t>(i)]);
+    }
+  });
 }
 
 void TransformerCuda::forward_scalar(DeviceUnitProvider& p, const int32_t* tokens, int64_t B,
                                      int64_t T_len, float* values, bool for_backward,
                                      SeqLens seqs) {
-  RLHF_CHECK(layout_.head() != HeadKind::kLM,
-             "forward_scalar needs a model with a value or reward head");
+  check_head(false, "forward_scalar");
   const cudaStream_t s = p.stream();
   reserve(B, T_len, for_backward, s, seqs);
   upload_ids(tokens, nullptr, s);
   p.begin_pass(false);
   trunk_forward(p, for_backward);
-  const int hu = layout_.head_unit();
-  const bf16* hp = p.acquire_params(hu);
-  final_norm(hp, x_last(), s);
-  values_.resize(N_, "values");
-  linear_forward_cuda(values_.get(), lnf_.get(), hp + layout_.unit(hu).at("score.weight").offset,
-                      nullptr, N_, C_, 1, s);
-  p.release_params(hu);
-  p.end_pass(false);
+  head_forward(p, for_backward, [&](const bf16* hp, const bf16* score) {
+    final_norm(hp, x_last(), s);
+    values_.resize(N_, "values");
+    linear_forward_cuda(values_.get(), lnf_.get(), score, nullptr, N_, C_, 1, s);
+  });
   download_widened(values, values_.get(), N_, s);
-  have_backward_state_ = for_backward;
-  last_head_ = layout_.head();
 }
 
 // ---------------------------------------------------------------------------------------------
 // Backward
 
-void TransformerCuda::head_backward_common(DeviceUnitProvider& p, const bf16* head_params,
-                                           float* head_grads) {
+void TransformerCuda::final_norm_backward(const bf16* head_params, float* head_grads) {
   // dlnf_ holds d loss / d RMSNorm(x_L); the residual gradient starts here.
-  const cudaStream_t s = p.stream();
-  const UnitLayout& hu = layout_.unit(layout_.head_unit());
-  const int64_t norm_off = hu.at("model.norm.weight").offset;
+  const cudaStream_t s = stream_;
+  const int64_t norm_off = layout_.unit(layout_.head_unit()).at("model.norm.weight").offset;
   CUDA_CHECK(cudaMemsetAsync(dres_.get(), 0, static_cast<size_t>(N_ * C_) * sizeof(bf16), s));
   rmsnorm_backward_cuda(dres_.get(), head_grads + norm_off, dlnf_.get(), x_last(),
                         head_params + norm_off, rstdf_.get(), N_, C_, s);
-  p.release_grads(layout_.head_unit());
-  p.release_params(layout_.head_unit());
-  trunk_backward(p, dres_.get());
-  have_backward_state_ = false;
-  p.end_pass(true);
-  CUDA_CHECK(cudaStreamSynchronize(s));
 }
 
 void TransformerCuda::backward_lm(DeviceUnitProvider& p, const float* dlp, const float* dentropy) {
-  RLHF_CHECK(have_backward_state_ && last_head_ == HeadKind::kLM,
-             "backward_lm needs a preceding forward_lm(for_backward = true)");
-  RLHF_CHECK(dentropy == nullptr || entropy_valid_,
-             "backward_lm with an entropy gradient needs forward_lm to compute the entropy");
+  check_backward(true, dentropy != nullptr);
   const cudaStream_t s = p.stream();
+  stream_ = s;
   CUDA_CHECK(cudaMemcpyAsync(dlp_.get(), dlp, static_cast<size_t>(N_) * sizeof(float),
                              cudaMemcpyHostToDevice, s));
   if (dentropy != nullptr)
     CUDA_CHECK(cudaMemcpyAsync(dentropy_.get(), dentropy, static_cast<size_t>(N_) * sizeof(float),
                                cudaMemcpyHostToDevice, s));
-  p.begin_pass(true);
-  const int hu = layout_.head_unit(), eu = layout_.embedding_unit();
-  const bool tied = layout_.config().tie_word_embeddings;
-  const bf16* hp = p.acquire_params(hu);
-  float* hg = p.acquire_grads(hu);
-  const auto head = acquire_lm_head(p, layout_, hp, hg);
-  const bf16* w = head.w;
-  float* dw = head.dw;
-  const int64_t chunk = logit_chunk_rows();
-  for (int64_t r0 = 0; r0 < N_; r0 += chunk) {
-    const int64_t rows = std::min(chunk, N_ - r0);
-    if (!logits_kept_)
-      linear_forward_cuda(logits_.get(), lnf_.get() + r0 * C_, w, nullptr, rows, C_, V_, s);
-    logprob_backward_cuda(logits_.get(), dlp_.get() + r0,
-                          dentropy != nullptr ? dentropy_.get() + r0 : nullptr, logits_.get(),
-                          lse_.get() + r0, entropy_.get() + r0, targets_.get() + r0, rows, V_,
-                          inv_temperature_, s);
-    linear_backward_cuda(dlnf_.get() + r0 * C_, dw, nullptr, logits_.get(), lnf_.get() + r0 * C_, w,
-                         rows, C_, V_, false, s);
-  }
-  logits_kept_ = false;  // turned into dlogits
-  if (tied) {
-    // As on the CPU: hand the LM-head part of the embedding gradient back now.
-    p.release_grads(eu);
-    p.release_params(eu);
-  }
-  head_backward_common(p, hp, hg);
+  head_backward(p, [&](const bf16*, const bf16* w, float* dw) {
+    const int64_t chunk = logit_chunk_rows();
+    for (int64_t r0 = 0; r0 < N_; r0 += chunk) {
+      const int64_t rows = std::min(chunk, N_ - r0);
+      if (!logits_kept_)
+        linear_forward_cuda(logits_.get(), lnf_.get() + r0 * C_, w, nullptr, rows, C_, V_, s);
+      logprob_backward_cuda(logits_.get(), dlp_.get() + r0,
+                            dentropy != nullptr ? dentropy_.get() + r0 : nullptr, logits_.get(),
+                            lse_.get() + r0, entropy_.get() + r0, targets_.get() + r0, rows, V_,
+                            inv_temperature_, s);
+      linear_backward_cuda(dlnf_.get() + r0 * C_, dw, nullptr, logits_.get(), lnf_.get() + r0 * C_,
+                           w, rows, C_, V_, false, s);
+    }
+    logits_kept_ = false;  // turned into dlogits
+  });
+  CUDA_CHECK(cudaStreamSynchronize(s));
 }
 
 void TransformerCuda::backward_scalar(DeviceUnitProvider& p, const float* dvalues) {
-  RLHF_CHECK(have_backward_state_ && last_head_ != HeadKind::kLM,
-             "backward_scalar needs a preceding forward_scalar(for_backward = true)");
+  check_backward(false, false);
   const cudaStream_t s = p.stream();
+  stream_ = s;
   std::vector<bf16> host(static_cast<size_t>(N_));
   for (int64_t i = 0; i < N_; ++i) host[static_cast<size_t>(i)] = __float2bfloat16_rn(dvalues[i]);
   CUDA_CHECK(cudaMemcpyAsync(values_.get(), host.data(), host.size() * sizeof(bf16),
                              cudaMemcpyHostToDevice, s));
-  p.begin_pass(true);
-  const int hu = layout_.head_unit();
-  const bf16* hp = p.acquire_params(hu);
-  float* hg = p.acquire_grads(hu);
-  const int64_t off = layout_.unit(hu).at("score.weight").offset;
-  linear_backward_cuda(dlnf_.get(), hg + off, nullptr, values_.get(), lnf_.get(), hp + off, N_, C_,
-                       1, false, s);
-  CUDA_CHECK(cudaStreamSynchronize(s));  // `host` is read by the copy above
-  head_backward_common(p, hp, hg);
+  head_backward(p, [&](const bf16*, const bf16* score, float* dscore) {
+    linear_backward_cuda(dlnf_.get(), dscore, nullptr, values_.get(), lnf_.get(), score, N_, C_, 1,
+                         false, s);
+    CUDA_CHECK(cudaStreamSynchronize(s));  // `host` is read by the copy above
+  });
+  CUDA_CHECK(cudaStreamSynchronize(s));
 }
 
 void TransformerCuda::layer_backward(const bf16* params, float* grads, int l, const bf16* x_in,
@@ -420,9 +374,10 @@ void TransformerCuda::layer_backward(const bf16* params, float* grads, int l, co
                               attention);
 }
 
-void TransformerCuda::trunk_backward(DeviceUnitProvider& p, bf16* dres) {
+void TransformerCuda::trunk_backward(DeviceUnitProvider& p) {
   stream_ = p.stream();
-  backward_layers(p, dres);
+  backward_layers(p, dres_.get());
+  bf16* dres = dres_.get();
   const int eu = layout_.embedding_unit();
   float* eg = p.acquire_grads(eu);
   embedding_backward_cuda(eg + layout_.unit(eu).at("embed_tokens.weight").offset, dres,

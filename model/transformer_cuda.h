@@ -129,7 +129,10 @@ class TransformerCuda : public ModelLoop<TransformerCuda, bf16, LayerActsCuda> {
                      const int32_t* pos);
   void layer_backward(const bf16* params, float* grads, int l, const bf16* x_in, LayerActsCuda& a,
                       bf16* dres);
-  void trunk_backward(DeviceUnitProvider& p, bf16* dres);
+  // ModelLoop's head steps: the decoder layers' and the embedding's backward from dres_, and the
+  // final norm's backward from dlnf_ into dres_, on stream_.
+  void trunk_backward(DeviceUnitProvider& p);
+  void final_norm_backward(const bf16* head_params, float* head_grads);
   void final_norm(const bf16* head_params, const bf16* x, cudaStream_t s);
   // The sweep's trunk: every batch's residual stream after the last layer, in sweep_res_.
   void sweep_trunk(DeviceUnitProvider& p, const std::vector<ForwardBatch<float>>& batches, bool lm);
@@ -139,7 +142,6 @@ class TransformerCuda : public ModelLoop<TransformerCuda, bf16, LayerActsCuda> {
   // n bf16 device values widened into host fp32; synchronises the stream.
   static void download_widened(float* host, const bf16* dev, int64_t n, cudaStream_t s);
   int64_t logit_chunk_rows() const;
-  void head_backward_common(DeviceUnitProvider& p, const bf16* head_params, float* head_grads);
 
   int64_t logit_chunk_bytes_;
   bool packable_ = false;   // every layer's q/k/v are packed in the layout (and no QK-norm)

@@ -83,8 +83,7 @@ void TransformerCuda::sweep_outputs(const std::vector<float>& host,
 void TransformerCuda::forward_lm_sweep(DeviceUnitProvider& p,
                                        const std::vector<ForwardBatch<float>>& batches,
                                        float inv_temperature) {
-  RLHF_CHECK(layout_.head() == HeadKind::kLM,
-             "forward_lm_sweep needs a model with an LM head, not '{}'", to_string(layout_.head()));
+  check_head(true, "forward_lm_sweep");
   if (batches.empty()) return idle_sweep(p, true);
   const cudaStream_t s = p.stream();
   p.begin_pass(false);
@@ -99,58 +98,48 @@ void TransformerCuda::forward_lm_sweep(DeviceUnitProvider& p,
     chunk_max = std::max(chunk_max, logit_chunk_rows());
   }
   logits_.resize(chunk_max * V_, "logits");
-  const int hu = layout_.head_unit(), eu = layout_.embedding_unit();
-  const bf16* hp = p.acquire_params(hu);
-  const auto head = acquire_lm_head(p, layout_, hp, static_cast<float*>(nullptr));
-  for (size_t i = 0; i < batches.size(); ++i) {
-    sweep_geometry(batches[i]);
-    const int64_t off = sweep_offset_[i], chunk = logit_chunk_rows();
-    final_norm(hp, sweep_res_.get() + off * C_, s);
-    for (int64_t r0 = 0; r0 < N_; r0 += chunk) {
-      const int64_t rows = std::min(chunk, N_ - r0);
-      linear_forward_cuda(logits_.get(), lnf_.get() + r0 * C_, head.w, nullptr, rows, C_, V_, s);
-      logprob_forward_cuda(sweep_lp_.get() + off + r0, lse_.get() + r0, entropy_.get() + r0,
-                           logits_.get(), sweep_targets_.get() + off + r0, rows, V_,
-                           inv_temperature, s);
+  head_forward(p, false, [&](const bf16* hp, const bf16* w) {
+    for (size_t i = 0; i < batches.size(); ++i) {
+      sweep_geometry(batches[i]);
+      const int64_t off = sweep_offset_[i], chunk = logit_chunk_rows();
+      final_norm(hp, sweep_res_.get() + off * C_, s);
+      for (int64_t r0 = 0; r0 < N_; r0 += chunk) {
+        const int64_t rows = std::min(chunk, N_ - r0);
+        linear_forward_cuda(logits_.get(), lnf_.get() + r0 * C_, w, nullptr, rows, C_, V_, s);
+        logprob_forward_cuda(sweep_lp_.get() + off + r0, lse_.get() + r0, entropy_.get() + r0,
+                             logits_.get(), sweep_targets_.get() + off + r0, rows, V_,
+                             inv_temperature, s);
+      }
     }
-  }
-  if (head.tied) p.release_params(eu);
-  p.release_params(hu);
-  p.end_pass(false);
+  });
   std::vector<float> lp(static_cast<size_t>(total));
   CUDA_CHECK(cudaMemcpyAsync(lp.data(), sweep_lp_.get(), lp.size() * sizeof(float),
                              cudaMemcpyDeviceToHost, s));
   CUDA_CHECK(cudaStreamSynchronize(s));
   sweep_outputs(lp, batches);
-  last_head_ = HeadKind::kLM;
   entropy_valid_ = false;
 }
 
 void TransformerCuda::forward_scalar_sweep(DeviceUnitProvider& p,
                                            const std::vector<ForwardBatch<float>>& batches) {
-  RLHF_CHECK(layout_.head() != HeadKind::kLM,
-             "forward_scalar_sweep needs a model with a value or reward head");
+  check_head(false, "forward_scalar_sweep");
   if (batches.empty()) return idle_sweep(p, false);
   const cudaStream_t s = p.stream();
   p.begin_pass(false);
   sweep_trunk(p, batches, false);
   const int64_t total = sweep_offset_.back();
   sweep_values_.resize(total, "values");
-  const int hu = layout_.head_unit();
-  const bf16* hp = p.acquire_params(hu);
-  const bf16* score = hp + layout_.unit(hu).at("score.weight").offset;
-  for (size_t i = 0; i < batches.size(); ++i) {
-    sweep_geometry(batches[i]);
-    const int64_t off = sweep_offset_[i];
-    final_norm(hp, sweep_res_.get() + off * C_, s);
-    linear_forward_cuda(sweep_values_.get() + off, lnf_.get(), score, nullptr, N_, C_, 1, s);
-  }
-  p.release_params(hu);
-  p.end_pass(false);
+  head_forward(p, false, [&](const bf16* hp, const bf16* score) {
+    for (size_t i = 0; i < batches.size(); ++i) {
+      sweep_geometry(batches[i]);
+      const int64_t off = sweep_offset_[i];
+      final_norm(hp, sweep_res_.get() + off * C_, s);
+      linear_forward_cuda(sweep_values_.get() + off, lnf_.get(), score, nullptr, N_, C_, 1, s);
+    }
+  });
   std::vector<float> values(static_cast<size_t>(total));
   download_widened(values.data(), sweep_values_.get(), total, s);
   sweep_outputs(values, batches);
-  last_head_ = layout_.head();
 }
 
 }  // namespace rlhf::model

@@ -51,51 +51,40 @@ template <typename T>
 void Transformer<T>::forward_lm_sweep(UnitProvider<T>& p,
                                       const std::vector<ForwardBatch<T>>& batches,
                                       T inv_temperature) {
-  RLHF_CHECK(layout_.head() == HeadKind::kLM,
-             "forward_lm_sweep needs a model with an LM head, not '{}'", to_string(layout_.head()));
+  check_head(true, "forward_lm_sweep");
   bf16_next_pass();
   if (batches.empty()) return idle_sweep(p, true);
   p.begin_pass(false);
   const std::vector<int64_t> row = sweep_trunk(p, batches);
   inv_temperature_ = inv_temperature;
-  const int hu = layout_.head_unit(), eu = layout_.embedding_unit();
-  const T* hp = p.acquire_params(hu);
-  const T* w = acquire_lm_head(p, layout_, hp, static_cast<T*>(nullptr)).w;
-  for (size_t i = 0; i < batches.size(); ++i) {
-    const ForwardBatch<T>& b = batches[i];
-    sweep_geometry(b);
-    targets_.assign(b.targets, b.targets + N_);
-    final_norm(hp, sweep_res_.data() + row[i] * C_);
-    lm_logprobs(w, b.out, nullptr, false);
-  }
-  if (layout_.config().tie_word_embeddings) p.release_params(eu);
-  p.release_params(hu);
-  p.end_pass(false);
-  last_head_ = HeadKind::kLM;
+  head_forward(p, false, [&](const T* hp, const T* w) {
+    for (size_t i = 0; i < batches.size(); ++i) {
+      const ForwardBatch<T>& b = batches[i];
+      sweep_geometry(b);
+      targets_.assign(b.targets, b.targets + N_);
+      final_norm(hp, sweep_res_.data() + row[i] * C_);
+      lm_logprobs(w, b.out, nullptr, false);
+    }
+  });
   entropy_valid_ = false;
 }
 
 template <typename T>
 void Transformer<T>::forward_scalar_sweep(UnitProvider<T>& p,
                                           const std::vector<ForwardBatch<T>>& batches) {
-  RLHF_CHECK(layout_.head() != HeadKind::kLM,
-             "forward_scalar_sweep needs a model with a value or reward head");
+  check_head(false, "forward_scalar_sweep");
   bf16_next_pass();
   if (batches.empty()) return idle_sweep(p, false);
   p.begin_pass(false);
   const std::vector<int64_t> row = sweep_trunk(p, batches);
-  const int hu = layout_.head_unit();
-  const T* hp = p.acquire_params(hu);
-  const T* score = hp + layout_.unit(hu).at("score.weight").offset;
-  for (size_t i = 0; i < batches.size(); ++i) {
-    const ForwardBatch<T>& b = batches[i];
-    sweep_geometry(b);
-    final_norm(hp, sweep_res_.data() + row[i] * C_);
-    head_linear(b.out, lnf_.data(), score, N_, C_, int64_t(1), -2);
-  }
-  p.release_params(hu);
-  p.end_pass(false);
-  last_head_ = layout_.head();
+  head_forward(p, false, [&](const T* hp, const T* score) {
+    for (size_t i = 0; i < batches.size(); ++i) {
+      const ForwardBatch<T>& b = batches[i];
+      sweep_geometry(b);
+      final_norm(hp, sweep_res_.data() + row[i] * C_);
+      head_linear(b.out, lnf_.data(), score, N_, C_, int64_t(1), -2);
+    }
+  });
 }
 
 #define RLHF_INSTANTIATE_SWEEP(T)                                                                 \
