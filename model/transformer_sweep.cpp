@@ -20,6 +20,7 @@ namespace rlhf::model {
 template <typename T>
 std::vector<int64_t> Transformer<T>::sweep_trunk(UnitProvider<T>& p,
                                                  const std::vector<ForwardBatch<T>>& batches) {
+  lora_drop_pass_ = 0;  // evaluation passes: no LoRA dropout
   std::vector<int64_t> row;
   int64_t total = 0;
   for (const ForwardBatch<T>& b : batches) {
@@ -86,7 +87,7 @@ void Transformer<T>::forward_scalar_sweep(UnitProvider<T>& p,
   const std::vector<int64_t> row = sweep_trunk(p, batches);
   const int hu = layout_.head_unit();
   const T* hp = p.acquire_params(hu);
-  const T* score = hp + layout_.unit(hu).at("score.weight").offset;
+  const T* score = score_weight(hp);
   for (size_t i = 0; i < batches.size(); ++i) {
     const ForwardBatch<T>& b = batches[i];
     sweep_geometry(b);
