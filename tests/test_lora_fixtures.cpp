@@ -363,7 +363,12 @@ TEST_CASE("PEFT LoRA fixture: llama sequence classifier, the score head in modul
     CHECK(j.at("task_type") == "SEQ_CLS");
     CHECK(j.at("modules_to_save") == nlohmann::json{"classifier", "score"});
     CHECK(io::read_peft_adapter_weights(out, ll) == r);
-    std::filesystem::remove_all(out);
+    // RLHF_KEEP_PEFT_EXPORT=1 keeps the folder for `scripts/make_lora_seqcls_fixtures.py
+    // --check-adapter DIR` (PEFT loads it onto the fixture's base: /lora/values again).
+    if (std::getenv("RLHF_KEEP_PEFT_EXPORT") == nullptr)
+      std::filesystem::remove_all(out);
+    else
+      MESSAGE("kept " << out);
     // An LM adapter layout has no score head: the file's is refused, naming it.
     model::LoraConfig lm = lc;
     lm.save_score = false;
