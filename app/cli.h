@@ -209,8 +209,8 @@ struct LoraArgs {
   int lora_rank = 0;                          ///< --lora_rank: 0 = train every weight
   double lora_alpha = 16.0;                   ///< --lora_alpha: the adapter scale is alpha / rank
   std::string target_modules = "all-linear";  ///< --target_modules: all-linear | q_proj,v_proj,...
-  double lora_dropout = 0.0;                  ///< --lora_dropout: only 0 is implemented
-  std::string lora_path;  ///< --lora_path: a PEFT adapter folder to start from ("" = fresh)
+  double lora_dropout = 0.0;  ///< --lora_dropout: on the branch's input, training only
+  std::string lora_path;      ///< --lora_path: a PEFT adapter folder to start from ("" = fresh)
 
   void bind(OptionSet& o);
 };
@@ -318,6 +318,7 @@ struct RmArgs {
   TrainLoopArgs loop;
   OptimArgs optim;
   ZeroArgs zero;
+  LoraArgs lora;  ///< LoRA on the trunk; the score head trains fully (PEFT's modules_to_save)
   ParallelArgs parallel;
   CheckpointArgs ckpt;
   TrackingArgs tracking;

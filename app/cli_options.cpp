@@ -214,7 +214,9 @@ void LoraArgs::bind(OptionSet& o) {
   o.add("lora_path", lora_path,
         "A PEFT LoRA adapter folder to start from (adapter_config.json + "
         "adapter_model.safetensors); its r, alpha and targets are used");
-  o.add("lora_dropout", lora_dropout, "Dropout on the LoRA branch's input (only 0 is implemented)")
+  o.add("lora_dropout", lora_dropout,
+        "Dropout on the LoRA branch's input in training passes (PEFT's lora_dropout; masks from "
+        "--seed)")
       .check(ge(0))
       .check(below(1));
 }
@@ -331,6 +333,7 @@ void RmArgs::bind(OptionSet& o) {
   loop.bind(o);
   optim.bind(o);
   zero.bind(o);
+  lora.bind(o);
   parallel.bind(o);
   ckpt.bind(o);
   tracking.bind(o);

@@ -16,6 +16,7 @@ rl::RlRunConfig rl_run_config(const PpoArgs& a, const char* cmd) {
   c.runtime = runtime_options(a.parallel, a.gen.vllm_tensor_parallel_size);
   c.zero = zero_options(a.zero);
   c.zero.lora = lora_options(a.lora);
+  c.zero.lora.seed = uint64_t(a.common.seed);  // the LoRA dropout masks
   c.model_config = a.model.model_config;
   c.pretrain = a.model.pretrain;
   c.tokenizer = a.model.tokenizer;

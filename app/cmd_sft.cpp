@@ -14,6 +14,7 @@ rl::SftConfig sft_config(const SftArgs& a) {
   c.runtime = runtime_options(a.parallel, 1);
   c.zero = zero_options(a.zero);
   c.zero.lora = lora_options(a.lora);
+  c.zero.lora.seed = uint64_t(a.common.seed);  // the LoRA dropout masks
   c.model_config = a.model.model_config;
   c.pretrain = a.model.pretrain;
   c.tokenizer = a.model.tokenizer;

@@ -7,6 +7,7 @@
 #include "core/error.h"
 #include "io/model_config_file.h"
 #include "io/model_source.h"
+#include "parallel/runtime.h"
 #include "parallel/topology.h"
 #include "rollout/engine_backend.h"
 
@@ -73,9 +74,38 @@ std::optional<model::ModelConfig> peek_model_config(const PlacementUse& u) {
   return std::nullopt;
 }
 
+// LoRA trains on the CPU backend only: --lora_rank (or --lora_path) with --device cuda, or with
+// --device auto where a GPU is visible, is refused before any weights load. An unusable --device
+// value is left for the run to report.
+void check_lora_device(const CommandArgs& args) {
+  std::visit(
+      [](const auto& a) {
+        using A = std::decay_t<decltype(a)>;
+        if constexpr (std::is_same_v<A, SftArgs> || std::is_same_v<A, RmArgs> ||
+                      std::is_base_of_v<PpoArgs, A>) {
+          if (a.lora.lora_rank <= 0 && a.lora.lora_path.empty()) return;
+          bool cuda = a.parallel.device == "cuda";
+          if (!cuda && a.parallel.device == "auto") {
+            try {
+              cuda = parallel::resolve_device("auto") == parallel::Device::kCuda;
+            } catch (const Error&) {
+            }
+          }
+          if (cuda)
+            throw UsageError(fmt::format(
+                "--lora_rank {} with --device {}: LoRA trains on the CPU backend only for now (the "
+                "GPU path has no adapter branch yet)\nhint: add --device cpu",
+                a.lora.lora_rank,
+                a.parallel.device == "cuda" ? "cuda" : "auto (a GPU is visible)"));
+        }
+      },
+      args);
+}
+
 }  // namespace
 
 void check_usage(const CommandArgs& args, MPI_Comm world) {
+  check_lora_device(args);
   const PlacementUse u = placement_use(args);
   if (!u.plans) return;
   parallel::Placement plan;

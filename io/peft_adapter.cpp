@@ -35,10 +35,18 @@ model::LoraConfig read_peft_adapter_config(const std::string& dir) {
   for (const char* k : {"rank_pattern", "alpha_pattern"})
     RLHF_CHECK(!j.contains(k) || j[k].is_null() || j[k].empty(),
                "{}: {} (per-module ranks) is not supported", path, k);
-  RLHF_CHECK(!j.contains("modules_to_save") || j["modules_to_save"].is_null() ||
-                 j["modules_to_save"].empty(),
-             "{}: modules_to_save is not supported (only LoRA adapters are read)", path);
   model::LoraConfig c;
+  // modules_to_save: PEFT's SEQ_CLS task lists ["classifier", "score"]; a Llama/Qwen2 sequence
+  // classifier has only `score`, which trains fully (LoraConfig::save_score).
+  if (j.contains("modules_to_save") && !j["modules_to_save"].is_null()) {
+    RLHF_CHECK(j["modules_to_save"].is_array(), "{}: modules_to_save is not a list", path);
+    for (const json& n : j["modules_to_save"]) {
+      RLHF_CHECK(n.is_string() && (n == "score" || n == "classifier"),
+                 "{}: modules_to_save {} is not supported (only the score head, \"score\")", path,
+                 n.dump());
+      if (n == "score") c.save_score = true;
+    }
+  }
   RLHF_CHECK(j.contains("r") && j["r"].is_number_integer(), "{}: no integer \"r\"", path);
   c.rank = j["r"].get<int>();
   c.alpha = j.value("lora_alpha", 8.0);
@@ -76,7 +84,10 @@ std::vector<float> read_peft_adapter_weights(const std::string& dir,
   for (const model::TensorInfo& t : layout.tensors()) {
     const std::string key = model::LoraLayout::peft_key(t.name);
     auto it = f.tensors.find(key);
-    RLHF_CHECK(it != f.tensors.end(), "{}: no tensor {}", path, key);
+    RLHF_CHECK(it != f.tensors.end(), "{}: no tensor {}{}", path, key,
+               t.name == "score.weight"
+                   ? " (this model's score head trains: the adapter needs modules_to_save score)"
+                   : "");
     RLHF_CHECK(it->second.shape == t.shape, "{}: {} has shape [{}], the model needs [{}]", path,
                key, fmt::join(it->second.shape, ", "), fmt::join(t.shape, ", "));
     f.read_f32(key, out.data() + t.offset);
@@ -96,8 +107,9 @@ void write_peft_adapter(const std::string& dir, const model::LoraLayout& layout,
   json targets = json::array();
   for (const model::ProjInfo& p : model::kProjections)
     if (c.targets[size_t(static_cast<int>(p.id))]) targets.push_back(p.name);
+  const bool seq_cls = layout.score_offset() >= 0;
   const json cfg = {{"peft_type", "LORA"},
-                    {"task_type", "CAUSAL_LM"},
+                    {"task_type", seq_cls ? "SEQ_CLS" : "CAUSAL_LM"},
                     {"base_model_name_or_path", base},
                     {"r", c.rank},
                     {"lora_alpha", c.alpha},
@@ -109,7 +121,7 @@ void write_peft_adapter(const std::string& dir, const model::LoraLayout& layout,
                     {"use_dora", false},
                     {"inference_mode", true},
                     {"init_lora_weights", true},
-                    {"modules_to_save", nullptr},
+                    {"modules_to_save", seq_cls ? json{"classifier", "score"} : json()},
                     {"layers_to_transform", nullptr},
                     {"rank_pattern", json::object()},
                     {"alpha_pattern", json::object()}};
@@ -138,6 +150,8 @@ class MergedTensors final : public TensorSource {
         const model::LoraLayout::Entry& e = layout.entry(l, p.id);
         if (e.a >= 0) where_["model.layers." + std::to_string(l) + "." + p.weight_name] = e;
       }
+    score_ = layout.score_offset();
+    if (score_ >= 0) score_numel_ = layout.tensors().back().numel;
   }
   const std::string& source() const override { return base_->source(); }
   std::vector<std::string> names() const override { return base_->names(); }
@@ -145,6 +159,10 @@ class MergedTensors final : public TensorSource {
     return base_->find(name);
   }
   void read(const std::string& name, float* out) const override {
+    if (name == "score.weight" && score_ >= 0) {  // modules_to_save: the trained copy
+      std::copy(adapters_.data() + score_, adapters_.data() + score_ + score_numel_, out);
+      return;
+    }
     base_->read(name, out);
     auto it = where_.find(name);
     if (it == where_.end()) return;
@@ -158,6 +176,7 @@ class MergedTensors final : public TensorSource {
   std::vector<float> adapters_;
   float scale_;
   int rank_;
+  int64_t score_ = -1, score_numel_ = 0;
   std::map<std::string, model::LoraLayout::Entry> where_;
 };
 

@@ -1,6 +1,8 @@
 #include "model/lora.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "core/error.h"
@@ -14,8 +16,6 @@ void LoraConfig::validate() const {
   if (rank == 0) return;
   RLHF_CHECK(alpha > 0 && std::isfinite(alpha), "--lora_alpha must be > 0, got {}", alpha);
   RLHF_CHECK(dropout >= 0 && dropout < 1, "--lora_dropout must be in [0, 1), got {}", dropout);
-  RLHF_CHECK(dropout == 0,
-             "--lora_dropout {}: dropout on the adapter branch is not implemented; use 0", dropout);
   bool any = false;
   for (bool t : targets) any = any || t;
   RLHF_CHECK(any, "--lora_rank {} needs at least one projection in --target_modules", rank);
@@ -58,6 +58,52 @@ std::string target_modules_string(const std::array<bool, kNumProj>& targets) {
   return s;
 }
 
+namespace {
+uint64_t mix(uint64_t x) {  // splitmix64 finaliser
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+// x' = d(x) (N, in): x·mask/(1−p) (PEFT's nn.Dropout in training mode).
+template <typename T>
+std::vector<T> dropped(const T* x, const LoraProjView<T>& a, int64_t N, int64_t in) {
+  std::vector<T> xd(size_t(N * in));
+  const T keep_scale = T(1.0 / (1.0 - a.dropout));
+#pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t i = 0; i < in; ++i)
+      xd[size_t(n * in + i)] =
+          lora_dropout_keep(a.key, n, i, in, a.dropout) ? x[n * in + i] * keep_scale : T(0);
+  return xd;
+}
+}  // namespace
+
+bool lora_dropout_keep(uint64_t key, int64_t n, int64_t i, int64_t in, double p) {
+  const double u = (double(mix(key ^ mix(uint64_t(n * in + i))) >> 11) + 0.5) * 0x1.0p-53;
+  return u >= p;
+}
+
+uint64_t lora_dropout_key(uint64_t seed, uint64_t pass, int l, Proj p) {
+  return mix(mix(seed ^ 0x44726F70ull) ^
+             mix(pass * 0x100000001B3ull + uint64_t(l) * kNumProj + uint64_t(static_cast<int>(p))));
+}
+
+uint64_t lora_dropout_pass(const void* adapters, size_t bytes, const int32_t* tokens, int64_t n) {
+  uint64_t h = 0x6C6F7261ull;
+  const auto* c = static_cast<const unsigned char*>(adapters);
+  size_t k = 0;
+  for (; k + 8 <= bytes; k += 8) {
+    uint64_t w;
+    std::memcpy(&w, c + k, 8);
+    h = mix(h ^ w);
+  }
+  for (; k < bytes; ++k) h = mix(h ^ c[k]);
+  for (int64_t t = 0; t < n; ++t) h = mix(h ^ uint64_t(uint32_t(tokens[t])));
+  return h | 1;
+}
+
 LoraLayout::LoraLayout(const LayerSpec& spec, int num_layers, const LoraConfig& cfg) : cfg_(cfg) {
   cfg.validate();
   RLHF_CHECK(cfg.enabled(), "internal error: a LoRA layout needs --lora_rank > 0");
@@ -86,16 +132,20 @@ LoraLayout::LoraLayout(const LayerSpec& spec, int num_layers, const LoraConfig& 
       e.a = add(stem + ".lora_A.weight", {r, pr.in});
       e.b = add(stem + ".lora_B.weight", {pr.out, r});
     }
+  if (cfg.save_score) score_ = add("score.weight", {1, spec.C});
 }
 
 std::string LoraLayout::describe() const {
-  return fmt::format("LoRA r={} alpha={} on {}: {} adapter parameters", cfg_.rank, cfg_.alpha,
-                     target_modules_string(cfg_.targets), num_parameters());
+  return fmt::format("LoRA r={} alpha={} on {}: {} adapter parameters{}", cfg_.rank, cfg_.alpha,
+                     target_modules_string(cfg_.targets), num_parameters(),
+                     score_ >= 0 ? " (the score head's included: it trains fully)" : "");
 }
 
 template <typename T>
-LoraLayerView<T> lora_layer_view(const LoraLayout& layout, int l, const T* params, T* grads) {
+LoraLayerView<T> lora_layer_view(const LoraLayout& layout, int l, const T* params, T* grads,
+                                 uint64_t dropout_pass) {
   LoraLayerView<T> v;
+  const double p_drop = dropout_pass > 0 ? layout.config().dropout : 0.0;
   v.scale = T(layout.config().scale());
   for (const ProjInfo& p : kProjections) {
     const LoraLayout::Entry& e = layout.entry(l, p.id);
@@ -106,21 +156,18 @@ LoraLayerView<T> lora_layer_view(const LoraLayout& layout, int l, const T* param
     a.dA = grads ? grads + e.a : nullptr;
     a.dB = grads ? grads + e.b : nullptr;
     a.r = layout.config().rank;
+    a.dropout = p_drop;
+    if (p_drop > 0) a.key = lora_dropout_key(layout.config().seed, dropout_pass, l, p.id);
   }
   return v;
 }
 
-namespace {
-uint64_t mix(uint64_t x) {  // splitmix64 finaliser
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
-}  // namespace
-
 void lora_init(const LoraLayout& layout, float* params, uint64_t seed) {
+  const int64_t so = layout.score_offset(), sn = so >= 0 ? layout.tensors().back().numel : 0;
+  std::vector<float> score(params + std::max<int64_t>(so, 0),
+                           params + std::max<int64_t>(so, 0) + sn);
   std::fill(params, params + layout.numel(), 0.0f);
+  std::copy(score.begin(), score.end(), params + std::max<int64_t>(so, 0));  // kept as it was
   for (const TensorInfo& t : layout.tensors()) {
     if (t.name.find(".lora_A.") == std::string::npos) continue;  // B stays zero
     const double bound = 1.0 / std::sqrt(double(t.shape[1]));
@@ -137,8 +184,13 @@ void lora_forward_cpu(T* y, const T* x, const LoraProjView<T>& a, T scale, int64
                       int64_t out) {
   if (a.A == nullptr) return;
   const int64_t r = a.r;
+  std::vector<T> xd;
+  if (a.dropout > 0) {
+    xd = dropped(x, a, N, in);
+    x = xd.data();
+  }
   std::vector<T> h(size_t(N * r));
-  gemm_cpu<T>(false, true, N, r, in, T(1), x, in, a.A, in, T(0), h.data(), r);    // h = x·Aᵀ
+  gemm_cpu<T>(false, true, N, r, in, T(1), x, in, a.A, in, T(0), h.data(), r);    // h = x'·Aᵀ
   gemm_cpu<T>(false, true, N, out, r, scale, h.data(), r, a.B, r, T(1), y, out);  // y += s·h·Bᵀ
 }
 
@@ -147,6 +199,11 @@ void lora_backward_cpu(T* dx, const T* dy, const T* x, const LoraProjView<T>& a,
                        int64_t in, int64_t out) {
   if (a.A == nullptr) return;
   const int64_t r = a.r;
+  std::vector<T> xd;
+  if (a.dropout > 0) {
+    xd = dropped(x, a, N, in);
+    x = xd.data();
+  }
   std::vector<T> h(size_t(N * r)), g(size_t(N * r));
   // g = scale·dy·B (N, r): the gradient of h = x·Aᵀ.
   gemm_cpu<T>(false, false, N, r, out, scale, dy, out, a.B, r, T(0), g.data(), r);
@@ -156,7 +213,15 @@ void lora_backward_cpu(T* dx, const T* dy, const T* x, const LoraProjView<T>& a,
                 r);  // dB += s·dyᵀ·h
   }
   if (a.dA != nullptr) gemm_cpu<T>(true, false, r, in, N, T(1), g.data(), r, x, in, T(1), a.dA, in);
-  if (dx != nullptr) gemm_cpu<T>(false, false, N, in, r, T(1), g.data(), r, a.A, in, T(1), dx, in);
+  if (dx == nullptr) return;
+  if (a.dropout == 0) {
+    gemm_cpu<T>(false, false, N, in, r, T(1), g.data(), r, a.A, in, T(1), dx, in);
+    return;
+  }
+  std::vector<T> gx(size_t(N * in));  // d(g·A): the mask and 1/(1−p) of the forward
+  gemm_cpu<T>(false, false, N, in, r, T(1), g.data(), r, a.A, in, T(0), gx.data(), in);
+  const std::vector<T> back = dropped(gx.data(), a, N, in);
+  for (int64_t k = 0; k < N * in; ++k) dx[k] += back[size_t(k)];
 }
 
 template <typename T>
@@ -166,7 +231,7 @@ void lora_merge_cpu(T* w, const T* A, const T* B, T scale, int64_t r, int64_t in
 }
 
 #define RLHF_INSTANTIATE_LORA(T)                                                                 \
-  template LoraLayerView<T> lora_layer_view<T>(const LoraLayout&, int, const T*, T*);            \
+  template LoraLayerView<T> lora_layer_view<T>(const LoraLayout&, int, const T*, T*, uint64_t);  \
   template void lora_forward_cpu<T>(T*, const T*, const LoraProjView<T>&, T, int64_t, int64_t,   \
                                     int64_t);                                                    \
   template void lora_backward_cpu<T>(T*, const T*, const T*, const LoraProjView<T>&, T, int64_t, \

@@ -15,6 +15,9 @@
 //   void final_norm_backward(const P* hp, G* hg)  d RMSNorm(x_L) -> the residual gradient (hg:
 //                                                 nullptr = frozen)
 //   void trunk_backward(Provider& p)              the layers' and the embedding's backward
+//   const P* score_weight(const P* hp)            a scalar head's weight (1, C) and where its
+//   G* score_grad(G* hg)                          gradient goes, given the head unit's (LoRA:
+//                                                 the adapters' trained copy)
 // and its embedding, the heads' arithmetic, buffers and transfers. The heads' unit order (which
 // units a head pass acquires and releases, and when) and their pass state are written here once
 // (head_forward, head_backward). Adding a loop feature (pipeline stages, a different unit order)
@@ -236,7 +239,7 @@ class ModelLoop {
       fn(hp, head.w);
       if (head.tied) p.release_params(layout_.embedding_unit());
     } else {
-      fn(hp, hp + layout_.unit(hu).at("score.weight").offset);
+      fn(hp, net().score_weight(hp));
     }
     p.release_params(hu);
     p.end_pass(false);
@@ -266,8 +269,7 @@ class ModelLoop {
         p.release_params(eu);
       }
     } else {
-      const int64_t off = layout_.unit(hu).at("score.weight").offset;
-      fn(hp, hp + off, hg != nullptr ? hg + off : nullptr);
+      fn(hp, net().score_weight(hp), net().score_grad(hg));
     }
     net().final_norm_backward(hp, hg);
     p.release_grads(hu);

@@ -190,7 +190,7 @@ void Transformer<T>::layer_forward(const T* params, int l, const T* x_in, T* x_o
   LayerParams<const T> w(layout_.unit(u), params);
   LoraLayerView<T> lora;
   if (lora_active()) {
-    lora = lora_layer_view<T>(*lora_layout_, l, lora_params_, nullptr);
+    lora = lora_layer_view<T>(*lora_layout_, l, lora_params_, nullptr, lora_drop_pass_);
     w.lora = &lora;
   }
   LayerRun<T> run = layer_run(a, pos);
@@ -207,6 +207,11 @@ void Transformer<T>::trunk_forward(UnitProvider<T>& p, const int32_t* tokens, in
                                    int64_t T_len, bool for_backward, SeqLens seqs) {
   reserve(B, T_len, for_backward, seqs);
   tokens_.assign(tokens, tokens + N_);
+  // LoRA dropout acts in training passes only (PEFT's nn.Dropout in train mode).
+  lora_drop_pass_ = 0;
+  if (for_backward && lora_active() && lora_layout_->config().dropout > 0)
+    lora_drop_pass_ = lora_dropout_pass(lora_params_, size_t(lora_layout_->numel()) * sizeof(T),
+                                        tokens_.data(), N_);
   embed(p, tokens);
   forward_layers(p, for_backward);
 }
@@ -322,7 +327,7 @@ void Transformer<T>::layer_backward(const T* params, T* grads, int l, const T* x
   const LayerParams<T> g = grads != nullptr ? LayerParams<T>(u, grads) : LayerParams<T>();
   LoraLayerView<T> lora;
   if (lora_active()) {
-    lora = lora_layer_view<T>(*lora_layout_, l, lora_params_, lora_grads_);
+    lora = lora_layer_view<T>(*lora_layout_, l, lora_params_, lora_grads_, lora_drop_pass_);
     w.lora = &lora;
   }
   LayerGradScratch<T> d;

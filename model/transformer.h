@@ -103,6 +103,23 @@ class Transformer : public ModelLoop<Transformer<T>, T, LayerActs<T>> {
   /// policy) or back on. No effect without set_lora.
   void set_lora_enabled(bool on) { lora_on_ = on; }
   bool lora_active() const { return lora_layout_ != nullptr && lora_on_; }
+  /// The score head the scalar passes use, given the head unit's parameters hp: the trained copy
+  /// among the adapters when the adapters are on and carry one (LoraConfig::save_score, PEFT's
+  /// modules_to_save), else the base's "score.weight".
+  const T* score_weight(const T* hp) const {
+    if (lora_active() && lora_layout_->score_offset() >= 0)
+      return lora_params_ + lora_layout_->score_offset();
+    return hp + layout_.unit(layout_.head_unit()).at("score.weight").offset;
+  }
+  /// Where the score head's gradient goes (+=), given the head unit's gradients hg (nullptr for a
+  /// frozen base): the adapters' gradient buffer for a trained copy, else hg's "score.weight";
+  /// nullptr: none.
+  T* score_grad(T* hg) const {
+    if (lora_active() && lora_layout_->score_offset() >= 0)
+      return lora_grads_ != nullptr ? lora_grads_ + lora_layout_->score_offset() : nullptr;
+    return hg != nullptr ? hg + layout_.unit(layout_.head_unit()).at("score.weight").offset
+                         : nullptr;
+  }
 
  private:
   // Each backward scratch buffer starts on a multiple of this many elements (256 bytes of float).
@@ -154,6 +171,9 @@ class Transformer : public ModelLoop<Transformer<T>, T, LayerActs<T>> {
   const T* lora_params_ = nullptr;
   T* lora_grads_ = nullptr;
   bool lora_on_ = true;
+  // The dropout id of the current training pass (lora_dropout_pass; 0: no dropout), set by
+  // trunk_forward and kept for the recompute and backward of that pass.
+  uint64_t lora_drop_pass_ = 0;
 
   // Activation storage, sized by reserve(): residual stream (L+1, N, C), per-layer activations
   // (L or 1 sets), final norm, head output.

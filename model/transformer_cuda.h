@@ -133,6 +133,14 @@ class TransformerCuda : public ModelLoop<TransformerCuda, bf16, LayerActsCuda> {
   // final norm's backward from dlnf_ into dres_, on stream_.
   void trunk_backward(DeviceUnitProvider& p);
   void final_norm_backward(const bf16* head_params, float* head_grads);
+  // The scalar head's weight (1, C) and its gradient inside the head unit's params / grads.
+  const bf16* score_weight(const bf16* hp) const {
+    return hp + layout_.unit(layout_.head_unit()).at("score.weight").offset;
+  }
+  float* score_grad(float* hg) const {
+    return hg != nullptr ? hg + layout_.unit(layout_.head_unit()).at("score.weight").offset
+                         : nullptr;
+  }
   void final_norm(const bf16* head_params, const bf16* x, cudaStream_t s);
   // The sweep's trunk: every batch's residual stream after the last layer, in sweep_res_.
   void sweep_trunk(DeviceUnitProvider& p, const std::vector<ForwardBatch<float>>& batches, bool lm);

@@ -20,6 +20,7 @@ namespace rlhf::model {
 template <typename T>
 std::vector<int64_t> Transformer<T>::sweep_trunk(UnitProvider<T>& p,
                                                  const std::vector<ForwardBatch<T>>& batches) {
+  lora_drop_pass_ = 0;  // evaluation passes: no LoRA dropout
   std::vector<int64_t> row;
   int64_t total = 0;
   for (const ForwardBatch<T>& b : batches) {

@@ -61,9 +61,23 @@ void LoraStore::adamw_step(const optim::AdamWConfig& cfg, double lr, int64_t ste
   if (comm_.size() > 1) comm_.all_gather(params_.data() + b, params_.data(), S_);  // in place
 }
 
+void LoraStore::load_unit(int u, const float* full) {
+  base_->load_unit(u, full);
+  const model::UnitLayout& unit = layout().unit(u);
+  if (lora_.score_offset() >= 0 && unit.kind == model::UnitKind::kHead) {
+    const model::TensorInfo& t = unit.at("score.weight");
+    std::copy(full + t.offset, full + t.offset + t.numel, params_.begin() + lora_.score_offset());
+  }
+}
+
 void LoraStore::gather_unit(int u, float* out) {
   base_->gather_unit(u, out);
   const model::UnitLayout& unit = layout().unit(u);
+  if (lora_.score_offset() >= 0 && unit.kind == model::UnitKind::kHead) {
+    const model::TensorInfo& t = unit.at("score.weight");
+    std::copy(params_.begin() + lora_.score_offset(),
+              params_.begin() + lora_.score_offset() + t.numel, out + t.offset);
+  }
   if (unit.kind != model::UnitKind::kLayer) return;
   const float scale = float(lora_.config().scale());
   for (const model::ProjInfo& p : model::kProjections) {

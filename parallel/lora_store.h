@@ -39,9 +39,12 @@ class LoraStore final : public ParamStore {
   void adamw_step(const optim::AdamWConfig& cfg, double lr, int64_t step,
                   float grad_scale) override;
   /// The merged weights of unit u: the base's, with W + (α/r)·B·A for every adapted projection
-  /// of a layer unit (so a saved model is the merged model). Collective.
+  /// of a layer unit, and the head unit's score.weight from the trained copy (save_score), so a
+  /// saved model is the merged model. Collective.
   void gather_unit(int u, float* out) override;
-  void load_unit(int u, const float* full) override { base_->load_unit(u, full); }
+  /// Loads the frozen base's unit u; the head unit's score.weight also starts the trained copy
+  /// (save_score: PEFT's modules_to_save starts from the base module).
+  void load_unit(int u, const float* full) override;
   void gather_moments(int u, float* m, float* v) override;
   void load_moments(int u, const float* m, const float* v) override;
   MemoryReport memory() const override;
@@ -77,8 +80,10 @@ class LoraStore final : public ParamStore {
 
 /// The model a LoRA training command trains on rt's device: a frozen base (a weights-only ZeRO-3
 /// store over rt.train_comm) with the adapters of `lora` (LoraStore), run by
-/// Transformer<float> with the adapters on. CPU only: throws rlhf::Error naming --lora_rank for
-/// --device cuda. Call on training ranks only.
+/// Transformer<float> with the adapters on. A model with a scalar head (reward model, critic)
+/// also trains its score head (LoraConfig::save_score, PEFT's modules_to_save for SEQ_CLS). CPU
+/// only: throws rlhf::Error naming --lora_rank for --device cuda (app/usage_checks refuses it
+/// first, exit 2). Call on training ranks only.
 std::unique_ptr<TrainModel> make_lora_train_model(const model::ParamLayout& layout,
                                                   TrainRuntime& rt, const ZeroOptions& z,
                                                   const model::LoraConfig& lora, uint64_t seed);

@@ -171,13 +171,7 @@ std::unique_ptr<TrainModel> make_cuda_train_model(std::unique_ptr<DeviceZero3Sto
 std::unique_ptr<TrainModel> make_train_model(const model::ParamLayout& layout, TrainRuntime& rt,
                                              const ZeroOptions& z, bool frozen) {
   RLHF_ASSERT(rt.train_comm != nullptr);
-  if (z.lora.enabled() && !frozen) {
-    RLHF_CHECK(layout.head() == model::HeadKind::kLM,
-               "--lora_rank {}: LoRA trains models with an LM head (sft, the grpo/ppo actor); a "
-               "{} head would stay frozen (train it without --lora_rank)",
-               z.lora.rank, model::to_string(layout.head()));
-    return make_lora_train_model(layout, rt, z, z.lora, 0);
-  }
+  if (z.lora.enabled() && !frozen) return make_lora_train_model(layout, rt, z, z.lora, 0);
   const bool checkpointing = z.gradient_checkpointing && !frozen;
   if (rt.device == Device::kCuda) {
 #ifdef RLHF_CUDA
@@ -217,8 +211,10 @@ std::unique_ptr<TrainModel> make_lora_train_model(const model::ParamLayout& layo
   f.frozen = true;
   f.keep_params_for_backward = z.zero_keep_params;
   auto base = std::make_unique<Zero3Store>(layout, *rt.train_comm, f);
+  model::LoraConfig cfg = lora;
+  cfg.save_score = layout.head() != model::HeadKind::kLM;  // PEFT's modules_to_save (SEQ_CLS)
   return make_cpu_train_model(
-      std::make_unique<LoraStore>(std::move(base), lora, *rt.train_comm, seed),
+      std::make_unique<LoraStore>(std::move(base), cfg, *rt.train_comm, seed),
       z.gradient_checkpointing, rt.train_comm.get(), kSweepResidualBytes, rt.bf16);
 }
 

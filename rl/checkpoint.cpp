@@ -53,9 +53,11 @@ namespace {
 
 // The LoRA settings a checkpoint's slot records (and a resume must match).
 nlohmann::json lora_json(const model::LoraConfig& c) {
-  return {{"r", c.rank},
-          {"lora_alpha", c.alpha},
-          {"target_modules", model::target_modules_string(c.targets)}};
+  nlohmann::json j = {{"r", c.rank},
+                      {"lora_alpha", c.alpha},
+                      {"target_modules", model::target_modules_string(c.targets)}};
+  if (c.save_score) j["modules_to_save"] = "score";  // the score head trains (reward model, critic)
+  return j;
 }
 
 // A LoRA slot: the adapters (under /<group>/<adapter tensor name>) and their moments only. The
@@ -115,6 +117,7 @@ LoraCheckpoint read_lora_checkpoint(const std::string& path) {
   out.lora.rank = j.at("r").get<int>();
   out.lora.alpha = j.at("lora_alpha").get<double>();
   out.lora.targets = model::parse_target_modules(j.at("target_modules").get<std::string>());
+  out.lora.save_score = j.value("modules_to_save", std::string()) == "score";
   const model::LoraLayout ll(model::layer_spec(out.config), int(out.config.num_hidden_layers),
                              out.lora);
   out.adapters.assign(size_t(ll.numel()), 0.0f);

@@ -67,9 +67,10 @@ Models build_models(const RlRunConfig& c, parallel::TrainRuntime& rt, const io::
     const io::ModelSource csrc = io::resolve_model_source(pre.empty() ? c.model_config : "", pre,
                                                           "", model::HeadKind::kValue);
     const model::ParamLayout cl(csrc.config, model::HeadKind::kValue);
-    // The critic trains every weight (its value head is new); --lora_rank applies to the actor.
+    // OpenRLHF applies the LoRA flags to the critic too: its trunk gets fresh adapters and its
+    // value head trains fully (PEFT's modules_to_save); --lora_path is the actor's adapter.
     parallel::ZeroOptions cz = c.zero;
-    cz.lora = {};
+    cz.lora.path.clear();
     m.critic = parallel::make_train_model(cl, rt, cz);
     initialize_weights(m.critic->store(), csrc, seed + 1);
   }
@@ -378,6 +379,8 @@ int run_rl(const RlRunConfig& c) {
         model::LoraLayout(model::layer_spec(layout.config()),
                           int(layout.config().num_hidden_layers), c.zero.lora)
             .describe());
+  if (auto* cs = m.critic ? dynamic_cast<parallel::LoraStore*>(&m.critic->store()) : nullptr)
+    LOG0_INFO("critic: {} (base frozen)", cs->lora_layout().describe());
   LOG0_INFO(
       "{} engines, {} training ranks | {} prompts, {} per step x {} samples | {} steps "
       "({} per episode) | {} optimizer steps per RL step",

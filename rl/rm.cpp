@@ -8,6 +8,7 @@
 #include "core/log.h"
 #include "io/model_source.h"
 #include "io/tokenizer.h"
+#include "parallel/lora_store.h"
 #include "parallel/preemption.h"
 #include "rl/losses.h"
 #include "rl/packing.h"
@@ -136,6 +137,10 @@ int run_rm(const RmConfig& c) {
       plan_batches(c.train, int64_t(data.pairs.size()), world, c.dataset, "pairs");
   LOG0_INFO("reward model: {} parameters, {} | data: {} | {} steps", layout.num_parameters(),
             src.describe(), data.stats.summary(), plan.total_steps);
+  if (auto* ls = dynamic_cast<parallel::LoraStore*>(&net->store()))
+    LOG0_INFO(
+        "{} (base frozen; the saved model is the merged W + (alpha/r)·B·A and the score head)",
+        ls->lora_layout().describe());
 
   RmTask task(*net, data, *tokenizer, plan.train_batch_size, c.zero.packing_samples);
   const SupervisedResult res = train_supervised(c.train, plan, task, *net, comm);

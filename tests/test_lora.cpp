@@ -67,6 +67,8 @@ TEST_CASE("lora: --target_modules parsing") {
                        doctest::Contains("--target_modules: unknown module 'qq_proj'"), Error);
   model::LoraConfig c = lora_cfg(4, "q_proj");
   c.dropout = 0.1;
+  c.validate();  // dropout in [0, 1) is implemented
+  c.dropout = 1.0;
   CHECK_THROWS_WITH_AS(c.validate(), doctest::Contains("--lora_dropout"), Error);
   c.dropout = 0;
   c.alpha = 0;
@@ -202,4 +204,113 @@ TEST_CASE("lora: fresh adapter and adapters off give the base; merged weights = 
   auto cmp = test::compare_arrays(merged.data(), with.data(), N);
   INFO(cmp.summary("merged vs unmerged lp"));
   CHECK(cmp.max_abs_err < 2e-5);
+}
+
+TEST_CASE("lora dropout: the branch vs an explicit mask; gradients vs finite differences") {
+  const int64_t N = 5, in = 7, out = 6, r = 3;
+  const double p = 0.3, scale = 1.7;
+  auto x = test::random_vec<double>(N * in, 1);
+  auto A = test::random_vec<double>(r * in, 2, -0.5, 0.5);
+  auto Bm = test::random_vec<double>(out * r, 3, -0.5, 0.5);
+  std::vector<double> dA(A.size(), 0.0), dB(Bm.size(), 0.0), dx(x.size(), 0.0);
+  model::LoraProjView<double> a{A.data(), Bm.data(), dA.data(), dB.data(), r, p, 0x1234};
+  std::vector<double> y(N * out, 0.0), want(N * out, 0.0);
+  model::lora_forward_cpu(y.data(), x.data(), a, scale, N, in, out);
+  // The reference: PEFT's lora_B(lora_A(dropout(x))) · scale, inverted dropout, written out.
+  int64_t kept = 0;
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t o = 0; o < out; ++o)
+      for (int64_t k = 0; k < r; ++k) {
+        double h = 0;
+        for (int64_t i = 0; i < in; ++i)
+          if (model::lora_dropout_keep(a.key, n, i, in, p))
+            h += x[n * in + i] / (1 - p) * A[k * in + i];
+        want[n * out + o] += scale * h * Bm[o * r + k];
+      }
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t i = 0; i < in; ++i) kept += model::lora_dropout_keep(a.key, n, i, in, p);
+  CHECK(kept > 0);
+  CHECK(kept < N * in);  // the mask drops some inputs
+  CHECK(test::compare_arrays(y.data(), want.data(), N * out).max_abs_err < 1e-12);
+
+  auto w = test::random_vec<double>(N * out, 4);
+  auto loss = [&]() {
+    std::vector<double> yy(N * out, 0.0);
+    model::lora_forward_cpu(yy.data(), x.data(), a, scale, N, in, out);
+    return test::dot(yy.data(), w.data(), N * out);
+  };
+  model::lora_backward_cpu(dx.data(), w.data(), x.data(), a, scale, N, in, out);
+  RLHF_CHECK_GRAD(test::fd_check(loss, A.data(), dA.data(), int64_t(A.size())), "dA");
+  RLHF_CHECK_GRAD(test::fd_check(loss, Bm.data(), dB.data(), int64_t(Bm.size())), "dB");
+  RLHF_CHECK_GRAD(test::fd_check(loss, x.data(), dx.data(), int64_t(x.size())), "dx");
+  // A dropped input gets no gradient through the branch.
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t i = 0; i < in; ++i)
+      if (!model::lora_dropout_keep(a.key, n, i, in, p)) CHECK(dx[n * in + i] == 0.0);
+}
+
+TEST_CASE("lora dropout: the keep rate is 1 - p; keys give independent masks") {
+  const int64_t n = 200000;
+  int64_t k1 = 0, k2 = 0, both = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const bool a = model::lora_dropout_keep(11, 0, i, n, 0.25);
+    const bool b =
+        model::lora_dropout_keep(model::lora_dropout_key(1, 2, 0, Proj::kQ), 0, i, n, 0.25);
+    k1 += a;
+    k2 += b;
+    both += a && b;
+  }
+  CHECK(double(k1) / n == doctest::Approx(0.75).epsilon(0.01));
+  CHECK(double(k2) / n == doctest::Approx(0.75).epsilon(0.01));
+  CHECK(double(both) / n == doctest::Approx(0.75 * 0.75).epsilon(0.02));  // independent
+  CHECK(model::lora_dropout_key(1, 2, 0, Proj::kQ) != model::lora_dropout_key(1, 2, 0, Proj::kK));
+  CHECK(model::lora_dropout_key(1, 2, 0, Proj::kQ) != model::lora_dropout_key(1, 3, 0, Proj::kQ));
+  CHECK(model::lora_dropout_key(1, 2, 0, Proj::kQ) != model::lora_dropout_key(2, 2, 0, Proj::kQ));
+}
+
+TEST_CASE("lora dropout in the model: training passes only, deterministic, recompute-exact") {
+  const auto cfg = tiny("llama", false);
+  const int64_t B = 2, T = 6, N = B * T;
+  model::ParamLayout layout(cfg, HeadKind::kLM);
+  model::LocalParams<float> P(layout);
+  P.init(5, 0.3);
+  model::LoraConfig lc = lora_cfg(4, "all-linear");
+  lc.dropout = 0.4;
+  lc.seed = 3;
+  model::LoraLayout ll(model::layer_spec(cfg), int(cfg.num_hidden_layers), lc);
+  model::LoraConfig l0 = lc;
+  l0.dropout = 0;
+  model::LoraLayout ll0(model::layer_spec(cfg), int(cfg.num_hidden_layers), l0);
+  auto tokens = test::random_tokens(N, cfg.vocab_size, 3);
+  std::vector<int32_t> targets(N, 1);
+  std::vector<float> ad = random_adapter<float>(ll, 11);
+  model::FrozenBaseProvider<float> frozen(P);
+  auto dlp = test::random_vec<float>(N, 9);
+  std::vector<float> g1(ad.size(), 0.0f), g2(ad.size(), 0.0f), g0(ad.size(), 0.0f);
+  std::vector<float> eval(N), eval0(N), train1(N), train2(N), train0(N);
+  model::Transformer<float> net(layout, false), ck(layout, true), plain(layout, false);
+  net.set_lora(&ll, ad.data(), g1.data());
+  ck.set_lora(&ll, ad.data(), g2.data());
+  plain.set_lora(&ll0, ad.data(), g0.data());
+  net.forward_lm(frozen, tokens.data(), targets.data(), B, T, eval.data(), nullptr, false);
+  plain.forward_lm(frozen, tokens.data(), targets.data(), B, T, eval0.data(), nullptr, false);
+  CHECK(eval == eval0);  // evaluation / experience passes: no dropout
+  net.forward_lm(frozen, tokens.data(), targets.data(), B, T, train1.data(), nullptr, true);
+  net.backward_lm(frozen, dlp.data(), nullptr);
+  CHECK(test::compare_arrays(train1.data(), eval.data(), N).max_abs_err > 1e-4);  // dropout acts
+  ck.forward_lm(frozen, tokens.data(), targets.data(), B, T, train2.data(), nullptr, true);
+  ck.backward_lm(frozen, dlp.data(), nullptr);
+  CHECK(train2 == train1);  // the same (seed, weights, batch): the same masks
+  CHECK(g2 == g1);          // gradient checkpointing recomputes the same masks
+  plain.forward_lm(frozen, tokens.data(), targets.data(), B, T, train0.data(), nullptr, true);
+  plain.backward_lm(frozen, dlp.data(), nullptr);
+  CHECK(test::compare_arrays(g1.data(), g0.data(), int64_t(ad.size())).max_abs_err > 1e-6);
+  // Other weights (the next optimizer step) draw other masks.
+  std::vector<float> moved = ad;
+  moved[0] += 1e-3f;
+  net.set_lora(&ll, moved.data(), nullptr);
+  std::vector<float> train3(N);
+  net.forward_lm(frozen, tokens.data(), targets.data(), B, T, train3.data(), nullptr, true);
+  CHECK(model::lora_dropout_pass(moved.data(), moved.size() * 4, tokens.data(), N) !=
+        model::lora_dropout_pass(ad.data(), ad.size() * 4, tokens.data(), N));
 }

@@ -131,7 +131,7 @@ echo "$out" | grep -q "holds LoRA adapters" || { echo "$out" | tail -3; fail "no
 echo "ok: a full-parameter run refuses a LoRA checkpoint"
 
 # (d) Bad flags: usage errors.
-for bad in "--target_modules q_proj,qq_proj" "--lora_dropout 0.1" "--lora_rank -1" "--lora_alpha 0"; do
+for bad in "--target_modules q_proj,qq_proj" "--lora_dropout 1" "--lora_rank -1" "--lora_alpha 0"; do
   # shellcheck disable=SC2086
   rank=(--lora_rank 4)
   [ "${bad%% *}" = "--lora_rank" ] && rank=()
