@@ -131,7 +131,8 @@ nlohmann::json run_settings(const RlRunConfig& c, int64_t total_steps) {
           {"dynamic_filtering", c.step.dynamic_filtering},
           {"async_train", c.step.async_train},
           {"async_queue_size", c.step.async_train ? c.step.async_queue_size : 0},
-          {"generate_max_len", c.step.generate_max_len}};
+          {"generate_max_len", c.step.generate_max_len},
+          {"partial_rollout", c.step.partial_rollout}};
 }
 
 // The held-out prompts and how they are evaluated (eval_dataset set).
