@@ -1,6 +1,7 @@
 #include "bench/bench_partial.h"
 
 #include <mpi.h>
+#include <sys/resource.h>
 
 #include <algorithm>
 #include <chrono>
@@ -37,6 +38,21 @@ std::vector<int32_t> prompt_of(const BenchPartialOptions& o, int64_t k) {
   return p;
 }
 
+// CPU seconds of the whole process (every thread), user + system.
+double cpu_seconds() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return double(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
+         1e-6 * double(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
+}
+
+double median(std::vector<double> v) {
+  RLHF_CHECK(!v.empty(), "bench partial: no timed step");
+  std::sort(v.begin(), v.end());
+  const size_t m = v.size() / 2;
+  return v.size() % 2 ? v[m] : 0.5 * (v[m - 1] + v[m]);
+}
+
 }  // namespace
 
 void run_bench_partial(const BenchPartialOptions& opt, const Emit& emit) {
@@ -63,32 +79,18 @@ void run_bench_partial(const BenchPartialOptions& opt, const Emit& emit) {
   sp.seed = opt.seed;
   sp.temperature = 1.0;
 
-  // Synchronous: the step's groups generated to the end (the straggler holds the step).
-  double sync_s = 0;
-  int64_t sync_tokens = 0;
-  for (int64_t s = 0; s < opt.sync_steps; ++s) {
-    std::vector<rollout::GenerationRequest> reqs;
-    for (int64_t i = 0; i < opt.samples; ++i) {
-      rollout::GenerationRequest r;
-      r.id = uint64_t(s * opt.samples + i);
-      r.prompt = prompt_of(opt, s * opt.samples + i);
-      r.max_new_tokens = max_new(r.prompt);
-      r.sampling = sp;
-      reqs.push_back(std::move(r));
-    }
-    const auto t = Clock::now();
-    engine.generate(reqs);
-    sync_s += since(t);
-    sync_tokens += engine.stats().generated_tokens;
-  }
-  sync_s /= double(opt.sync_steps);
-
-  // Partial: the pool topped up each step, one round to the quota, the step's groups taken.
+  // Steps alternate — a partial-rollout step, then (from the second on) a synchronous one — so
+  // that a shared machine's load weighs on both alike; each side's median is reported, in wall
+  // time and in process CPU time.
   rl::PartialPool pool(1, opt.max_staleness);
-  double partial_s = 0;
-  int64_t carried = 0, interrupted = 0, dropped = 0, partial_tokens = 0;
+  std::vector<double> sync_wall, sync_cpu, sync_tail, part_wall, part_cpu;
+  double part_prefill_s = 0, sync_prefill_s = 0;
+  int64_t carried = 0, interrupted = 0, dropped = 0, part_tokens = 0, sync_tokens = 0;
+  int64_t part_prefill_tokens = 0;
   for (int64_t step = 0; step < opt.steps; ++step) {
-    const auto t = Clock::now();
+    // Partial: the pool topped up, one round to the quota, the step's groups taken.
+    auto t = Clock::now();
+    double c = cpu_seconds();
     dropped += pool.drop_stale(step);
     std::vector<int64_t> pos;
     std::vector<std::vector<int32_t>> prompts;
@@ -97,40 +99,85 @@ void run_bench_partial(const BenchPartialOptions& opt, const Emit& emit) {
       prompts.push_back(prompt_of(opt, pool.drawn));
     }
     pool.add_fresh(pos, prompts);
-    int64_t tokens = 0;
+    int64_t tokens = 0, prefill_tokens = 0;
+    double prefill_s = 0;
+    int64_t cut = 0;
     while (pool.complete_groups() < opt.samples) {
       const std::vector<int64_t> pending = pool.pending_groups();
       auto reqs = pool.requests(pending, 0, 1, sp, max_new);
       auto res = engine.generate(reqs, {}, nullptr, opt.samples - pool.complete_groups());
       tokens += engine.stats().generated_tokens;
-      const int64_t cut = pool.merge(pool.to_samples(reqs, std::move(res), pending, step), pending);
-      if (step > 0) interrupted += cut;
+      prefill_tokens += engine.stats().prefill_tokens;
+      prefill_s += engine.stats().prefill_s;
+      cut += pool.merge(pool.to_samples(reqs, std::move(res), pending, step), pending);
     }
     rl::PartialStats st;
     (void)pool.take(opt.samples, step, st);
-    const double s = since(t);
-    if (step > 0) {
-      partial_s += s;
-      carried += st.carried;
-      partial_tokens += tokens;
+    const double wall = since(t), cpu = cpu_seconds() - c;
+    LOG_DEBUG("bench partial: step {} {:.3f}s | {} carried | age max {}", step + 1, wall,
+              st.carried, st.age_max);
+    if (step == 0) continue;  // nothing carried yet
+    part_wall.push_back(wall);
+    part_cpu.push_back(cpu);
+    carried += st.carried;
+    interrupted += cut;
+    part_tokens += tokens;
+    part_prefill_tokens += prefill_tokens;
+    part_prefill_s += prefill_s;
+    // Synchronous: the same shape of step generated to the end (the straggler holds it).
+    std::vector<rollout::GenerationRequest> reqs;
+    for (int64_t i = 0; i < opt.samples; ++i) {
+      rollout::GenerationRequest r;
+      const int64_t k = (1 << 20) + step * opt.samples + i;  // prompts apart from the pool's
+      r.id = uint64_t(k);
+      r.prompt = prompt_of(opt, k);  // the straggler is i = 0
+      r.max_new_tokens = max_new(r.prompt);
+      r.sampling = sp;
+      reqs.push_back(std::move(r));
     }
-    LOG_DEBUG("bench partial: step {} {:.3f}s | {} carried | age max {}", step + 1, s, st.carried,
-              st.age_max);
+    t = Clock::now();
+    c = cpu_seconds();
+    // When every sample but the straggler has finished: the rest of the step is its tail.
+    Clock::time_point others_done = Clock::now();
+    bool seen = false;
+    const rollout::ProgressFn progress = [&](const rollout::EngineStats&, int64_t done,
+                                             int64_t total) {
+      if (!seen && done >= total - 1) {
+        others_done = Clock::now();
+        seen = true;
+      }
+    };
+    engine.generate(reqs, progress);
+    sync_tail.push_back(std::chrono::duration<double>(Clock::now() - others_done).count());
+    sync_wall.push_back(since(t));
+    sync_cpu.push_back(cpu_seconds() - c);
+    sync_tokens += engine.stats().generated_tokens;
+    sync_prefill_s += engine.stats().prefill_s;
   }
   const double n = double(opt.steps - 1);
-  partial_s /= n;
+  const double sw = median(sync_wall), pw = median(part_wall);
+  const double sc = median(sync_cpu), pc = median(part_cpu);
   emit({{"bench", "partial"},
         {"samples", opt.samples},
         {"short_tokens", opt.short_tokens},
         {"long_tokens", long_tokens},
-        {"sync_step_s", sync_s},
-        {"partial_step_s", partial_s},
-        {"ratio", partial_s / sync_s},
+        {"steps", opt.steps - 1},
+        {"sync_step_s", sw},
+        {"partial_step_s", pw},
+        {"ratio", pw / sw},
+        {"sync_tail_s", median(sync_tail)},
+        {"ratio_no_tail", (sw - median(sync_tail)) / sw},
+        {"sync_step_cpu_s", sc},
+        {"partial_step_cpu_s", pc},
+        {"ratio_cpu", pc / sc},
+        {"sync_prefill_s", sync_prefill_s / n},
+        {"partial_prefill_s", part_prefill_s / n},
+        {"partial_prefill_tokens", int64_t(double(part_prefill_tokens) / n)},
         {"carried_mean", double(carried) / n},
         {"interrupted_mean", double(interrupted) / n},
         {"dropped", dropped},
-        {"gen_tokens_sync", sync_tokens / opt.sync_steps},
-        {"gen_tokens_partial", int64_t(double(partial_tokens) / n)}});
+        {"gen_tokens_sync", int64_t(double(sync_tokens) / n)},
+        {"gen_tokens_partial", int64_t(double(part_tokens) / n)}});
 }
 
 }  // namespace rlhf::bench

@@ -20,21 +20,30 @@ struct BenchPartialOptions {
   int64_t short_tokens = 32;  ///< new tokens of an ordinary sample
   int64_t long_factor = 8;    ///< the straggler's new tokens = long_factor × short_tokens
   int64_t prompt_len = 16;
-  int64_t steps = 12;         ///< partial-rollout steps (the mean is over steps 2..steps)
-  int64_t sync_steps = 3;     ///< synchronous steps (their mean)
+  /// Partial-rollout steps; from the second on each is followed by a synchronous step, and
+  /// each side's median over those steps is reported.
+  int64_t steps = 8;
   int64_t max_staleness = 8;  ///< --max_staleness
   uint64_t seed = 42;
 };
 
 /// Rank 0 only (others return). Emits one row
-///   {"bench":"partial", samples, short_tokens, long_tokens, sync_step_s, partial_step_s, ratio,
-///    carried_mean, interrupted_mean, dropped, gen_tokens_sync, gen_tokens_partial}
+///   {"bench":"partial", samples, short_tokens, long_tokens, steps, sync_step_s, partial_step_s,
+///    ratio, sync_tail_s, ratio_no_tail, sync_step_cpu_s, partial_step_cpu_s, ratio_cpu,
+///    sync_prefill_s, partial_prefill_s, partial_prefill_tokens, carried_mean, interrupted_mean,
+///    dropped, gen_tokens_sync, gen_tokens_partial}
 /// where a step is its generation phase (what partial rollouts change; the trainer's phases cost
-/// the same per trained sample): sync_step_s = mean of generating `samples` fresh groups to the
-/// end; partial_step_s = mean over steps 2..N of topping the pool up, one round to the quota
-/// (interrupting the rest), and taking the step's groups; ratio = partial / sync. The weight
-/// version advances every step (staleness and versions are real; the weights themselves are
-/// left unchanged, which does not change the cost).
+/// the same per trained sample): a synchronous step generates `samples` fresh groups to the end;
+/// a partial step tops the pool up, runs one round to the quota (interrupting the rest) and takes
+/// the step's groups. Steps alternate (partial, synchronous, partial, ...; the first partial step,
+/// with nothing carried yet, is not timed) and each side's median is reported, as wall time and
+/// as process CPU time (user + system: steadier on a shared machine); ratio = partial / sync.
+/// sync_tail_s: the synchronous step's time after every sample but the straggler finished (the
+/// straggler decoding alone); ratio_no_tail = (sync_step_s − sync_tail_s) / sync_step_s, what
+/// removing the tail at no cost would give — the bound for the ratio on this machine and shape.
+/// *_prefill_s: the engines' prefill time per step (a partial step's includes re-prefilling the
+/// carried samples' tokens). The weight version advances every partial step (staleness and
+/// versions are real; the weights themselves are left unchanged, which does not change the cost).
 void run_bench_partial(const BenchPartialOptions& opt, const Emit& emit);
 
 }  // namespace rlhf::bench

@@ -11,6 +11,9 @@
 #  (d) 2 training ranks = 1 training rank (same engine): the same samples at step 1, losses equal
 #      up to reduction order;
 #  (e) rlhf ppo (GAE, critic) runs with --partial_rollout;
+#  (g) carried tokens keep their engine log-probs from the older weights: the engine/trainer
+#      mismatch is ~0 on steps without older tokens (fp32 KV cache) and positive on steps with
+#      them, where --use_decoupled_loss weights them;
 #  (f) nonsense combinations are usage errors (exit 2) with one clear message.
 # Usage: partial.sh <rlhf binary> <source dir>     (env MPIEXEC: mpiexec's path)
 set -u
@@ -119,6 +122,27 @@ timeout 300 "${MPI[@]}" -np 2 "$RLHF" ppo --pretrain "$W/sft/model.h5" --prompt_
 [ "$(wc -l < "$W/ppo/metrics.jsonl")" -eq 3 ] || fail "ppo --partial_rollout: not 3 steps"
 grep -q '"partial_carried_samples"' "$W/ppo/metrics.jsonl" || fail "ppo: no partial metrics"
 echo "ok: rlhf ppo --partial_rollout"
+
+# (g) The engine log-probs of carried tokens are the older weights' (kept per token): with an fp32
+# KV cache the engine and the trainer agree to float rounding on tokens of the current version,
+# so the mismatch is ~0 where no trained token is older and clearly positive where some are;
+# decoupled PPO then weights those tokens.
+run decoupled 2 --max_steps 6 --kv_cache_dtype fp32 --use_decoupled_loss
+python3 - "$W/decoupled/metrics.jsonl" <<'PYEOF' || fail "per-token behaviour log-probs"
+import json, sys
+recs = [json.loads(l) for l in open(sys.argv[1])]
+fresh = [r for r in recs if r["partial_old_token_fraction"] == 0]
+mixed = [r for r in recs if r["partial_old_token_fraction"] > 0]
+assert fresh and mixed, [r["partial_old_token_fraction"] for r in recs]
+for r in fresh:
+    assert r["mismatch_abs_logp_max"] <= 1e-5, r
+for r in mixed:
+    assert r["mismatch_abs_logp_max"] > 1e-4, r
+    assert r["is_weight_min"] != 1 or r["is_weight_max"] != 1, r
+print("mismatch max, fresh steps:", [r["mismatch_abs_logp_max"] for r in fresh],
+      "mixed:", [r["mismatch_abs_logp_max"] for r in mixed])
+PYEOF
+echo "ok: carried tokens keep their older engine log-probs (decoupled PPO weights them)"
 
 # (f) Usage errors.
 usage() {  # usage <expected message> <args...>
