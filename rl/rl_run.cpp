@@ -131,8 +131,7 @@ nlohmann::json run_settings(const RlRunConfig& c, int64_t total_steps) {
           {"dynamic_filtering", c.step.dynamic_filtering},
           {"async_train", c.step.async_train},
           {"async_queue_size", c.step.async_train ? c.step.async_queue_size : 0},
-          {"generate_max_len", c.step.generate_max_len},
-          {"partial_rollout", c.step.partial_rollout}};
+          {"generate_max_len", c.step.generate_max_len}};
 }
 
 // The held-out prompts and how they are evaluated (eval_dataset set).
@@ -362,7 +361,11 @@ int run_rl(const RlRunConfig& c) {
     if (m.critic) slots.push_back({"critic", &m.critic->store(), true});
   }
   nlohmann::json resumed;
-  const nlohmann::json settings = run_settings(c, total_steps);
+  nlohmann::json settings = run_settings(c, total_steps);
+  if (c.step.partial_rollout) {  // only then: earlier checkpoints compare equal without them
+    settings["partial_rollout"] = true;
+    settings["max_staleness"] = c.step.max_staleness;
+  }
   if (c.load_checkpoint && trains) resumed = resume(c, slots, settings);
   resumed = RlStep::broadcast_json(resumed, train_root, *world);
   if (!resumed.is_null()) step.load_state(resumed);
