@@ -448,8 +448,10 @@ struct PpoArgs {
   bool eval_before_training = false;      ///< --eval_before_training: also at step 0
   bool async_train = false;               ///< --async_train: generate ahead while training
   int64_t async_queue_size = 1;           ///< --async_queue_size: most steps a rollout waits
-  int64_t log_completions = 0;  ///< --log_completions N: samples.jsonl every N steps (0 = off)
-  OptimArgs optim;              ///< schedule, betas, l2, max_norm (not learning_rate)
+  bool partial_rollout = false;  ///< --partial_rollout: stop a step's generation at its quota
+  int64_t max_staleness = 8;     ///< --max_staleness (AReaL: max_head_offpolicyness)
+  int64_t log_completions = 0;   ///< --log_completions N: samples.jsonl every N steps (0 = off)
+  OptimArgs optim;               ///< schedule, betas, l2, max_norm (not learning_rate)
   GenerationArgs gen;
   int64_t sync_bucket_mb = 64;  ///< --sync_bucket_mb: weight-sync bucket size
   ZeroArgs zero;
@@ -575,8 +577,9 @@ struct ImportArgs {
 /// `rlhf bench [suite...]`: benchmarks, JSON lines on stdout (rank 0) and a table in the log.
 struct BenchArgs {
   CommonArgs common;
-  std::vector<std::string> suites;      ///< positional: train|generate|comm|sync|gemm|rl|all
-  std::string model_config;             ///< --model_config: "" = the stories15M shape
+  std::vector<std::string>
+      suites;                ///< positional: train|generate|comm|sync|gemm|rl|packing|partial|all
+  std::string model_config;  ///< --model_config: "" = the stories15M shape
   int64_t tokens_per_step = 4096;       ///< --tokens_per_step: tokens per optimizer step (global)
   int64_t seq_len = 256;                ///< --seq_len: sequence length of the training benchmark
   int64_t micro_train_batch_size = 0;   ///< --micro_train_batch_size: 0 = whole step in one pass

@@ -48,7 +48,9 @@ void BenchArgs::bind(OptionSet& o) {
                    "Benchmarks to run: train, generate, comm, sync, all (default all); rl "
                    "(minutes: not in all); gemm (sgemm vs oneDNN fp32 vs bf16 at --model_config's "
                    "shapes, default SmolLM-135M's: not in all); packing (--packing_samples with "
-                   "token budgets vs padded micro-batches on ragged lengths: not in all)")
+                   "token budgets vs padded micro-batches on ragged lengths: not in all); partial "
+                   "(--partial_rollout vs the synchronous rollout with one 8x straggler in 64: "
+                   "not in all)")
       ->type_name("SUITE");
   o.add("model_config", model_config, "Model config for train (\"\" = stories15M shape)");
   o.add("tokens_per_step", tokens_per_step, "Tokens per optimizer step (global)").check(ge(1));
@@ -94,10 +96,10 @@ void BenchArgs::validate() {
   if (suites.empty()) suites = {"all"};
   for (const std::string& s : suites)
     if (s != "train" && s != "generate" && s != "comm" && s != "sync" && s != "rl" && s != "gemm" &&
-        s != "packing" && s != "all")
+        s != "packing" && s != "partial" && s != "all")
       usage_fail(
-          "unknown benchmark suite '{}'\nhint: train, generate, comm, sync, rl, gemm, packing or "
-          "all",
+          "unknown benchmark suite '{}'\nhint: train, generate, comm, sync, rl, gemm, packing, "
+          "partial or all",
           s);
 }
 
@@ -592,6 +594,15 @@ void PpoArgs::bind(OptionSet& o) {
         "With --async_train: a rollout made with weights of version v is trained at version <= "
         "v + this (0 = synchronous)")
       .check(ge(0));
+  o.add("partial_rollout", partial_rollout,
+        "Partial rollouts: a step's generation stops once --rollout_batch_size groups finished; "
+        "the unfinished samples keep their tokens and continue next step under the new weights "
+        "(each token records its weight version)");
+  o.add("max_staleness", max_staleness,
+        "With --partial_rollout: a sample whose oldest token is more than this many weight "
+        "versions old is dropped and generated again")
+      .check(ge(0))
+      .alias("max_head_offpolicyness");
   o.add("log_completions", log_completions,
         "Every N steps, the step's prompts, completions, scores and advantages to "
         "<save_path>/samples.jsonl (0 = off; bare --log_completions = every step)")
@@ -666,6 +677,17 @@ void PpoArgs::validate() {
         "--overlong_buffer_len {} must be < --generate_max_len {} (the buffer is the last "
         "L_c tokens before the limit)",
         overlong_buffer_len, gen.generate_max_len);
+  if (partial_rollout && dynamic_filtering)
+    usage_fail(
+        "--partial_rollout with --dynamic_filtering: both decide when a step has its groups; "
+        "choose one");
+  if (partial_rollout && !gen.env_command.empty())
+    usage_fail(
+        "--partial_rollout with --env_command: multi-turn episodes are not interrupted and "
+        "continued; drop one of them");
+  if (!partial_rollout && max_staleness != 8)
+    usage_fail("--max_staleness {} needs --partial_rollout (it bounds the age of carried samples)",
+               max_staleness);
   if (eval_before_training && eval_dataset.empty())
     usage_fail("--eval_before_training needs --eval_dataset (the prompts to evaluate on)");
   if (!eval_dataset.empty() && rewards.reward.empty())

@@ -1,5 +1,5 @@
-// `rlhf bench [train|generate|comm|sync|rl|all]`: benchmarks as JSON lines on stdout (rank 0),
-// each row also in the log as a human-readable line.
+// `rlhf bench [train|generate|comm|sync|rl|packing|partial|all]`: benchmarks as JSON lines on
+// stdout (rank 0), each row also in the log as a human-readable line.
 #include <mpi.h>
 
 #include <algorithm>
@@ -14,6 +14,7 @@
 #include "bench/bench_gemm.h"
 #include "bench/bench_generate.h"
 #include "bench/bench_packing.h"
+#include "bench/bench_partial.h"
 #include "bench/bench_rl.h"
 #include "bench/bench_sync.h"
 #include "bench/bench_train.h"
@@ -224,6 +225,28 @@ int run_bench(const BenchArgs& args) {
           row["padded_tokens"].get<int64_t>(), row["padded_tokens_per_s"].get<double>(),
           row["packed_micro_batches"].get<int64_t>(), row["packed_budget"].get<int64_t>(),
           row["packed_tokens_per_s"].get<double>(), row["speedup"].get<double>());
+    });
+  }
+  if (std::find(args.suites.begin(), args.suites.end(), "partial") != args.suites.end()) {
+    bench::BenchPartialOptions o;
+    if (!args.model_config.empty()) o.config = io::load_model_config_file(args.model_config);
+    o.seed = static_cast<uint64_t>(args.common.seed);
+    bench::run_bench_partial(o, [&](const nlohmann::json& row) {
+      emit(row);
+      LOG0_INFO(
+          "bench partial: {} samples, one of {} new tokens among {} | synchronous {:.3f}s/step "
+          "(cpu {:.3f}s) | --partial_rollout {:.3f}s/step (cpu {:.3f}s, re-prefill {:.3f}s of "
+          "{} tokens) = {:.2f}x wall, {:.2f}x cpu (the straggler's tail alone is {:.3f}s: "
+          "{:.2f}x without it) | {:.1f} samples carried, {:.1f} interrupted a step, {} dropped "
+          "as stale",
+          row["samples"].get<int64_t>(), row["long_tokens"].get<int64_t>(),
+          row["short_tokens"].get<int64_t>(), row["sync_step_s"].get<double>(),
+          row["sync_step_cpu_s"].get<double>(), row["partial_step_s"].get<double>(),
+          row["partial_step_cpu_s"].get<double>(), row["partial_prefill_s"].get<double>(),
+          row["partial_prefill_tokens"].get<int64_t>(), row["ratio"].get<double>(),
+          row["ratio_cpu"].get<double>(), row["sync_tail_s"].get<double>(),
+          row["ratio_no_tail"].get<double>(), row["carried_mean"].get<double>(),
+          row["interrupted_mean"].get<double>(), row["dropped"].get<int64_t>());
     });
   }
   if (std::find(args.suites.begin(), args.suites.end(), "rl") != args.suites.end()) {

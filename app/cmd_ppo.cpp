@@ -96,6 +96,8 @@ rl::RlRunConfig rl_run_config(const PpoArgs& a, const char* cmd) {
   c.step.log_completions = a.log_completions;
   c.step.async_train = a.async_train;
   c.step.async_queue_size = a.async_queue_size;
+  c.step.partial_rollout = a.partial_rollout;
+  c.step.max_staleness = a.max_staleness;
   c.env_command = a.gen.env_command;
   c.env_timeout = a.gen.env_timeout;
   c.env_max_turns = a.gen.env_max_turns;

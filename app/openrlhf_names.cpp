@@ -27,9 +27,6 @@ constexpr const char* kAgent =
 constexpr const char* kRemote =
     "no HTTP reward server or Python reward_func file: use --reward command --reward_command "
     "PROGRAM (JSON lines), a rule --reward, or --reward_pretrain";
-constexpr const char* kPartial =
-    "no partial rollouts: with --async_train each rollout comes from one weight version, at most "
-    "--async_queue_size versions old";
 constexpr const char* k4bit = "no quantised (4-bit) training weights";
 constexpr const char* kDsTp =
     "no tensor parallelism in training: ZeRO-3 shards the parameters (--zero_stage 3)";
@@ -145,7 +142,7 @@ constexpr OpenRlhfName kTable[] = {
     ALIAS_ELSE_IGNORE("train.dynamic_batch_enable", "use_dynamic_batch", 0, kDynBatch, kTrain),
     ALIAS_ELSE_IGNORE("train.max_tokens_per_gpu", "train_max_tokens_per_gpu", 1, kDynBatch, kTrain),
     REJECT("train.agent_func_path", kAgent),
-    REJECT("train.partial_rollout_enable", kPartial),
+    ALIAS("train.partial_rollout_enable", "partial_rollout"),
     // algo
     ALIAS("algo.advantage.estimator", "advantage_estimator"),
     ALIAS("algo.advantage.gamma", "gamma"),
@@ -232,7 +229,6 @@ constexpr OpenRlhfName kTable[] = {
     REJECT("ring_head_stride", kRing),
     REJECT("agent_func_path", kAgent),
     REJECT("remote_rm_url", kRemote),
-    REJECT("partial_rollout", kPartial),
     REJECT("load_in_4bit", k4bit),
     REJECT("ds_tensor_parallel_size", kDsTp),
     REJECT("prompt_split", kSplit),

@@ -362,7 +362,11 @@ int run_rl(const RlRunConfig& c) {
     if (m.critic) slots.push_back({"critic", &m.critic->store(), true});
   }
   nlohmann::json resumed;
-  const nlohmann::json settings = run_settings(c, total_steps);
+  nlohmann::json settings = run_settings(c, total_steps);
+  if (c.step.partial_rollout) {  // only then: earlier checkpoints compare equal without them
+    settings["partial_rollout"] = true;
+    settings["max_staleness"] = c.step.max_staleness;
+  }
   if (c.load_checkpoint && trains) resumed = resume(c, slots, settings);
   resumed = RlStep::broadcast_json(resumed, train_root, *world);
   if (!resumed.is_null()) step.load_state(resumed);

@@ -24,7 +24,10 @@ double since(Clock::time_point t) {
 }  // namespace
 
 RlStep::RlStep(const RlStepParts& parts, const RlStepOptions& options, int64_t steps_per_episode)
-    : p_(parts), opt_(options), steps_per_episode_(steps_per_episode) {
+    : p_(parts),
+      opt_(options),
+      steps_per_episode_(steps_per_episode),
+      pool_(options.n_samples_per_prompt, options.max_staleness) {
   RLHF_CHECK(p_.topology && p_.world && p_.prompts && p_.sync_weights,
              "internal error: an RL step needs a topology, a world communicator, prompts and a "
              "weight sync");
@@ -134,6 +137,14 @@ std::vector<rollout::Sample> RlStep::generate(int64_t round, nlohmann::json& tot
 
 std::vector<double> RlStep::score(int64_t round, const std::vector<rollout::Sample>& samples,
                                   nlohmann::json& totals) {
+  return score_at(
+      samples, [&](const rollout::Sample& x) { return prompt_position(round, x.prompt_pos); },
+      totals);
+}
+
+std::vector<double> RlStep::score_at(const std::vector<rollout::Sample>& samples,
+                                     const std::function<int64_t(const rollout::Sample&)>& position,
+                                     nlohmann::json& totals) {
   const auto t = Clock::now();
   parallel::Comm& comm = *p_.train_comm;
   const parallel::CommStats c0 = comm.stats();
@@ -144,9 +155,7 @@ std::vector<double> RlStep::score(int64_t round, const std::vector<rollout::Samp
     if (comm.rank() == 0)
       rule = score_samples(
           p_.reward, samples,
-          [&](const rollout::Sample& x) -> const Prompt& {
-            return p_.prompts->at(prompt_position(round, x.prompt_pos));
-          },
+          [&](const rollout::Sample& x) -> const Prompt& { return p_.prompts->at(position(x)); },
           *p_.tokenizer);
     comm.broadcast(rule.data(), B, 0);
     for (int64_t i = 0; i < B; ++i) scores[size_t(i)] += rule[size_t(i)];
@@ -168,6 +177,7 @@ std::vector<double> RlStep::score(int64_t round, const std::vector<rollout::Samp
 
 void RlStep::collect(std::vector<rollout::Sample>& kept, std::vector<double>& kept_scores,
                      nlohmann::json& rec) {
+  if (opt_.partial_rollout) return collect_partial(kept, kept_scores, rec);
   const bool trains = p_.topology->trains();
   const int train_root = p_.topology->placement().train_ranks.front();
   const int64_t RB = opt_.rollout_batch_size, n = opt_.n_samples_per_prompt;
@@ -390,6 +400,7 @@ nlohmann::json RlStep::state() const {
                    {"samples", rollout::serialize_samples(b.samples)}});
     st["async_queue"] = std::move(q);
   }
+  if (opt_.partial_rollout) st["partial_pool"] = pool_.to_json();
   return st;
 }
 
@@ -417,6 +428,11 @@ void RlStep::load_state(const nlohmann::json& st) {
       queue_.push_back(std::move(b));
     }
   }
+  RLHF_CHECK(!st.contains("partial_pool") || opt_.partial_rollout,
+             "the checkpoint holds partial rollouts in flight, and this run has no "
+             "--partial_rollout\nhint: resume with --partial_rollout (and the same "
+             "--n_samples_per_prompt)");
+  if (st.contains("partial_pool")) pool_.from_json(st.at("partial_pool"));
   if (!p_.trainer) return;
   p_.trainer->kl_controller().set_value(need("kl_coef").get<double>());
   p_.trainer->set_steps(need("actor_steps").get<int64_t>(), need("critic_steps").get<int64_t>());

@@ -22,6 +22,7 @@
 #include "parallel/topology.h"
 #include "parallel/weight_sync.h"
 #include "rl/episodes.h"
+#include "rl/partial_rollout.h"
 #include "rl/ppo_trainer.h"
 #include "rl/prompts.h"
 #include "rl/rewards.h"
@@ -60,6 +61,13 @@ struct RlStepOptions {
   bool environment = false;
   /// Steps the run will take (-1 = unknown): the engines do not generate ahead past the last.
   int64_t total_steps = -1;
+  /// Partial rollouts (--partial_rollout; rl/partial_rollout.h): every round adds
+  /// rollout_batch_size fresh prompts to the groups in flight, and the engines stop once the
+  /// step has rollout_batch_size finished groups; the others continue next round under the new
+  /// weights. max_staleness (--max_staleness): versions a sample's oldest token may lag the
+  /// engines' weights before the sample is dropped and generated again.
+  bool partial_rollout = false;
+  int64_t max_staleness = 8;
 };
 
 /// What a step trained on, for --log_completions: one entry per kept sample, in training order.
@@ -115,7 +123,9 @@ class RlStep {
   /// What a checkpoint keeps of the loop (meaningful on training ranks): the step, the generation
   /// rounds, the KL coefficient, the optimizers' step counts, the running reward moments, the
   /// prompt position, and with --async_train the rollouts generated ahead ("async_queue": their
-  /// samples, scores and weight versions, so a resumed run trains on exactly them).
+  /// samples, scores and weight versions, so a resumed run trains on exactly them), and with
+  /// --partial_rollout the groups in flight ("partial_pool": their tokens, per-token versions and
+  /// engine log-probs).
   nlohmann::json state() const;
   /// Restores state(): every rank passes the same record (from train rank 0). Throws rlhf::Error
   /// naming a missing key.
@@ -149,6 +159,16 @@ class RlStep {
   // ranks.
   std::vector<double> score(int64_t round, const std::vector<rollout::Sample>& samples,
                             nlohmann::json& totals);
+  // score() of samples whose prompt_pos is the global prompt position (partial rollouts).
+  std::vector<double> score_at(const std::vector<rollout::Sample>& samples,
+                               const std::function<int64_t(const rollout::Sample&)>& position,
+                               nlohmann::json& totals);
+  // collect() with --partial_rollout (rl/rl_step_partial.cpp): rounds over the pool of groups in
+  // flight until rollout_batch_size groups finished; those, oldest first, are the step's.
+  void collect_partial(std::vector<rollout::Sample>& kept, std::vector<double>& kept_scores,
+                       nlohmann::json& rec);
+  // One partial round: this engine's pending groups with their quota, gathered into the pool.
+  void generate_partial(int64_t quota, nlohmann::json& totals, PartialStats& st);
   // Phases 1–2 until the step has its groups (one round without dynamic filtering): the kept
   // samples (renumbered 0..K−1 by group) and their scores, on training ranks.
   void collect(std::vector<rollout::Sample>& kept, std::vector<double>& kept_scores,
@@ -163,6 +183,7 @@ class RlStep {
   int64_t step_ = 0;
   int64_t round_ = 0;
   std::deque<Batch> queue_;  // rollouts generated and not yet trained on (oldest first)
+  PartialPool pool_;         // --partial_rollout: groups in flight (the same on every rank)
 };
 
 }  // namespace rlhf::rl

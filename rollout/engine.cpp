@@ -218,6 +218,21 @@ Engine::Plan Engine::validate(const std::vector<GenerationRequest>& requests) co
                "max_position_embeddings = {}",
                i, r.id, P, max_pos);
     plan.max_new[size_t(i)] = std::min(r.max_new_tokens, max_pos - P);
+    const int64_t K = static_cast<int64_t>(r.prefix.size());
+    RLHF_CHECK(K < plan.max_new[size_t(i)],
+               "request {} (id {}): a continuation of {} tokens leaves no room under its {} new "
+               "tokens",
+               i, r.id, K, plan.max_new[size_t(i)]);
+    RLHF_CHECK(r.prefix_logprobs.empty() || r.prefix_logprobs.size() == r.prefix.size(),
+               "request {} (id {}): {} prefix log-probs for {} prefix tokens", i, r.id,
+               r.prefix_logprobs.size(), K);
+    for (int64_t t = 0; t < K; ++t)
+      RLHF_CHECK(r.prefix[size_t(t)] >= 0 && r.prefix[size_t(t)] < V,
+                 "request {} (id {}): prefix token {} at position {} is outside the vocabulary "
+                 "[0, {})",
+                 i, r.id, r.prefix[size_t(t)], t, V);
+    RLHF_CHECK(r.first_sample_index >= 0, "request {} (id {}): first_sample_index {} < 0", i, r.id,
+               r.first_sample_index);
     // Positions a sample can ever hold: the prompt and every generated token but the last (which
     // is sampled and never fed back).
     const int64_t positions = P + plan.max_new[size_t(i)] - 1;
@@ -267,23 +282,36 @@ void Engine::start_group(const std::vector<GenerationRequest>& requests, int64_t
     RLHF_ASSERT(allocated);
     s->request_index = index;
     s->request_id = r.id;
-    s->sample_index = first + j;
+    s->sample_index = r.first_sample_index + first + j;
     s->sampling = &r.sampling;
-    s->len = static_cast<int64_t>(r.prompt.size());
+    s->len = static_cast<int64_t>(r.prompt.size() + r.prefix.size());
     s->max_new = run.plan.max_new[size_t(index)];
     s->result.request_index = index;
     s->result.request_id = r.id;
     s->result.sample_index = s->sample_index;
+    // A continuation's response opens with its prefix (log-probs as given, else zeros).
+    s->result.tokens = r.prefix;
+    s->result.logprobs = r.prefix_logprobs;
+    s->result.logprobs.resize(r.prefix.size(), 0.0f);
     group.push_back(std::move(s));
   }
-  const int64_t P = static_cast<int64_t>(r.prompt.size());
-  const float* logits = backend_->prefill(r.prompt.data(), P, group[0]->blocks.data());
+  // The prompt, and a continuation's prefix after it: one prefill under the current weights.
+  std::vector<int32_t> joined;
+  const int32_t* tokens = r.prompt.data();
+  if (!r.prefix.empty()) {
+    joined = r.prompt;
+    joined.insert(joined.end(), r.prefix.begin(), r.prefix.end());
+    tokens = joined.data();
+  }
+  const int64_t P = static_cast<int64_t>(r.prompt.size() + r.prefix.size());
+  const float* logits = backend_->prefill(tokens, P, group[0]->blocks.data());
   for (int64_t j = 1; j < n; ++j)
     backend_->copy_prefix(group[0]->blocks.data(), group[size_t(j)]->blocks.data(), P);
   ++stats_.prefills;
   stats_.prefill_tokens += P;
   for (auto& s : group) {
-    const double u = counter_uniform(r.sampling.seed, r.id, uint64_t(s->sample_index), 0);
+    const double u = counter_uniform(r.sampling.seed, r.id, uint64_t(s->sample_index),
+                                     uint64_t(r.prefix.size()));
     const Run::Outcome o = run.append(*s, work_->samplers[0].sample(logits, r.sampling, u));
     if (o == Run::Outcome::kGoing) run.active.push_back(std::move(s));
     if (o == Run::Outcome::kTurnEnd) run.turning.push_back(std::move(s));
@@ -400,12 +428,17 @@ void Engine::decode_and_sample(Run& run) {
 }
 
 std::vector<GenerationResult> Engine::generate(const std::vector<GenerationRequest>& requests,
-                                               const ProgressFn& progress, const TurnHooks* hooks) {
+                                               const ProgressFn& progress, const TurnHooks* hooks,
+                                               int64_t quota_groups) {
   const auto t_start = Clock::now();
   stats_ = EngineStats{};
   if (hooks != nullptr) {
     RLHF_CHECK(hooks->max_turns >= 1, "multi-turn generation: max_turns must be >= 1, got {}",
                hooks->max_turns);
+    RLHF_CHECK(quota_groups <= 0,
+               "multi-turn generation has no generation quota (partial rollouts are single-turn)");
+    for (const GenerationRequest& r : requests)
+      RLHF_CHECK(r.prefix.empty(), "request id {}: multi-turn generation takes no prefix", r.id);
   }
   // The unit buffers may have changed (loading, weight sync) since the last call.
   backend_->prepare_weights(device_weights_current_);
@@ -433,6 +466,8 @@ std::vector<GenerationResult> Engine::generate(const std::vector<GenerationReque
     if (!run.active.empty()) decode_and_sample(run);
     if (!run.turning.empty()) run.resolve_turns(run.turning, run.active);  // the env's answers
     if (progress) progress(stats_, run.samples_done, run.plan.samples_total);
+    if (quota_groups > 0 && run.busy() && run.quota_reached(requests, quota_groups))
+      run.interrupt_all(requests);
   }
   stats_.peak_kv_blocks = kv.peak_used_blocks();
   stats_.total_s = since(t_start);

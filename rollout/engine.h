@@ -93,6 +93,21 @@ struct GenerationRequest {
   /// tokens fit max_position_embeddings.
   int64_t max_new_tokens = 1024;
   SamplingParams sampling;
+  /// Sample indices are first_sample_index .. first_sample_index + n_samples − 1 (the random
+  /// stream's key and GenerationResult::sample_index): a continuation asks for one sample of a
+  /// group by its index.
+  int64_t first_sample_index = 0;
+  /// A partial rollout's continuation: response tokens generated earlier (under older weights).
+  /// They are prefilled after the prompt under the current weights (the cache is rebuilt, no KV
+  /// block is kept between calls), count against max_new_tokens, open the result's tokens, and
+  /// the random stream continues at token index prefix.size() — so with unchanged weights the
+  /// continued sample has the tokens the uninterrupted one has. Empty: a fresh sample. Needs
+  /// prefix.size() < max_new_tokens and no turn hooks.
+  std::vector<int32_t> prefix;
+  /// The engine log-probs of the prefix tokens (copied into the result); empty = zeros.
+  std::vector<float> prefix_logprobs;
+  /// The caller's group key for a generation quota (generate's quota_groups); −1 = none.
+  int64_t group = -1;
 };
 
 /// One completion.
@@ -108,6 +123,9 @@ struct GenerationResult {
   std::vector<uint8_t> action_mask;
   int64_t turns = 1;  ///< model turns taken (1 without a turn hook)
   FinishReason finish = FinishReason::kLength;
+  /// The generation quota was reached before this sample finished: tokens (prefix included) are
+  /// what it had then, and it may be continued later (GenerationRequest::prefix).
+  bool interrupted = false;
 };
 
 /// A sample at the end of one of its turns — it sampled EOS, or TurnHooks::ends_turn said its
@@ -266,9 +284,16 @@ class Engine {
   /// the request, the sample and the hooks' answers. Without hooks the decode loop is the
   /// single-turn one, unchanged. Throws what the hooks throw, and rlhf::Error for an observation
   /// token outside the vocabulary.
+  ///
+  /// quota_groups > 0 (partial rollouts): generation stops after the first engine step at whose
+  /// end quota_groups distinct GenerationRequest::group keys (≥ 0) have every sample of every
+  /// request with that key finished; every sample not finished then returns with
+  /// GenerationResult::interrupted (its tokens so far; a request never admitted returns its
+  /// prefix). Needs no hooks (rlhf::Error otherwise). 0: generate everything.
   std::vector<GenerationResult> generate(const std::vector<GenerationRequest>& requests,
                                          const ProgressFn& progress = {},
-                                         const TurnHooks* hooks = nullptr);
+                                         const TurnHooks* hooks = nullptr,
+                                         int64_t quota_groups = 0);
 
   /// Counters of the last generate() call.
   const EngineStats& stats() const {

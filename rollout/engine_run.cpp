@@ -17,8 +17,11 @@ Engine::Run::Run(const std::vector<GenerationRequest>& requests, Plan plan_, KvC
       eos_(eos),
       ignore_eos_(ignore_eos),
       vocab_size_(vocab_size),
-      results_(requests.size()) {
+      results_(requests.size()),
+      first_(requests.size()),
+      finished_(requests.size(), 0) {
   for (size_t i = 0; i < requests.size(); ++i) {
+    first_[i] = requests[i].first_sample_index;
     results_[i].resize(static_cast<size_t>(requests[i].n_samples));
     pending.push_back({int64_t(i), 0, requests[i].n_samples});
   }
@@ -35,7 +38,9 @@ void Engine::Run::finish(Seq& s, FinishReason r) {
   s.result.turns = s.turn + 1;
   cache_.release(s.blocks);
   s.blocks.clear();
-  results_[size_t(s.request_index)][size_t(s.sample_index)] = std::move(s.result);
+  const size_t ri = size_t(s.request_index);
+  results_[ri][size_t(s.sample_index - first_[ri])] = std::move(s.result);
+  ++finished_[ri];
   ++samples_done;
 }
 
@@ -130,6 +135,50 @@ void Engine::Run::resolve_turns(std::vector<std::unique_ptr<Seq>>& turning,
     active.push_back(std::move(sp));
   }
   turning.clear();
+}
+
+bool Engine::Run::quota_reached(const std::vector<GenerationRequest>& requests,
+                                int64_t quota_groups) const {
+  // Per group key: whether any of its requests still has a sample going (keys are sparse).
+  std::vector<std::pair<int64_t, bool>> groups;  // (key, complete)
+  for (size_t i = 0; i < requests.size(); ++i) {
+    if (requests[i].group < 0) continue;
+    groups.push_back({requests[i].group, finished_[i] == requests[i].n_samples});
+  }
+  std::sort(groups.begin(), groups.end());
+  int64_t complete = 0;
+  for (size_t i = 0; i < groups.size();) {
+    size_t j = i;
+    bool all = true;
+    for (; j < groups.size() && groups[j].first == groups[i].first; ++j)
+      all = all && groups[j].second;
+    complete += all;
+    i = j;
+  }
+  return complete >= quota_groups;
+}
+
+void Engine::Run::interrupt_all(const std::vector<GenerationRequest>& requests) {
+  for (auto& s : active) {
+    s->result.interrupted = true;
+    finish(*s, FinishReason::kLength);
+  }
+  active.clear();
+  for (const Pending& pr : pending) {
+    const GenerationRequest& r = requests[size_t(pr.index)];
+    for (int64_t j = pr.next_sample; j < pr.next_sample + pr.remaining; ++j) {
+      GenerationResult& g = results_[size_t(pr.index)][size_t(j)];
+      g.request_index = pr.index;
+      g.request_id = r.id;
+      g.sample_index = r.first_sample_index + j;
+      g.tokens = r.prefix;
+      g.logprobs = r.prefix_logprobs;
+      g.logprobs.resize(r.prefix.size(), 0.0f);
+      g.interrupted = true;
+      ++samples_done;
+    }
+  }
+  pending.clear();
 }
 
 std::vector<GenerationResult> Engine::Run::take_results() {

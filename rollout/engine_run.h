@@ -76,6 +76,12 @@ struct Engine::Run {
                      std::vector<std::unique_ptr<Seq>>& active);
   /// The results in (request_index, sample_index) order.
   std::vector<GenerationResult> take_results();
+  /// Generation quota (Engine::generate's quota_groups): whether that many group keys have
+  /// every sample finished.
+  bool quota_reached(const std::vector<GenerationRequest>& requests, int64_t quota_groups) const;
+  /// Ends generation at the quota: every active sequence and every sample never admitted
+  /// returns interrupted with its tokens so far.
+  void interrupt_all(const std::vector<GenerationRequest>& requests);
 
   Plan plan;
   std::deque<Pending> pending;
@@ -92,6 +98,8 @@ struct Engine::Run {
   bool ignore_eos_;
   int64_t vocab_size_;
   std::vector<std::vector<GenerationResult>> results_;
+  std::vector<int64_t> first_;     // per request: GenerationRequest::first_sample_index
+  std::vector<int64_t> finished_;  // per request: samples finished
 };
 
 }  // namespace rlhf::rollout

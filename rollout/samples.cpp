@@ -63,12 +63,14 @@ namespace {
 // The format tag of the multi-turn form (a negative first word; the untagged form starts with
 // the sample count).
 constexpr int64_t kFormatV2 = -2;
+// V3 adds the per-token weight versions and the interrupted flag (partial rollouts).
+constexpr int64_t kFormatV3 = -3;
 
 }  // namespace
 
 std::vector<uint8_t> serialize_samples(const std::vector<Sample>& samples) {
   std::vector<uint8_t> b;
-  put<int64_t>(b, kFormatV2);
+  put<int64_t>(b, kFormatV3);
   put<int64_t>(b, int64_t(samples.size()));
   for (const Sample& s : samples) {
     put(b, s.prompt_pos);
@@ -82,6 +84,8 @@ std::vector<uint8_t> serialize_samples(const std::vector<Sample>& samples) {
     put<int32_t>(b, s.turns);
     put<uint8_t>(b, s.has_env_reward ? 1 : 0);
     put<double>(b, s.env_reward);
+    put_vec(b, s.versions);
+    put<uint8_t>(b, s.interrupted ? 1 : 0);
   }
   return b;
 }
@@ -89,7 +93,7 @@ std::vector<uint8_t> serialize_samples(const std::vector<Sample>& samples) {
 std::vector<Sample> deserialize_samples(const uint8_t* data, size_t size) {
   Reader r{data, size};
   int64_t n = r.get<int64_t>();
-  const bool v2 = n == kFormatV2;
+  const bool v3 = n == kFormatV3, v2 = n == kFormatV2 || v3;
   if (v2) n = r.get<int64_t>();
   RLHF_CHECK(n >= 0 && n < (int64_t(1) << 40), "sample buffer malformed");
   std::vector<Sample> out(static_cast<size_t>(n));
@@ -111,6 +115,11 @@ std::vector<Sample> deserialize_samples(const uint8_t* data, size_t size) {
     s.turns = r.get<int32_t>();
     s.has_env_reward = r.get<uint8_t>() != 0;
     s.env_reward = r.get<double>();
+    if (!v3) continue;
+    s.versions = r.get_vec<int32_t>();
+    RLHF_CHECK(s.versions.empty() || s.versions.size() == s.response.size(),
+               "sample buffer malformed");
+    s.interrupted = r.get<uint8_t>() != 0;
   }
   RLHF_CHECK(r.left == 0, "sample buffer has {} trailing bytes", r.left);
   return out;

@@ -28,6 +28,12 @@ struct Sample {
   int32_t turns = 1;            ///< model turns of the episode
   bool has_env_reward = false;  ///< the environment gave a reward (env_reward)
   double env_reward = 0;        ///< the last reward the environment gave for this episode
+  /// Per response token: the weight version (RL steps done) of the engine that sampled it.
+  /// Empty = not recorded (all from the rollout's one version). Partial rollouts
+  /// (--partial_rollout) record it: a continued sample mixes versions.
+  std::vector<int32_t> versions;
+  /// A partial rollout's sample that has not finished yet (the quota interrupted it).
+  bool interrupted = false;
 };
 
 /// Whether response token k of s was sampled by the model (action mask 1).

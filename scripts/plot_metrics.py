@@ -5,7 +5,9 @@ RL runs (grpo, ppo): reward (training, and evaluation's reward, accuracy and pas
 --eval_dataset is set), KL, response length, phase times, gradient norms (actor, critic) and the
 engine/trainer mismatch (every metric whose name contains "mismatch", starts with "is_" or
 "tis_": the log-probability gap between the generation engines and the trainer and its
-importance-sampling correction). SFT/RM runs: loss, learning rate, grad norm, tokens/s.
+importance-sampling correction), staleness (rollout_staleness and, with --partial_rollout, the
+age of the trained samples in weight versions and the share of their tokens from older weights)
+and the partial-rollout sample counts (carried, interrupted, dropped as stale). SFT/RM runs: loss, learning rate, grad norm, tokens/s.
 
 Usage: scripts/plot_metrics.py METRICS_JSONL [OUT_PNG]
 Needs matplotlib (pip install matplotlib); prints a short text summary either way.
@@ -52,7 +54,9 @@ def main():
     rl = any("reward_mean" in r for r in rows)
     panels = ([("reward_mean", "reward (mean)"), ("kl_mean", "KL(policy || ref)"),
                ("response_length_mean", "response length (tokens)"), ("phases", "phase time (s)"),
-               ("grad_norms", "gradient norm"), ("mismatch", "engine / trainer mismatch")]
+               ("grad_norms", "gradient norm"), ("mismatch", "engine / trainer mismatch"),
+               ("staleness", "staleness (weight versions)"),
+               ("partial", "partial rollouts (samples)")]
               if rl else [("loss", "loss"), ("lr", "learning rate"), ("grad_norm", "grad norm"),
                           ("tokens_per_s", "tokens/s")])
     first = [v for v in series(rows, panels[0][0])[1]]
@@ -73,6 +77,10 @@ def main():
         "grad_norms": ["actor_grad_norm", "critic_grad_norm"],
         "mismatch": [k for k in names
                      if "mismatch" in k or k.startswith("is_") or k.startswith("tis_")],
+        "staleness": ["rollout_staleness", "partial_age_mean", "partial_age_max",
+                      "partial_old_token_fraction"],
+        "partial": ["partial_carried_samples", "partial_interrupted_samples",
+                    "partial_dropped_samples", "partial_trained_carried_samples"],
     }
     for ax, (key, title) in zip(axes.flat, panels):
         if key in groups:

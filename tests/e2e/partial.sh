@@ -1,0 +1,163 @@
+#!/usr/bin/env bash
+# rlhf grpo --partial_rollout end to end on the built-in 1-digit addition task, 1 training rank and
+# 1 generation rank (--gen_ranks_per_node 1):
+#  (a) every step records the partial-rollout metrics; samples are carried between steps, and
+#      trained samples mix tokens of older weight versions (age >= 1 somewhere);
+#  (b) resuming at step 4 from an 8-step run's checkpoint, with samples in flight, gives that
+#      run's steps 5-8 and weights bit for bit — synchronous and with --async_train; a run without
+#      --partial_rollout refuses that checkpoint;
+#  (c) --max_staleness 0: carried samples are dropped and regenerated (counted), and no trained
+#      sample has a token from an older version;
+#  (d) 2 training ranks = 1 training rank (same engine): the same samples at step 1, losses equal
+#      up to reduction order;
+#  (e) rlhf ppo (GAE, critic) runs with --partial_rollout;
+#  (g) carried tokens keep their engine log-probs from the older weights: the engine/trainer
+#      mismatch is ~0 on steps without older tokens (fp32 KV cache) and positive on steps with
+#      them, where --use_decoupled_loss weights them;
+#  (f) nonsense combinations are usage errors (exit 2) with one clear message.
+# Usage: partial.sh <rlhf binary> <source dir>     (env MPIEXEC: mpiexec's path)
+set -u
+RLHF=$1
+SRC=$2
+# shellcheck source=lib/common.sh
+. "$SRC/tests/e2e/lib/common.sh"
+# shellcheck source=lib/resume.sh
+. "$SRC/tests/e2e/lib/resume.sh"
+TASK="builtin:addition?n=2000&digits=1&seed=1"
+
+"$RLHF" sft --model_config "$SRC/examples/models/tiny.toml" --dataset "$TASK" --max_len 16 \
+  --train_batch_size 32 --micro_train_batch_size 32 --learning_rate 3e-3 --max_steps 150 \
+  --max_epochs 100 --seed 1 --threads 1 --save_path "$W/sft" --log_level warn || fail "sft warm start exited $?"
+
+GRPO=(grpo --pretrain "$W/sft/model.h5" --prompt_data "$TASK" --input_key input --label_key label
+      --reward math --n_samples_per_prompt 8 --rollout_batch_size 8 --train_batch_size 64
+      --micro_train_batch_size 16 --generate_max_len 8 --seed 1 --gen_ranks_per_node 1
+      --actor_learning_rate 3e-4 --lr_scheduler constant --threads 1 --partial_rollout)
+run() {  # run <name> <np> <args...>
+  local name=$1 np=$2
+  shift 2
+  timeout 300 "${MPI[@]}" -np "$np" "$RLHF" "${GRPO[@]}" --save_path "$W/$name" \
+    --ckpt_path "$W/$name/ckpt" "$@" > "$W/$name.log" 2>&1 \
+    || { tail "$W/$name.log"; fail "$name exited"; }
+}
+
+# (a) + (b) straight 8 steps with a checkpoint at step 4; then resumed from it.
+for mode in sync async; do
+  extra=()
+  [ $mode = async ] && extra=(--async_train)
+  run "straight_$mode" 2 --max_steps 8 --save_steps 4 "${extra[@]}"
+  mkdir -p "$W/resumed_$mode/ckpt"
+  cp "$W/straight_$mode/ckpt/step_4.h5" "$W/resumed_$mode/ckpt/"
+  head -4 "$W/straight_$mode/metrics.jsonl" > "$W/resumed_$mode/metrics.jsonl"
+  run "resumed_$mode" 2 --max_steps 8 --save_steps 4 --load_checkpoint "${extra[@]}"
+  grep -q "resumed from .*step_4.h5 at step 4" "$W/resumed_$mode.log" || fail "$mode: did not resume"
+  same_metrics "$W/straight_$mode/metrics.jsonl" "$W/resumed_$mode/metrics.jsonl" \
+    || fail "$mode: 4 + resume + 4 steps differ from 8 steps straight"
+  fa=$(fp "$W/straight_$mode.log")
+  fb=$(fp "$W/resumed_$mode.log")
+  [ -n "$fa" ] && [ "$fa" = "$fb" ] || fail "$mode resume: final weights differ: $fa vs $fb"
+  echo "ok: --partial_rollout ($mode) 4 steps + resume + 4 steps == 8 steps straight (weights $fa)"
+done
+python3 - "$W/straight_sync/metrics.jsonl" <<'PYEOF' || fail "partial-rollout metrics"
+import json, sys
+recs = [json.loads(l) for l in open(sys.argv[1])]
+keys = ["partial_carried_samples", "partial_interrupted_samples", "partial_dropped_samples",
+        "partial_trained_carried_samples", "partial_age_mean", "partial_age_max",
+        "partial_old_token_fraction", "partial_rounds"]
+for r in recs:
+    for k in keys:
+        assert k in r, (r["step"], k)
+    assert r["partial_age_max"] <= 8, r  # --max_staleness 8 (default)
+    assert 0 <= r["partial_old_token_fraction"] <= 1, r
+assert any(r["partial_carried_samples"] > 0 for r in recs), "nothing carried"
+assert any(r["partial_age_max"] >= 1 for r in recs), "no trained sample from older weights"
+print("carried per step:", [r["partial_carried_samples"] for r in recs],
+      "age max:", [r["partial_age_max"] for r in recs])
+PYEOF
+mkdir -p "$W/plain/ckpt"
+cp "$W/straight_sync/ckpt/step_4.h5" "$W/plain/ckpt/"
+plain=("${GRPO[@]}")
+unset 'plain[${#plain[@]}-1]'  # without --partial_rollout
+if timeout 120 "${MPI[@]}" -np 2 "$RLHF" "${plain[@]}" --max_steps 8 --save_path "$W/plain" \
+  --ckpt_path "$W/plain/ckpt" --load_checkpoint > "$W/plain.log" 2>&1; then
+  fail "a run without --partial_rollout took over a checkpoint with samples in flight"
+fi
+grep -q "holds partial rollouts in flight" "$W/plain.log" || { tail "$W/plain.log"; fail "no reason given"; }
+echo "ok: a run without --partial_rollout refuses a checkpoint with samples in flight"
+
+# (c) --max_staleness 0: every carried sample with a token is dropped before the next round.
+run stale0 2 --max_steps 6 --max_staleness 0
+python3 - "$W/stale0/metrics.jsonl" <<'PYEOF' || fail "--max_staleness 0"
+import json, sys
+recs = [json.loads(l) for l in open(sys.argv[1])]
+assert sum(r["partial_dropped_samples"] for r in recs) > 0, "nothing dropped"
+for r in recs:
+    assert r["partial_age_max"] == 0 and r["partial_old_token_fraction"] == 0, r
+print("dropped per step:", [r["partial_dropped_samples"] for r in recs])
+PYEOF
+echo "ok: --max_staleness 0 drops and regenerates every carried sample"
+
+# (d) 2 training ranks + 1 generation rank = 1 + 1.
+run one 2 --max_steps 3
+run two 3 --max_steps 3
+python3 - "$W/one/metrics.jsonl" "$W/two/metrics.jsonl" <<'PYEOF' || fail "2 trainers != 1 trainer"
+import json, sys
+a = [json.loads(l) for l in open(sys.argv[1])]
+b = [json.loads(l) for l in open(sys.argv[2])]
+for k in ["reward_mean", "response_length_mean", "partial_carried_samples",
+          "partial_interrupted_samples", "gen_tokens"]:
+    assert a[0][k] == b[0][k], (k, a[0][k], b[0][k])
+for x, y in zip(a, b):
+    for k in ["policy_loss", "entropy"]:
+        assert abs(x[k] - y[k]) <= 1e-4 * max(1.0, abs(x[k])), (x["step"], k, x[k], y[k])
+PYEOF
+echo "ok: --partial_rollout on 2 training ranks equals 1 training rank"
+
+# (e) PPO with a critic.
+timeout 300 "${MPI[@]}" -np 2 "$RLHF" ppo --pretrain "$W/sft/model.h5" --prompt_data "$TASK" \
+  --input_key input --label_key label --reward math --rollout_batch_size 16 --train_batch_size 16 \
+  --micro_train_batch_size 8 --generate_max_len 8 --seed 1 --gen_ranks_per_node 1 --threads 1 \
+  --partial_rollout --max_steps 3 --save_path "$W/ppo" > "$W/ppo.log" 2>&1 \
+  || { tail "$W/ppo.log"; fail "ppo --partial_rollout exited"; }
+[ "$(wc -l < "$W/ppo/metrics.jsonl")" -eq 3 ] || fail "ppo --partial_rollout: not 3 steps"
+grep -q '"partial_carried_samples"' "$W/ppo/metrics.jsonl" || fail "ppo: no partial metrics"
+echo "ok: rlhf ppo --partial_rollout"
+
+# (g) The engine log-probs of carried tokens are the older weights' (kept per token): with an fp32
+# KV cache the engine and the trainer agree to float rounding on tokens of the current version,
+# so the mismatch is ~0 where no trained token is older and clearly positive where some are;
+# decoupled PPO then weights those tokens.
+run decoupled 2 --max_steps 6 --kv_cache_dtype fp32 --use_decoupled_loss
+python3 - "$W/decoupled/metrics.jsonl" <<'PYEOF' || fail "per-token behaviour log-probs"
+import json, sys
+recs = [json.loads(l) for l in open(sys.argv[1])]
+fresh = [r for r in recs if r["partial_old_token_fraction"] == 0]
+mixed = [r for r in recs if r["partial_old_token_fraction"] > 0]
+assert fresh and mixed, [r["partial_old_token_fraction"] for r in recs]
+for r in fresh:
+    assert r["mismatch_abs_logp_max"] <= 1e-5, r
+for r in mixed:
+    assert r["mismatch_abs_logp_max"] > 1e-4, r
+    assert r["is_weight_min"] != 1 or r["is_weight_max"] != 1, r
+print("mismatch max, fresh steps:", [r["mismatch_abs_logp_max"] for r in fresh],
+      "mixed:", [r["mismatch_abs_logp_max"] for r in mixed])
+PYEOF
+echo "ok: carried tokens keep their older engine log-probs (decoupled PPO weights them)"
+
+# (f) Usage errors.
+usage() {  # usage <expected message> <args...>
+  local want=$1
+  shift
+  "$RLHF" "${GRPO[@]}" --gen_ranks_per_node 0 --max_steps 1 --save_path "$W/bad" "$@" \
+    > "$W/bad.log" 2>&1
+  local rc=$?
+  [ $rc -eq 2 ] || { cat "$W/bad.log"; fail "$* exited $rc, not 2"; }
+  grep -q -- "$want" "$W/bad.log" || { cat "$W/bad.log"; fail "$*: no '$want'"; }
+}
+usage "both decide when a step has its groups" --dynamic_filtering
+usage "multi-turn episodes are not interrupted" --env_command builtin:toy
+plain1=("${plain[@]}")
+"$RLHF" "${plain1[@]}" --gen_ranks_per_node 0 --max_steps 1 --save_path "$W/bad" --max_staleness 2 \
+  > "$W/bad.log" 2>&1
+[ $? -eq 2 ] && grep -q "needs --partial_rollout" "$W/bad.log" || { cat "$W/bad.log"; fail "--max_staleness alone accepted"; }
+echo "ok: nonsense combinations are usage errors"
