@@ -97,6 +97,24 @@ print("gpu env: turns", [round(r["env_turns_mean"], 2) for r in recs],
       "observation tokens", [r["env_observation_tokens"] for r in recs])
 EOF
 
+# --- partial rollouts on GPU engines: a step stops at its quota of finished groups, the rest
+# carry over (re-prefilled on the GPU engine next step); three steps on two ranks
+"${MPI[@]}" "$EMU" grpo --pretrain "$TMP/sft_gpu/model.h5" --prompt_data "$TASK" --input_key input \
+  --label_key label --reward math --partial_rollout --n_samples_per_prompt 4 \
+  --rollout_batch_size 4 --train_batch_size 16 --micro_train_batch_size 4 --generate_max_len 12 \
+  --max_steps 3 --seed 1 --threads 1 --device cuda --save_path "$TMP/partial" \
+  --ckpt_path "$TMP/partial/ckpt" > "$TMP/partial.log" 2>&1 ||
+  fail "gpu grpo with --partial_rollout: $(tail -3 "$TMP/partial.log")"
+python3 - "$TMP/partial/metrics.jsonl" <<'EOF' || fail "partial-rollout metrics missing on the GPU engines"
+import json, sys
+recs = [json.loads(l) for l in open(sys.argv[1])]
+assert len(recs) == 3, len(recs)
+for r in recs:
+    assert r["partial_rounds"] >= 1 and r["partial_age_max"] <= 8, r
+print("gpu partial: carried", [r["partial_carried_samples"] for r in recs],
+      "interrupted", [r["partial_interrupted_samples"] for r in recs])
+EOF
+
 # --- the real binary has no GPU here: --device cuda is a clear error, not a crash
 if "$RLHF" "${SFT[@]}" --device cuda --save_path "$TMP/nogpu" > "$TMP/nogpu.log" 2>&1; then
   grep -q "device: cuda" "$TMP/nogpu.log" || fail "--device cuda without a GPU succeeded"
