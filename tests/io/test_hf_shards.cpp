@@ -10,6 +10,7 @@
 #include <cstring>
 #include <filesystem>
 #include <regex>
+#include <set>
 
 #include "io/hdf5_ckpt.h"
 #include "io/pretrained.h"
@@ -94,8 +95,8 @@ TEST_CASE("hf shards: transformers' state-dict order") {
                                        "model.norm.weight",
                                        "lm_head.weight"};
   // Any permutation comes back in that order; layer 10 sorts after layer 2 (numbers, not text).
-  std::vector<std::string> shuffled = {hf[15], hf[3], hf[14], hf[12], hf[0], hf[7], hf[1], hf[9],
-                                       hf[13], hf[2], hf[11], hf[4], hf[10], hf[6], hf[8], hf[5]};
+  std::vector<std::string> shuffled = {hf[15], hf[3], hf[14], hf[12], hf[0],  hf[7], hf[1], hf[9],
+                                       hf[13], hf[2], hf[11], hf[4],  hf[10], hf[6], hf[8], hf[5]};
   const auto order = io::hf_state_dict_order(shuffled);
   std::vector<std::string> got;
   for (size_t i : order) got.push_back(shuffled[i]);

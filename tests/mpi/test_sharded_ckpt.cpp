@@ -181,6 +181,7 @@ TEST_CASE("sharded checkpoints: N ranks write, verify, and resume on N, N/2 and 
   rl::save_train_checkpoint(step3, slots, {{"step", 3}}, w0, 0, nullptr, world.get());
   world->barrier();
   CHECK(rl::latest_valid_checkpoint(dir3) == step3);
+  world->barrier();  // every rank has read the files before rank 0 damages one
   const fs::path victim = fs::path(io::shard_dir(step3)) / io::shard_file_name(N - 1, N);
   std::string saved_bytes;
   if (w0) {
