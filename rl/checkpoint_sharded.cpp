@@ -135,6 +135,14 @@ nlohmann::json ShardedCheckpointWriter::finish() {
     RLHF_CHECK(!ec, "cannot rename {}.tmp to {}: {}", dir_, dir_, ec.message());
     const fs::path parent = fs::path(dir_).parent_path();
     fsync_dir(parent.empty() ? "." : parent.string());
+    // Leftovers of writes killed before their rename (never part of a committed checkpoint).
+    std::vector<fs::path> stale;
+    for (const auto& e : fs::directory_iterator(parent.empty() ? "." : parent, ec)) {
+      const std::string name = e.path().filename().string();
+      if (name.size() > 11 && name.compare(name.size() - 11, 11, "_shards.tmp") == 0)
+        stale.push_back(e.path());
+    }
+    for (const fs::path& p : stale) fs::remove_all(p, ec);
   }
   nlohmann::json files = nlohmann::json::array();
   for (int q = 0; q < n; ++q)

@@ -35,8 +35,9 @@ class ShardedCheckpointWriter {
   void write_slot(const CheckpointSlot& s);
 
   /// Commits this rank's file, measures its size and CRC-32, gathers every rank's (collective),
-  /// and rank 0 renames `<shard_dir>.tmp` to shard_dir (replacing an older folder). Returns the
-  /// index JSON (every rank) for io::write_shard_index. Call once.
+  /// and rank 0 renames `<shard_dir>.tmp` to shard_dir (replacing an older folder) and removes
+  /// the `*_shards.tmp` folders that killed writes left next to it. Returns the index JSON (every
+  /// rank) for io::write_shard_index. Call once.
   nlohmann::json finish();
 
  private:
