@@ -62,10 +62,11 @@ struct RlRunConfig {
   int64_t logging_steps = 1;         ///< --logging_steps: a step line every N steps
   std::string ckpt_path = "./ckpt/checkpoints_ppo";  ///< --ckpt_path
   int64_t max_ckpt_num = 3;                          ///< --max_ckpt_num
-  bool save_hf_ckpt = false;  ///< --save_hf_ckpt: a Hugging Face folder with each checkpoint
-  std::string ckpt_format = "single";  ///< --ckpt_format: single | sharded | auto
-  bool load_checkpoint = false;        ///< --load_checkpoint
-  TrackingOptions tracking;            ///< --use_tensorboard, --use_wandb (rank 0)
+  bool save_hf_ckpt = false;     ///< --save_hf_ckpt: a Hugging Face folder with each checkpoint
+  bool load_checkpoint = false;  ///< --load_checkpoint
+  TrackingOptions tracking;      ///< --use_tensorboard, --use_wandb (rank 0)
+  /// --ckpt_format: single | sharded | auto (rl/checkpoint.h sharded_checkpoints)
+  std::string ckpt_format = "single";
 };
 
 /// Runs the whole RL job on every rank of MPI_COMM_WORLD (collective). Returns 0; throws

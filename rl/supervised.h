@@ -44,11 +44,12 @@ struct SupervisedOptions {
   /// --ckpt_path: resumable checkpoints (weights, AdamW moments, step) every --save_steps steps
   /// and on SIGTERM/SIGUSR1
   std::string ckpt_path = "./ckpt/checkpoints_sft";
-  int64_t max_ckpt_num = 3;   ///< --max_ckpt_num: keep the last K
-  bool save_hf_ckpt = false;  ///< --save_hf_ckpt: a Hugging Face folder with each checkpoint
-  std::string ckpt_format = "single";  ///< --ckpt_format: single | sharded | auto
-  bool load_checkpoint = false;        ///< --load_checkpoint: resume from the newest valid one
-  TrackingOptions tracking;            ///< --use_tensorboard, --use_wandb (rank 0)
+  int64_t max_ckpt_num = 3;      ///< --max_ckpt_num: keep the last K
+  bool save_hf_ckpt = false;     ///< --save_hf_ckpt: a Hugging Face folder with each checkpoint
+  bool load_checkpoint = false;  ///< --load_checkpoint: resume from the newest valid one
+  TrackingOptions tracking;      ///< --use_tensorboard, --use_wandb (rank 0)
+  /// --ckpt_format: single | sharded | auto (rl/checkpoint.h sharded_checkpoints)
+  std::string ckpt_format = "single";
 };
 
 /// The batch arithmetic of a run (see the top of this file).
