@@ -276,6 +276,9 @@ struct CheckpointArgs {
   bool load_checkpoint = false;  ///< --load_checkpoint: resume from the newest valid one
   /// --save_hf_ckpt: also a Hugging Face folder <ckpt_path>/step_N_hf next to each checkpoint
   bool save_hf_ckpt = false;
+  /// --ckpt_format: single (one file from rank 0) | sharded (a file per training rank + index) |
+  /// auto (sharded with more than one training rank)
+  std::string ckpt_format = "single";
 
   void bind(OptionSet& o);
 };
@@ -556,13 +559,17 @@ struct ExportArgs {
   CommonArgs common;
   std::string pretrain;   ///< --pretrain: the model to export (any format --pretrain reads)
   std::string tokenizer;  ///< --tokenizer: tokenizer to ship with it ("" = the model's own)
-  std::string format = "safetensors";  ///< --format: safetensors | hdf5 | gguf
+  std::string format = "safetensors";  ///< --format: safetensors (alias hf) | hdf5 | gguf | peft
   std::string output_path;             ///< --output_path: folder (safetensors) or file
   std::string dtype = "float32";       ///< --dtype: float32 | bfloat16 | float16 (tensors written)
   std::string lora_path;               ///< --lora_path: a PEFT adapter to merge (with --merge_lora)
   bool merge_lora = false;             ///< --merge_lora: write base + adapter merged
+  /// --max_shard_size: largest safetensors file ("5GB", transformers' default); bigger models are
+  /// sharded as transformers shards them
+  std::string max_shard_size = "5GB";
   void bind(OptionSet& o);
-  /// Throws UsageError for a dtype the format cannot store (GGUF/HDF5 restrictions).
+  /// Throws UsageError for a dtype the format cannot store (GGUF/HDF5 restrictions) or a
+  /// --max_shard_size that is not a size.
   void validate();
 };
 /// `rlhf import`: any supported model → our HDF5 checkpoint (with its tokenizer).

@@ -8,6 +8,7 @@
 
 #include "app/cli.h"
 #include "core/log.h"
+#include "io/hf_shards.h"
 #include "rl/episodes.h"
 
 namespace rlhf::app {
@@ -128,8 +129,9 @@ void ExportArgs::bind(OptionSet& o) {
       .required();
   o.add("tokenizer", tokenizer, "Tokenizer to ship with the model (\"\" = the model's own)");
   o.add("format", format,
-        "Output format (peft: the LoRA adapter of a LoRA training checkpoint given as --pretrain)")
-      .check(one_of({"safetensors", "hdf5", "gguf", "peft"}));
+        "Output format (safetensors, or hf: a Hugging Face folder; peft: the LoRA adapter of a "
+        "LoRA training checkpoint given as --pretrain)")
+      .check(one_of({"safetensors", "hf", "hdf5", "gguf", "peft"}));
   o.add("lora_path", lora_path,
         "A PEFT LoRA adapter folder to merge into --pretrain (--merge_lora)");
   o.add("merge_lora", merge_lora,
@@ -140,6 +142,10 @@ void ExportArgs::bind(OptionSet& o) {
       .required();
   o.add("dtype", dtype, "Element type of the written tensors (hdf5 is always float32)")
       .check(one_of({"float32", "bfloat16", "float16"}));
+  o.add("max_shard_size", max_shard_size,
+        "Largest safetensors file of a Hugging Face export (5GB, 500MB, 2GiB): a bigger model is "
+        "split into model-0000k-of-0000n.safetensors + model.safetensors.index.json as "
+        "transformers' save_pretrained splits it");
 }
 
 void ExportArgs::validate() {
@@ -150,6 +156,11 @@ void ExportArgs::validate() {
                lora_path);
   if (format == "peft" && merge_lora)
     usage_fail("--format peft writes an adapter; --merge_lora writes a merged model: pick one");
+  try {
+    io::parse_shard_size(max_shard_size);
+  } catch (const Error& e) {
+    usage_fail("--max_shard_size {}: {}", max_shard_size, e.what());
+  }
   if (format == "hdf5" && dtype != "float32")
     usage_fail("--dtype {} with --format hdf5: checkpoints store float32\nhint: drop --dtype",
                dtype);
@@ -294,6 +305,12 @@ void CheckpointArgs::bind(OptionSet& o) {
   o.add("save_hf_ckpt", save_hf_ckpt,
         "With each training checkpoint, also write a Hugging Face folder <ckpt_path>/step_N_hf "
         "(config.json, model.safetensors, tokenizer files)");
+  o.add("ckpt_format", ckpt_format,
+        "Training checkpoint form: single (one HDF5 file written by rank 0), sharded (every "
+        "training rank writes its own shard in parallel, <ckpt_path>/step_N_shards/, indexed by "
+        "step_N.h5), auto (sharded with more than one training rank). Either resumes on any rank "
+        "count")
+      .check(one_of({"single", "sharded", "auto"}));
 }
 
 void SftArgs::bind(OptionSet& o) {

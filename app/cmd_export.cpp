@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "io/dtype.h"
+#include "io/hf_shards.h"
 #include "io/peft_adapter.h"
 #include "io/pretrained.h"
 #include "rl/checkpoint.h"
@@ -61,13 +62,13 @@ int run_export(const ExportArgs& args) {
             model::to_string(m.config.rope_style));
   const io::DType dt = dtype_of(args.dtype);
   std::string out = args.output_path;
-  if (args.format == "safetensors") {
+  if (args.format == "safetensors" || args.format == "hf") {
     RLHF_CHECK(!fs::exists(out) || fs::is_directory(out),
                "--output_path {}: exists and is not a folder (safetensors export writes a "
                "Hugging Face folder)",
                out);
     RLHF_CHECK(!same_path(out, m.path), "--output_path {} is the model's own folder", out);
-    io::export_hf_folder(out, m, dt);
+    io::export_hf_folder(out, m, dt, io::parse_shard_size(args.max_shard_size));
   } else if (args.format == "hdf5") {
     if (fs::is_directory(out) || (!out.empty() && out.back() == '/'))
       out = (fs::path(out) / "model.h5").string();

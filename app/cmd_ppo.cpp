@@ -121,6 +121,7 @@ rl::RlRunConfig rl_run_config(const PpoArgs& a, const char* cmd) {
   c.ckpt_path = a.ckpt.ckpt_path;
   c.max_ckpt_num = a.ckpt.max_ckpt_num;
   c.save_hf_ckpt = a.ckpt.save_hf_ckpt;
+  c.ckpt_format = a.ckpt.ckpt_format;
   c.load_checkpoint = a.ckpt.load_checkpoint;
   c.tracking = tracking_options(a.tracking);
   return c;

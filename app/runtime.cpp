@@ -148,6 +148,7 @@ rl::SupervisedOptions supervised_options(const char* name, const CommonArgs& com
   t.ckpt_path = ckpt.ckpt_path;
   t.max_ckpt_num = ckpt.max_ckpt_num;
   t.save_hf_ckpt = ckpt.save_hf_ckpt;
+  t.ckpt_format = ckpt.ckpt_format;
   t.load_checkpoint = ckpt.load_checkpoint;
   return t;
 }

@@ -1,6 +1,6 @@
 // HDF5 checkpoints (docs/design.md, "Checkpoints and formats"): a generic writer/reader of typed
-// datasets and scalar attributes under any group path, committed atomically by rename, and the
-// model save/load on top of it.
+// datasets and scalar attributes under any group path, committed atomically by rename
+// (io/hdf5_ckpt.cpp), and the model save/load on top of it (io/hdf5_model.cpp).
 //
 // File layout (format "rlhf-checkpoint", version 1):
 //   /                       attrs: format = "rlhf-checkpoint", format_version = 1, + caller's
@@ -113,6 +113,10 @@ class CheckpointReader {
   template <typename T>
   void read_dataset(const std::string& dataset, T* out,
                     const std::vector<int64_t>& expected_shape) const;
+  /// Reads elements [begin, begin + count) of the 1-D float32 dataset `dataset` into `out`
+  /// (count floats) through a hyperslab, so only the chunks that hold them are read (and
+  /// checksummed). An out-of-range request is an error naming the file, dataset and its length.
+  void read_float_range(const std::string& dataset, int64_t begin, int64_t count, float* out) const;
   /// Reads a whole dataset of any shape; its shape goes to `*shape_out` when given.
   template <typename T>
   std::vector<T> read_dataset_vector(const std::string& dataset,

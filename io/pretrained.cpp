@@ -6,6 +6,7 @@
 #include <cstring>
 #include <filesystem>
 #include <map>
+#include <regex>
 #include <set>
 
 #include "core/checked_alloc.h"
@@ -15,10 +16,12 @@
 #include "io/file_util.h"
 #include "io/gguf.h"
 #include "io/hdf5_ckpt.h"
+#include "io/hf_shards.h"
 #include "io/hf_tokenizer.h"
 #include "io/jsonl.h"
 #include "io/llama2c.h"
 #include "io/safetensors.h"
+#include "io/sharded_ckpt.h"
 #include "io/sp_tokenizer.h"
 #include "io/spm_tokenizer.h"
 #include "io/tokenizer_export.h"
@@ -47,21 +50,47 @@ std::string read_head(const std::string& path, size_t n) {
 
 // --- HDF5 checkpoint ---------------------------------------------------------------------------
 
+// A model checkpoint or a training checkpoint's /model; a sharded training checkpoint
+// (io/sharded_ckpt.h) reads each tensor from its pieces in the shard files.
 class Hdf5Tensors final : public TensorSource {
  public:
-  explicit Hdf5Tensors(const std::string& path) : reader_(path), path_(path) {}
+  explicit Hdf5Tensors(const std::string& path) : reader_(path), path_(path) {
+    if (is_sharded_checkpoint(reader_)) {
+      auto set = std::make_unique<ShardSet>(reader_);
+      if (set->index()["groups"].contains("model")) shards_ = std::move(set);
+    }
+  }
   const std::string& source() const override { return path_; }
   std::vector<std::string> names() const override {
-    return reader_.exists("/model") ? reader_.list_datasets("/model") : std::vector<std::string>{};
+    std::vector<std::string> out;
+    if (shards_) {
+      for (const auto& [name, shape] : shards_->index()["groups"]["model"]["tensors"].items())
+        out.push_back(name);
+      return out;
+    }
+    return reader_.exists("/model") ? reader_.list_datasets("/model") : out;
   }
   std::optional<TensorMeta> find(const std::string& name) const override {
     if (name.empty() || name.find('/') != std::string::npos) return std::nullopt;
+    if (shards_) {
+      std::vector<int64_t> shape;
+      if (!shards_->tensor_shape("model", name, &shape)) return std::nullopt;
+      return TensorMeta{shape, "F32"};
+    }
     const std::string ds = "/model/" + name;
     if (!reader_.exists(ds)) return std::nullopt;
     return TensorMeta{reader_.shape(ds), "F32"};
   }
   void read(const std::string& name, float* out) const override {
     const std::string ds = "/model/" + name;
+    if (shards_) {
+      std::vector<int64_t> shape;
+      RLHF_CHECK(shards_->tensor_shape("model", name, &shape), "{}: no tensor '{}'", path_, name);
+      int64_t n = 1;
+      for (int64_t d : shape) n *= d;
+      shards_->read_range(ds, 0, n, out);
+      return;
+    }
     reader_.read_dataset<float>(ds, out, reader_.shape(ds));
   }
   const CheckpointReader& reader() const { return reader_; }
@@ -69,6 +98,7 @@ class Hdf5Tensors final : public TensorSource {
  private:
   CheckpointReader reader_;
   std::string path_;
+  std::unique_ptr<ShardSet> shards_;
 };
 
 // --- Hugging Face folder -----------------------------------------------------------------------
@@ -406,9 +436,46 @@ void write_text(const fs::path& p, const std::string& text) {
   write_binary_file(p.string(), text);
 }
 
+// The weights of export_hf_folder: one model.safetensors, or transformers' shards and index.
+void write_hf_weights(const std::string& dir, const std::vector<SafetensorsWriteItem>& items,
+                      DType dtype, int64_t max_shard_bytes, int64_t total_parameters) {
+  std::vector<std::string> names;
+  std::vector<int64_t> bytes;
+  int64_t total = 0;
+  for (const SafetensorsWriteItem& it : items) {
+    int64_t n = 1;
+    for (int64_t d : it.shape) n *= d;
+    names.push_back(it.name);
+    bytes.push_back(dtype_bytes(dtype, n, it.name));
+    total += bytes.back();
+  }
+  const auto shards = plan_hf_shards(bytes, hf_state_dict_order(names), max_shard_bytes);
+  // Weight files of an earlier export that this one does not overwrite would be loaded instead
+  // of (model.safetensors wins over an index) or beside the new ones.
+  static const std::regex old_weights(R"(model(-\d{5}-of-\d{5})?\.safetensors(\.index\.json)?)");
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec))
+    if (std::regex_match(e.path().filename().string(), old_weights)) fs::remove(e.path(), ec);
+  json weight_map = json::object();
+  for (size_t k = 0; k < shards.size(); ++k) {
+    const std::string file = hf_shard_file_name(k, shards.size());
+    std::vector<SafetensorsWriteItem> part;
+    for (size_t i : shards[k]) {
+      part.push_back(items[i]);
+      weight_map[names[i]] = file;
+    }
+    write_safetensors((fs::path(dir) / file).string(), part, dtype, {{"format", "pt"}});
+  }
+  if (shards.size() <= 1) return;
+  const json index = {{"metadata", {{"total_parameters", total_parameters}, {"total_size", total}}},
+                      {"weight_map", weight_map}};
+  write_text(fs::path(dir) / "model.safetensors.index.json", index.dump(2) + "\n");
+}
+
 }  // namespace
 
-void export_hf_folder(const std::string& dir, const PretrainedModel& m, DType dtype) {
+void export_hf_folder(const std::string& dir, const PretrainedModel& m, DType dtype,
+                      int64_t max_shard_bytes) {
   const bool permute = m.config.rope_style == model::RopeStyle::kInterleaved;
   std::vector<SafetensorsWriteItem> items;
   for (const model::TensorInfo& t : all_tensors(m)) {
@@ -423,8 +490,7 @@ void export_hf_folder(const std::string& dir, const PretrainedModel& m, DType dt
                      }});
   }
   fs::create_directories(dir);
-  write_safetensors((fs::path(dir) / "model.safetensors").string(), items, dtype,
-                    {{"format", "pt"}});
+  write_hf_weights(dir, items, dtype, max_shard_bytes, m.config.num_parameters(m.head));
   json cfg = m.config.to_json();
   cfg["torch_dtype"] = dtype == DType::kF32    ? "float32"
                        : dtype == DType::kBF16 ? "bfloat16"

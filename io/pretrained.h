@@ -71,14 +71,18 @@ void load_pretrained_unit(const PretrainedModel& m, const model::ParamLayout& la
 inline constexpr const char* kRopePermutedKey = "rlhf_rope_permuted_from";
 
 /// Writes a Hugging Face folder `dir`: config.json (ModelConfig::to_json with the head's
-/// architecture; "torch_dtype" = dtype), model.safetensors (every tensor of the layout, stored as
-/// `dtype` F32/BF16/F16), generation_config.json (the tokenizer's BOS/EOS/PAD ids, else the
+/// architecture; "torch_dtype" = dtype), the weights (every tensor of the layout, stored as
+/// `dtype` F32/BF16/F16) as model.safetensors when they fit `max_shard_bytes`, else sharded as
+/// transformers shards them (io/hf_shards.h: model-0000k-of-0000n.safetensors +
+/// model.safetensors.index.json; weight files of an earlier export in `dir` are removed),
+/// generation_config.json (the tokenizer's BOS/EOS/PAD ids, else the
 /// config's) and, when m.tokenizer is set, tokenizer.json + tokenizer_config.json that
 /// transformers' AutoTokenizer loads (io/tokenizer_export.h hf_tokenizer_files; an error naming the
 /// tokenizer kind when it cannot be written); without a tokenizer, a warning. An interleaved-RoPE
 /// model is written with Q/K rows permuted to rotate-half (see kRopePermutedKey). Files are written
 /// to .tmp names and renamed.
-void export_hf_folder(const std::string& dir, const PretrainedModel& m, DType dtype);
+void export_hf_folder(const std::string& dir, const PretrainedModel& m, DType dtype,
+                      int64_t max_shard_bytes = 5'000'000'000);
 
 /// Writes our HDF5 checkpoint at `path` (the model and, when m.tokenizer is set, its tokenizer
 /// files under /tokenizer; io/hdf5_ckpt.h write_tokenizer_hdf5), streaming one tensor at a time.

@@ -74,6 +74,16 @@ class Zero3Store final : public ParamStore, public model::UnitProvider<float> {
   /// shard_numel(u) (ShardLayout). (The working copy the gathers read.)
   const float* shard_params(int u) const { return shards_[size_t(u)].params.data(); }
   const float* shard_grads(int u) const { return shards_[size_t(u)].grads.data(); }
+  /// This rank's shard of unit u's AdamW first / second moments (shard_numel(u) floats each,
+  /// same range as shard_params; the host copies with adam_offload). Null for a frozen store.
+  const float* shard_m(int u) const {
+    const Shard& s = shards_[size_t(u)];
+    return opt_.frozen ? nullptr : opt_.adam_offload ? s.m_host.data() : s.m.data();
+  }
+  const float* shard_v(int u) const {
+    const Shard& s = shards_[size_t(u)];
+    return opt_.frozen ? nullptr : opt_.adam_offload ? s.v_host.data() : s.v.data();
+  }
   int64_t shard_numel(int u) const { return shard_layout_.shard_numel(u); }
   const ShardLayout& shard_layout() const { return shard_layout_; }
   Comm& comm() { return comm_; }

@@ -1,6 +1,7 @@
 #include "rl/checkpoint.h"
 
 #include <algorithm>
+#include <chrono>
 #include <filesystem>
 #include <regex>
 
@@ -8,8 +9,11 @@
 #include "core/log.h"
 #include "io/h5_verify.h"
 #include "io/hdf5_ckpt.h"
+#include "io/sharded_ckpt.h"
 #include "io/tokenizer_hdf5.h"
+#include "parallel/comm.h"
 #include "parallel/lora_store.h"
+#include "rl/checkpoint_sharded.h"
 
 namespace rlhf::rl {
 
@@ -27,7 +31,31 @@ void write_group_model(io::CheckpointWriter& w, const std::string& group,
   w.write_string_attr(g, "head", model::to_string(layout.head()));
 }
 
+// "checkpoint <path>: <GB> GB in <s> s (<GB/s> GB/s, <n> shards)" on rank 0's log: the bytes of
+// the index (or single file) and every shard, over the wall time of the whole save.
+void log_checkpoint_speed(const std::string& path, const nlohmann::json& index,
+                          std::chrono::steady_clock::duration took) {
+  std::error_code ec;
+  double bytes = double(fs::file_size(path, ec));
+  if (ec) bytes = 0;
+  int n = 1;
+  if (index.is_object()) {
+    n = index["ranks"].get<int>();
+    for (const auto& f : index["files"]) bytes += double(f["bytes"].get<int64_t>());
+  }
+  const double s = std::chrono::duration<double>(took).count();
+  LOG_INFO("checkpoint {}: {:.3f} GB in {:.2f} s ({:.2f} GB/s, {})", path, bytes / 1e9, s,
+           s > 0 ? bytes / 1e9 / s : 0.0, n > 1 ? fmt::format("{} shards", n) : "one file");
+}
+
 }  // namespace
+
+bool sharded_checkpoints(const std::string& format, int train_ranks) {
+  if (format == "single") return false;
+  if (format == "sharded") return true;
+  RLHF_CHECK(format == "auto", "--ckpt_format {}: expected single, sharded or auto", format);
+  return train_ranks > 1;
+}
 
 std::string checkpoint_path(const std::string& dir, int64_t step) {
   return (fs::path(dir) / fmt::format("step_{}.h5", step)).string();
@@ -133,7 +161,14 @@ std::string hf_checkpoint_dir(const std::string& ckpt_file) {
 
 void save_train_checkpoint(const std::string& path, const std::vector<CheckpointSlot>& slots,
                            const nlohmann::json& trainer_state, bool writer, int max_keep,
-                           const io::Tokenizer* tokenizer) {
+                           const io::Tokenizer* tokenizer, parallel::Comm* shard_comm) {
+  const auto t0 = std::chrono::steady_clock::now();
+  std::unique_ptr<ShardedCheckpointWriter> shards;
+  if (shard_comm != nullptr) {
+    RLHF_CHECK(writer == (shard_comm->rank() == 0),
+               "internal error: a sharded checkpoint's index is written by rank 0 of its ranks");
+    shards = std::make_unique<ShardedCheckpointWriter>(path, *shard_comm);
+  }
   std::unique_ptr<io::CheckpointWriter> w;
   if (writer) w = std::make_unique<io::CheckpointWriter>(path);
   for (const CheckpointSlot& s : slots) {
@@ -150,6 +185,10 @@ void save_train_checkpoint(const std::string& path, const std::vector<Checkpoint
     }
     if (auto* ls = dynamic_cast<parallel::LoraStore*>(s.store)) {
       save_lora_slot(w.get(), s, *ls);
+      continue;
+    }
+    if (shards) {
+      shards->write_slot(s);
       continue;
     }
     std::vector<float> full, m, v;
@@ -174,7 +213,12 @@ void save_train_checkpoint(const std::string& path, const std::vector<Checkpoint
       }
     }
   }
-  if (!w) return;
+  nlohmann::json index;
+  if (shards) index = shards->finish();  // collective: every shard committed, the folder renamed
+  if (!w) {
+    if (shard_comm != nullptr) shard_comm->barrier();  // returns once the index is committed
+    return;
+  }
   if (tokenizer != nullptr) io::write_tokenizer_hdf5(*w, *tokenizer);
   w->create_group("/trainer");
   w->write_string_attr("/trainer", "format", kTrainFormat);
@@ -190,13 +234,17 @@ void save_train_checkpoint(const std::string& path, const std::vector<Checkpoint
   w->write_string_attr("/trainer", "state", attr_state.dump());
   if (trainer_state.contains("step"))
     w->write_int_attr("/trainer", "step", trainer_state["step"].get<int64_t>());
-  w->commit();
+  if (shards) io::write_shard_index(*w, index);
+  w->commit();  // the commit of the whole checkpoint (the shards are in place already)
+  if (shard_comm != nullptr) shard_comm->barrier();
+  log_checkpoint_speed(path, index, std::chrono::steady_clock::now() - t0);
   if (max_keep > 0) {
     auto all = list_checkpoints(fs::path(path).parent_path().string());
     for (size_t i = 0; i + size_t(max_keep) < all.size(); ++i) {
       std::error_code ec;
       fs::remove(all[i], ec);
       fs::remove_all(hf_checkpoint_dir(all[i]), ec);
+      fs::remove_all(io::shard_dir(all[i]), ec);
       LOG_DEBUG("removed old checkpoint {}", all[i]);
     }
   }
@@ -210,6 +258,8 @@ nlohmann::json load_train_checkpoint(const std::string& path,
              "{}: not a training checkpoint (no /trainer state)\nhint: use --pretrain for a model "
              "checkpoint",
              path);
+  std::unique_ptr<io::ShardSet> shards;
+  if (io::is_sharded_checkpoint(r)) shards = std::make_unique<io::ShardSet>(r);
   for (const CheckpointSlot& s : slots) {
     const model::ParamLayout& layout = s.store->layout();
     const std::string g = "/" + s.group;
@@ -225,6 +275,10 @@ nlohmann::json load_train_checkpoint(const std::string& path,
     }
     RLHF_CHECK(!r.has_attr(g, "lora"),
                "{}: {} holds LoRA adapters; resume it with the same --lora_rank", path, g);
+    if (shards) {
+      load_sharded_slot(*shards, s);
+      continue;
+    }
     std::vector<float> full, m, v;
     for (int u = 0; u < layout.num_units(); ++u) {
       const model::UnitLayout& unit = layout.unit(u);
@@ -264,6 +318,7 @@ std::string latest_valid_checkpoint(const std::string& dir) {
       // Every dataset read once: a flipped bit fails its chunk's Fletcher32 checksum here,
       // before any store is touched, instead of in the middle of the load.
       io::verify_hdf5_file(*it);
+      if (io::is_sharded_checkpoint(r)) io::ShardSet(r).verify();
       return *it;
     } catch (const std::exception& e) {
       LOG0_WARN("checkpoint {} is unusable ({}); trying the previous one", *it, e.what());

@@ -12,6 +12,8 @@
 //   /trainer/async_queue             with --async_train: the rollouts generated ahead, as the
 //                                    UTF-8 JSON text of the state's "async_queue" (uint8)
 // Moments are stored per tensor, unpadded, so a checkpoint made on N ranks loads on M ranks.
+// The sharded form (rl/checkpoint_sharded.h, io/sharded_ckpt.h) keeps this file as the index and
+// moves the full-parameter slots' weights and moments to a file per rank.
 #pragma once
 
 #include <nlohmann/json.hpp>
@@ -23,6 +25,10 @@
 #include "model/config.h"
 #include "model/lora.h"
 #include "parallel/param_store.h"
+
+namespace rlhf::parallel {
+class Comm;
+}  // namespace rlhf::parallel
 
 namespace rlhf::rl {
 
@@ -38,10 +44,15 @@ struct CheckpointSlot {
 /// `writer` (true on exactly one rank, e.g. train rank 0) writes the file. With a `tokenizer`, its
 /// files go under /tokenizer (io/tokenizer_hdf5.h), so the checkpoint used as --pretrain brings
 /// its tokenizer. Prunes older `step_*.h5` files in the directory beyond max_keep (<= 0 keeps all)
-/// after the commit, with their Hugging Face folders (hf_checkpoint_dir).
+/// after the commit, with their Hugging Face folders (hf_checkpoint_dir) and shard folders.
+/// With `shard_comm` (the training ranks; `writer` must be its rank 0) the checkpoint is sharded
+/// (io/sharded_ckpt.h, --ckpt_format sharded): every rank writes its own shard of each
+/// full-parameter slot in parallel, then `writer` writes `path` as the index, last; a kill before
+/// that leaves the previous checkpoint the newest. Logs the seconds, bytes and GB/s (rank 0).
 void save_train_checkpoint(const std::string& path, const std::vector<CheckpointSlot>& slots,
                            const nlohmann::json& trainer_state, bool writer, int max_keep,
-                           const io::Tokenizer* tokenizer = nullptr);
+                           const io::Tokenizer* tokenizer = nullptr,
+                           parallel::Comm* shard_comm = nullptr);
 
 /// The adapters of a LoRA training checkpoint (save_train_checkpoint of a LoRA store): the model
 /// config, the LoRA settings and the flat adapter buffer (model::LoraLayout of both).
@@ -58,9 +69,15 @@ LoraCheckpoint read_lora_checkpoint(const std::string& path);
 std::string hf_checkpoint_dir(const std::string& ckpt_file);
 
 /// Loads weights (and moments where slot.optimizer) into the stores and returns the trainer state.
-/// Every training rank reads the file. Throws rlhf::Error naming the file and what is missing.
+/// Every training rank reads the file; from a sharded checkpoint each rank reads only the ranges
+/// its stores keep, whatever the rank count that wrote it. Throws rlhf::Error naming the file and
+/// what is missing.
 nlohmann::json load_train_checkpoint(const std::string& path,
                                      const std::vector<CheckpointSlot>& slots);
+
+/// Whether --ckpt_format `format` ("single" | "sharded" | "auto") writes sharded checkpoints on
+/// `train_ranks` training ranks ("auto": more than one). Throws rlhf::Error on another value.
+bool sharded_checkpoints(const std::string& format, int train_ranks);
 
 /// `<dir>/step_<k>.h5` for step k.
 std::string checkpoint_path(const std::string& dir, int64_t step);
@@ -71,7 +88,8 @@ std::vector<std::string> list_checkpoints(const std::string& dir);
 /// The newest checkpoint in `dir` that opens, carries a trainer state and reads back whole (every
 /// dataset read, so each chunk's Fletcher32 checksum is verified: io::verify_hdf5_file); a newer
 /// file that is damaged (a truncated write, a flipped bit) is skipped with a warning naming it and
-/// the reason. "" if none.
+/// the reason. "" if none. A sharded checkpoint's shard files are checked too (present, the
+/// index's size and CRC-32).
 std::string latest_valid_checkpoint(const std::string& dir);
 
 /// The settings of a resumed run that differ from those its checkpoint was made with, one

@@ -435,8 +435,9 @@ int run_rl(const RlRunConfig& c) {
       state["train_ranks"] = n_train;
       state["settings"] = settings;
       const std::string path = checkpoint_path(c.ckpt_path, done);
-      save_train_checkpoint(path, slots, state, rt.train_comm->rank() == 0, int(c.max_ckpt_num),
-                            tokenizer.get());
+      save_train_checkpoint(
+          path, slots, state, rt.train_comm->rank() == 0, int(c.max_ckpt_num), tokenizer.get(),
+          sharded_checkpoints(c.ckpt_format, n_train) ? rt.train_comm.get() : nullptr);
       if (c.save_hf_ckpt)
         save_hf_model(m.actor->store(), hf_checkpoint_dir(path), rt.train_comm->rank(),
                       tokenizer.get());

@@ -65,6 +65,8 @@ struct RlRunConfig {
   bool save_hf_ckpt = false;     ///< --save_hf_ckpt: a Hugging Face folder with each checkpoint
   bool load_checkpoint = false;  ///< --load_checkpoint
   TrackingOptions tracking;      ///< --use_tensorboard, --use_wandb (rank 0)
+  /// --ckpt_format: single | sharded | auto (rl/checkpoint.h sharded_checkpoints)
+  std::string ckpt_format = "single";
 };
 
 /// Runs the whole RL job on every rank of MPI_COMM_WORLD (collective). Returns 0; throws

@@ -182,7 +182,8 @@ SupervisedResult train_supervised(const SupervisedOptions& o, const BatchPlan& p
       const std::string path = checkpoint_path(o.ckpt_path, r.step);
       save_train_checkpoint(path, slots,
                             {{"step", r.step}, {"seed", o.seed}, {"settings", settings}}, rank == 0,
-                            int(o.max_ckpt_num), task.saved_tokenizer());
+                            int(o.max_ckpt_num), task.saved_tokenizer(),
+                            sharded_checkpoints(o.ckpt_format, comm.size()) ? &comm : nullptr);
       if (o.save_hf_ckpt)
         save_hf_model(net.store(), hf_checkpoint_dir(path), rank, task.saved_tokenizer());
       LOG0_INFO("checkpoint {}", path);

@@ -48,6 +48,8 @@ struct SupervisedOptions {
   bool save_hf_ckpt = false;     ///< --save_hf_ckpt: a Hugging Face folder with each checkpoint
   bool load_checkpoint = false;  ///< --load_checkpoint: resume from the newest valid one
   TrackingOptions tracking;      ///< --use_tensorboard, --use_wandb (rank 0)
+  /// --ckpt_format: single | sharded | auto (rl/checkpoint.h sharded_checkpoints)
+  std::string ckpt_format = "single";
 };
 
 /// The batch arithmetic of a run (see the top of this file).

@@ -9,7 +9,7 @@
 set -euo pipefail
 PKGS=(cmake make g++ pkg-config libopenmpi-dev openmpi-bin libhdf5-dev libspdlog-dev libcli11-dev
       libtomlplusplus-dev doctest-dev libopenblas-openmp-dev nlohmann-json3-dev
-      libsentencepiece-dev libpcre2-dev libdnnl-dev)
+      libsentencepiece-dev libpcre2-dev libdnnl-dev zlib1g-dev)
 # With a CUDA toolkit, the configure fetches cudnn-frontend's headers with pip (cuDNN attention).
 if command -v nvcc >/dev/null || [ -x /usr/local/cuda/bin/nvcc ]; then
   PKGS+=(python3-pip)

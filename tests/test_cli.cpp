@@ -182,7 +182,8 @@ TEST_CASE("cli: every sft option can come from TOML") {
       "tokenizer = \"tok.json\"\ndevice = \"cpu\"\nnccl_timeout = 60\n"
       "attn_implementation = \"cudnn\"\ncomm_timeout = 90\nckpt_path = \"/tmp/c\"\n"
       "max_ckpt_num = 4\nload_checkpoint = true\napply_chat_template = true\n"
-      "save_hf_ckpt = true\nuse_tensorboard = \"/tmp/tb\"\nuse_wandb = \"false\"\n"
+      "save_hf_ckpt = true\nckpt_format = \"sharded\"\n"
+      "use_tensorboard = \"/tmp/tb\"\nuse_wandb = \"false\"\n"
       "wandb_project = \"p\"\nwandb_group = \"g\"\nwandb_run_name = \"r\"\nwandb_org = \"o\"\n"
       "param_dtype = \"fp32\"\nbf16 = false\nlora_rank = 8\nlora_alpha = 32\n"
       "target_modules = \"q_proj,v_proj\"\nlora_path = \"/tmp/adapter\"\nlora_dropout = 0\n"
@@ -247,6 +248,7 @@ TEST_CASE("cli: every sft option can come from TOML") {
   CHECK(a.lora.target_modules == "q_proj,v_proj");
   CHECK(a.lora.lora_path == "/tmp/adapter");
   CHECK(a.lora.lora_dropout == 0);
+  CHECK(a.ckpt.ckpt_format == "sharded");
   // Every option came from the file, except the file itself and --pretrain (exclusive with
   // --model_config).
   for (const auto& row : p.config) {

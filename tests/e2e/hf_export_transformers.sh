@@ -3,7 +3,9 @@
 # Qwen3 (q_norm/k_norm, explicit head_dim) and llama3-RoPE fixtures: transformers writes a folder
 # from the fixture's weights (save_pretrained) → `rlhf import` → `rlhf export` (safetensors, and
 # GGUF → import → export where llama.cpp has the architecture) → transformers loads our export and
-# its logits equal the fixture's float64 logits (scripts/check_hf_export.py, 1e-4 of max |logit|).
+# its logits equal the fixture's float64 logits (scripts/check_hf_export.py, 1e-4 of max |logit|);
+# a bf16 export cut into 20 KB shards has the index and shards transformers' own save_pretrained
+# writes (scripts/check_hf_shards.py).
 # Then the tokenizer of a real model (stories260K, from ../shared/data when present): AutoTokenizer
 # on our export tokenizes and decodes as rlhf does, and transformers' log-probs of rlhf's greedy
 # completions equal rlhf's.
@@ -31,6 +33,11 @@ for f in llama_rotate_half_untied qwen2_tied qwen3_qk_norm llama3_rope; do
   "$RLHF" export "${Q[@]}" --pretrain "$W/$f.h5" --output_path "$W/$f.hf" || fail "$f: export exited $?"
   "$PY" "$SRC/scripts/check_hf_export.py" --model "$W/$f.hf" --fixture "$FX" --tol 1e-5 \
     || fail "$f: transformers' logits on our export differ from the fixture"
+  # bf16 in 20 KB shards: the index and the shards transformers' save_pretrained writes.
+  "$RLHF" export "${Q[@]}" --pretrain "$W/$f.h5" --output_path "$W/$f.bf16" --dtype bfloat16 \
+    --max_shard_size 20KB || fail "$f: sharded bf16 export exited $?"
+  "$PY" "$SRC/scripts/check_hf_shards.py" --model "$W/$f.bf16" --max-shard-size 20KB \
+    --out "$W/$f.bf16.tf" || fail "$f: our shards differ from transformers'"
   if [ "$f" != llama3_rope ]; then  # GGUF cannot carry llama3 scaling: export refuses it
     "$RLHF" export "${Q[@]}" --pretrain "$W/$f.h5" --format gguf --output_path "$W/$f.gguf" \
       || fail "$f: GGUF export exited $?"
