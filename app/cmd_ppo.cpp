@@ -95,6 +95,7 @@ rl::RlRunConfig rl_run_config(const PpoArgs& a, const char* cmd) {
   c.step.log_completions = a.log_completions;
   c.step.async_train = a.async_train;
   c.step.async_queue_size = a.async_queue_size;
+  c.step.enable_sleep = a.vllm_enable_sleep;
   c.env_command = a.gen.env_command;
   c.env_timeout = a.gen.env_timeout;
   c.env_max_turns = a.gen.env_max_turns;

@@ -60,6 +60,10 @@ struct RlStepOptions {
   bool environment = false;
   /// Steps the run will take (-1 = unknown): the engines do not generate ahead past the last.
   int64_t total_steps = -1;
+  /// --vllm_enable_sleep, for colocated engines (the caller sets it only then): each engine
+  /// sleeps (rollout::Engine::sleep: KV cache and weight copies freed) once the step's rollout
+  /// is generated and wakes before the weight sync; metrics sleep_freed_bytes and sleep_s.
+  bool enable_sleep = false;
 };
 
 /// What a step trained on, for --log_completions: one entry per kept sample, in training order.
