@@ -6,7 +6,10 @@
 #  (b) the start-up log prints each engine rank's memory plan, with what sleep frees;
 #  (c) the training phase's peak RSS (train_peak_rss_bytes) is lower with sleep (prints both);
 #  (d) with generation ranks of their own (--gen_ranks_per_node 1) the flag has no effect, and
-#      the log says so.
+#      the log says so;
+#  (e) where rlhf_emu is built: the same on emulated GPUs (device KV cache and weights freed,
+#      graphs re-captured, the device-to-device weight sync into the woken engine): the same
+#      weights fingerprint, and the plan in device bytes.
 # Usage: sleep.sh <rlhf binary> <source dir>     (env MPIEXEC: mpiexec's path)
 set -u
 RLHF=$1
@@ -81,3 +84,28 @@ run apart --vllm_enable_sleep --gen_ranks_per_node 1 --max_steps 1
 grep -q "vllm_enable_sleep has no effect" "$W/apart.log" || fail "no 'no effect' warning"
 ! grep -q "sleep_freed_bytes" "$W/apart/metrics.jsonl" || fail "a disaggregated engine slept"
 echo "ok: with generation ranks apart, --vllm_enable_sleep has no effect and says so"
+
+# (e) Emulated GPUs: colocated engines with device-to-device sync.
+EMU=$(dirname "$RLHF")/rlhf_emu
+if [ ! -x "$EMU" ]; then
+  echo "skipped (e): $EMU not built"
+  exit 0
+fi
+export RLHF_CUDA_EMU_DEVICES=2
+GPU=(grpo --model_config "$SRC/examples/models/tiny.toml" --prompt_data "$TASK" --input_key input
+     --label_key label --reward math --n_samples_per_prompt 4 --rollout_batch_size 8
+     --train_batch_size 16 --micro_train_batch_size 4 --generate_max_len 6 --seed 1 --threads 1
+     --actor_learning_rate 3e-4 --device cuda --max_steps 2)
+for name in gpu_awake gpu_asleep; do
+  extra=()
+  [ $name = gpu_asleep ] && extra=(--vllm_enable_sleep)
+  timeout 300 "${MPI[@]}" -np 2 "$EMU" "${GPU[@]}" --save_path "$W/$name" "${extra[@]}" \
+    > "$W/$name.log" 2>&1 || { tail "$W/$name.log"; fail "$name exited"; }
+done
+fa=$(fp "$W/gpu_awake.log")
+fb=$(fp "$W/gpu_asleep.log")
+[ -n "$fa" ] && [ "$fa" = "$fb" ] || fail "emulated GPUs: final weights differ with sleep: $fa vs $fb"
+grep -q "engine memory plan, ranks 0-1: .*device: bf16 weights .* | asleep while training: .* device freed" \
+  "$W/gpu_asleep.log" || { grep "memory plan" "$W/gpu_asleep.log"; fail "no device memory plan"; }
+grep -q '"sleep_freed_bytes"' "$W/gpu_asleep/metrics.jsonl" || fail "no sleep_freed_bytes on GPUs"
+echo "ok: emulated GPU engines sleep and wake with the same weights ($fa)"
