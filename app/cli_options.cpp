@@ -620,6 +620,9 @@ void PpoArgs::bind(OptionSet& o) {
         "versions old is dropped and generated again")
       .check(ge(0))
       .alias("max_head_offpolicyness");
+  o.add("vllm_enable_sleep", vllm_enable_sleep,
+        "Colocated engines free their KV cache and weight copies after generating and take them "
+        "back before the weight sync (no effect with --gen_ranks_per_node >= 1)");
   o.add("log_completions", log_completions,
         "Every N steps, the step's prompts, completions, scores and advantages to "
         "<save_path>/samples.jsonl (0 = off; bare --log_completions = every step)")

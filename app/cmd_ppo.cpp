@@ -98,6 +98,7 @@ rl::RlRunConfig rl_run_config(const PpoArgs& a, const char* cmd) {
   c.step.async_queue_size = a.async_queue_size;
   c.step.partial_rollout = a.partial_rollout;
   c.step.max_staleness = a.max_staleness;
+  c.step.enable_sleep = a.vllm_enable_sleep;
   c.env_command = a.gen.env_command;
   c.env_timeout = a.gen.env_timeout;
   c.env_max_turns = a.gen.env_max_turns;

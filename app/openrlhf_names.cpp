@@ -33,9 +33,10 @@ constexpr const char* kDsTp =
 constexpr const char* kDynBatch =
     "token-budget micro-batches are grpo and ppo's (--use_dynamic_batch); sft and rm use "
     "--micro_train_batch_size samples: the same gradients";
-constexpr const char* kSleep =
-    "no sleep mode: a colocated engine keeps its weights and KV cache while the trainer runs "
-    "(lower --vllm_gpu_memory_utilization or --gen_kv_cache_mb if training runs out of memory)";
+constexpr const char* kDsSleep =
+    "no DeepSpeed sleep: the trainer keeps its weights, gradients and optimizer states while the "
+    "engines generate; --adam_offload keeps the Adam states in host memory throughout, and "
+    "--vllm_enable_sleep frees the engines' KV cache and weight copies while the trainer trains";
 constexpr const char* kSync =
     "weights reach the engines over NCCL (colocated GPU ranks) or MPI / shared memory, chosen by "
     "the placement";
@@ -163,7 +164,7 @@ constexpr OpenRlhfName kTable[] = {
     ALIAS("ds.adam_offload", "adam_offload"),
     ALIAS_ELSE_IGNORE("ds.param_dtype", "param_dtype", 1, kParamDtype, kTrain),
     ALIAS("ds.packing_samples", "packing_samples"),
-    IGNORE("ds.enable_sleep", 0, kSleep, kRl),
+    IGNORE("ds.enable_sleep", 0, kDsSleep, kRl),
     REJECT("ds.ring_attn_size", kRing),
     REJECT("ds.ring_attn_head_stride", kRing),
     REJECT("ds.tensor_parallel_size", kDsTp),
@@ -181,7 +182,7 @@ constexpr OpenRlhfName kTable[] = {
     ALIAS("vllm.enforce_eager", "enforce_eager"),
     REJECT("vllm.num_engines", kPlacement),
     IGNORE("vllm.sync_backend", 1, kSync, kRl),
-    IGNORE("vllm.enable_sleep", 0, kSleep, kRl),
+    ALIAS("vllm.enable_sleep", "vllm_enable_sleep"),
     IGNORE("vllm.enable_prefix_caching", 0, kPrefix, kRl),
     // ckpt
     ALIAS("ckpt.output_dir", "save_path"),
@@ -219,8 +220,7 @@ constexpr OpenRlhfName kTable[] = {
     IGNORE("colocate_actor_ref", 0, kColocate, kRl),
     IGNORE("colocate_critic_reward", 0, kColocate, kRl),
     IGNORE("vllm_sync_backend", 1, kSync, kRl),
-    IGNORE("vllm_enable_sleep", 0, kSleep, kRl),
-    IGNORE("deepspeed_enable_sleep", 0, kSleep, kRl),
+    IGNORE("deepspeed_enable_sleep", 0, kDsSleep, kRl),
     IGNORE("enable_prefix_caching", 0, kPrefix, kRl),
     IGNORE("use_dynamic_batch", 0, kDynBatch, kTrain),
     IGNORE("train_max_tokens_per_gpu", 1, kDynBatch, kTrain),

@@ -32,6 +32,46 @@ double since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
 }
 
+// The start-up log's memory plan of every engine rank (collective over `world`): one line per
+// run of consecutive ranks with the same plan, in the memory each engine computes in.
+void log_engine_memory(const rollout::Engine* engine, parallel::Comm& world, bool sleep) {
+  constexpr int kFields = 7;
+  const int R = world.size(), me = world.rank();
+  std::vector<int64_t> mine(size_t(R * kFields), 0), all(mine.size(), 0);
+  if (engine != nullptr) {
+    const rollout::Engine::MemoryPlan p = engine->memory_plan();
+    const int64_t v[kFields] = {1,
+                                p.host_weights,
+                                p.backend.weights,
+                                p.backend.kv_cache,
+                                p.backend.buffers,
+                                p.backend.sleep_frees,
+                                p.backend.device ? 1 : 0};
+    std::copy(v, v + kFields, mine.begin() + me * kFields);
+  }
+  world.all_reduce(mine.data(), all.data(), int64_t(all.size()));
+  if (me != 0) return;
+  auto plan_of = [&](int r) {
+    const int64_t* v = all.data() + r * kFields;
+    rollout::Engine::MemoryPlan p;
+    p.host_weights = v[1];
+    p.backend = {v[6] != 0, v[2], v[3], v[4], v[5]};
+    return rollout::Engine::describe(p, sleep);
+  };
+  for (int r = 0; r < R;) {
+    if (all[size_t(r * kFields)] == 0) {
+      ++r;
+      continue;
+    }
+    const std::string line = plan_of(r);
+    int end = r + 1;
+    while (end < R && all[size_t(end * kFields)] != 0 && plan_of(end) == line) ++end;
+    LOG_INFO("engine memory plan, rank{} {}: {}", end - r > 1 ? "s" : "",
+             end - r > 1 ? fmt::format("{}-{}", r, end - 1) : fmt::to_string(r), line);
+    r = end;
+  }
+}
+
 // The models of a run (training ranks only).
 struct Models {
   std::unique_ptr<parallel::TrainModel> actor, ref, critic, reward;
@@ -352,6 +392,14 @@ int run_rl(const RlRunConfig& c) {
   };
   RlStepOptions so = c.step;
   so.total_steps = total_steps;
+  // OpenRLHF turns --vllm_enable_sleep off (with a message) when the engines are not colocated:
+  // an engine on its own ranks has no trainer to make room for.
+  if (c.step.enable_sleep && !pl.colocated())
+    LOG0_WARN(
+        "--vllm_enable_sleep has no effect: the engines run on their own ranks "
+        "(--gen_ranks_per_node {}), so there is no colocated trainer to free memory for",
+        pl.options.gen_ranks_per_node);
+  so.enable_sleep = c.step.enable_sleep && pl.colocated();
   so.environment = !c.env_command.empty();
   RlStep step(parts, so, steps_per_episode);
 
@@ -391,6 +439,7 @@ int run_rl(const RlRunConfig& c) {
       pl.num_engines(), n_train, prompts.size(), RB, n, total_steps, steps_per_episode,
       opt_steps_per_rl);
   if (trains) parallel::log_memory(m.actor->store(), 0, *rt.train_comm);
+  log_engine_memory(engine.get(), *world, so.enable_sleep);
   std::unique_ptr<io::MetricsWriter> metrics;
   if (world_rank == 0) {
     if (start_step > 0) {

@@ -337,6 +337,19 @@ nlohmann::json RlStep::step() {
     queue_.push_back(next_batch());
   Batch b = std::move(queue_.front());
   queue_.pop_front();
+  // --vllm_enable_sleep (colocated): the engine frees its KV cache and weight copies while the
+  // trainer trains, and takes them back before the weight sync below.
+  int64_t sleep_freed = 0;
+  double sleep_s = 0;
+  if (opt_.enable_sleep && p_.engine) {
+    const auto t_sleep = Clock::now();
+    sleep_freed = p_.engine->sleep();
+    sleep_s += since(t_sleep);
+  }
+  // The generation phase's peak; the training phase's is measured from here, after the sleep
+  // (train_peak_rss_bytes).
+  const int64_t gen_peak_rss = peak_rss_bytes();
+  reset_peak_rss();
   rec.update(b.rec);  // the metrics of its generation and rewards
   rec["rollout_weight_version"] = b.version;
   rec["rollout_staleness"] = step_ - b.version;  // optimizer updates since it was generated
@@ -356,6 +369,11 @@ nlohmann::json RlStep::step() {
   } else if (topo.trains()) {
     train_batch(b, rec);
   }
+  if (opt_.enable_sleep && p_.engine) {  // before the sync writes the engine's weights
+    const auto t_wake = Clock::now();
+    p_.engine->wake();
+    sleep_s += since(t_wake);
+  }
   parallel::set_watch_context(where + ", weight sync");
   const auto t_sync = Clock::now();
   const parallel::SyncStats ss = p_.sync_weights();
@@ -364,10 +382,18 @@ nlohmann::json RlStep::step() {
   // they are the same on every rank).
   const int train_root = topo.placement().train_ranks.front();
   rec = broadcast_json(rec, train_root, *p_.world);
-  const int64_t rss = peak_rss_bytes();
-  int64_t peak = 0;
-  p_.world->all_reduce(&rss, &peak, 1, parallel::ReduceOp::kMax);
-  rec["peak_rss_bytes"] = peak;  // max over ranks of each rank's peak during the step
+  const int64_t train_rss = peak_rss_bytes();
+  const int64_t mine[4] = {std::max(gen_peak_rss, train_rss), train_rss, sleep_freed,
+                           int64_t(sleep_s * 1e9)};
+  int64_t mx[4] = {};
+  p_.world->all_reduce(mine, mx, 4, parallel::ReduceOp::kMax);
+  rec["peak_rss_bytes"] = mx[0];  // max over ranks of each rank's peak during the step
+  // ... and during its training and weight sync (a sleeping engine's memory is freed then)
+  rec["train_peak_rss_bytes"] = mx[1];
+  if (opt_.enable_sleep) {
+    rec["sleep_freed_bytes"] = mx[2];       // max over ranks of the bytes an engine's sleep freed
+    rec["sleep_s"] = double(mx[3]) * 1e-9;  // max over ranks of its sleep + wake seconds
+  }
   rec["sync_s"] = sync_s;
   rec["sync_comm_s"] = ss.seconds;  // the sync is communication only
   rec["sync_bytes"] = ss.bytes;

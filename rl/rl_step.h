@@ -68,6 +68,10 @@ struct RlStepOptions {
   /// engines' weights before the sample is dropped and generated again.
   bool partial_rollout = false;
   int64_t max_staleness = 8;
+  /// --vllm_enable_sleep, for colocated engines (the caller sets it only then): each engine
+  /// sleeps (rollout::Engine::sleep: KV cache and weight copies freed) once the step's rollout
+  /// is generated and wakes before the weight sync; metrics sleep_freed_bytes and sleep_s.
+  bool enable_sleep = false;
 };
 
 /// What a step trained on, for --log_completions: one entry per kept sample, in training order.

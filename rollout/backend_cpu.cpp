@@ -10,6 +10,9 @@
 #include <algorithm>
 #include <array>
 #include <string>
+#if defined(__GLIBC__)
+#include <malloc.h>  // malloc_trim
+#endif
 
 #include "core/checked_alloc.h"
 #include "core/error.h"
@@ -42,6 +45,14 @@ using Acts = model::LayerActs<float>;
 template <typename T>
 void grow(std::vector<T>& v, int64_t n, const char* what) {
   checked_grow(v, n, what);
+}
+
+// Frees v's storage; returns the bytes it held.
+template <typename T>
+int64_t free_vector(std::vector<T>& v) {
+  const int64_t bytes = int64_t(v.capacity() * sizeof(T));
+  std::vector<T>().swap(v);
+  return bytes;
 }
 
 // Rows [r0, r0 + n) of a row-major (rows, cols) matrix.
@@ -153,6 +164,9 @@ class CpuBackend final : public EngineBackend {
     cache_.copy_prefix(src, dst, n);
   }
   const float* decode(const DecodeBatch& batch) override;
+  EngineMemoryPlan memory_plan() const override;
+  int64_t sleep() override;
+  int64_t wake() override { return cache_.restore_storage(); }
 
  private:
   /// A layer's weights with their linears replaced by copies (slices or packed panels).
@@ -293,6 +307,51 @@ void CpuBackend::convert_weights_bf16() {
   model::linear_decode_pack_bf16(packed_head_bf16_.data(),
                                  weights_.unit_buffer(lw.unit) + lw.offset, c.hidden_size,
                                  c.vocab_size);
+}
+
+EngineMemoryPlan CpuBackend::memory_plan() const {
+  const model::ModelConfig& c = layout_.config();
+  int64_t weights = 0;
+  const auto slots = layer_linears<float>(spec_);
+  for (int l = 0; l < c.num_hidden_layers; ++l) {
+    const int u = layout_.layer_unit(l);
+    const LayerW full(layout_.unit(u), weights_.unit_buffer(u));
+    for (const LinearSlot<float>& sl : slots) {
+      if (tp_.size > 1) {  // slice_weights: the weight, and a column-parallel bias
+        weights += sl.in * sl.out * int64_t(sizeof(float));
+        if (sl.column_parallel && sl.b != nullptr && full.*sl.b != nullptr)
+          weights += sl.out * int64_t(sizeof(float));
+      }
+      const int64_t packed = model::linear_decode_packed_size(sl.in, sl.out);
+      weights += bf16_ ? (sl.in * sl.out + packed) * int64_t(sizeof(model::bfloat16))
+                       : packed * int64_t(sizeof(float));
+    }
+  }
+  weights += model::linear_decode_packed_size(c.hidden_size, c.vocab_size) *
+             int64_t(bf16_ ? sizeof(model::bfloat16) : sizeof(float));
+  EngineMemoryPlan p;
+  p.weights = weights;
+  p.kv_cache = cache_.capacity_bytes();
+  p.sleep_frees = p.weights + p.kv_cache;
+  return p;
+}
+
+int64_t CpuBackend::sleep() {
+  int64_t freed = cache_.release_storage();
+  for (std::vector<LayerCopy>* copies : {&sliced_, &packed_}) {
+    for (LayerCopy& t : *copies)
+      for (size_t i = 0; i < t.w.size(); ++i) freed += free_vector(t.w[i]) + free_vector(t.b[i]);
+    std::vector<LayerCopy>().swap(*copies);
+  }
+  for (LayerBf16Copy& t : bf16_layers_)
+    for (size_t i = 0; i < t.plain.size(); ++i)
+      freed += free_vector(t.plain[i]) + free_vector(t.packed[i]);
+  std::vector<LayerBf16Copy>().swap(bf16_layers_);
+  freed += free_vector(packed_head_) + free_vector(packed_head_bf16_) + free_vector(merged_);
+#if defined(__GLIBC__)
+  malloc_trim(0);  // hand the freed pages back to the system (glibc keeps some heap otherwise)
+#endif
+  return freed;
 }
 
 model::LayerRun<float> CpuBackend::layer_run(int64_t N, const int32_t* pos,

@@ -8,6 +8,7 @@
 
 #include "core/checked_alloc.h"
 #include "core/error.h"
+#include "core/log.h"
 #include "rollout/engine_run.h"
 
 namespace rlhf::rollout {
@@ -161,9 +162,59 @@ void Engine::set_lora(const model::LoraConfig& cfg) {
   lora_layout_ = std::move(layout);
 }
 
+int64_t Engine::sleep() {
+  if (sleeping_) return 0;
+  const int64_t busy = backend_->kv_cache().used_blocks();
+  RLHF_CHECK(!generating_ && busy == 0,
+             "engine sleep (--vllm_enable_sleep): sequences are in flight (a generate() call "
+             "running: {}; {} KV block(s) in use); an engine sleeps only once every sequence has "
+             "finished",
+             generating_ ? "yes" : "no", busy);
+  const int64_t freed = backend_->sleep();
+  sleeping_ = true;
+  return freed;
+}
+
+int64_t Engine::wake() {
+  if (!sleeping_) return 0;
+  const int64_t bytes = backend_->wake();
+  sleeping_ = false;
+  return bytes;
+}
+
+Engine::MemoryPlan Engine::memory_plan() const {
+  MemoryPlan p;
+  p.backend = backend_->memory_plan();
+  for (int u = 0; u < num_units(); ++u) {
+    const int64_t room = opt_.unit_room.empty() ? 0 : opt_.unit_room[size_t(u)];
+    p.host_weights += std::max(layout_.unit(u).numel, room) * int64_t(sizeof(float));
+  }
+  return p;
+}
+
+std::string Engine::describe(const MemoryPlan& p, bool sleep) {
+  const EngineMemoryPlan& b = p.backend;
+  std::string s =
+      b.device ? fmt::format(
+                     "host fp32 weights {} | device: bf16 weights {} | KV cache {} | "
+                     "buffers {}",
+                     format_bytes(double(p.host_weights)), format_bytes(double(b.weights)),
+                     format_bytes(double(b.kv_cache)), format_bytes(double(b.buffers)))
+               : fmt::format("host: fp32 weights {} | decode weight copies {} | KV cache {}",
+                             format_bytes(double(p.host_weights)), format_bytes(double(b.weights)),
+                             format_bytes(double(b.kv_cache)));
+  if (sleep)
+    s += fmt::format(" | asleep while training: {} {} freed", format_bytes(double(b.sleep_frees)),
+                     b.device ? "device" : "host");
+  return s;
+}
+
 #ifdef RLHF_CUDA
 std::vector<model::bf16*> Engine::device_unit_buffers() {
   RLHF_CHECK(on_gpu(), "device_unit_buffers: this engine runs on the CPU");
+  RLHF_CHECK(!sleeping_,
+             "device_unit_buffers: the engine is asleep (--vllm_enable_sleep); wake() it before "
+             "the weight sync");
   return backend_->device_units();
 }
 #endif
@@ -440,6 +491,12 @@ std::vector<GenerationResult> Engine::generate(const std::vector<GenerationReque
     for (const GenerationRequest& r : requests)
       RLHF_CHECK(r.prefix.empty(), "request id {}: multi-turn generation takes no prefix", r.id);
   }
+  RLHF_CHECK(!sleeping_, "generate: the engine is asleep (--vllm_enable_sleep); wake() it first");
+  struct Busy {  // sleep() refuses until this call returns (or throws)
+    bool& flag;
+    explicit Busy(bool& f) : flag(f) { flag = true; }
+    ~Busy() { flag = false; }
+  } busy(generating_);
   // The unit buffers may have changed (loading, weight sync) since the last call.
   backend_->prepare_weights(device_weights_current_);
   device_weights_current_ = false;

@@ -295,6 +295,34 @@ class Engine {
                                          const TurnHooks* hooks = nullptr,
                                          int64_t quota_groups = 0);
 
+  /// Sleep (OpenRLHF's --vllm_enable_sleep, for an engine colocated with a trainer): frees the
+  /// KV cache's storage and the backend's own weight copies (CPU: packed decode panels, bf16
+  /// copies, tensor-parallel slices; GPU: the device KV cache and bf16 weights, and the captured
+  /// decode graphs that point into them). The host unit buffers stay (weight sync writes them).
+  /// Returns the bytes freed (host bytes on the CPU, device bytes on a GPU; 0 when already
+  /// asleep). Throws rlhf::Error while sequences are in flight (inside generate(), e.g. from its
+  /// progress callback, or KV blocks in use).
+  int64_t sleep();
+  /// Takes back what sleep() freed, before the next weight sync (a device sync writes the
+  /// device units wake() allocates; the other copies are rebuilt by the next generate()).
+  /// Returns the bytes allocated (0 when awake). Throws rlhf::Error when an allocation fails.
+  int64_t wake();
+  /// Between sleep() and wake(): generate() and device_unit_buffers() refuse.
+  bool sleeping() const {
+    return sleeping_;
+  }
+  /// This rank's memory plan (EngineMemoryPlan, in the backend's memory) and, in host_weights,
+  /// the engine's fp32 host unit buffers.
+  struct MemoryPlan {
+    EngineMemoryPlan backend;
+    int64_t host_weights = 0;
+  };
+  MemoryPlan memory_plan() const;
+  /// One log line of memory_plan(): "host fp32 weights X | CPU weight copies Y | KV cache Z"
+  /// (host bytes), or the GPU's device weights, KV cache and buffers (device bytes); with
+  /// `sleep`, what sleep() frees while the trainer trains.
+  static std::string describe(const MemoryPlan& plan, bool sleep);
+
   /// Counters of the last generate() call.
   const EngineStats& stats() const {
     return stats_;
@@ -334,6 +362,8 @@ class Engine {
   std::unique_ptr<model::LoraLayout> lora_layout_;  // set_lora
   std::vector<float> lora_;
   EngineStats stats_;
+  bool sleeping_ = false;    // sleep() without wake()
+  bool generating_ = false;  // inside generate(): sleep() refuses
 };
 
 }  // namespace rlhf::rollout

@@ -95,6 +95,17 @@ struct DecodeBatch {
   const int64_t* last_row = nullptr;  ///< (B) each sequence's last row (whose logits are sampled)
 };
 
+/// An engine rank's memory, in bytes of the memory its backend computes in: host memory for the
+/// CPU backend, device memory for a GPU one (the engine's fp32 host unit buffers are counted
+/// apart, by Engine::memory_plan).
+struct EngineMemoryPlan {
+  bool device = false;      ///< the bytes below are device (GPU) bytes, else host bytes
+  int64_t weights = 0;      ///< the backend's own weight copies (packed panels, bf16, TP slices)
+  int64_t kv_cache = 0;     ///< the KV cache's storage (num_blocks x bytes_per_block)
+  int64_t buffers = 0;      ///< fixed activation and input buffers (0: grown on demand)
+  int64_t sleep_frees = 0;  ///< what sleep() frees (0: this backend keeps everything)
+};
+
 /// What runs the model for an Engine. Not thread-safe.
 class EngineBackend {
  public:
@@ -143,6 +154,19 @@ class EngineBackend {
     RLHF_CHECK(layout == nullptr,
                "--lora_rank: the GPU generation engine does not apply LoRA adapters yet");
   }
+
+  /// The memory this backend holds once prepare_weights() has run (EngineMemoryPlan).
+  virtual EngineMemoryPlan memory_plan() const = 0;
+
+  /// Sleep (OpenRLHF's --vllm_enable_sleep): frees the KV cache's storage and the backend's own
+  /// weight copies while the trainer trains; the engine's host unit buffers stay, and the block
+  /// bookkeeping too. Returns the bytes freed (0: this backend keeps everything, the default).
+  /// The caller (Engine::sleep) has checked that no sequence is in flight.
+  virtual int64_t sleep() { return 0; }
+  /// Takes back what sleep() freed (storage uninitialised: prepare_weights() rebuilds the weight
+  /// copies, a weight sync writes the device units). Returns the bytes allocated (0 when not
+  /// asleep). Throws rlhf::Error when an allocation fails.
+  virtual int64_t wake() { return 0; }
 
 #ifdef RLHF_CUDA
   /// A GPU backend's bf16 device unit buffers (ParamLayout order), what a device-to-device weight

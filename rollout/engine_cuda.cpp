@@ -170,11 +170,12 @@ EngineCuda::EngineCuda(const model::ParamLayout& layout, KvCache kv, int64_t max
   for (int u = 0; u < layout.num_units(); ++u) {
     const int64_t n = std::max(layout.unit(u).numel, unit_room.empty() ? 0 : unit_room[size_t(u)]);
     units_.emplace_back(n, "engine weights");
+    unit_elems_.push_back(n);
     CUDA_CHECK(cudaMemsetAsync(units_.back().get(), 0, size_t(n) * sizeof(bf16), stream_.get()));
     weight_bytes_ += n * int64_t(sizeof(bf16));
   }
   // One extra block: the scratch block that the padded rows of a captured batch write into.
-  kv_.resize(2 * L_ * (num_blocks_ + 1) * Hkv_ * block_size_ * D_, "engine KV cache");
+  kv_.resize(kv_elems(), "engine KV cache");
   spec_ = model::layer_spec(c);
   const Dims dims(layout, max_batch_, block_size_);
   fused_qkv_ = dims.fused_qkv;
@@ -212,6 +213,45 @@ void EngineCuda::prepare_weights(bool device_current) {
   std::vector<const float*> units;
   for (int u = 0; u < layout_.num_units(); ++u) units.push_back(host_->unit_buffer(u));
   upload_weights(units);  // the host buffers may have changed (loading, host sync)
+}
+
+EngineMemoryPlan EngineCuda::memory_plan() const {
+  EngineMemoryPlan p;
+  p.device = true;
+  p.weights = weight_bytes_;
+  p.kv_cache = kv_elems() * int64_t(sizeof(bf16));
+  p.buffers = buffer_bytes(layout_, max_batch_, block_size_);
+  p.sleep_frees = p.weights + p.kv_cache;
+  return p;
+}
+
+int64_t EngineCuda::sleep() {
+  if (asleep_) return 0;
+  stream_.sync();  // nothing of ours in flight on the buffers
+  for (auto& g : graphs_) g.reset();
+  int64_t freed = kv_.bytes();
+  kv_.reset();
+  for (auto& u : units_) {
+    freed += u.bytes();
+    u.reset();
+  }
+  asleep_ = true;
+  return freed;
+}
+
+int64_t EngineCuda::wake() {
+  if (!asleep_) return 0;
+  kv_.resize(kv_elems(), "engine KV cache (wake)");
+  int64_t bytes = kv_.bytes();
+  for (size_t u = 0; u < units_.size(); ++u) {
+    units_[u].resize(unit_elems_[u], "engine weights (wake)");
+    CUDA_CHECK(
+        cudaMemsetAsync(units_[u].get(), 0, size_t(unit_elems_[u]) * sizeof(bf16), stream_.get()));
+    bytes += units_[u].bytes();
+  }
+  stream_.sync();
+  asleep_ = false;
+  return bytes;
 }
 
 std::vector<bf16*> EngineCuda::device_units() {

@@ -67,6 +67,16 @@ class EngineCuda final : public EngineBackend {
   void prepare_weights(bool device_current) override;
   bool feeds_observations() const override { return false; }
   int64_t weight_element_bytes() const override { return int64_t(sizeof(model::bf16)); }
+  /// Device bytes: the bf16 weights, the KV cache (with its scratch block), buffer_bytes();
+  /// sleep frees the first two.
+  EngineMemoryPlan memory_plan() const override;
+  /// Frees the device KV cache and the device weights and drops the captured decode graphs
+  /// (their kernels hold those buffers' addresses: wake's buffers are new ones, so the graphs
+  /// are captured again on the next decode). Returns the device bytes freed.
+  int64_t sleep() override;
+  /// Allocates the KV cache and the weights again (weights zeroed: the next weight sync or
+  /// prepare_weights() fills them). Returns the device bytes allocated.
+  int64_t wake() override;
   /// decode() below over the batch; one row per sequence (rows == B).
   const float* decode(const DecodeBatch& batch) override;
 
@@ -85,6 +95,8 @@ class EngineCuda final : public EngineBackend {
 
   int64_t weight_bytes() const { return weight_bytes_; }
   int64_t kv_bytes() const { return kv_.bytes(); }
+  /// Elements of the device KV cache: (L, 2, num_blocks + 1, Hkv, block_size, D).
+  int64_t kv_elems() const { return 2 * L_ * (num_blocks_ + 1) * Hkv_ * block_size_ * D_; }
   /// Decode graphs captured so far, and replays.
   int64_t graphs_captured() const { return graphs_captured_; }
   int64_t graph_replays() const { return graph_replays_; }
@@ -117,7 +129,9 @@ class EngineCuda final : public EngineBackend {
   bool use_graphs_;
   CudaStream stream_;
   std::vector<DeviceArray<model::bf16>> units_;
+  std::vector<int64_t> unit_elems_;  // each device unit buffer's elements (numel or its room)
   int64_t weight_bytes_ = 0;
+  bool asleep_ = false;          // sleep() freed units_ and kv_
   DeviceArray<model::bf16> kv_;  // (L, 2, num_blocks, Hkv, block_size, D)
   DeviceArray<float> rope_cos_, rope_sin_;
   // Activations for up to rows_cap rows (decode: max_batch; prefill: max_pos).

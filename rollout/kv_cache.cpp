@@ -57,18 +57,40 @@ KvCache::KvCache(const model::ModelConfig& config, int64_t budget_bytes, int64_t
   RLHF_CHECK(num_blocks_ <= INT32_MAX, "KV cache: {} blocks exceed the int32 block ids",
              num_blocks_);
   layer_elems_ = num_blocks_ * block_size_ * row_elems_;
+  if (host_storage) allocate_storage();
+  checked_resize(free_, num_blocks_, "the KV cache's block list");
+  for (int64_t i = 0; i < num_blocks_; ++i) free_[size_t(i)] = int32_t(num_blocks_ - 1 - i);
+  checked_assign(in_use_, num_blocks_, 0, "the KV cache's block list");
+}
+
+void KvCache::allocate_storage() {
   // new T[] leaves the memory uninitialised: pages are touched only when a block is written.
   const std::string what = fmt::format(
       "the KV cache ({} blocks of {} positions in {}; "
       "--gen_kv_cache_mb)",
       num_blocks_, block_size_, to_string(dtype_));
-  if (host_storage && dtype_ == KvDtype::kFloat32)
-    data_ = checked_new_array<float>(2 * L_ * layer_elems_, what);
-  if (host_storage && dtype_ == KvDtype::kFloat16)
+  if (dtype_ == KvDtype::kFloat32) data_ = checked_new_array<float>(2 * L_ * layer_elems_, what);
+  if (dtype_ == KvDtype::kFloat16)
     data16_ = checked_new_array<model::f16>(2 * L_ * layer_elems_, what);
-  checked_resize(free_, num_blocks_, "the KV cache's block list");
-  for (int64_t i = 0; i < num_blocks_; ++i) free_[size_t(i)] = int32_t(num_blocks_ - 1 - i);
-  checked_assign(in_use_, num_blocks_, 0, "the KV cache's block list");
+}
+
+int64_t KvCache::release_storage() {
+  RLHF_CHECK(used_blocks() == 0,
+             "KV cache: cannot free the storage while {} block(s) hold sequences in flight "
+             "(sleep needs every sequence finished)",
+             used_blocks());
+  if (data_ == nullptr && data16_ == nullptr) return 0;
+  data_.reset();
+  data16_.reset();
+  released_ = true;
+  return capacity_bytes();
+}
+
+int64_t KvCache::restore_storage() {
+  if (!released_) return 0;
+  allocate_storage();
+  released_ = false;
+  return capacity_bytes();
 }
 
 bool KvCache::allocate(int64_t n, std::vector<int32_t>& out) {

@@ -91,7 +91,21 @@ class KvCache {
   /// blocks `dst` (n samples of one prompt: prefill once, copy its rows).
   void copy_prefix(const int32_t* src, const int32_t* dst, int64_t n);
 
+  /// Sleep (--vllm_enable_sleep): frees the host storage of the keys and values, keeping the block
+  /// bookkeeping (ids, free list, peak). Returns the bytes freed: capacity_bytes() when there was
+  /// host storage, else 0 (a bookkeeping-only cache, or already released). Throws rlhf::Error
+  /// while any block is in use (a sequence in flight would lose its keys and values). Until
+  /// restore_storage(), k()/v()/write()/copy_prefix() must not be called.
+  int64_t release_storage();
+  /// Allocates the host storage again after release_storage() (uninitialised, as at
+  /// construction: every block is free, so nothing cached is lost). Returns the bytes allocated
+  /// (0 when nothing had been released). Throws rlhf::Error when the allocation fails.
+  int64_t restore_storage();
+  /// Whether the host storage is released (release_storage() without restore_storage()).
+  bool storage_released() const { return released_; }
+
  private:
+  void allocate_storage();
   int64_t L_, Hkv_, D_, row_elems_;  // layers, KV heads, head_dim, Hkv·D
   template <typename E>
   const E* base() const;
@@ -103,6 +117,7 @@ class KvCache {
   std::vector<int32_t> free_;  // stack of free ids; back() is handed out next
   std::vector<uint8_t> in_use_;
   int64_t peak_used_ = 0;
+  bool released_ = false;  // release_storage() freed the host storage
 };
 
 }  // namespace rlhf::rollout

@@ -61,7 +61,6 @@ const std::map<std::string, const char*> kPlacement = {
     {"--reward.num_gpus_per_node", "Ray placement group"},
     {"--vllm.num_engines", "vLLM engine count (rlhf: --gen_ranks_per_node)"},
     {"--vllm.sync_backend", "Ray/vLLM weight-sync transport"},
-    {"--vllm.enable_sleep", "vLLM sleep mode between colocated Ray actors"},
     {"--ds.enable_sleep", "DeepSpeed sleep mode between colocated Ray actors"},
     {"--train.colocate_all", "Ray placement of every model on the same GPUs"},
 };

@@ -14,6 +14,7 @@
 #  (g) carried tokens keep their engine log-probs from the older weights: the engine/trainer
 #      mismatch is ~0 on steps without older tokens (fp32 KV cache) and positive on steps with
 #      them, where --use_decoupled_loss weights them;
+#  (h) colocated engines that sleep between steps (--vllm_enable_sleep) give the same steps;
 #  (f) nonsense combinations are usage errors (exit 2) with one clear message.
 # Usage: partial.sh <rlhf binary> <source dir>     (env MPIEXEC: mpiexec's path)
 set -u
@@ -143,6 +144,16 @@ print("mismatch max, fresh steps:", [r["mismatch_abs_logp_max"] for r in fresh],
       "mixed:", [r["mismatch_abs_logp_max"] for r in mixed])
 PYEOF
 echo "ok: carried tokens keep their older engine log-probs (decoupled PPO weights them)"
+
+# (h) Colocated engines that sleep while the trainer trains (--vllm_enable_sleep) continue the
+# carried samples the same: 3 steps with and without sleep, one rank doing both.
+run colo 1 --gen_ranks_per_node 0 --max_steps 3
+run colo_sleep 1 --gen_ranks_per_node 0 --max_steps 3 --vllm_enable_sleep
+grep -q '"sleep_freed_bytes"' "$W/colo_sleep/metrics.jsonl" || fail "the colocated engine did not sleep"
+same_metrics "$W/colo/metrics.jsonl" "$W/colo_sleep/metrics.jsonl" \
+  || fail "--partial_rollout with --vllm_enable_sleep differs from without"
+[ "$(fp "$W/colo.log")" = "$(fp "$W/colo_sleep.log")" ] || fail "sleep changed the weights"
+echo "ok: --partial_rollout with sleeping colocated engines == without sleep"
 
 # (f) Usage errors.
 usage() {  # usage <expected message> <args...>

@@ -144,3 +144,30 @@ TEST_CASE("tensor-parallel engine (TP 2): greedy tokens equal TP 1, ranks agree 
   pair.reset();
   MPI_Comm_free(&pair_mpi);
 }
+
+TEST_CASE(
+    "tensor-parallel engine (TP 2): sleep frees the slices too; woken, a fresh engine's bits") {
+  const int world = parallel::comm_size(MPI_COMM_WORLD);
+  const int rank = parallel::comm_rank(MPI_COMM_WORLD);
+  if (world % 2 != 0) return;
+  MPI_Comm pair_mpi = MPI_COMM_NULL;
+  MPI_Comm_split(MPI_COMM_WORLD, rank / 2, rank, &pair_mpi);
+  auto pair = parallel::make_comm(pair_mpi, "engine_comm");
+  const auto cfg = tp_config(true, 2);  // q/k/v biases: the column-parallel bias slices count
+  const auto reqs = requests(true);
+  auto slept = make_engine(cfg, pair.get());
+  (void)slept->generate(reqs);
+  const rollout::Engine::MemoryPlan plan = slept->memory_plan();
+  CHECK(slept->sleep() == plan.backend.sleep_frees);  // KV + slices + packed panels + head
+  for (int u = 0; u < slept->num_units(); ++u)        // the weight sync's new weights
+    model::init_unit_params(slept->unit_buffer(u), slept->layout().unit(u), 77, 0.1);
+  CHECK(slept->wake() == slept->kv_cache().capacity_bytes());
+  auto fresh = make_engine(cfg, pair.get());
+  for (int u = 0; u < fresh->num_units(); ++u)
+    model::init_unit_params(fresh->unit_buffer(u), fresh->layout().unit(u), 77, 0.1);
+  CHECK(fingerprint(slept->generate(reqs)) == fingerprint(fresh->generate(reqs)));
+  slept.reset();
+  fresh.reset();
+  pair.reset();
+  MPI_Comm_free(&pair_mpi);
+}

@@ -334,3 +334,111 @@ TEST_CASE("engine cuda: buffer_bytes is every device buffer the engine allocates
   }
 #endif
 }
+
+TEST_CASE("engine cuda: sleep frees the KV cache and weights, wake restores them, same decode") {
+  RLHF_SKIP_WITHOUT_CUDA_DEVICE();
+#ifdef RLHF_CUDA
+  // Exact accounting needs the emulator (a GPU's allocator rounds and pools allocations).
+  cudaDeviceProp prop{};
+  REQUIRE(cudaGetDeviceProperties(&prop, 0) == cudaSuccess);
+  const bool emulator = std::string(prop.name).find("emulator") != std::string::npos;
+  const auto cfg = engine_config();
+  const model::ParamLayout layout(cfg, model::HeadKind::kLM);
+  model::LocalParams<float> P(layout);
+  init_bf16(P);
+  const int64_t V = cfg.vocab_size, bs = 8;
+  rollout::EngineCuda e(layout, rollout::KvCache(cfg, 1 << 16, bs, 2, false), 16, true);
+  const rollout::EngineMemoryPlan plan = e.memory_plan();
+  CHECK(plan.device);
+  CHECK(plan.weights == e.weight_bytes());
+  CHECK(plan.kv_cache == e.kv_bytes());
+  CHECK(plan.sleep_frees == plan.weights + plan.kv_cache);
+  // One prefill and a decode step of 3 sequences (captured, then replayed): its logits.
+  const auto prompt = test::random_tokens(6, V, 3);
+  const std::vector<int32_t> blocks = {2, 5};
+  auto run = [&]() {
+    std::vector<float> all;
+    const float* lg = e.prefill(prompt.data(), 6, blocks.data());
+    all.insert(all.end(), lg, lg + V);
+    const int64_t B = 3;
+    std::vector<int32_t> tokens(size_t(B), 7), pos(size_t(B), 6), lens(size_t(B), 7), table;
+    for (int64_t b = 0; b < B; ++b) table.insert(table.end(), blocks.begin(), blocks.end());
+    for (int step = 0; step < 2; ++step) {
+      lg = e.decode(tokens.data(), pos.data(), lens.data(), table.data(), B, 2);
+      all.insert(all.end(), lg, lg + B * V);
+    }
+    return all;
+  };
+  e.upload_weights(units_of(P));
+  const std::vector<float> before = run();
+  CHECK(e.graphs_captured() == 1);
+  CHECK(e.graph_replays() == 1);
+
+  size_t free0 = 0, free1 = 0, free2 = 0;
+  REQUIRE(cudaMemGetInfo(&free0, nullptr) == cudaSuccess);
+  const int64_t freed = e.sleep();
+  REQUIRE(cudaMemGetInfo(&free1, nullptr) == cudaSuccess);
+  CHECK(freed == plan.sleep_frees);
+  CHECK(e.sleep() == 0);                                          // already asleep
+  if (emulator) CHECK(int64_t(free1) - int64_t(free0) == freed);  // the allocator's count
+  const int64_t woken = e.wake();
+  REQUIRE(cudaMemGetInfo(&free2, nullptr) == cudaSuccess);
+  CHECK(woken == freed);
+  if (emulator) CHECK(free2 == free0);
+  // The weights come back through the device-to-device sync's path: bf16 into device_units().
+  const std::vector<model::bf16*> dev = e.device_units();
+  for (int u = 0; u < layout.num_units(); ++u) {
+    const int64_t n = layout.unit(u).numel;
+    std::vector<model::bf16> h(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) h[size_t(i)] = __float2bfloat16_rn(P.params(u)[i]);
+    REQUIRE(cudaMemcpy(dev[size_t(u)], h.data(), size_t(n) * sizeof(model::bf16),
+                       cudaMemcpyHostToDevice) == cudaSuccess);
+  }
+  const std::vector<float> after = run();
+  CHECK(after == before);
+  CHECK(e.graphs_captured() == 2);  // the graph of the old buffers was dropped and re-captured
+  CHECK(e.graph_replays() == 2);
+#endif
+}
+
+TEST_CASE("engine cuda: a slept and woken Engine generates what it generated before") {
+  RLHF_SKIP_WITHOUT_CUDA_DEVICE();
+#ifdef RLHF_CUDA
+  const auto cfg = engine_config();
+  const model::ParamLayout layout(cfg, model::HeadKind::kLM);
+  model::LocalParams<float> P(layout);
+  init_bf16(P);
+  std::vector<rollout::GenerationRequest> reqs;
+  for (int i = 0; i < 3; ++i) {
+    rollout::GenerationRequest r;
+    r.id = uint64_t(i);
+    r.prompt = test::random_tokens(4 + i, cfg.vocab_size, 60 + uint64_t(i));
+    r.n_samples = 2;
+    r.max_new_tokens = 6;
+    r.sampling.temperature = 0.8;
+    r.sampling.seed = 3;
+    reqs.push_back(r);
+  }
+  rollout::EngineOptions o;
+  o.cuda = true;
+  o.gpu_memory_utilization = 0.5;
+  o.max_batch = 4;
+  o.ignore_eos = true;
+  rollout::Engine e(layout, o);
+  for (int u = 0; u < layout.num_units(); ++u)
+    std::copy(P.params(u), P.params(u) + layout.unit(u).numel, e.unit_buffer(u));
+  const auto first = e.generate(reqs);
+  const rollout::Engine::MemoryPlan plan = e.memory_plan();
+  CHECK(e.sleep() == plan.backend.sleep_frees);
+  CHECK(e.sleeping());
+  CHECK_THROWS_AS(e.generate(reqs), rlhf::Error);
+  CHECK_THROWS_AS(e.device_unit_buffers(), rlhf::Error);
+  CHECK(e.wake() == plan.backend.sleep_frees);
+  const auto second = e.generate(reqs);  // the host weights uploaded again
+  REQUIRE(second.size() == first.size());
+  for (size_t i = 0; i < first.size(); ++i) {
+    CHECK(second[i].tokens == first[i].tokens);
+    CHECK(second[i].logprobs == first[i].logprobs);
+  }
+#endif
+}

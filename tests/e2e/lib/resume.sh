@@ -1,8 +1,8 @@
 # Helpers the e2e scripts source (this folder is not a test: ctest runs tests/e2e/*.sh only).
 
 # same_metrics A B: metrics.jsonl files A and B hold the same records, key by key, except the
-# timings and the machine-dependent figures (*_s, *per_s*, *GBps*, mfu, peak_rss_bytes); prints
-# the first difference and fails.
+# timings and the machine-dependent figures (*_s, *per_s*, *GBps*, mfu, *peak_rss_bytes, the
+# sleeping engines' sleep_*); prints the first difference and fails.
 same_metrics() {
   python3 - "$1" "$2" <<'PYEOF'
 import json, sys
@@ -12,7 +12,7 @@ def load(p):
         r = json.loads(l)
         out.append({k: v for k, v in r.items()
                     if not (k.endswith("_s") or "per_s" in k or "GBps" in k or k == "mfu"
-                            or k == "peak_rss_bytes")})
+                            or k.endswith("peak_rss_bytes") or k.startswith("sleep_"))})
     return out
 a, b = load(sys.argv[1]), load(sys.argv[2])
 if len(a) != len(b):
