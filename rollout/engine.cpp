@@ -179,6 +179,9 @@ int64_t Engine::wake() {
   if (!sleeping_) return 0;
   const int64_t bytes = backend_->wake();
   sleeping_ = false;
+  // A GPU backend's device weights came back zeroed: until a device sync writes them again
+  // (device_weights_updated), generate() uploads the host buffers.
+  device_weights_current_ = false;
   return bytes;
 }
 
@@ -497,9 +500,9 @@ std::vector<GenerationResult> Engine::generate(const std::vector<GenerationReque
     explicit Busy(bool& f) : flag(f) { flag = true; }
     ~Busy() { flag = false; }
   } busy(generating_);
-  // The unit buffers may have changed (loading, weight sync) since the last call.
+  // The unit buffers may have changed (loading, weight sync) since the last call; after a device
+  // sync the device copies are the weights until the host buffers are declared current again.
   backend_->prepare_weights(device_weights_current_);
-  device_weights_current_ = false;
   KvCache& kv = backend_->kv_cache();
   kv.reset_peak();
   const model::ModelConfig& c = layout_.config();

@@ -258,11 +258,17 @@ class Engine {
   int64_t lora_numel() const { return int64_t(lora_.size()); }
 #ifdef RLHF_CUDA
   /// GPU engine: its bf16 device unit buffers (ParamLayout order), what WeightSync::sync_device
-  /// writes. After writing them, call device_weights_updated(): generate() then uses them as they
-  /// are instead of uploading unit_buffer() (which it does otherwise, at every call).
+  /// writes. After writing them, call device_weights_updated(): from then on every generate()
+  /// (the next rollout, and an evaluation before it) uses them as they are instead of uploading
+  /// unit_buffer() — which a device sync never writes — until host_weights_updated().
   std::vector<model::bf16*> device_unit_buffers();
   void device_weights_updated() {
     device_weights_current_ = true;
+  }
+  /// The host unit buffers hold the weights again (written after a device sync): the next
+  /// generate() uploads them.
+  void host_weights_updated() {
+    device_weights_current_ = false;
   }
 #endif
 

@@ -442,3 +442,62 @@ TEST_CASE("engine cuda: a slept and woken Engine generates what it generated bef
   }
 #endif
 }
+
+TEST_CASE("engine cuda: weights a device sync wrote stay in use across generate() calls") {
+  // A device-to-device weight sync writes the engine's device units and calls
+  // device_weights_updated(); an evaluation's generate() may run before the next step's. Both
+  // must use the synced weights: the host unit buffers (never written by a device sync) must not
+  // be uploaded over them.
+  RLHF_SKIP_WITHOUT_CUDA_DEVICE();
+#ifdef RLHF_CUDA
+  const auto cfg = engine_config();
+  const model::ParamLayout layout(cfg, model::HeadKind::kLM);
+  model::LocalParams<float> P(layout), Q(layout);
+  init_bf16(P);
+  Q.init(29, 0.08);  // the "trained" weights the sync brings
+  test::round_params_bf16(Q);
+  std::vector<rollout::GenerationRequest> reqs;
+  for (int i = 0; i < 3; ++i) {
+    rollout::GenerationRequest r;
+    r.id = uint64_t(i);
+    r.prompt = test::random_tokens(4 + i, cfg.vocab_size, 80 + uint64_t(i));
+    r.max_new_tokens = 6;
+    r.sampling.greedy = true;
+    reqs.push_back(r);
+  }
+  rollout::EngineOptions o;
+  o.cuda = true;
+  o.gpu_memory_utilization = 0.25;
+  o.max_batch = 4;
+  o.ignore_eos = true;
+  auto engine_with = [&](model::LocalParams<float>& W) {
+    auto e = std::make_unique<rollout::Engine>(layout, o);
+    for (int u = 0; u < layout.num_units(); ++u)
+      std::copy(W.params(u), W.params(u) + layout.unit(u).numel, e->unit_buffer(u));
+    return e;
+  };
+  auto synced = engine_with(P), reference = engine_with(Q);
+  const auto want = reference->generate(reqs);  // uploads Q
+  const auto before = synced->generate(reqs);   // uploads P
+  // The "sync": Q's device units into the engine's, device to device.
+  const std::vector<model::bf16*> src = reference->device_unit_buffers(),
+                                  dst = synced->device_unit_buffers();
+  for (int u = 0; u < layout.num_units(); ++u)
+    CUDA_CHECK(cudaMemcpy(dst[size_t(u)], src[size_t(u)],
+                          size_t(layout.unit(u).numel) * sizeof(model::bf16),
+                          cudaMemcpyDeviceToDevice));
+  synced->device_weights_updated();
+  const auto eval = synced->generate(reqs);  // an evaluation between syncs
+  const auto next = synced->generate(reqs);  // the next step's rollout
+  REQUIRE(eval.size() == want.size());
+  REQUIRE(next.size() == want.size());
+  bool differs_from_p = false;
+  for (size_t i = 0; i < want.size(); ++i) {
+    CHECK(eval[i].tokens == want[i].tokens);
+    CHECK(next[i].tokens == want[i].tokens);
+    CHECK(next[i].logprobs == want[i].logprobs);
+    differs_from_p |= before[i].tokens != want[i].tokens;
+  }
+  CHECK(differs_from_p);  // P and Q generate differently, so the check above can fail
+#endif
+}
