@@ -42,7 +42,7 @@ FLAGS=(-std=c++20 -g -O1 -fno-omit-frame-pointer -fsanitize=fuzzer-no-link,addre
 SOURCES=(core/error.cpp io/bytes.cpp io/dtype.cpp io/file_util.cpp io/safetensors.cpp
          io/llama2c.cpp io/gguf.cpp io/tensor_source.cpp io/text_util.cpp io/regex.cpp
          io/spm_tokenizer.cpp io/hf_tokenizer.cpp io/hf_tokenizer_parse.cpp io/sp_tokenizer.cpp io/tokenizer.cpp
-         io/jsonl.cpp io/model_config_file.cpp io/h5_check.cpp io/hdf5_ckpt.cpp
+         io/jsonl.cpp io/model_config_file.cpp io/h5_check.cpp io/hdf5_ckpt.cpp io/hdf5_model.cpp
          io/tokenizer_hdf5.cpp model/config.cpp model/arch.cpp model/layout.cpp model/projections.cpp
          io/jinja/value.cpp io/jinja/lexer.cpp io/jinja/parser.cpp io/jinja/ops.cpp
          io/jinja/methods.cpp io/jinja/builtins.cpp io/jinja/jinja.cpp)
