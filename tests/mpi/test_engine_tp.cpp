@@ -15,6 +15,7 @@
 #include "parallel/comm.h"
 #include "parallel/mpi_check.h"
 #include "rollout/engine.h"
+#include "tests/rollout/engine_test_util.h"
 #include "tests/test_util.h"
 
 using namespace rlhf;
@@ -22,20 +23,7 @@ using namespace rlhf;
 namespace {
 
 model::ModelConfig tp_config(bool qwen2_bias, int64_t kv_heads) {
-  model::ModelConfig c;
-  c.model_type = qwen2_bias ? "qwen2" : "llama";
-  c.hidden_size = 48;
-  c.intermediate_size = 80;
-  c.num_hidden_layers = 2;
-  c.num_attention_heads = 4;
-  c.num_key_value_heads = kv_heads;
-  c.vocab_size = 61;
-  c.max_position_embeddings = 96;
-  c.tie_word_embeddings = !qwen2_bias;
-  c.bos_token_id = 59;
-  c.eos_token_id = 60;
-  c.pad_token_id = 58;
-  return c;
+  return test::tiny_engine_config(qwen2_bias ? "qwen2" : "llama", 96, !qwen2_bias, kv_heads);
 }
 
 std::unique_ptr<rollout::Engine> make_engine(const model::ModelConfig& cfg, parallel::Comm* tp) {

@@ -15,6 +15,7 @@
 #include "core/error.h"
 #include "model/init.h"
 #include "model/transformer.h"
+#include "tests/rollout/engine_test_util.h"
 #include "tests/test_util.h"
 
 using namespace rlhf;
@@ -31,20 +32,8 @@ constexpr int32_t kEos = 60;
 // A tiny Llama (or Qwen2 with q/k/v biases): C = 48, 2 layers, 4 heads over 2 KV heads (D = 12),
 // F = 80, V = 61, 96 positions.
 model::ModelConfig tiny(bool qwen2_bias, model::RopeStyle style, bool tied) {
-  model::ModelConfig c;
-  c.model_type = qwen2_bias ? "qwen2" : "llama";
-  c.hidden_size = 48;
-  c.intermediate_size = 80;
-  c.num_hidden_layers = 2;
-  c.num_attention_heads = 4;
-  c.num_key_value_heads = 2;
-  c.vocab_size = 61;
-  c.max_position_embeddings = 96;
+  model::ModelConfig c = test::tiny_engine_config(qwen2_bias ? "qwen2" : "llama", 96, tied);
   c.rope_style = style;
-  c.tie_word_embeddings = tied;
-  c.bos_token_id = 59;
-  c.eos_token_id = kEos;
-  c.pad_token_id = 58;
   return c;
 }
 

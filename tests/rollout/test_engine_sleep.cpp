@@ -10,6 +10,7 @@
 #include "model/init.h"
 #include "model/ops/matmul_bf16.h"
 #include "rollout/engine.h"
+#include "tests/rollout/engine_test_util.h"
 #include "tests/test_util.h"
 
 using namespace rlhf;
@@ -22,20 +23,7 @@ namespace {
 
 // A tiny Qwen2 (q/k/v biases): C = 48, 2 layers, 4 heads over 2 KV heads, F = 80, V = 61.
 model::ModelConfig tiny() {
-  model::ModelConfig c;
-  c.model_type = "qwen2";
-  c.hidden_size = 48;
-  c.intermediate_size = 80;
-  c.num_hidden_layers = 2;
-  c.num_attention_heads = 4;
-  c.num_key_value_heads = 2;
-  c.vocab_size = 61;
-  c.max_position_embeddings = 96;
-  c.tie_word_embeddings = false;
-  c.bos_token_id = 59;
-  c.eos_token_id = 60;
-  c.pad_token_id = 58;
-  return c;
+  return test::tiny_engine_config("qwen2", 96);
 }
 
 // Deterministic random weights from `seed` into the engine's unit buffers (what loading and

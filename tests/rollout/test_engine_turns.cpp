@@ -14,6 +14,7 @@
 #include "model/transformer.h"
 #include "rollout/engine.h"
 #include "rollout/samples.h"
+#include "tests/rollout/engine_test_util.h"
 #include "tests/test_util.h"
 
 using namespace rlhf;
@@ -29,19 +30,7 @@ namespace {
 
 // A tiny Llama: C = 48, 2 layers, 4 heads over 2 KV heads, V = 61, 128 positions; EOS 60.
 model::ModelConfig tiny() {
-  model::ModelConfig c;
-  c.model_type = "llama";
-  c.hidden_size = 48;
-  c.intermediate_size = 80;
-  c.num_hidden_layers = 2;
-  c.num_attention_heads = 4;
-  c.num_key_value_heads = 2;
-  c.vocab_size = 61;
-  c.max_position_embeddings = 128;
-  c.bos_token_id = 59;
-  c.eos_token_id = 60;
-  c.pad_token_id = 58;
-  return c;
+  return test::tiny_engine_config("llama", 128);
 }
 
 std::unique_ptr<Engine> make_engine(EngineOptions opt = {}) {
