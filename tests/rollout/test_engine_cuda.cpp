@@ -33,6 +33,12 @@ void init_bf16(model::LocalParams<float>& P) {
   test::round_params_bf16(P);
 }
 
+// Writes P's weights into the engine's host unit buffers (what loading and a host sync write).
+void load_weights(rollout::Engine& e, model::LocalParams<float>& P) {
+  for (int u = 0; u < e.layout().num_units(); ++u)
+    std::copy(P.params(u), P.params(u) + e.layout().unit(u).numel, e.unit_buffer(u));
+}
+
 std::vector<const float*> units_of(model::LocalParams<float>& P) {
   std::vector<const float*> u;
   for (int i = 0; i < P.layout().num_units(); ++i) u.push_back(P.params(i));
@@ -203,8 +209,7 @@ TEST_CASE("engine cuda: generate() on the GPU completes every sample like the CP
     o.ignore_eos = true;
     rollout::Engine e(layout, o);
     CHECK(e.on_gpu() == cuda);
-    for (int u = 0; u < layout.num_units(); ++u)
-      std::copy(P.params(u), P.params(u) + layout.unit(u).numel, e.unit_buffer(u));
+    load_weights(e, P);
     results.push_back(e.generate(reqs));
     CHECK(e.stats().decode_steps > 0);
   }
@@ -265,8 +270,7 @@ TEST_CASE("engine cuda: multi-turn episodes on the GPU engine score like the who
   o.max_batch = 4;
   o.ignore_eos = true;
   rollout::Engine e(layout, o);
-  for (int u = 0; u < layout.num_units(); ++u)
-    std::copy(P.params(u), P.params(u) + layout.unit(u).numel, e.unit_buffer(u));
+  load_weights(e, P);
   const auto res = e.generate(reqs, {}, &h);
   REQUIRE(res.size() == 6);
   CHECK(e.stats().observation_tokens > 0);
@@ -425,8 +429,7 @@ TEST_CASE("engine cuda: a slept and woken Engine generates what it generated bef
   o.max_batch = 4;
   o.ignore_eos = true;
   rollout::Engine e(layout, o);
-  for (int u = 0; u < layout.num_units(); ++u)
-    std::copy(P.params(u), P.params(u) + layout.unit(u).numel, e.unit_buffer(u));
+  load_weights(e, P);
   const auto first = e.generate(reqs);
   const rollout::Engine::MemoryPlan plan = e.memory_plan();
   CHECK(e.sleep() == plan.backend.sleep_frees);
@@ -472,8 +475,7 @@ TEST_CASE("engine cuda: weights a device sync wrote stay in use across generate(
   o.ignore_eos = true;
   auto engine_with = [&](model::LocalParams<float>& W) {
     auto e = std::make_unique<rollout::Engine>(layout, o);
-    for (int u = 0; u < layout.num_units(); ++u)
-      std::copy(W.params(u), W.params(u) + layout.unit(u).numel, e->unit_buffer(u));
+    load_weights(*e, W);
     return e;
   };
   auto synced = engine_with(P), reference = engine_with(Q);
