@@ -18,11 +18,11 @@
 #include "model/flops.h"
 #include "model/init.h"
 #include "model/ops/linear.h"
-#include "parallel/device_store.h"
 #include "parallel/mpi_check.h"
 #include "parallel/topology.h"
 #include "parallel/train_model.h"
 #include "parallel/weight_sync.h"
+#include "parallel/zero3_cuda.h"
 #include "rollout/engine.h"
 #endif
 
@@ -196,10 +196,10 @@ void run_bench_train_cuda(const BenchTrainCudaOptions& opt, parallel::Comm& host
     const double gemm =
         bench_gemm_cuda(cfg, mb * T, host_comm.rank() == 0 ? emit : Emit([](const auto&) {}));
     const model::ParamLayout layout(cfg, model::HeadKind::kLM);
-    parallel::DeviceStoreOptions so;
+    parallel::Zero3OptionsCuda so;
     so.adam_offload = opt.adam_offload;
     auto m = parallel::make_cuda_train_model(
-        std::make_unique<parallel::DeviceZero3Store>(layout, nccl, so), opt.gradient_checkpointing);
+        std::make_unique<parallel::Zero3StoreCuda>(layout, nccl, so), opt.gradient_checkpointing);
     for (int u = 0; u < layout.num_units(); ++u) {
       std::vector<float> full(size_t(layout.unit(u).numel));
       model::init_unit_params(full.data(), layout.unit(u), opt.seed);
@@ -310,9 +310,9 @@ void run_bench_sync_cuda(const BenchSyncCudaOptions& opt, const Emit& emit) {
                         : nullptr;
   for (const auto& [name, cfg] : default_models(opt.models)) {
     const model::ParamLayout layout(cfg, model::HeadKind::kLM);
-    parallel::DeviceStoreOptions so;
+    parallel::Zero3OptionsCuda so;
     so.frozen = true;  // the bf16 shards are all a sync reads
-    parallel::DeviceZero3Store store(layout, nccl.get(), so);
+    parallel::Zero3StoreCuda store(layout, nccl.get(), so);
     std::vector<std::vector<float>> full;
     for (int u = 0; u < layout.num_units(); ++u) {
       full.emplace_back(size_t(layout.unit(u).numel));

@@ -1,6 +1,6 @@
 // `rlhf bench train|generate|sync --device cuda`: the GPU benchmarks (issue 7), each reported
 // against a reference measured in the same run on the same GPU and against the spec sheet:
-//  - train: ZeRO-3 steps of the GPU model (DeviceZero3Store + TransformerCuda), MFU against the
+//  - train: ZeRO-3 steps of the GPU model (Zero3StoreCuda + TransformerCuda), MFU against the
 //    spec-sheet bf16 dense peak and against the same run's cuBLASLt GEMM throughput on the model's
 //    own GEMM shapes (docs/design.md, "Conventions: benchmarks");
 //  - generate: GPU engine decode tokens/s and the HBM bandwidth it achieves (weights + KV bytes

@@ -93,7 +93,7 @@ inline bool qkv_packed(const UnitLayout& u) {
 /// The LM head weight (V, C) of a pass, and its gradient (dw, when hg is given): inside the head
 /// unit's params hp and grads hg, or, when the embeddings are tied (tied = true), inside the
 /// embedding unit, whose params (and grads when hg is given) are acquired here from p: the caller
-/// releases them after the head. Provider: UnitProvider<T> or DeviceUnitProvider; W, G: its param
+/// releases them after the head. Provider: UnitProvider<T> or UnitProviderCuda; W, G: its param
 /// and grad element types.
 template <typename W, typename G>
 struct LmHead {

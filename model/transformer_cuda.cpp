@@ -198,7 +198,7 @@ void TransformerCuda::copy_rows(bf16* dst, const bf16* src, int64_t n) const {
       cudaMemcpyAsync(dst, src, size_t(n) * sizeof(bf16), cudaMemcpyDeviceToDevice, stream_));
 }
 
-void TransformerCuda::trunk_forward(DeviceUnitProvider& p, bool for_backward) {
+void TransformerCuda::trunk_forward(UnitProviderCuda& p, bool for_backward) {
   stream_ = p.stream();
   const int eu = layout_.embedding_unit();
   const bf16* emb = p.acquire_params(eu);
@@ -220,10 +220,9 @@ int64_t TransformerCuda::logit_chunk_rows() const {
   return std::clamp<int64_t>(rows, 1, N_);
 }
 
-void TransformerCuda::forward_lm(DeviceUnitProvider& p, const int32_t* tokens,
-                                 const int32_t* targets, int64_t B, int64_t T_len, float* lp,
-                                 float* entropy, bool for_backward, float inv_temperature,
-                                 SeqLens seqs) {
+void TransformerCuda::forward_lm(UnitProviderCuda& p, const int32_t* tokens, const int32_t* targets,
+                                 int64_t B, int64_t T_len, float* lp, float* entropy,
+                                 bool for_backward, float inv_temperature, SeqLens seqs) {
   check_head(true, "forward_lm");
   const cudaStream_t s = p.stream();
   reserve(B, T_len, for_backward, s, seqs);
@@ -250,7 +249,7 @@ void TransformerCuda::forward_lm(DeviceUnitProvider& p, const int32_t* tokens,
   entropy_valid_ = true;
 }
 
-void TransformerCuda::forward_logits(DeviceUnitProvider& p, const int32_t* tokens, int64_t B,
+void TransformerCuda::forward_logits(UnitProviderCuda& p, const int32_t* tokens, int64_t B,
                                      int64_t T_len, float* logits) {
   check_head(true, "forward_logits");
   const cudaStream_t s = p.stream();
@@ -276,7 +275,7 @@ void TransformerCuda::forward_logits(DeviceUnitProvider& p, const int32_t* token
   });
 }
 
-void TransformerCuda::forward_scalar(DeviceUnitProvider& p, const int32_t* tokens, int64_t B,
+void TransformerCuda::forward_scalar(UnitProviderCuda& p, const int32_t* tokens, int64_t B,
                                      int64_t T_len, float* values, bool for_backward,
                                      SeqLens seqs) {
   check_head(false, "forward_scalar");
@@ -305,7 +304,7 @@ void TransformerCuda::final_norm_backward(const bf16* head_params, float* head_g
                         head_params + norm_off, rstdf_.get(), N_, C_, s);
 }
 
-void TransformerCuda::backward_lm(DeviceUnitProvider& p, const float* dlp, const float* dentropy) {
+void TransformerCuda::backward_lm(UnitProviderCuda& p, const float* dlp, const float* dentropy) {
   check_backward(true, dentropy != nullptr);
   const cudaStream_t s = p.stream();
   stream_ = s;
@@ -332,7 +331,7 @@ void TransformerCuda::backward_lm(DeviceUnitProvider& p, const float* dlp, const
   CUDA_CHECK(cudaStreamSynchronize(s));
 }
 
-void TransformerCuda::backward_scalar(DeviceUnitProvider& p, const float* dvalues) {
+void TransformerCuda::backward_scalar(UnitProviderCuda& p, const float* dvalues) {
   check_backward(false, false);
   const cudaStream_t s = p.stream();
   stream_ = s;
@@ -374,7 +373,7 @@ void TransformerCuda::layer_backward(const bf16* params, float* grads, int l, co
                               attention);
 }
 
-void TransformerCuda::trunk_backward(DeviceUnitProvider& p) {
+void TransformerCuda::trunk_backward(UnitProviderCuda& p) {
   stream_ = p.stream();
   backward_layers(p, dres_.get());
   bf16* dres = dres_.get();

@@ -11,10 +11,10 @@
 
 #include "core/device_memory.h"
 #include "model/decoder_layer.h"
-#include "model/device_provider.h"
 #include "model/forward_batch.h"
 #include "model/layout.h"
 #include "model/model_loop.h"
+#include "model/provider_cuda.h"
 
 namespace rlhf::model {
 
@@ -60,38 +60,38 @@ class TransformerCuda : public ModelLoop<TransformerCuda, bf16, LayerActsCuda> {
   /// seqs: sample packing (SeqLens), attention by attention_forward_varlen_cuda. Throws
   /// rlhf::Error on a token or target outside the vocabulary, a sequence (sample) longer than
   /// max_position_embeddings, bad seqs, or a CUDA failure.
-  void forward_lm(DeviceUnitProvider& p, const int32_t* tokens, const int32_t* targets, int64_t B,
+  void forward_lm(UnitProviderCuda& p, const int32_t* tokens, const int32_t* targets, int64_t B,
                   int64_t T_, float* lp, float* entropy, bool for_backward,
                   float inv_temperature = 1.0f, SeqLens seqs = {});
 
   /// Raw logits (B, T, V) fp32 host out (widened from bf16), for tests and references.
-  void forward_logits(DeviceUnitProvider& p, const int32_t* tokens, int64_t B, int64_t T_,
+  void forward_logits(UnitProviderCuda& p, const int32_t* tokens, int64_t B, int64_t T_,
                       float* logits);
 
   /// LM backward for the last forward_lm(for_backward = true): dlp, dentropy (B, T) fp32 host
   /// (dentropy may be nullptr). Parameter gradients accumulate (+=) into the provider's buffers.
-  void backward_lm(DeviceUnitProvider& p, const float* dlp, const float* dentropy);
+  void backward_lm(UnitProviderCuda& p, const float* dlp, const float* dentropy);
 
   /// Scalar-head forward: values (B, T) fp32 host out (bf16 head output, widened); seqs as
   /// forward_lm.
-  void forward_scalar(DeviceUnitProvider& p, const int32_t* tokens, int64_t B, int64_t T_,
+  void forward_scalar(UnitProviderCuda& p, const int32_t* tokens, int64_t B, int64_t T_,
                       float* values, bool for_backward, SeqLens seqs = {});
 
   /// Scalar-head backward for the last forward_scalar(for_backward = true); dvalues (B, T) fp32
   /// host (rounded to bf16 on the device).
-  void backward_scalar(DeviceUnitProvider& p, const float* dvalues);
+  void backward_scalar(UnitProviderCuda& p, const float* dvalues);
 
   /// Forward-only LM passes over several micro-batches, unit-major (contract of
   /// Transformer::forward_lm_sweep): each unit acquired once for all of them; each batch's lp
   /// (B, seq_len) fp32 host out, bit-identical to forward_lm(for_backward = false) on that batch.
   /// Holds every batch's residual stream on the device (Σ B·seq_len·hidden_size bf16), its ids,
   /// positions and outputs; synchronises the stream once, at the end.
-  void forward_lm_sweep(DeviceUnitProvider& p, const std::vector<ForwardBatch<float>>& batches,
+  void forward_lm_sweep(UnitProviderCuda& p, const std::vector<ForwardBatch<float>>& batches,
                         float inv_temperature = 1.0f);
 
   /// forward_lm_sweep for the scalar head: each batch's values (B, seq_len) fp32 host out,
   /// bit-identical to forward_scalar(for_backward = false).
-  void forward_scalar_sweep(DeviceUnitProvider& p, const std::vector<ForwardBatch<float>>& batches);
+  void forward_scalar_sweep(UnitProviderCuda& p, const std::vector<ForwardBatch<float>>& batches);
 
   /// Bytes a sweep holds for its residual streams per token (hidden_size bf16).
   int64_t sweep_residual_bytes_per_token() const { return C_ * int64_t(sizeof(bf16)); }
@@ -124,14 +124,14 @@ class TransformerCuda : public ModelLoop<TransformerCuda, bf16, LayerActsCuda> {
   LayerRunCuda layer_run(const LayerActsCuda& a, cudaStream_t s,
                          const int32_t* pos = nullptr) const;
   void upload_ids(const int32_t* tokens, const int32_t* targets, cudaStream_t s);
-  void trunk_forward(DeviceUnitProvider& p, bool for_backward);
+  void trunk_forward(UnitProviderCuda& p, bool for_backward);
   void layer_forward(const bf16* params, int l, const bf16* x_in, bf16* x_out, LayerActsCuda& a,
                      const int32_t* pos);
   void layer_backward(const bf16* params, float* grads, int l, const bf16* x_in, LayerActsCuda& a,
                       bf16* dres);
   // ModelLoop's head steps: the decoder layers' and the embedding's backward from dres_, and the
   // final norm's backward from dlnf_ into dres_, on stream_.
-  void trunk_backward(DeviceUnitProvider& p);
+  void trunk_backward(UnitProviderCuda& p);
   void final_norm_backward(const bf16* head_params, float* head_grads);
   // The scalar head's weight (1, C) and its gradient inside the head unit's params / grads.
   const bf16* score_weight(const bf16* hp) const {
@@ -143,7 +143,7 @@ class TransformerCuda : public ModelLoop<TransformerCuda, bf16, LayerActsCuda> {
   }
   void final_norm(const bf16* head_params, const bf16* x, cudaStream_t s);
   // The sweep's trunk: every batch's residual stream after the last layer, in sweep_res_.
-  void sweep_trunk(DeviceUnitProvider& p, const std::vector<ForwardBatch<float>>& batches, bool lm);
+  void sweep_trunk(UnitProviderCuda& p, const std::vector<ForwardBatch<float>>& batches, bool lm);
   // Each batch's rows of `host` (Σ N_b, the sweep's outputs in batch order) into its out.
   void sweep_outputs(const std::vector<float>& host,
                      const std::vector<ForwardBatch<float>>& batches) const;

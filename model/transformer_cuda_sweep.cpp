@@ -18,7 +18,7 @@ namespace rlhf::model {
 // scratch for the largest batch, then embeds every batch into its rows of sweep_res_ and runs
 // each layer over every batch (output through res_, copied back into the batch's rows). Per
 // batch the kernels and shapes are those of trunk_forward without backward: the same bits.
-void TransformerCuda::sweep_trunk(DeviceUnitProvider& p,
+void TransformerCuda::sweep_trunk(UnitProviderCuda& p,
                                   const std::vector<ForwardBatch<float>>& batches, bool lm) {
   const cudaStream_t s = p.stream();
   sweep_offset_.assign(1, 0);
@@ -80,7 +80,7 @@ void TransformerCuda::sweep_outputs(const std::vector<float>& host,
     std::copy(host.begin() + sweep_offset_[i], host.begin() + sweep_offset_[i + 1], batches[i].out);
 }
 
-void TransformerCuda::forward_lm_sweep(DeviceUnitProvider& p,
+void TransformerCuda::forward_lm_sweep(UnitProviderCuda& p,
                                        const std::vector<ForwardBatch<float>>& batches,
                                        float inv_temperature) {
   check_head(true, "forward_lm_sweep");
@@ -120,7 +120,7 @@ void TransformerCuda::forward_lm_sweep(DeviceUnitProvider& p,
   entropy_valid_ = false;
 }
 
-void TransformerCuda::forward_scalar_sweep(DeviceUnitProvider& p,
+void TransformerCuda::forward_scalar_sweep(UnitProviderCuda& p,
                                            const std::vector<ForwardBatch<float>>& batches) {
   check_head(false, "forward_scalar_sweep");
   if (batches.empty()) return idle_sweep(p, false);

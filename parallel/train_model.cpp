@@ -12,7 +12,7 @@
 
 #ifdef RLHF_CUDA
 #include "model/transformer_cuda.h"
-#include "parallel/device_store.h"
+#include "parallel/zero3_cuda.h"
 #endif
 
 namespace rlhf::parallel {
@@ -159,11 +159,11 @@ std::unique_ptr<TrainModel> make_cpu_train_model(std::unique_ptr<ParamStore> sto
 }
 
 #ifdef RLHF_CUDA
-std::unique_ptr<TrainModel> make_cuda_train_model(std::unique_ptr<DeviceZero3Store> store,
+std::unique_ptr<TrainModel> make_cuda_train_model(std::unique_ptr<Zero3StoreCuda> store,
                                                   bool gradient_checkpointing, Comm* sweep_comm,
                                                   int64_t sweep_budget_bytes) {
   return std::make_unique<
-      BoundModel<DeviceZero3Store, model::TransformerCuda, model::DeviceUnitProvider>>(
+      BoundModel<Zero3StoreCuda, model::TransformerCuda, model::UnitProviderCuda>>(
       std::move(store), gradient_checkpointing, "cuda", sweep_comm, sweep_budget_bytes, true);
 }
 #endif
@@ -179,13 +179,12 @@ std::unique_ptr<TrainModel> make_train_model(const model::ParamLayout& layout, T
                "--zero_stage {} with --device cuda: the GPU path shards with ZeRO-3 (--zero_stage "
                "3); the replicated ZeRO-0 baseline runs on the CPU only",
                z.zero_stage);
-    DeviceStoreOptions o;
+    Zero3OptionsCuda o;
     o.adam_offload = z.adam_offload && !frozen;
     o.frozen = frozen;
     o.keep_params_for_backward = z.zero_keep_params;
-    return make_cuda_train_model(
-        std::make_unique<DeviceZero3Store>(layout, rt.device_comm.get(), o), checkpointing,
-        rt.train_comm.get());
+    return make_cuda_train_model(std::make_unique<Zero3StoreCuda>(layout, rt.device_comm.get(), o),
+                                 checkpointing, rt.train_comm.get());
 #endif
   }
   std::unique_ptr<ParamStore> store;

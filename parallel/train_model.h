@@ -1,6 +1,6 @@
 // TrainModel: one model as a trainer drives it — its training state (ParamStore) and its forward
 // and backward — on the CPU (Transformer<float> over the store's UnitProvider) or on the GPU
-// (TransformerCuda over a DeviceZero3Store). The trainers (rlhf sft, rm, ppo, grpo, bench) see
+// (TransformerCuda over a Zero3StoreCuda). The trainers (rlhf sft, rm, ppo, grpo, bench) see
 // only this interface, so one code path serves both backends.
 #pragma once
 
@@ -16,7 +16,7 @@
 
 namespace rlhf::parallel {
 
-class DeviceZero3Store;
+class Zero3StoreCuda;
 
 /// One micro-batch of a forward-only sweep: tokens, targets (B, seq_len) int32 and out
 /// (B, seq_len) fp32 (log-probs or values), host arrays (model::ForwardBatch).
@@ -94,7 +94,7 @@ std::unique_ptr<TrainModel> make_cpu_train_model(std::unique_ptr<ParamStore> sto
 #ifdef RLHF_CUDA
 /// The GPU model over `store` (on the current CUDA device); sweep_comm, sweep_budget_bytes as
 /// make_cpu_train_model.
-std::unique_ptr<TrainModel> make_cuda_train_model(std::unique_ptr<DeviceZero3Store> store,
+std::unique_ptr<TrainModel> make_cuda_train_model(std::unique_ptr<Zero3StoreCuda> store,
                                                   bool gradient_checkpointing,
                                                   Comm* sweep_comm = nullptr,
                                                   int64_t sweep_budget_bytes = kSweepResidualBytes);
@@ -121,7 +121,7 @@ std::unique_ptr<ParamStore> make_param_store(const model::ParamLayout& layout, C
 
 /// The model a training command trains (or scores with, frozen) on rt's device: on the CPU the
 /// store of make_param_store (frozen: a weights-only ZeRO-3 store) with Transformer<float> (in
-/// bf16 when rt.bf16); on the GPU a DeviceZero3Store over rt.device_comm with TransformerCuda.
+/// bf16 when rt.bf16); on the GPU a Zero3StoreCuda over rt.device_comm with TransformerCuda.
 /// With z.lora enabled and not frozen: make_lora_train_model (parallel/lora_store.h). Call on
 /// training ranks only. Throws rlhf::Error for --zero_stage 0 on the GPU, and for LoRA on a model
 /// with a value or reward head (its head would stay frozen) or on the GPU.

@@ -1,5 +1,5 @@
 // UnitSchedule: the ZeRO-3 unit schedule both sharded stores share — the host Zero3Store
-// (parallel/zero3.h) and the GPU DeviceZero3Store (parallel/device_store.h). It keeps which units
+// (parallel/zero3.h) and the GPU Zero3StoreCuda (parallel/zero3_cuda.h). It keeps which units
 // are gathered and by how many holders, walks the model's static unit order with a cursor to
 // prefetch the next unit, and decides when a full copy is dropped; the store supplies how a
 // gather is posted, waited for and freed (host buffers and MPI requests, or device buffers, NCCL

@@ -11,7 +11,7 @@
 
 #ifdef RLHF_CUDA
 #include "parallel/comm_nccl.h"
-#include "parallel/device_store.h"
+#include "parallel/zero3_cuda.h"
 #endif
 
 namespace rlhf::parallel {
@@ -220,7 +220,7 @@ double WeightSync::reference_all_gather_seconds(int iters) {
 #ifdef RLHF_CUDA
 namespace rlhf::parallel {
 
-SyncStats WeightSync::sync_device(DeviceZero3Store& source,
+SyncStats WeightSync::sync_device(Zero3StoreCuda& source,
                                   const std::vector<model::bf16*>& engine_units, Comm* nccl) {
   RLHF_CHECK(colocated_,
              "weight sync into GPU engines needs colocated ranks (--gen_ranks_per_node 0); "

@@ -21,7 +21,7 @@
 
 namespace rlhf::parallel {
 
-class DeviceZero3Store;
+class Zero3StoreCuda;
 
 /// One sync's accounting (the same numbers on every rank).
 struct SyncStats {
@@ -81,7 +81,7 @@ class WeightSync {
   /// with one train rank (the shard is the unit: a device-to-device copy). The engine's weights
   /// are then bit-identical to the trainer's bf16 weights. SyncStats count bf16 bytes.
   /// Throws rlhf::Error for a disaggregated placement (GPU engines there take the host path).
-  SyncStats sync_device(DeviceZero3Store& source, const std::vector<model::bf16*>& engine_units,
+  SyncStats sync_device(Zero3StoreCuda& source, const std::vector<model::bf16*>& engine_units,
                         Comm* nccl);
   /// reference_all_gather_seconds for sync_device: one ncclAllGather of the same bf16 bytes.
   double reference_device_all_gather_seconds(Comm* nccl, int iters = 3);

@@ -20,7 +20,7 @@
 #include "rl/weights.h"
 
 #ifdef RLHF_CUDA
-#include "parallel/device_store.h"
+#include "parallel/zero3_cuda.h"
 #endif
 
 namespace rlhf::rl {
@@ -361,7 +361,7 @@ int run_rl(const RlRunConfig& c) {
   parts.sync_weights = [&]() -> parallel::SyncStats {
     if (device_sync) {
 #ifdef RLHF_CUDA
-      auto* store = dynamic_cast<parallel::DeviceZero3Store*>(&m.actor->store());
+      auto* store = dynamic_cast<parallel::Zero3StoreCuda*>(&m.actor->store());
       RLHF_ASSERT(store != nullptr && engine != nullptr && engine->on_gpu());
       const parallel::SyncStats ss =
           sync.sync_device(*store, engine->device_unit_buffers(), rt.device_comm.get());

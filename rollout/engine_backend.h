@@ -3,7 +3,7 @@
 // stats, and hands a backend one prompt to prefill, a prefix to copy, or a batch of rows to
 // decode; the backend owns its weights' layout (packed, sliced, uploaded), the KV cache's storage,
 // its activation buffers and, under tensor parallelism, the per-layer partial-sum all-reduce.
-// Backends: the CPU one (rollout/backend_cpu.cpp, fp32 weights, fp32 or fp16 KV cache, tensor
+// Backends: the CPU one (rollout/engine_cpu.cpp, fp32 weights, fp32 or fp16 KV cache, tensor
 // parallel over a parallel::Comm) and, in a build with CUDA, the GPU one (rollout/engine_cuda.h).
 #pragma once
 
@@ -177,7 +177,7 @@ class EngineBackend {
 #endif
 };
 
-/// The CPU backend (rollout/backend_cpu.cpp): reads the host unit buffers of `weights` (which must
+/// The CPU backend (rollout/engine_cpu.cpp): reads the host unit buffers of `weights` (which must
 /// outlive it), packs the linear weights for the batch-invariant decode kernel, and under tensor
 /// parallelism (tp.size > 1) computes this rank's slices with an all-reduce on tp.comm per
 /// o_proj/down_proj output. The KV cache holds options.kv_cache_bytes in options.kv_cache_dtype

@@ -21,11 +21,10 @@ using model::HeadKind;
 namespace {
 
 // Every unit's params (bf16) and grads (fp32) whole in device memory: the simplest
-// DeviceUnitProvider (the production one is parallel/device_store.h).
-class TestDeviceParams : public model::DeviceUnitProvider {
+// UnitProviderCuda (the production one is parallel/zero3_cuda.h).
+class TestParamsCuda : public model::UnitProviderCuda {
  public:
-  TestDeviceParams(model::LocalParams<float>& host, cudaStream_t s)
-      : layout_(host.layout()), s_(s) {
+  TestParamsCuda(model::LocalParams<float>& host, cudaStream_t s) : layout_(host.layout()), s_(s) {
     for (int u = 0; u < layout_.num_units(); ++u) {
       const int64_t n = layout_.unit(u).numel;
       std::vector<float> p(host.params(u), host.params(u) + n);
@@ -110,7 +109,7 @@ void check_case(const Case& cs) {
   model::Transformer<float> cpu(layout, false);
   std::vector<float> out_ref(N), ent_ref(N), out(N), ent(N);
   test::TestStream s;
-  TestDeviceParams D(P, s.get());
+  TestParamsCuda D(P, s.get());
   model::TransformerCuda gpu(layout, cs.checkpointing, cs.logit_chunk_bytes);
   MESSAGE(cs.name << ": q/k/v " << std::string(gpu.fused_qkv() ? "packed (one GEMM)" : "separate"));
   if (cs.head == HeadKind::kLM) {
@@ -153,7 +152,7 @@ LmRun run_lm(const model::ParamLayout& layout, model::LocalParams<float>& P, int
   targets.push_back(-1);
   const auto dlp = test::random_vec<float>(N, seed + 1);
   test::TestStream s;
-  TestDeviceParams D(P, s.get());
+  TestParamsCuda D(P, s.get());
   model::TransformerCuda gpu = make();
   LmRun r;
   r.lp.resize(size_t(N));
@@ -271,7 +270,7 @@ TEST_CASE("transformer cuda: bad token ids are refused on the host") {
   model::LocalParams<float> P(layout);
   P.init(3, 0.05);
   test::TestStream s;
-  TestDeviceParams D(P, s.get());
+  TestParamsCuda D(P, s.get());
   model::TransformerCuda gpu(layout);
   std::vector<int32_t> tokens = {1, 2, 256, 3}, targets = {2, 3, 4, -1};
   std::vector<float> lp(4);
@@ -313,7 +312,7 @@ TEST_CASE(
         targets.back()[1] = -1;
       }
       test::TestStream s;
-      TestDeviceParams D(P, s.get());
+      TestParamsCuda D(P, s.get());
       model::TransformerCuda gpu(layout, false, cs.logit_chunk_bytes);
       const float inv_temp = 1.0f / 0.7f;
       std::vector<std::vector<float>> one(Bs.size()), swept(Bs.size());
@@ -377,7 +376,7 @@ TEST_CASE("transformer cuda: packed rows (sample packing) follow the CPU packed 
     std::vector<float> out_ref(static_cast<size_t>(N)), out(static_cast<size_t>(N)),
         swept(static_cast<size_t>(N));
     test::TestStream s;
-    TestDeviceParams D(P, s.get());
+    TestParamsCuda D(P, s.get());
     model::TransformerCuda gpu(layout);
     const std::string name = head == HeadKind::kLM ? "packed lm" : "packed value";
     if (head == HeadKind::kLM) {

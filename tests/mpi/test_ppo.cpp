@@ -14,7 +14,7 @@
 #ifdef RLHF_CUDA
 #include <cuda_runtime_api.h>
 
-#include "parallel/device_store.h"
+#include "parallel/zero3_cuda.h"
 #endif
 #include "tests/mpi/train_util.h"
 #include "tests/ops/cuda_test_util.h"
@@ -65,10 +65,10 @@ Run run(parallel::Comm& comm, bool ppo, const model::ModelConfig& cfg, bool gpu 
   auto make = [&](const model::ParamLayout& l, bool frozen) {
 #ifdef RLHF_CUDA
     if (gpu) {
-      parallel::DeviceStoreOptions o;
+      parallel::Zero3OptionsCuda o;
       o.frozen = frozen;
-      return parallel::make_cuda_train_model(
-          std::make_unique<parallel::DeviceZero3Store>(l, nccl, o), false);
+      return parallel::make_cuda_train_model(std::make_unique<parallel::Zero3StoreCuda>(l, nccl, o),
+                                             false);
     }
 #endif
     (void)nccl;

@@ -19,7 +19,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 
-#include "parallel/device_store.h"
+#include "parallel/zero3_cuda.h"
 #endif
 
 using namespace rlhf;
@@ -184,10 +184,10 @@ TEST_CASE("weight sync into GPU engines (device to device over NCCL) is bit-exac
   const int N = nccl->size();
   model::ParamLayout layout(cfg, model::HeadKind::kLM);
   const parallel::ShardLayout shards(layout, N);
-  parallel::DeviceStoreOptions so;
+  parallel::Zero3OptionsCuda so;
   auto model = parallel::make_cuda_train_model(
-      std::make_unique<parallel::DeviceZero3Store>(layout, nccl.get(), so), false);
-  auto& store = dynamic_cast<parallel::DeviceZero3Store&>(model->store());
+      std::make_unique<parallel::Zero3StoreCuda>(layout, nccl.get(), so), false);
+  auto& store = dynamic_cast<parallel::Zero3StoreCuda&>(model->store());
   init_store(store, 3);
   const int64_t per = kSeqs / N;
   train(*model, cfg, 2, nccl->rank() * per, per, per);  // weights now differ from init

@@ -14,7 +14,7 @@
 
 #ifdef RLHF_CUDA
 #include "model/transformer_cuda.h"
-#include "parallel/device_store.h"
+#include "parallel/zero3_cuda.h"
 #include "rollout/engine_cuda.h"
 #endif
 
@@ -58,7 +58,7 @@ std::vector<float> cpu_logits(const model::ParamLayout& layout, model::LocalPara
 // same bf16 ops, except that decode attention reads the paged cache.
 std::vector<float> gpu_logits(const model::ParamLayout& layout, model::LocalParams<float>& P,
                               const std::vector<int32_t>& seq) {
-  parallel::DeviceZero3Store store(layout, nullptr);
+  parallel::Zero3StoreCuda store(layout, nullptr);
   for (int u = 0; u < layout.num_units(); ++u) store.load_unit(u, P.params(u));
   model::TransformerCuda net(layout);
   std::vector<float> out(seq.size() * size_t(layout.config().vocab_size));

@@ -1,4 +1,4 @@
-// DeviceZero3Store: ZeRO-3 (parallel/zero3.h) on the GPU. A rank owns 1/N of every unit: the fp32
+// Zero3StoreCuda: ZeRO-3 (parallel/zero3.h) on the GPU. A rank owns 1/N of every unit: the fp32
 // master weights, the fp32 gradient and the AdamW moments of its shard, plus a bf16 copy of the
 // shard that forward and backward all-gather over NCCL into full bf16 units. Gradients are
 // accumulated by the model in full fp32 unit buffers and reduce-scattered (fp32 sum) into the
@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "core/device_memory.h"
-#include "model/device_provider.h"
+#include "model/provider_cuda.h"
 #include "parallel/comm.h"
 #include "parallel/param_store.h"
 #include "parallel/shard_layout.h"
@@ -27,7 +27,7 @@ namespace rlhf::parallel {
 class NcclComm;
 
 /// Options of the device store (the GPU meaning of the Zero3Options flags).
-struct DeviceStoreOptions {
+struct Zero3OptionsCuda {
   /// `--adam_offload`: master weights and AdamW moments of the shard live in pinned host memory;
   /// each step copies the gradient shard down asynchronously (a copy stream, one event per unit),
   /// runs the threaded, vectorised host AdamW (optim::adamw_step_segments_cpu) unit by unit as
@@ -42,7 +42,7 @@ struct DeviceStoreOptions {
   bool keep_params_for_backward = false;
 };
 
-/// The sharded training state on the GPU and the DeviceUnitProvider the GPU model runs on.
+/// The sharded training state on the GPU and the UnitProviderCuda the GPU model runs on.
 ///
 /// Streams. Kernels of the model, the optimizer and the casts run on stream() (owned by the
 /// store). Collectives run on the NCCL communicator's stream, ordered by events: a unit's gather
@@ -56,19 +56,19 @@ struct DeviceStoreOptions {
 ///
 /// Collective methods (every acquire/release when N > 1, grad_sq_norm, gather_*) must be called
 /// in the same order on every rank. Not thread-safe.
-class DeviceZero3Store final : public ParamStore, public model::DeviceUnitProvider {
+class Zero3StoreCuda final : public ParamStore, public model::UnitProviderCuda {
  public:
   /// Shards `layout` over comm->size() ranks (ShardLayout), or 1 when comm is nullptr. comm must
   /// be an NcclComm (device buffers) when given. Allocates every shard on the current device
   /// (and pinned host memory with adam_offload). Throws rlhf::Error on a mismatch or when memory
   /// runs out (naming the bytes).
-  DeviceZero3Store(const model::ParamLayout& layout, Comm* comm, DeviceStoreOptions options = {});
-  ~DeviceZero3Store() override;
+  Zero3StoreCuda(const model::ParamLayout& layout, Comm* comm, Zero3OptionsCuda options = {});
+  ~Zero3StoreCuda() override;
 
   // ParamStore
   const model::ParamLayout& layout() const override { return layout_; }
   /// There is no host-side provider: the model of a device store is TransformerCuda, which uses
-  /// the store as its DeviceUnitProvider. Throws rlhf::Error.
+  /// the store as its UnitProviderCuda. Throws rlhf::Error.
   model::UnitProvider<float>& provider() override;
   void zero_grads() override;
   double grad_sq_norm() override;
@@ -86,7 +86,7 @@ class DeviceZero3Store final : public ParamStore, public model::DeviceUnitProvid
   UnitShard unit_shard(int u) const override;
   bool replicated() const override { return nshards_ == 1; }
 
-  // DeviceUnitProvider
+  // UnitProviderCuda
   const model::bf16* acquire_params(int u) override;
   void release_params(int u) override;
   float* acquire_grads(int u) override;
@@ -138,7 +138,7 @@ class DeviceZero3Store final : public ParamStore, public model::DeviceUnitProvid
   ShardLayout shard_layout_;
   NcclComm* nccl_ = nullptr;
   int nshards_ = 1, rank_ = 0;
-  DeviceStoreOptions opt_;
+  Zero3OptionsCuda opt_;
   CudaStream compute_;
   std::unique_ptr<CudaStream> copy_;  // adam_offload
   std::vector<Shard> shards_;

@@ -1,4 +1,4 @@
-// ZeRO-3 on the GPU over NCCL (DeviceZero3Store + TransformerCuda): N ranks with the same global
+// ZeRO-3 on the GPU over NCCL (Zero3StoreCuda + TransformerCuda): N ranks with the same global
 // batch train like 1 rank (computed in-process on every rank), with and without --adam_offload
 // and --zero_keep_params; the shards tile every unit. Skipped without a CUDA device; CI runs it
 // on the CUDA emulator (tests/cuda_emu), a real GPU per rank runs it as is.
@@ -12,7 +12,7 @@
 #ifdef RLHF_CUDA
 #include <cuda_runtime_api.h>
 
-#include "parallel/device_store.h"
+#include "parallel/zero3_cuda.h"
 #endif
 
 using namespace rlhf;
@@ -32,7 +32,7 @@ TEST_CASE("device store over NCCL: N ranks train like 1 rank") {
     // The single-rank reference on this rank's GPU: one store holding whole units.
     model::ParamLayout layout1(cfg, model::HeadKind::kLM);
     auto ref = parallel::make_cuda_train_model(
-        std::make_unique<parallel::DeviceZero3Store>(layout1, nullptr), false);
+        std::make_unique<parallel::Zero3StoreCuda>(layout1, nullptr), false);
     init_store(ref->store(), 5);
     const auto ref_norms = train(*ref, cfg, 4, 0, kSeqs, kSeqs);
     const auto ref_w = full_weights(ref->store());
@@ -44,11 +44,11 @@ TEST_CASE("device store over NCCL: N ranks train like 1 rank") {
     };
     for (Variant v : {Variant{"zero3", false, false}, Variant{"zero3+offload", true, false},
                       Variant{"zero3+keep_params", false, true}}) {
-      parallel::DeviceStoreOptions o;
+      parallel::Zero3OptionsCuda o;
       o.adam_offload = v.offload;
       o.keep_params_for_backward = v.keep;
-      auto store = std::make_unique<parallel::DeviceZero3Store>(layoutN, nccl.get(), o);
-      parallel::DeviceZero3Store* raw = store.get();
+      auto store = std::make_unique<parallel::Zero3StoreCuda>(layoutN, nccl.get(), o);
+      parallel::Zero3StoreCuda* raw = store.get();
       auto m = parallel::make_cuda_train_model(std::move(store), false);
       init_store(m->store(), 5);
       // Shards tile the unit: rank r owns [r·S, (r+1)·S).

@@ -111,10 +111,10 @@ struct Rows {
   }
 };
 
-class CpuBackend final : public EngineBackend {
+class EngineCpu final : public EngineBackend {
  public:
-  CpuBackend(const model::ParamLayout& layout, const EngineOptions& o, const EngineWeights& weights,
-             const TpGroup& tp)
+  EngineCpu(const model::ParamLayout& layout, const EngineOptions& o, const EngineWeights& weights,
+            const TpGroup& tp)
       : layout_(layout),
         weights_(weights),
         tp_(tp),
@@ -220,7 +220,7 @@ class CpuBackend final : public EngineBackend {
   std::vector<int32_t> ppos_, plens_, ptable_;
 };
 
-void CpuBackend::slice_weights() {
+void EngineCpu::slice_weights() {
   const model::ModelConfig& c = layout_.config();
   const int64_t r = tp_.rank;
   sliced_.resize(size_t(c.num_hidden_layers));
@@ -248,7 +248,7 @@ void CpuBackend::slice_weights() {
   }
 }
 
-void CpuBackend::pack_weights() {
+void EngineCpu::pack_weights() {
   const model::ModelConfig& c = layout_.config();
   packed_.resize(size_t(c.num_hidden_layers));
   auto pack = [](std::vector<float>& dst, const float* w, int64_t IC, int64_t OC) {
@@ -281,7 +281,7 @@ void CpuBackend::pack_weights() {
   pack(packed_head_, weights_.unit_buffer(lw.unit) + lw.offset, c.hidden_size, c.vocab_size);
 }
 
-void CpuBackend::convert_weights_bf16() {
+void EngineCpu::convert_weights_bf16() {
   const model::ModelConfig& c = layout_.config();
   bf16_layers_.resize(size_t(c.num_hidden_layers));
   for (int l = 0; l < c.num_hidden_layers; ++l) {
@@ -309,7 +309,7 @@ void CpuBackend::convert_weights_bf16() {
                                  c.vocab_size);
 }
 
-EngineMemoryPlan CpuBackend::memory_plan() const {
+EngineMemoryPlan EngineCpu::memory_plan() const {
   const model::ModelConfig& c = layout_.config();
   int64_t weights = 0;
   const auto slots = layer_linears<float>(spec_);
@@ -336,7 +336,7 @@ EngineMemoryPlan CpuBackend::memory_plan() const {
   return p;
 }
 
-int64_t CpuBackend::sleep() {
+int64_t EngineCpu::sleep() {
   int64_t freed = cache_.release_storage();
   for (std::vector<LayerCopy>* copies : {&sliced_, &packed_}) {
     for (LayerCopy& t : *copies)
@@ -354,8 +354,8 @@ int64_t CpuBackend::sleep() {
   return freed;
 }
 
-model::LayerRun<float> CpuBackend::layer_run(int64_t N, const int32_t* pos,
-                                             model::LinearFn<float> linear) const {
+model::LayerRun<float> EngineCpu::layer_run(int64_t N, const int32_t* pos,
+                                            model::LinearFn<float> linear) const {
   model::LayerRun<float> run;
   run.N = N;
   run.pos = pos;
@@ -369,8 +369,8 @@ model::LayerRun<float> CpuBackend::layer_run(int64_t N, const int32_t* pos,
   return run;
 }
 
-void CpuBackend::attend_cached(float* out, const float* q, int l, const int32_t* table,
-                               const int32_t* lens, int64_t B, int64_t max_blocks) const {
+void EngineCpu::attend_cached(float* out, const float* q, int l, const int32_t* table,
+                              const int32_t* lens, int64_t B, int64_t max_blocks) const {
   const KvCache& kv = cache_;
   if (kv.dtype() == KvDtype::kFloat16)
     model::attention_decode_cpu(out, q, kv.k<model::f16>(l), kv.v<model::f16>(l), table, lens, B,
@@ -382,7 +382,7 @@ void CpuBackend::attend_cached(float* out, const float* q, int l, const int32_t*
 }
 
 // Final norm + LM head of N hidden rows x (N, C) into logits (N, V).
-const float* CpuBackend::head_logits(const float* x, int64_t N, Rows& r, float* logits) {
+const float* EngineCpu::head_logits(const float* x, int64_t N, Rows& r, float* logits) {
   const model::ModelConfig& c = layout_.config();
   model::rmsnorm_forward_cpu(r.a.ln1, r.a.rstd1, x,
                              unit_tensor(layout_.head_unit(), "model.norm.weight"), N,
@@ -398,7 +398,7 @@ const float* CpuBackend::head_logits(const float* x, int64_t N, Rows& r, float* 
   return logits;
 }
 
-const float* CpuBackend::prefill(const int32_t* prompt, int64_t P, const int32_t* blocks) {
+const float* EngineCpu::prefill(const int32_t* prompt, int64_t P, const int32_t* blocks) {
   const model::ModelConfig& c = layout_.config();
   const int64_t C = c.hidden_size, H = spec_.H, Hkv = spec_.Hkv, D = spec_.D, V = c.vocab_size;
   Rows& r = prefill_rows_;
@@ -438,7 +438,7 @@ const float* CpuBackend::prefill(const int32_t* prompt, int64_t P, const int32_t
   return head_logits(r.x.data() + (P - 1) * C, 1, r, plogits_.data());
 }
 
-const float* CpuBackend::decode(const DecodeBatch& d) {
+const float* EngineCpu::decode(const DecodeBatch& d) {
   const model::ModelConfig& c = layout_.config();
   const int64_t B = d.B, R = d.rows;  // B, plus a sequence's observation tokens (multi-turn)
   const int64_t C = c.hidden_size, V = c.vocab_size, KV = spec_.kv_dim();
@@ -477,7 +477,7 @@ const float* CpuBackend::decode(const DecodeBatch& d) {
 std::unique_ptr<EngineBackend> make_cpu_backend(const model::ParamLayout& layout,
                                                 const EngineOptions& options,
                                                 const EngineWeights& weights, const TpGroup& tp) {
-  return std::make_unique<CpuBackend>(layout, options, weights, tp);
+  return std::make_unique<EngineCpu>(layout, options, weights, tp);
 }
 
 }  // namespace rlhf::rollout

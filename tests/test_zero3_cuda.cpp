@@ -1,7 +1,7 @@
-// The GPU training state (DeviceZero3Store, one rank) with the GPU model, through the TrainModel
+// The GPU training state (Zero3StoreCuda, one rank) with the GPU model, through the TrainModel
 // interface the trainers use: weights and moments round-trip, the gradient norm, optimizer steps
 // against the CPU store + CPU model, --adam_offload against the device optimizer, frozen stores.
-// (N ranks against 1 rank over NCCL: tests/mpi/test_device_store.cpp.)
+// (N ranks against 1 rank over NCCL: tests/mpi/test_zero3_cuda.cpp.)
 #include <cmath>
 
 #include "parallel/param_store.h"
@@ -9,7 +9,7 @@
 #include "tests/ops/cuda_test_util.h"
 
 #ifdef RLHF_CUDA
-#include "parallel/device_store.h"
+#include "parallel/zero3_cuda.h"
 #endif
 
 using namespace rlhf;
@@ -43,9 +43,9 @@ std::vector<std::vector<float>> gather_all(parallel::ParamStore& s) {
 }
 
 std::unique_ptr<parallel::TrainModel> gpu_model(const model::ParamLayout& layout,
-                                                parallel::DeviceStoreOptions o = {}) {
+                                                parallel::Zero3OptionsCuda o = {}) {
   return parallel::make_cuda_train_model(
-      std::make_unique<parallel::DeviceZero3Store>(layout, nullptr, o), false);
+      std::make_unique<parallel::Zero3StoreCuda>(layout, nullptr, o), false);
 }
 
 // Two optimizer steps of SFT (2 micro-batches each, loss = mean −lp over the targets), returning
@@ -82,9 +82,9 @@ TEST_CASE("device store: weights and moments round-trip; unit_shard and memory")
   const model::ParamLayout layout(store_config(), HeadKind::kLM);
   const auto units = bf16_units(layout, 1);
   for (bool offload : {false, true}) {
-    parallel::DeviceStoreOptions o;
+    parallel::Zero3OptionsCuda o;
     o.adam_offload = offload;
-    parallel::DeviceZero3Store s(layout, nullptr, o);
+    parallel::Zero3StoreCuda s(layout, nullptr, o);
     for (int u = 0; u < layout.num_units(); ++u) s.load_unit(u, units[size_t(u)].data());
     CHECK(gather_all(s) == units);
     const parallel::UnitShard sh = s.unit_shard(1);
@@ -114,7 +114,7 @@ TEST_CASE("device store: the gradient norm is the norm of the accumulated gradie
   RLHF_SKIP_WITHOUT_CUDA_DEVICE();
 #ifdef RLHF_CUDA
   const model::ParamLayout layout(store_config(), HeadKind::kLM);
-  parallel::DeviceZero3Store s(layout, nullptr);
+  parallel::Zero3StoreCuda s(layout, nullptr);
   std::vector<std::vector<float>> g;
   double ref = 0;
   s.zero_grads();
@@ -173,7 +173,7 @@ TEST_CASE("device store: --adam_offload steps like the device optimizer") {
 #ifdef RLHF_CUDA
   const model::ParamLayout layout(store_config(), HeadKind::kLM);
   const auto init = bf16_units(layout, 3);
-  parallel::DeviceStoreOptions off;
+  parallel::Zero3OptionsCuda off;
   off.adam_offload = true;
   auto a = gpu_model(layout), b = gpu_model(layout, off);
   for (int u = 0; u < layout.num_units(); ++u) {
@@ -200,9 +200,9 @@ TEST_CASE("device store: a frozen store holds bf16 weights only") {
   RLHF_SKIP_WITHOUT_CUDA_DEVICE();
 #ifdef RLHF_CUDA
   const model::ParamLayout layout(store_config(), HeadKind::kLM);
-  parallel::DeviceStoreOptions o;
+  parallel::Zero3OptionsCuda o;
   o.frozen = true;
-  parallel::DeviceZero3Store s(layout, nullptr, o);
+  parallel::Zero3StoreCuda s(layout, nullptr, o);
   auto full = test::random_vec<float>(layout.unit(0).numel, 9);
   s.load_unit(0, full.data());
   std::vector<float> back(full.size());

@@ -1,4 +1,4 @@
-// DeviceUnitProvider: the GPU counterpart of UnitProvider (model/provider.h). The model obtains a
+// UnitProviderCuda: the GPU counterpart of UnitProvider (model/provider.h). The model obtains a
 // unit's full parameters as bf16 device memory and accumulates its gradients into an fp32 device
 // buffer, without knowing whether they are one process's buffers or ZeRO-3 shards gathered over
 // NCCL.
@@ -15,9 +15,9 @@ namespace rlhf::model {
 /// device pointers. Every pointer is valid for work enqueued on stream() after the acquire
 /// returns; release_* may be called as soon as the work that reads (or writes) the buffer has
 /// been enqueued on stream() — the provider orders its own use after it (e.g. by an event).
-class DeviceUnitProvider {
+class UnitProviderCuda {
  public:
-  virtual ~DeviceUnitProvider() = default;
+  virtual ~UnitProviderCuda() = default;
   /// Full parameters of unit u: at least numel bf16 (ParamLayout::unit(u) order) in device
   /// memory.
   virtual const bf16* acquire_params(int u) = 0;

@@ -1,5 +1,5 @@
 #ifdef RLHF_CUDA
-#include "parallel/device_store.h"
+#include "parallel/zero3_cuda.h"
 
 #include <mpi.h>
 
@@ -32,8 +32,8 @@ void d2h(void* dst, const void* src, size_t bytes, cudaStream_t s) {
 
 }  // namespace
 
-DeviceZero3Store::DeviceZero3Store(const model::ParamLayout& layout, Comm* comm,
-                                   DeviceStoreOptions options)
+Zero3StoreCuda::Zero3StoreCuda(const model::ParamLayout& layout, Comm* comm,
+                               Zero3OptionsCuda options)
     : layout_(layout),
       shard_layout_(layout, comm != nullptr ? comm->size() : 1),
       opt_(options),
@@ -78,7 +78,7 @@ DeviceZero3Store::DeviceZero3Store(const model::ParamLayout& layout, Comm* comm,
   compute_.sync();
 }
 
-DeviceZero3Store::~DeviceZero3Store() {
+Zero3StoreCuda::~Zero3StoreCuda() {
   // Outstanding collectives and copies use the buffers: let them finish (not while unwinding,
   // where a peer may never arrive; then the communicator is aborted on the way to MPI_Abort).
   if (std::uncaught_exceptions() == 0) {
@@ -91,11 +91,11 @@ DeviceZero3Store::~DeviceZero3Store() {
   }
 }
 
-model::UnitProvider<float>& DeviceZero3Store::provider() {
+model::UnitProvider<float>& Zero3StoreCuda::provider() {
   RLHF_FAIL("internal error: a device store has no host-side unit provider (use TransformerCuda)");
 }
 
-cudaStream_t DeviceZero3Store::comm_stream() const {
+cudaStream_t Zero3StoreCuda::comm_stream() const {
 #ifdef RLHF_NCCL
   if (nccl_ != nullptr) return nccl_->stream();
 #endif
@@ -105,8 +105,8 @@ cudaStream_t DeviceZero3Store::comm_stream() const {
 // --- buffer pools ----------------------------------------------------------------------------
 
 template <typename T>
-std::unique_ptr<DeviceZero3Store::Buffer<T>> DeviceZero3Store::take(Pool<T>& pool, int64_t n,
-                                                                    cudaStream_t user) {
+std::unique_ptr<Zero3StoreCuda::Buffer<T>> Zero3StoreCuda::take(Pool<T>& pool, int64_t n,
+                                                                cudaStream_t user) {
   std::unique_ptr<Buffer<T>> b;
   auto it = pool.find(n);
   if (it != pool.end() && !it->second.empty()) {
@@ -123,8 +123,8 @@ std::unique_ptr<DeviceZero3Store::Buffer<T>> DeviceZero3Store::take(Pool<T>& poo
 }
 
 template <typename T>
-void DeviceZero3Store::give_back(Pool<T>& pool, std::unique_ptr<Buffer<T>> b,
-                                 cudaStream_t last_user) {
+void Zero3StoreCuda::give_back(Pool<T>& pool, std::unique_ptr<Buffer<T>> b,
+                               cudaStream_t last_user) {
   b->reusable.record(last_user);
   b->used = true;
   pool[b->data.size()].push_back(std::move(b));
@@ -132,7 +132,7 @@ void DeviceZero3Store::give_back(Pool<T>& pool, std::unique_ptr<Buffer<T>> b,
 
 // --- the provider ----------------------------------------------------------------------------
 
-std::unique_ptr<DeviceZero3Store::Gathered> DeviceZero3Store::post_gather(int u) {
+std::unique_ptr<Zero3StoreCuda::Gathered> Zero3StoreCuda::post_gather(int u) {
 #ifdef RLHF_NCCL
   auto g = std::make_unique<Gathered>();
   const int64_t S = shard_numel(u);
@@ -147,7 +147,7 @@ std::unique_ptr<DeviceZero3Store::Gathered> DeviceZero3Store::post_gather(int u)
 #endif
 }
 
-const model::bf16* DeviceZero3Store::acquire_params(int u) {
+const model::bf16* Zero3StoreCuda::acquire_params(int u) {
   RLHF_ASSERT(u >= 0 && u < layout_.num_units());
   if (nshards_ == 1) return shards_[size_t(u)].params16.get();
   // Compute waits for this unit's gather only (not for prefetches posted after it).
@@ -159,14 +159,14 @@ const model::bf16* DeviceZero3Store::acquire_params(int u) {
   return g->buffer->data.get();
 }
 
-void DeviceZero3Store::release_params(int u) {
+void Zero3StoreCuda::release_params(int u) {
   if (nshards_ == 1) return;
   schedule_.release(u, [&](std::unique_ptr<Gathered>& g) {
     give_back(free_params_, std::move(g->buffer), stream());
   });
 }
 
-float* DeviceZero3Store::acquire_grads(int u) {
+float* Zero3StoreCuda::acquire_grads(int u) {
   RLHF_CHECK(!opt_.frozen, "internal error: gradients requested from a frozen model");
   if (nshards_ == 1) return shards_[size_t(u)].grads.get();  // the shard is the unit
   RLHF_ASSERT(grads_out_.count(u) == 0);
@@ -177,7 +177,7 @@ float* DeviceZero3Store::acquire_grads(int u) {
   return p;
 }
 
-void DeviceZero3Store::release_grads(int u) {
+void Zero3StoreCuda::release_grads(int u) {
   if (nshards_ == 1) return;
 #ifdef RLHF_NCCL
   auto it = grads_out_.find(u);
@@ -196,14 +196,14 @@ void DeviceZero3Store::release_grads(int u) {
 #endif
 }
 
-void DeviceZero3Store::begin_pass(bool backward) {
+void Zero3StoreCuda::begin_pass(bool backward) {
   if (nshards_ == 1) return;
   // Gathers read the bf16 shards, which the optimizer (on stream()) may just have updated.
   compute_to_comm_.order(stream(), comm_stream());
   schedule_.begin_pass(backward, [&](int u) { return post_gather(u); });
 }
 
-void DeviceZero3Store::end_pass(bool backward) {
+void Zero3StoreCuda::end_pass(bool backward) {
   if (nshards_ == 1) return;
   // A dropped copy nobody computed on (a prefetch past the end): its last user is the gather.
   schedule_.end_pass(backward, [&](std::unique_ptr<Gathered>& g) {
@@ -213,7 +213,7 @@ void DeviceZero3Store::end_pass(bool backward) {
   while (!requests_.empty() && requests_.front().test()) requests_.pop_front();
 }
 
-void DeviceZero3Store::sync_comm() {
+void Zero3StoreCuda::sync_comm() {
 #ifdef RLHF_NCCL
   if (nccl_ != nullptr) {
     nccl_->signal_to(stream());
@@ -225,14 +225,14 @@ void DeviceZero3Store::sync_comm() {
 
 // --- the optimizer ---------------------------------------------------------------------------
 
-void DeviceZero3Store::zero_grads() {
+void Zero3StoreCuda::zero_grads() {
   sync_comm();
   if (opt_.frozen) return;
   for (Shard& s : shards_)
     CUDA_CHECK(cudaMemsetAsync(s.grads.get(), 0, size_t(s.grads.size()) * sizeof(float), stream()));
 }
 
-double DeviceZero3Store::grad_sq_norm() {
+double Zero3StoreCuda::grad_sq_norm() {
   sync_comm();
   if (opt_.frozen) return 0.0;
   const int nu = layout_.num_units();
@@ -253,8 +253,8 @@ double DeviceZero3Store::grad_sq_norm() {
   return global;
 }
 
-void DeviceZero3Store::adamw_step(const optim::AdamWConfig& cfg, double lr, int64_t step,
-                                  float grad_scale) {
+void Zero3StoreCuda::adamw_step(const optim::AdamWConfig& cfg, double lr, int64_t step,
+                                float grad_scale) {
   RLHF_CHECK(!opt_.frozen, "internal error: optimizer step on a frozen model");
   sync_comm();
   const int nu = layout_.num_units();
@@ -297,7 +297,7 @@ void DeviceZero3Store::adamw_step(const optim::AdamWConfig& cfg, double lr, int6
 
 // --- consolidated views (checkpoints, weight sync) -------------------------------------------
 
-const float* DeviceZero3Store::master_host_view(int u) const {
+const float* Zero3StoreCuda::master_host_view(int u) const {
   const Shard& s = shards_[size_t(u)];
   const int64_t S = shard_numel(u);
   if (opt_.adam_offload && !opt_.frozen) {
@@ -317,11 +317,11 @@ const float* DeviceZero3Store::master_host_view(int u) const {
   return s.mirror.data();
 }
 
-UnitShard DeviceZero3Store::unit_shard(int u) const {
+UnitShard Zero3StoreCuda::unit_shard(int u) const {
   return {master_host_view(u), shard_layout_.shard_offset(u, rank_), shard_numel(u)};
 }
 
-void DeviceZero3Store::gather_host(int u, const float* mine, float* out) {
+void Zero3StoreCuda::gather_host(int u, const float* mine, float* out) {
   const int64_t S = shard_numel(u), n = layout_.unit(u).numel;
   if (nshards_ == 1) {
     std::memcpy(out, mine, size_t(n) * sizeof(float));
@@ -338,12 +338,12 @@ void DeviceZero3Store::gather_host(int u, const float* mine, float* out) {
 #endif
 }
 
-void DeviceZero3Store::gather_unit(int u, float* out) {
+void Zero3StoreCuda::gather_unit(int u, float* out) {
   sync_comm();
   gather_host(u, master_host_view(u), out);
 }
 
-void DeviceZero3Store::load_unit(int u, const float* full) {
+void Zero3StoreCuda::load_unit(int u, const float* full) {
   sync_comm();
   Shard& s = shards_[size_t(u)];
   const int64_t S = shard_numel(u);
@@ -362,7 +362,7 @@ void DeviceZero3Store::load_unit(int u, const float* full) {
   compute_.sync();
 }
 
-void DeviceZero3Store::gather_moments(int u, float* m, float* v) {
+void Zero3StoreCuda::gather_moments(int u, float* m, float* v) {
   RLHF_CHECK(!opt_.frozen, "internal error: moments of a frozen model");
   sync_comm();
   Shard& s = shards_[size_t(u)];
@@ -380,7 +380,7 @@ void DeviceZero3Store::gather_moments(int u, float* m, float* v) {
   gather_host(u, vh.data(), v);
 }
 
-void DeviceZero3Store::load_moments(int u, const float* m, const float* v) {
+void Zero3StoreCuda::load_moments(int u, const float* m, const float* v) {
   RLHF_CHECK(!opt_.frozen, "internal error: moments of a frozen model");
   sync_comm();
   Shard& s = shards_[size_t(u)];
@@ -399,7 +399,7 @@ void DeviceZero3Store::load_moments(int u, const float* m, const float* v) {
   }
 }
 
-MemoryReport DeviceZero3Store::memory() const {
+MemoryReport Zero3StoreCuda::memory() const {
   MemoryReport r;
   const int64_t shard = shard_layout_.total_shard();
   const int64_t f = shard * int64_t(sizeof(float));
