@@ -277,8 +277,8 @@ struct CheckpointArgs {
   /// --save_hf_ckpt: also a Hugging Face folder <ckpt_path>/step_N_hf next to each checkpoint
   bool save_hf_ckpt = false;
   /// --ckpt_format: single (one file from rank 0) | sharded (a file per training rank + index) |
-  /// auto (sharded with more than one training rank)
-  std::string ckpt_format = "single";
+  /// auto (the default: sharded with more than one training rank, else single)
+  std::string ckpt_format = "auto";
 
   void bind(OptionSet& o);
 };

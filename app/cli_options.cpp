@@ -308,8 +308,8 @@ void CheckpointArgs::bind(OptionSet& o) {
   o.add("ckpt_format", ckpt_format,
         "Training checkpoint form: single (one HDF5 file written by rank 0), sharded (every "
         "training rank writes its own shard in parallel, <ckpt_path>/step_N_shards/, indexed by "
-        "step_N.h5), auto (sharded with more than one training rank). Either resumes on any rank "
-        "count")
+        "step_N.h5), auto (sharded with more than one training rank, else single). Either "
+        "resumes on any rank count")
       .check(one_of({"single", "sharded", "auto"}));
 }
 

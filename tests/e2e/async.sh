@@ -19,9 +19,7 @@ SRC=$2
 . "$SRC/tests/e2e/lib/resume.sh"
 TASK="builtin:addition?n=2000&digits=1&seed=1"
 
-"$RLHF" sft --model_config "$SRC/examples/models/tiny.toml" --dataset "$TASK" --max_len 16 \
-  --train_batch_size 32 --micro_train_batch_size 32 --learning_rate 3e-3 --max_steps 150 \
-  --max_epochs 100 --seed 1 --threads 1 --save_path "$W/sft" --log_level warn || fail "sft warm start exited $?"
+warm_start_sft 150
 
 GRPO=(grpo --pretrain "$W/sft/model.h5" --prompt_data "$TASK" --input_key input --label_key label
       --reward math --n_samples_per_prompt 8 --rollout_batch_size 8 --train_batch_size 64
@@ -71,8 +69,7 @@ echo "ok: --async_queue_size 1 and 2 train on rollouts min(step - 1, k) updates 
 # (c) Resume with a rollout in flight: the straight run's step-4 checkpoint holds the rollout it
 # generated ahead for step 5; a new run resumes from it (as after a crash at step 5).
 run straight --max_steps 8 --async_train --save_steps 4
-mkdir -p "$W/resumed/ckpt"
-cp "$W/straight/ckpt/step_4.h5" "$W/resumed/ckpt/"
+copy_ckpt "$W/straight/ckpt" 4 "$W/resumed/ckpt" || fail "copying step 4"
 head -4 "$W/straight/metrics.jsonl" > "$W/resumed/metrics.jsonl"
 run resumed --max_steps 8 --async_train --save_steps 4 --load_checkpoint
 grep -q "resumed from .*step_4.h5 at step 4" "$W/resumed.log" || fail "the async run did not resume"
@@ -82,8 +79,7 @@ fa=$(fp "$W/straight.log")
 fb=$(fp "$W/resumed.log")
 [ -n "$fa" ] && [ "$fa" = "$fb" ] || fail "async resume: final weights differ: $fa vs $fb"
 # A synchronous run cannot take over a checkpoint that holds a rollout generated ahead.
-mkdir -p "$W/syncres/ckpt"
-cp "$W/straight/ckpt/step_4.h5" "$W/syncres/ckpt/"
+copy_ckpt "$W/straight/ckpt" 4 "$W/syncres/ckpt" || fail "copying step 4"
 if timeout 120 "${MPI[@]}" -np 2 "$RLHF" "${GRPO[@]}" --max_steps 8 --save_path "$W/syncres" \
   --ckpt_path "$W/syncres/ckpt" --load_checkpoint > "$W/syncres.log" 2>&1; then
   fail "a synchronous resume of an async checkpoint was accepted"

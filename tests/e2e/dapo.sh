@@ -16,9 +16,7 @@ SRC=$2
 TASK="builtin:addition?n=2000&digits=1&seed=1"
 HELD_OUT="builtin:addition?n=32&digits=1&seed=77"
 
-"$RLHF" sft --model_config "$SRC/examples/models/tiny.toml" --dataset "$TASK" --max_len 16 \
-  --train_batch_size 32 --micro_train_batch_size 32 --learning_rate 3e-3 --max_steps 150 \
-  --max_epochs 100 --seed 1 --threads 1 --save_path "$W/sft" --log_level warn || fail "sft warm start exited $?"
+warm_start_sft 150
 
 GRPO=(grpo --pretrain "$W/sft/model.h5" --prompt_data "$TASK" --input_key input --label_key label
       --reward math --n_samples_per_prompt 8 --rollout_batch_size 8 --train_batch_size 32

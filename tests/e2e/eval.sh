@@ -19,10 +19,7 @@ MPI=(timeout 300 "$MPIEXEC" --oversubscribe --allow-run-as-root --bind-to none)
 TASK="builtin:addition?n=2000&digits=1&seed=1"
 
 # --- a tiny policy: 120 SFT steps on 1-digit additions (a few seconds; some answers right)
-"$RLHF" sft --model_config "$SRC/examples/models/tiny.toml" --dataset "$TASK" --max_len 16 \
-  --train_batch_size 32 --micro_train_batch_size 32 --learning_rate 3e-3 --max_steps 120 \
-  --max_epochs 100 --seed 1 --threads 1 --save_path "$W/sft" --log_level warn || fail "sft exited $?"
-[ -f "$W/sft/model.h5" ] || fail "sft wrote no model.h5"
+warm_start_sft 120
 
 # Held-out prompts: labels as strings and as numbers; "answer" is not the label key.
 cat > "$W/add.jsonl" <<'EOF'

@@ -19,10 +19,7 @@ SRC=$2
 TASK="builtin:addition?n=2000&digits=1&seed=1"
 
 # Warm start: 150 SFT steps reach ~30% exact answers (enough for GRPO to have a signal).
-"$RLHF" sft --model_config "$SRC/examples/models/tiny.toml" --dataset "$TASK" --max_len 16 \
-  --train_batch_size 32 --micro_train_batch_size 32 --learning_rate 3e-3 --max_steps 150 \
-  --max_epochs 100 --seed 1 --threads 1 --save_path "$W/sft" --log_level warn || fail "sft warm start exited $?"
-[ -f "$W/sft/model.h5" ] || fail "no SFT model"
+warm_start_sft 150
 
 GRPO=(grpo --pretrain "$W/sft/model.h5" --prompt_data "$TASK" --input_key input --label_key label
       --reward math --n_samples_per_prompt 8 --rollout_batch_size 8 --train_batch_size 32
@@ -96,8 +93,7 @@ fb=$(fp "$W/second.log")
 echo "ok: $K steps + resume + $K steps == $((2 * K)) steps straight (metrics and weights $fa)"
 
 # (c) N -> M: the 2-rank checkpoint resumes on 1 rank and continues to step 2k.
-mkdir -p "$W/onerank/ckpt"
-cp "$W/resumed/ckpt/step_$K.h5" "$W/onerank/ckpt/"
+copy_ckpt "$W/resumed/ckpt" $K "$W/onerank/ckpt" || fail "copying step $K"
 # --threads 1: one rank would take both cores, and OpenMP threads crawl on a busy machine.
 "${MPI[@]}" -np 1 "$RLHF" "${RES[@]}" --threads 1 --max_steps $((2 * K)) --save_path "$W/onerank" \
   --ckpt_path "$W/onerank/ckpt" --load_checkpoint > "$W/onerank.log" 2>&1 \
@@ -120,8 +116,7 @@ EOF
 echo "ok: a 2-rank checkpoint resumes on 1 rank at step $K and continues"
 
 # (d) A truncated newest checkpoint: detected, the previous one is used.
-mkdir -p "$W/trunc/ckpt"
-cp "$W/straight/ckpt/step_$K.h5" "$W/straight/ckpt/step_$((2 * K)).h5" "$W/trunc/ckpt/"
+for k in $K $((2 * K)); do copy_ckpt "$W/straight/ckpt" $k "$W/trunc/ckpt" || fail "copying step $k"; done
 f="$W/trunc/ckpt/step_$((2 * K)).h5"
 truncate -s $(($(stat -c %s "$f") / 2)) "$f"
 timeout 120 "${MPI[@]}" -np 2 "$RLHF" "${RES[@]}" --max_steps $((2 * K)) --save_path "$W/trunc" \

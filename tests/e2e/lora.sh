@@ -30,9 +30,7 @@ EOF
 # (a) SFT with LoRA on a full-parameter warm start's task: the loss falls.
 SFT=(sft --dataset "$TASK" --max_len 16 --train_batch_size 32 --micro_train_batch_size 32
      --max_epochs 100 --seed 1 --threads 1 --log_level warn)
-"$RLHF" "${SFT[@]}" --model_config "$SRC/examples/models/tiny.toml" --learning_rate 3e-3 \
-  --max_steps 150 --save_path "$W/sft" \
-  || fail "sft warm start exited $?"
+warm_start_sft 150
 "$RLHF" "${SFT[@]}" --pretrain "$W/sft/model.h5" --learning_rate 1e-2 --max_steps 30 \
   --lora_rank 8 --lora_alpha 16 --save_path "$W/sft_lora" > "$W/sft_lora.log" 2>&1 \
   || { tail "$W/sft_lora.log"; fail "sft --lora_rank exited"; }

@@ -68,8 +68,7 @@ R=("${RM[@]}" --lr_scheduler constant --lora_dropout 0.1)  # dropout masks resum
   --ckpt_path "$W/straight/ckpt" --save_steps $K > "$W/straight.log" 2>&1 \
   || { tail "$W/straight.log"; fail "straight rm run exited"; }
 [ -f "$W/straight/ckpt/step_$K.h5" ] || fail "no checkpoint step_$K.h5"
-mkdir -p "$W/resumed/ckpt"
-cp "$W/straight/ckpt/step_$K.h5" "$W/resumed/ckpt/"
+copy_ckpt "$W/straight/ckpt" $K "$W/resumed/ckpt" || fail "copying step $K"
 "${MPI[@]}" -np 2 "$RLHF" "${R[@]}" --max_steps $((2 * K)) --save_path "$W/resumed" \
   --ckpt_path "$W/resumed/ckpt" --load_checkpoint > "$W/second.log" 2>&1 \
   || { tail "$W/second.log"; fail "resumed rm run exited"; }

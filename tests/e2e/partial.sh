@@ -26,9 +26,7 @@ SRC=$2
 . "$SRC/tests/e2e/lib/resume.sh"
 TASK="builtin:addition?n=2000&digits=1&seed=1"
 
-"$RLHF" sft --model_config "$SRC/examples/models/tiny.toml" --dataset "$TASK" --max_len 16 \
-  --train_batch_size 32 --micro_train_batch_size 32 --learning_rate 3e-3 --max_steps 150 \
-  --max_epochs 100 --seed 1 --threads 1 --save_path "$W/sft" --log_level warn || fail "sft warm start exited $?"
+warm_start_sft 150
 
 GRPO=(grpo --pretrain "$W/sft/model.h5" --prompt_data "$TASK" --input_key input --label_key label
       --reward math --n_samples_per_prompt 8 --rollout_batch_size 8 --train_batch_size 64
@@ -47,8 +45,7 @@ for mode in sync async; do
   extra=()
   [ $mode = async ] && extra=(--async_train)
   run "straight_$mode" 2 --max_steps 8 --save_steps 4 "${extra[@]}"
-  mkdir -p "$W/resumed_$mode/ckpt"
-  cp "$W/straight_$mode/ckpt/step_4.h5" "$W/resumed_$mode/ckpt/"
+  copy_ckpt "$W/straight_$mode/ckpt" 4 "$W/resumed_$mode/ckpt" || fail "copying step 4"
   head -4 "$W/straight_$mode/metrics.jsonl" > "$W/resumed_$mode/metrics.jsonl"
   run "resumed_$mode" 2 --max_steps 8 --save_steps 4 --load_checkpoint "${extra[@]}"
   grep -q "resumed from .*step_4.h5 at step 4" "$W/resumed_$mode.log" || fail "$mode: did not resume"
@@ -75,8 +72,7 @@ assert any(r["partial_age_max"] >= 1 for r in recs), "no trained sample from old
 print("carried per step:", [r["partial_carried_samples"] for r in recs],
       "age max:", [r["partial_age_max"] for r in recs])
 PYEOF
-mkdir -p "$W/plain/ckpt"
-cp "$W/straight_sync/ckpt/step_4.h5" "$W/plain/ckpt/"
+copy_ckpt "$W/straight_sync/ckpt" 4 "$W/plain/ckpt" || fail "copying step 4"
 plain=("${GRPO[@]}")
 unset 'plain[${#plain[@]}-1]'  # without --partial_rollout
 if timeout 120 "${MPI[@]}" -np 2 "$RLHF" "${plain[@]}" --max_steps 8 --save_path "$W/plain" \

@@ -20,9 +20,7 @@ SRC=$2
 . "$SRC/tests/e2e/lib/resume.sh"
 TASK="builtin:addition?n=2000&digits=1&seed=1"
 
-"$RLHF" sft --model_config "$SRC/examples/models/tiny.toml" --dataset "$TASK" --max_len 16 \
-  --train_batch_size 32 --micro_train_batch_size 32 --learning_rate 3e-3 --max_steps 40 \
-  --max_epochs 100 --seed 1 --threads 1 --save_path "$W/sft" --log_level warn || fail "sft warm start exited $?"
+warm_start_sft 40
 
 # A KV cache of 64 MiB per engine, touched by the rollout (64 samples of up to 264 positions
 # use ~128 blocks of 256 positions).

@@ -28,3 +28,12 @@ PYEOF
 
 # fp LOG: the last "weights fingerprint" a run printed in LOG.
 fp() { grep -o "weights fingerprint [0-9a-f]*" "$1" | tail -1 | awk '{ print $3 }'; }
+
+# copy_ckpt FROM K TO: copies checkpoint step K from folder FROM into folder TO (made if missing):
+# step_K.h5 and, for a sharded checkpoint (--ckpt_format sharded, or auto with several training
+# ranks), its shard folder step_K_shards/.
+copy_ckpt() {
+  mkdir -p "$3" || return 1
+  cp "$1/step_$2.h5" "$3/" || return 1
+  if [ -d "$1/step_$2_shards" ]; then cp -r "$1/step_$2_shards" "$3/" || return 1; fi
+}
