@@ -102,6 +102,11 @@ void BenchArgs::validate() {
           "unknown benchmark suite '{}'\nhint: train, generate, comm, sync, rl, gemm, packing, "
           "partial or all",
           s);
+  if (zero.packing_samples)
+    usage_fail(
+        "--packing_samples has no effect on rlhf bench: the train suite's rows all have "
+        "--seq_len tokens, and the packing suite runs packed and padded micro-batches itself\n"
+        "hint: rlhf bench packing");
 }
 
 void ModelArgs::bind(OptionSet& o) {
@@ -400,7 +405,8 @@ void GenerationArgs::bind(OptionSet& o) {
         "GPU engines: launch every decode step's kernels instead of replaying CUDA graphs");
   o.add("env_command", env_command,
         "Multi-turn episodes: environment program, one per generation rank, JSON lines on "
-        "stdin/stdout (docs/environments.md), or builtin:toy; CPU engines only");
+        "stdin/stdout (docs/environments.md), or builtin:toy; CPU and GPU engines of tensor "
+        "parallel size 1");
   o.add("env_timeout", env_timeout, "Seconds the environment may take per batch of turn ends")
       .check(gt(0));
   o.add("env_max_turns", env_max_turns, "With --env_command: model turns per episode").check(ge(1));

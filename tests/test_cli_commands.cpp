@@ -423,3 +423,10 @@ TEST_CASE("cli: a TRL option name says which rlhf flag means the same") {
   CHECK(contains(with({"--save_pat", "1"}), "did you mean '--save_path'"));
   CHECK(contains(with({"--learning_rate", "1e-6"}), "--actor_learning_rate"));
 }
+
+TEST_CASE("cli: rlhf bench refuses --packing_samples, which none of its suites would use") {
+  const std::string e = usage_error({"bench", "train", "--packing_samples"});
+  CHECK(contains(e, "--packing_samples has no effect on rlhf bench"));
+  CHECK(contains(e, "rlhf bench packing"));
+  CHECK(std::holds_alternative<app::BenchArgs>(parse({"bench", "packing"}).args));
+}

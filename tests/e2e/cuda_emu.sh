@@ -67,6 +67,9 @@ GRPO=(grpo --pretrain "$TMP/sft_gpu/model.h5" --prompt_data "$TASK" --input_key 
 "${MPI[@]}" "$EMU" "${GRPO[@]}" --max_steps 3 --load_checkpoint > "$TMP/grpo2.log" 2>&1 ||
   fail "gpu grpo resume: $(tail -3 "$TMP/grpo2.log")"
 grep -q "resumed from" "$TMP/grpo2.log" || fail "the GPU run did not resume"
+# Two training ranks write the sharded form by default (--ckpt_format auto), from the GPU store.
+ls "$TMP/grpo/ckpt/step_2_shards/"rank-*-of-00002.h5 > /dev/null 2>&1 ||
+  fail "no sharded checkpoint from the GPU store: $(ls "$TMP/grpo/ckpt")"
 [ "$(wc -l < "$TMP/grpo/metrics.jsonl")" -eq 3 ] ||
   fail "grpo metrics: $(wc -l < "$TMP/grpo/metrics.jsonl") records, want 3"
 python3 - "$TMP/grpo/metrics.jsonl" <<'EOF' || fail "grpo metrics not finite"
