@@ -195,6 +195,12 @@ TEST_CASE("tensor-parallel GPU engine (device, NCCL): TP 2 and 4 give TP 1's gre
                                 cudaMemcpyDeviceToDevice));
         tp->device_weights_updated();
         compare(one->generate(reqs), tp->generate(reqs), what + " after a device sync");
+        // Sleep frees the slices with the rest (the plan's count, the staged full units already
+        // freed); woken, the host weights are uploaded as slices again.
+        CHECK(tp->sleep() == tp->memory_plan().backend.sleep_frees);
+        CHECK(tp->wake() > 0);
+        init_weights(*tp, 77);  // the host buffers now hold what the device sync delivered
+        compare(one->generate(reqs), tp->generate(reqs), what + " after sleep and wake");
       }
     }
     group.reset();
