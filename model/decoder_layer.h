@@ -118,6 +118,10 @@ struct LayerRunCuda {
   bool fused_qkv = false;
   std::function<void(bf16* atty, const bf16* q, const bf16* k, const bf16* v, cudaStream_t)>
       attention;
+  /// Tensor parallel: sums an (N, C) partial output (bf16, device) over the group in place, in
+  /// the order of the given stream (o_proj and down_proj outputs, before their residual adds).
+  /// Empty: no group.
+  std::function<void(bf16* y, int64_t n, cudaStream_t)> partial_sum;
   cudaStream_t stream = nullptr;
 };
 

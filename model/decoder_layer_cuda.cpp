@@ -67,10 +67,12 @@ void decoder_layer_forward_cuda(bf16* x_out, LayerActsCuda& a, LayerScratchCuda&
   }
   run.attention(a.atty, a.q, a.k, a.v, st);
   project_forward_cuda(Proj::kO, scratch.proj, a.atty, w, s, N, st);
+  if (run.partial_sum) run.partial_sum(scratch.proj, N * C, st);
   // x_mid = x_in + o_proj(atty), fused with the post-attention RMSNorm.
   rmsnorm_residual_forward_cuda(a.x_mid, a.ln2, a.rstd2, x_in, scratch.proj, w.w_post, N, C, eps,
                                 st);
   mlp_forward_cuda(scratch.proj, a, a.ln2, w, s, N, st);
+  if (run.partial_sum) run.partial_sum(scratch.proj, N * C, st);
   residual_forward_cuda(x_out, a.x_mid, scratch.proj, N * C, st);
 }
 

@@ -59,7 +59,8 @@ struct EngineOptions {
   /// parallel CPU); the same tokens and log-probs as feeding them in one step (tests compare).
   bool observations_row_by_row = false;
   /// Run on the current CUDA device (rollout/engine_cuda.h): bf16 weights and KV cache in device
-  /// memory; kv_cache_bytes is then derived from gpu_memory_utilization. Tensor parallel size 1.
+  /// memory; kv_cache_bytes is then derived from gpu_memory_utilization. Tensor parallel over
+  /// NCCL when tp_comm has several ranks (one GPU each).
   bool cuda = false;
   /// --vllm_gpu_memory_utilization: the share of the device's memory the engine may hold (weights,
   /// buffers and KV cache), capped by what is free when it starts.
@@ -217,7 +218,9 @@ class EngineWeights : public model::UnitProvider<float> {
 /// (tp_comm->all_reduce) before each residual add (o_proj's bias added by rank 0 only). The KV
 /// cache holds this rank's KV heads only. Embedding, norms and the LM head are computed whole on
 /// every rank, so every rank samples the same tokens and returns the same results. Requires H,
-/// Hkv and F divisible by T (rlhf::Error otherwise).
+/// Hkv and F divisible by T (rlhf::Error otherwise). On the GPU (options.cuda) the group is the
+/// same and the backend (rollout/engine_cuda.h) sums with an NCCL all-reduce on the engine's
+/// stream instead; the device holds only this rank's slices of the layers.
 class Engine {
  public:
   /// layout: an LM-head model; options.unit_room sizes the unit buffers. Weights start at zero:

@@ -189,8 +189,10 @@ std::unique_ptr<EngineBackend> make_cpu_backend(const model::ParamLayout& layout
 
 /// The GPU backend (rollout/engine_cuda.h) on the current CUDA device: uploads the host unit
 /// buffers of `weights` (which must outlive it) as bf16, its KV cache sized from
-/// options.gpu_memory_utilization. Throws rlhf::Error for tensor parallel size > 1, in a build
-/// without CUDA, or when the device memory leaves nothing for the KV cache.
+/// options.gpu_memory_utilization; under tensor parallelism (tp.size > 1) this rank's slices and
+/// KV heads, an NCCL communicator over tp.comm (collective). Throws rlhf::Error in a build without
+/// CUDA (or, for tp.size > 1, without NCCL), when T does not divide the model, or when the device
+/// memory leaves nothing for the KV cache.
 std::unique_ptr<EngineBackend> make_cuda_backend(const model::ParamLayout& layout,
                                                  const EngineOptions& options,
                                                  const EngineWeights& weights, const TpGroup& tp);

@@ -17,6 +17,7 @@
 #include "model/ops/rope.h"
 #include "model/ops/swiglu.h"
 #include "rollout/engine.h"
+#include "rollout/engine_cuda_tp.h"
 
 namespace rlhf::rollout {
 
@@ -48,7 +49,8 @@ struct EngineCuda::Dims {
   int64_t max_batch = 0, max_pos = 0, max_blocks = 0, block_size = 0;
   int64_t C = 0, Q = 0, KV = 0, F = 0, H = 0, Hkv = 0, D = 0, V = 0;
   bool qk_norm = false, fused_qkv = false;
-  Dims(const model::ParamLayout& layout, int64_t max_batch_, int64_t block_size_) {
+  // tp_size > 1: the heads and MLP columns of one rank of the group (tp_layer_spec).
+  Dims(const model::ParamLayout& layout, int64_t max_batch_, int64_t block_size_, int tp_size = 1) {
     const model::ModelConfig& c = layout.config();
     max_batch = max_batch_;
     max_pos = c.max_position_embeddings;
@@ -56,9 +58,10 @@ struct EngineCuda::Dims {
     block_size = block_size_;
     max_blocks = (max_pos + block_size - 1) / block_size;
     C = c.hidden_size;
-    F = c.intermediate_size;
-    H = c.num_attention_heads;
-    Hkv = c.num_key_value_heads;
+    const model::LayerSpec s = tp_layer_spec(c, TpGroup{nullptr, tp_size, 0});
+    F = s.F;
+    H = s.H;
+    Hkv = s.Hkv;
     D = c.D();
     Q = H * D;
     KV = Hkv * D;
@@ -106,7 +109,7 @@ void EngineCuda::for_each_buffer(EngineCuda* self, const Dims& d, Fn&& fn) {
 }
 
 int64_t EngineCuda::buffer_bytes(const model::ParamLayout& layout, int64_t max_batch,
-                                 int64_t block_size) {
+                                 int64_t block_size) {  // full heads: a bound for every TP size
   int64_t bytes = 0;
   for_each_buffer(nullptr, Dims(layout, max_batch, block_size),
                   [&bytes](auto* buffer, int64_t elems, const char*) {
@@ -116,20 +119,27 @@ int64_t EngineCuda::buffer_bytes(const model::ParamLayout& layout, int64_t max_b
 }
 
 int64_t EngineCuda::fixed_bytes(const model::ParamLayout& layout, int64_t max_batch,
-                                int64_t block_size) {
+                                int64_t block_size, int tp_size) {
   int64_t weights = 0;
-  for (const model::UnitLayout& u : layout.units()) weights += u.numel;
+  std::vector<bool> layer(size_t(layout.num_units()), false);
+  if (tp_size > 1) {  // the layers as one rank's slices
+    for (int l = 0; l < layout.config().num_hidden_layers; ++l)
+      layer[size_t(layout.layer_unit(l))] = true;
+    weights += EngineCudaTp::slice_elems(layout, tp_size);
+  }
+  for (int u = 0; u < layout.num_units(); ++u)
+    if (!layer[size_t(u)]) weights += layout.unit(u).numel;
   return weights * int64_t(sizeof(bf16)) + buffer_bytes(layout, max_batch, block_size) +
          64 * kMiB;  // + cuBLASLt workspace and slack
 }
 
 int64_t EngineCuda::kv_budget_bytes(const model::ParamLayout& layout, double util,
-                                    int64_t max_batch, int64_t block_size) {
+                                    int64_t max_batch, int64_t block_size, int tp_size) {
   RLHF_CHECK(util > 0 && util <= 1, "--vllm_gpu_memory_utilization must be in (0, 1], got {}",
              util);
   size_t free_b = 0, total_b = 0;
   CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
-  const int64_t fixed = fixed_bytes(layout, max_batch, block_size);
+  const int64_t fixed = fixed_bytes(layout, max_batch, block_size, tp_size);
   const int64_t want = static_cast<int64_t>(util * static_cast<double>(total_b)) - fixed;
   const int64_t room = static_cast<int64_t>(free_b) - fixed - 512 * kMiB;
   const int64_t budget = std::min(want, room);
@@ -146,7 +156,7 @@ int64_t EngineCuda::kv_budget_bytes(const model::ParamLayout& layout, double uti
 
 EngineCuda::EngineCuda(const model::ParamLayout& layout, KvCache kv, int64_t max_batch,
                        bool use_graphs, const std::vector<int64_t>& unit_room,
-                       const EngineWeights* host)
+                       const EngineWeights* host, const TpGroup& tp)
     : layout_(layout),
       cache_(std::move(kv)),
       host_(host),
@@ -155,10 +165,11 @@ EngineCuda::EngineCuda(const model::ParamLayout& layout, KvCache kv, int64_t max
       max_batch_(max_batch),
       use_graphs_(use_graphs) {
   const model::ModelConfig& c = layout.config();
+  spec_ = tp_layer_spec(c, tp);  // this rank's heads and MLP columns (all of them for TP 1)
   C_ = c.hidden_size;
-  F_ = c.intermediate_size;
-  H_ = c.num_attention_heads;
-  Hkv_ = c.num_key_value_heads;
+  F_ = spec_.F;
+  H_ = spec_.H;
+  Hkv_ = spec_.Hkv;
   D_ = c.D();
   V_ = c.vocab_size;
   L_ = c.num_hidden_layers;
@@ -167,17 +178,25 @@ EngineCuda::EngineCuda(const model::ParamLayout& layout, KvCache kv, int64_t max
   RLHF_CHECK(unit_room.empty() || int(unit_room.size()) == layout.num_units(),
              "GPU engine: room for {} units, the model has {}", unit_room.size(),
              layout.num_units());
+  RLHF_CHECK(tp.size == 1 || cache_.bytes_per_token() == 2 * L_ * Hkv_ * D_ * 2,
+             "GPU engine: the KV cache of a tensor-parallel rank must hold its {} KV heads", Hkv_);
+  if (tp.size > 1) {
+    tp_ = std::make_unique<EngineCudaTp>(layout, tp, stream_.get());  // collective over the group
+    weight_bytes_ += tp_->bytes();
+  }
   for (int u = 0; u < layout.num_units(); ++u) {
-    const int64_t n = std::max(layout.unit(u).numel, unit_room.empty() ? 0 : unit_room[size_t(u)]);
-    units_.emplace_back(n, "engine weights");
-    unit_elems_.push_back(n);
+    unit_elems_.push_back(
+        std::max(layout.unit(u).numel, unit_room.empty() ? 0 : unit_room[size_t(u)]));
+    units_.emplace_back();
+    const int64_t n = resident_elems(u);
+    if (n == 0) continue;
+    units_.back().resize(n, "engine weights");
     CUDA_CHECK(cudaMemsetAsync(units_.back().get(), 0, size_t(n) * sizeof(bf16), stream_.get()));
     weight_bytes_ += n * int64_t(sizeof(bf16));
   }
   // One extra block: the scratch block that the padded rows of a captured batch write into.
   kv_.resize(kv_elems(), "engine KV cache");
-  spec_ = model::layer_spec(c);
-  const Dims dims(layout, max_batch_, block_size_);
+  const Dims dims(layout, max_batch_, block_size_, tp.size);
   fused_qkv_ = dims.fused_qkv;
   for_each_buffer(this, dims, [](auto* buffer, int64_t elems, const char* what) {
     buffer->resize(elems, what);
@@ -197,7 +216,10 @@ void EngineCuda::upload_weights(const std::vector<const float*>& units) {
   RLHF_CHECK(units.size() == units_.size(), "engine: {} unit buffers for {} units", units.size(),
              units_.size());
   std::vector<bf16> tmp;
+  for (int l = 0; tp_ != nullptr && l < L_; ++l)
+    tp_->load_from_host(l, units[size_t(layout_.layer_unit(l))], stream_.get());
   for (size_t u = 0; u < units.size(); ++u) {
+    if (sliced_unit(int(u))) continue;
     const int64_t n = layout_.unit(int(u)).numel;
     checked_resize(tmp, n, "the host staging buffer of the engine weights (bf16)");
 #pragma omp parallel for simd schedule(static) if (n > 65536)
@@ -207,8 +229,25 @@ void EngineCuda::upload_weights(const std::vector<const float*>& units) {
   }
 }
 
+bool EngineCuda::sliced_unit(int u) const {
+  if (tp_ == nullptr) return false;
+  for (int l = 0; l < L_; ++l)
+    if (layout_.layer_unit(l) == u) return true;
+  return false;
+}
+
 void EngineCuda::prepare_weights(bool device_current) {
-  if (device_current) return;
+  if (device_current) {
+    if (tp_ == nullptr || !staged_) return;
+    // A device sync wrote the full layer units: this rank's slices of them, then free them.
+    for (int l = 0; l < L_; ++l)
+      tp_->load_from_device(l, units_[size_t(layout_.layer_unit(l))].get(), stream_.get());
+    stream_.sync();
+    for (int u = 0; u < layout_.num_units(); ++u)
+      if (sliced_unit(u)) units_[size_t(u)].reset();
+    staged_ = false;
+    return;
+  }
   RLHF_CHECK(host_ != nullptr, "GPU engine: no host weights to upload");
   std::vector<const float*> units;
   for (int u = 0; u < layout_.num_units(); ++u) units.push_back(host_->unit_buffer(u));
@@ -235,6 +274,8 @@ int64_t EngineCuda::sleep() {
     freed += u.bytes();
     u.reset();
   }
+  staged_ = false;
+  if (tp_ != nullptr) freed += tp_->release();
   asleep_ = true;
   return freed;
 }
@@ -244,17 +285,23 @@ int64_t EngineCuda::wake() {
   kv_.resize(kv_elems(), "engine KV cache (wake)");
   int64_t bytes = kv_.bytes();
   for (size_t u = 0; u < units_.size(); ++u) {
-    units_[u].resize(unit_elems_[u], "engine weights (wake)");
-    CUDA_CHECK(
-        cudaMemsetAsync(units_[u].get(), 0, size_t(unit_elems_[u]) * sizeof(bf16), stream_.get()));
+    const int64_t n = resident_elems(int(u));
+    if (n == 0) continue;
+    units_[u].resize(n, "engine weights (wake)");
+    CUDA_CHECK(cudaMemsetAsync(units_[u].get(), 0, size_t(n) * sizeof(bf16), stream_.get()));
     bytes += units_[u].bytes();
   }
+  if (tp_ != nullptr) bytes += tp_->allocate(stream_.get());
   stream_.sync();
   asleep_ = false;
   return bytes;
 }
 
 std::vector<bf16*> EngineCuda::device_units() {
+  for (int u = 0; tp_ != nullptr && u < layout_.num_units(); ++u)
+    if (sliced_unit(u) && units_[size_t(u)].get() == nullptr)  // the sync's full layer units
+      units_[size_t(u)].resize(unit_elems_[size_t(u)], "engine weights (sync target)");
+  staged_ = tp_ != nullptr;
   std::vector<bf16*> out;
   for (auto& u : units_) out.push_back(u.get());
   stream_.sync();  // nothing of ours is in flight on them
@@ -286,8 +333,7 @@ model::LayerActsCuda EngineCuda::layer_acts(int64_t N) {
 void EngineCuda::layer_forward(int l, int64_t N, const bf16* x_in, bf16* x_out, bool decode,
                                int64_t table_stride, int64_t max_blocks) {
   const cudaStream_t s = stream_.get();
-  const int u = layout_.layer_unit(l);
-  const model::LayerParams<const bf16> w(layout_.unit(u), units_[size_t(u)].get());
+  const model::LayerParams<const bf16> w = layer_weights(l);
   const int64_t plane = (num_blocks_ + 1) * Hkv_ * block_size_ * D_;
   bf16* kc = kv_.get() + (2 * l) * plane;
   bf16* vc = kv_.get() + (2 * l + 1) * plane;
@@ -301,6 +347,8 @@ void EngineCuda::layer_forward(int l, int64_t N, const bf16* x_in, bf16* x_out, 
   run.rope_sin = rope_sin_.get();
   run.fused_qkv = fused_qkv_;
   run.stream = s;
+  if (tp_ != nullptr)  // the o_proj and down_proj partial outputs, summed over the group
+    run.partial_sum = [this](bf16* y, int64_t n, cudaStream_t st) { tp_->all_reduce(y, n, st); };
   run.attention = [&](bf16* atty, const bf16* q, const bf16* k, const bf16* v, cudaStream_t st) {
     model::kv_cache_write_cuda(kc, vc, k, v, table, table_stride, pos_.get(), N, Hkv_, D_,
                                block_size_, st);
@@ -313,6 +361,12 @@ void EngineCuda::layer_forward(int l, int64_t N, const bf16* x_in, bf16* x_out, 
                                     model::AttentionImpl::kFlash);
   };
   model::decoder_layer_forward_cuda(x_out, a, scratch, x_in, w, spec_, run);
+}
+
+model::LayerParams<const bf16> EngineCuda::layer_weights(int l) const {
+  if (tp_ != nullptr) return tp_->layer(l);
+  const int u = layout_.layer_unit(l);
+  return model::LayerParams<const bf16>(layout_.unit(u), units_[size_t(u)].get());
 }
 
 namespace {
@@ -448,10 +502,7 @@ const float* EngineCuda::decode(const int32_t* tokens, const int32_t* pos, const
 std::unique_ptr<EngineBackend> make_cuda_backend(const model::ParamLayout& layout,
                                                  const EngineOptions& o,
                                                  const EngineWeights& weights, const TpGroup& tp) {
-  RLHF_CHECK(tp.size == 1,
-             "a GPU generation engine runs with --vllm_tensor_parallel_size 1 (tensor-parallel "
-             "engines run on the CPU)");
-  const model::ModelConfig& c = layout.config();
+  const model::ModelConfig c = tp_kv_config(layout.config(), tp);  // this rank's KV heads
   // No more than max_batch sequences of max_position_embeddings positions can ever be cached.
   const int64_t per_block =
       2 * c.num_hidden_layers * c.num_key_value_heads * c.D() * 2 * o.block_size;
@@ -460,12 +511,12 @@ std::unique_ptr<EngineBackend> make_cuda_backend(const model::ParamLayout& layou
       static_cast<long double>(o.max_batch) *
       static_cast<long double>((c.max_position_embeddings + o.block_size - 1) / o.block_size) *
       static_cast<long double>(per_block);
-  const int64_t avail =
-      EngineCuda::kv_budget_bytes(layout, o.gpu_memory_utilization, o.max_batch, o.block_size);
+  const int64_t avail = EngineCuda::kv_budget_bytes(layout, o.gpu_memory_utilization, o.max_batch,
+                                                    o.block_size, tp.size);
   const int64_t budget =
       most < static_cast<long double>(avail) ? static_cast<int64_t>(most) : avail;
   return std::make_unique<EngineCuda>(layout, KvCache(c, budget, o.block_size, 2, false),
-                                      o.max_batch, o.cuda_graphs, o.unit_room, &weights);
+                                      o.max_batch, o.cuda_graphs, o.unit_room, &weights, tp);
 }
 
 }  // namespace rlhf::rollout

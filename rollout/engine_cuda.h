@@ -1,7 +1,8 @@
 // The GPU backend of the generation engine (rollout/engine_backend.h): bf16 weights and a bf16
 // paged KV cache in device memory, prefill and batched decode on the CUDA ops, logits back to the
-// host for the engine's sampler. The engine keeps the scheduling (admission, continuous batching,
-// KV block bookkeeping in a KvCache without storage) exactly as on the CPU, so a sample's random
+// host for the engine's sampler; tensor parallel over an NCCL communicator
+// (rollout/engine_cuda_tp.h). The engine keeps the scheduling (admission, continuous batching, KV
+// block bookkeeping in a KvCache without storage) exactly as on the CPU, so a sample's random
 // stream and the order of results do not depend on the device.
 #pragma once
 
@@ -21,8 +22,18 @@
 
 namespace rlhf::rollout {
 
-/// Device state and forward passes of one engine (tensor parallel size 1) on the current CUDA
-/// device, on its own stream. Not thread-safe.
+class EngineCudaTp;
+
+/// Device state and forward passes of one engine rank on the current CUDA device, on its own
+/// stream. Not thread-safe.
+///
+/// Tensor parallel (a TpGroup of size T > 1): the rank holds its Megatron-style slices of every
+/// decoder layer (EngineCudaTp: the CPU engine's split) and the embedding, final norm and LM head
+/// whole; its KV cache holds its Hkv/T KV heads; the o_proj and down_proj outputs are summed over
+/// the group by an NCCL all-reduce on the engine's stream (captured into the decode graphs with
+/// the rest of the step). Every rank computes the same logits, so every rank samples the same
+/// tokens. The full layer units exist on the device only between device_units() (a device weight
+/// sync's target) and the next prepare_weights(true), which slices and frees them.
 ///
 /// Decode with CUDA graphs: with use_graphs, the decode step of a batch of B sequences is captured
 /// once per batch bucket (B rounded up to 1, 2, 4, 8, then multiples of 8, up to max_batch) and
@@ -37,33 +48,41 @@ class EngineCuda final : public EngineBackend {
                               int64_t block_size);
   /// Bytes of device memory the engine needs besides its KV cache: weights (bf16),
   /// buffer_bytes(), and 64 MiB for the cuBLASLt workspace and slack.
+  /// Under tensor parallelism (tp_size > 1) the layers count as one rank's slices.
   static int64_t fixed_bytes(const model::ParamLayout& layout, int64_t max_batch,
-                             int64_t block_size);
+                             int64_t block_size, int tp_size = 1);
 
   /// KV cache budget from --vllm_gpu_memory_utilization: util·(device memory) − fixed_bytes(),
   /// capped at the memory free now minus a 512 MiB margin (a colocated trainer holds the rest).
   /// Throws rlhf::Error with the numbers and a hint when that leaves nothing.
   static int64_t kv_budget_bytes(const model::ParamLayout& layout, double util, int64_t max_batch,
-                                 int64_t block_size);
+                                 int64_t block_size, int tp_size = 1);
 
   /// kv: the engine's block bookkeeping (its num_blocks and block_size size the device cache),
   /// kept by the backend (kv_cache()). unit_room: elements per device unit buffer
   /// (EngineOptions::unit_room; empty = numel). host: the engine's host weights that
   /// prepare_weights() uploads (null: call upload_weights() instead; it must outlive this).
+  /// tp: the engine's tensor-parallel group (size 1: none); with size > 1 the construction is
+  /// collective over tp.comm (the group's NCCL communicator) and kv must hold this rank's KV heads
+  /// (tp_kv_config). Throws rlhf::Error when the group cannot split the model (tp_split_problem).
   EngineCuda(const model::ParamLayout& layout, KvCache kv, int64_t max_batch, bool use_graphs,
-             const std::vector<int64_t>& unit_room = {}, const EngineWeights* host = nullptr);
+             const std::vector<int64_t>& unit_room = {}, const EngineWeights* host = nullptr,
+             const TpGroup& tp = {});
   ~EngineCuda() override;
   EngineCuda(const EngineCuda&) = delete;
   EngineCuda& operator=(const EngineCuda&) = delete;
 
-  /// Uploads the full fp32 unit buffers (ParamLayout order, numel each) as bf16.
+  /// Uploads the full fp32 unit buffers (ParamLayout order, numel each) as bf16 (tensor
+  /// parallel: this rank's slices of the layer units).
   void upload_weights(const std::vector<const float*>& units);
-  /// The bf16 device unit buffers (for a device-to-device weight sync).
+  /// The bf16 device unit buffers, full units (for a device-to-device weight sync; tensor
+  /// parallel: the layer units are allocated here, sliced and freed by prepare_weights(true)).
   std::vector<model::bf16*> device_units() override;
 
   // --- EngineBackend
   KvCache& kv_cache() override { return cache_; }
-  /// Uploads the host weights given at construction unless device_current.
+  /// Uploads the host weights given at construction unless device_current (tensor parallel and
+  /// device_current: slices the layer units written since device_units()).
   void prepare_weights(bool device_current) override;
   bool feeds_observations() const override { return false; }
   int64_t weight_element_bytes() const override { return int64_t(sizeof(model::bf16)); }
@@ -119,6 +138,11 @@ class EngineCuda final : public EngineBackend {
   void forward(int64_t N, bool decode, int64_t table_stride, int64_t max_blocks, int64_t first_out);
   const float* logits_to_host(int64_t rows);
   int64_t bucket(int64_t B) const;
+  // Tensor parallel: unit u is a decoder layer, held as this rank's slices (tp_).
+  bool sliced_unit(int u) const;
+  // The elements unit u's device buffer holds while awake (0: a sliced layer unit).
+  int64_t resident_elems(int u) const { return sliced_unit(u) ? 0 : unit_elems_[size_t(u)]; }
+  model::LayerParams<const model::bf16> layer_weights(int l) const;
 
   model::ParamLayout layout_;
   KvCache cache_;  // block bookkeeping only: the keys and values are kv_
@@ -143,6 +167,8 @@ class EngineCuda final : public EngineBackend {
   std::vector<float> logits_host_;
   std::vector<model::bf16> logits_bf16_host_;
   std::vector<std::unique_ptr<Graph>> graphs_;  // by bucket index
+  std::unique_ptr<EngineCudaTp> tp_;            // tensor parallel size > 1: the slices and NCCL
+  bool staged_ = false;  // tensor parallel: full layer units handed out by device_units()
   int64_t graphs_captured_ = 0, graph_replays_ = 0;
 };
 

@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# Tensor-parallel GPU engines end to end on the CUDA emulator (rlhf_emu): `rlhf grpo --device cuda
+# --vllm_tensor_parallel_size 2` against the same run with TP 1, on 2 simulated nodes:
+#  (a) 8 ranks, --ranks_per_node 4 --gen_ranks_per_node 2: one TP 2 engine per node (no engine
+#      crosses a node), weights synced through the engines' host buffers and sliced on the host;
+#  (b) 4 ranks colocated, --ranks_per_node 2: one TP 2 engine per node, weights synced device to
+#      device into the full units and sliced on the device;
+# each generates the TP 1 run's completions (all but sampling near-ties), its rewards within
+# 0.02, and its engine log-probs agree with the trainer's forward (mismatch KL < 1e-4);
+#  (c) a TP size that cannot split the model (4 over 2 KV heads) is refused while parsing flags
+#      (exit 2) with the sizes that would work.
+# Exit 77 (skipped) when rlhf_emu was not built.
+# Usage: cuda_emu_tp.sh <rlhf binary> <source dir>
+set -u
+RLHF=$1
+SRC=$2
+EMU=$(dirname "$RLHF")/rlhf_emu
+if [ ! -x "$EMU" ]; then
+  echo "SKIP: $EMU not built (no CUDA toolkit, or -DRLHF_CUDA_EMU=OFF)"
+  exit 77
+fi
+# shellcheck source=lib/common.sh
+. "$SRC/tests/e2e/lib/common.sh"
+export RLHF_CUDA_EMU_DEVICES=8
+MPI=(timeout 600 "$MPIEXEC" --oversubscribe --allow-run-as-root --bind-to none)
+# A random tiny model (4 heads, 2 KV heads) on the built-in addition task. The keyword reward (the
+# share of 36 letters and digits a completion contains) varies between the random completions, so
+# the advantages and the training steps are not zero; the completions are logged for comparison.
+GRPO=(grpo --model_config "$SRC/examples/models/tiny.toml"
+  --prompt_data "builtin:addition?n=64&digits=1&seed=1" --input_key input --label_key label
+  --reward keyword --reward_keywords "a,b,c,d,e,f,g,h,i,j,k,l,m,n,o,p,q,r,s,t,u,v,w,x,y,z,0,1,2,3,4,5,6,7,8,9"
+  --n_samples_per_prompt 2 --rollout_batch_size 4 --train_batch_size 8 --micro_train_batch_size 2
+  --generate_max_len 5 --actor_learning_rate 1e-3 --max_steps 2 --seed 1 --threads 1
+  --device cuda --log_completions)
+run() {  # run <name> <np> <args...>
+  local name=$1 np=$2
+  shift 2
+  "${MPI[@]}" -np "$np" "$EMU" "${GRPO[@]}" "$@" --save_path "$W/$name" > "$W/$name.log" 2>&1 ||
+    fail "$name: $(tail -5 "$W/$name.log")"
+  [ "$(wc -l < "$W/$name/metrics.jsonl")" -eq 2 ] || fail "$name: want 2 metrics records"
+}
+# same <tp1 run> <tp2 run>: the TP 2 run against the TP 1 run. bf16 partial sums rounded before
+# the all-reduce move an engine log-prob by up to ~4e-3 (measured mismatch_abs_logp_max), which
+# can flip a sampled token whose uniform draw falls at a CDF boundary: measured 0-2 of 16
+# completions differ, rewards equal; bound: 3/4 of the completions equal, rewards within 0.02
+# (a differing completion moves the mean by <= 2/36/8). mismatch_kl (engine vs trainer
+# log-probs): TP 1 ~1e-8, TP 2 ~1.6e-6 measured, bound 1e-4 (a wrong slice or a missing all-reduce
+# gives O(1)).
+same() {
+  python3 - "$W/$1" "$W/$2" <<'PY' || fail "$2 differs from $1"
+import json, sys
+def load(d, f):
+    return [json.loads(l) for l in open(f"{d}/{f}")]
+a, b = load(sys.argv[1], "samples.jsonl"), load(sys.argv[2], "samples.jsonl")
+assert len(a) == len(b) > 0, (len(a), len(b))
+key = lambda r: (r["step"], r["prompt"], r["completion"])
+common = len(set(map(key, a)) & set(map(key, b)))
+print(f"{common} of {len(a)} completions equal")
+assert 4 * common >= 3 * len(a), "completions differ"
+for x, y in zip(load(sys.argv[1], "metrics.jsonl"), load(sys.argv[2], "metrics.jsonl")):
+    print(f"step {x['step']}: reward tp1 {x['reward_mean']:.4f} tp2 {y['reward_mean']:.4f}, "
+          f"mismatch kl tp2 {y['mismatch_kl']:.2e}")
+    assert abs(x["reward_mean"] - y["reward_mean"]) <= 0.02, "rewards differ"
+    assert y["mismatch_kl"] < 1e-4, "the TP 2 engine's log-probs disagree with the trainer's"
+PY
+}
+# Every engine's ranks on one node (the placement table: rank host node local_rank role engine tp).
+node_local() {
+  awk '/\[info\] +[0-9]+ +[^ ]+ +[0-9]+ +[0-9]+ +(gen|both) +[0-9]+/ {
+         n = NF; e = $(n - 1); node = $(n - 4)
+         if (e in seen && seen[e] != node) bad = 1
+         seen[e] = node; engines[e] = 1 }
+       END { c = 0; for (e in engines) c++; exit (bad || c != want) }' want="$2" "$W/$1.log" ||
+    fail "$1: an engine crosses a node, or not $2 engines: $(grep -A9 'rank  host' "$W/$1.log")"
+}
+
+# (a) disaggregated, 8 ranks on 2 nodes of 4: 2 training and 2 generation ranks per node.
+run dis_tp2 8 --ranks_per_node 4 --gen_ranks_per_node 2 --vllm_tensor_parallel_size 2
+node_local dis_tp2 2
+run dis_tp1 8 --ranks_per_node 4 --gen_ranks_per_node 2 --vllm_tensor_parallel_size 1
+same dis_tp1 dis_tp2
+echo "ok: disaggregated TP 2 GPU engines (host sync) == TP 1"
+
+# (b) colocated, 4 ranks on 2 nodes of 2: every rank trains and generates.
+run col_tp2 4 --ranks_per_node 2 --vllm_tensor_parallel_size 2
+node_local col_tp2 2
+run col_tp1 4 --ranks_per_node 2 --vllm_tensor_parallel_size 1
+same col_tp1 col_tp2
+echo "ok: colocated TP 2 GPU engines (device sync, sliced on the device) == TP 1"
+
+# (c) TP 4 cannot split the model's 2 KV heads: refused while parsing flags, exit 2.
+"${MPI[@]}" -np 4 "$EMU" "${GRPO[@]}" --vllm_tensor_parallel_size 4 --ranks_per_node 4 \
+  --save_path "$W/bad" > "$W/bad.log" 2>&1
+rc=$?
+[ $rc -eq 2 ] || fail "TP 4 over 2 KV heads: exit status $rc, want 2: $(tail -3 "$W/bad.log")"
+grep -q "divides all three: 1, 2" "$W/bad.log" ||
+  fail "TP 4: no hint naming the sizes that work: $(tail -3 "$W/bad.log")"
+echo "ok: --vllm_tensor_parallel_size 4 --device cuda over 2 KV heads is refused (exit 2)"
+echo "PASS"
