@@ -16,6 +16,7 @@
 #include "model/ops/rmsnorm.h"
 #include "model/ops/rope.h"
 #include "model/ops/swiglu.h"
+#include "parallel/watchdog.h"
 #include "rollout/engine.h"
 #include "rollout/engine_cuda_tp.h"
 
@@ -378,6 +379,13 @@ const bf16* lm_weight(const model::ParamLayout& layout,
 }
 }  // namespace
 
+void EngineCuda::wait_step() {
+  if (tp_ == nullptr) return stream_.sync();
+  parallel::WatchScope watch("a tensor-parallel engine step (NCCL all-reduce)",
+                             "the engine's tensor-parallel group");
+  stream_.sync();
+}
+
 const float* EngineCuda::logits_to_host(int64_t rows) {
   checked_resize(logits_bf16_host_, rows * V_, "the engine's host logits (bf16)");
   checked_resize(logits_host_, rows * V_, "the engine's host logits");
@@ -403,7 +411,7 @@ const float* EngineCuda::prefill(const int32_t* prompt, int64_t P, const int32_t
   h2d(blocks_.get(), blocks, size_t(nb) * sizeof(int32_t), s);
   // Only the last position's logits are needed (the first generated token).
   forward(P, false, 0, nb, P - 1);
-  stream_.sync();  // `pos` is read by the copy above
+  wait_step();  // `pos` is read by the copy above
   return logits_to_host(1);
 }
 
@@ -495,7 +503,7 @@ const float* EngineCuda::decode(const int32_t* tokens, const int32_t* pos, const
       ++graph_replays_;
     }
   }
-  stream_.sync();  // the host input vectors are read by the copies above
+  wait_step();  // the host input vectors are read by the copies above
   return logits_to_host(B);
 }
 

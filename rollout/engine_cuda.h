@@ -137,6 +137,10 @@ class EngineCuda final : public EngineBackend {
   // table_stride), else causal over the rows themselves (a prompt in blocks_).
   void forward(int64_t N, bool decode, int64_t table_stride, int64_t max_blocks, int64_t first_out);
   const float* logits_to_host(int64_t rows);
+  // Waits for a prefill's or decode step's work on the stream. A tensor-parallel engine's step
+  // ends in its peers' all-reduces, so its wait is watched (parallel/watchdog.h, --comm_timeout):
+  // a peer that never reaches its all-reduce ends the job with the watchdog's message.
+  void wait_step();
   int64_t bucket(int64_t B) const;
   // Tensor parallel: unit u is a decoder layer, held as this rank's slices (tp_).
   bool sliced_unit(int u) const;

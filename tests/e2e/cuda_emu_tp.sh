@@ -9,6 +9,8 @@
 # 0.02, and its engine log-probs agree with the trainer's forward (mismatch KL < 1e-4);
 #  (c) a TP size that cannot split the model (4 over 2 KV heads) is refused while parsing flags
 #      (exit 2) with the sizes that would work.
+#  (d) a TP peer stopped before the rollout ends the job through the watchdog (--comm_timeout),
+#      which names the engine step's all-reduce and the stopped rank.
 # Exit 77 (skipped) when rlhf_emu was not built.
 # Usage: cuda_emu_tp.sh <rlhf binary> <source dir>
 set -u
@@ -96,4 +98,13 @@ rc=$?
 grep -q "divides all three: 1, 2" "$W/bad.log" ||
   fail "TP 4: no hint naming the sizes that work: $(tail -3 "$W/bad.log")"
 echo "ok: --vllm_tensor_parallel_size 4 --device cuda over 2 KV heads is refused (exit 2)"
+
+# (d) A TP peer stopped (SIGSTOP) before the rollout: its partner waits in the engine step's
+# all-reduce, which is watched (--comm_timeout 5): the job ends, naming that wait and the peer.
+RLHF_INJECT_STOP=rl_step:1 "${MPI[@]}" -np 2 "$EMU" "${GRPO[@]}" --vllm_tensor_parallel_size 2 \
+  --comm_timeout 5 --save_path "$W/stop" > "$W/stop.log" 2>&1 && fail "the stopped TP peer went unnoticed"
+grep -q "a tensor-parallel engine step (NCCL all-reduce) .* has not completed after 5 s" \
+  "$W/stop.log" || fail "no watchdog message for the engine step: $(tail -3 "$W/stop.log")"
+grep -q "rank 1 (pid [0-9]*) is stopped" "$W/stop.log" || fail "the stopped peer is not named"
+echo "ok: a stopped TP peer ends the job through the watchdog (engine step named)"
 echo "PASS"
