@@ -147,10 +147,8 @@ class EngineBackend {
 
   /// LoRA (model/lora.h): from now on the model is the unit buffers' base weights with the
   /// adapters of `layout` in `adapters` (layout->numel() floats the engine owns, read at every
-  /// prepare_weights and prefill; nullptr layout: none). Both backends apply them (the CPU's
-  /// unmerged beside prefill and merged into its decode copies, EngineCuda merged into its device
-  /// weights at each prepare_weights); this default, for a backend without LoRA, refuses adapters
-  /// (throws rlhf::Error).
+  /// prepare_weights and prefill; nullptr layout: none). This default refuses adapters (throws
+  /// rlhf::Error): the GPU backend has no LoRA yet.
   virtual void set_lora(const model::LoraLayout* layout, const float* adapters) {
     (void)adapters;
     RLHF_CHECK(layout == nullptr,

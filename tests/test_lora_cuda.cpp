@@ -97,7 +97,8 @@ struct Pair {
 };
 
 Pair make_pair(const model::ParamLayout& layout, model::LocalParams<float>& P,
-               model::LoraConfig cfg, const std::vector<float>* adapters) {
+               model::LoraConfig cfg, const std::vector<float>* adapters,
+               bool checkpointing = false) {
   cfg.save_score = layout.head() != HeadKind::kLM;
   Pair p;
   parallel::Zero3Options o;
@@ -122,7 +123,7 @@ Pair make_pair(const model::ParamLayout& layout, model::LocalParams<float>& P,
     gs->load_adapters(a.data());
   }
   p.cpu = parallel::make_cpu_train_model(std::move(cs), false);
-  p.gpu = parallel::make_lora_cuda_model(std::move(gs), false, nullptr);
+  p.gpu = parallel::make_lora_cuda_model(std::move(gs), checkpointing, nullptr);
   return p;
 }
 
@@ -249,6 +250,15 @@ TEST_CASE(
       test::check_nmse("outputs", out_g, out_c, head == HeadKind::kLM ? kNmseOutputs : kNmseValues);
       const std::vector<float> gc = grads_of(m.cpu_store()), gg = grads_of(m.gpu_store());
       test::check_nmse("adapter gradients", gg, gc, kNmseGrads);
+      if (head == HeadKind::kLM) {  // gradient checkpointing recomputes the same bits (masks too)
+        Pair ck = make_pair(layout, P, lc, &adapters, true);
+        std::vector<float> out_k(static_cast<size_t>(N));
+        ck.gpu_store().zero_grads();
+        ck.gpu->forward_lm(tokens.data(), targets.data(), B, T, out_k.data(), nullptr, true);
+        ck.gpu->backward_lm(dout.data(), nullptr);
+        CHECK(out_k == out_g);
+        CHECK(grads_of(ck.gpu_store()) == gg);
+      }
       if (ll.score_offset() >= 0) {  // the trained score head's gradient, on its own
         const auto b = gc.begin() + ll.score_offset(), e = b + cfg.hidden_size;
         const auto bg = gg.begin() + ll.score_offset();
