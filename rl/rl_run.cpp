@@ -347,11 +347,11 @@ int run_rl(const RlRunConfig& c) {
                           {"stopped", bool(s.stopped[i])}});
   };
   // Colocated GPU ranks sync device to device (NCCL gathers of the bf16 shards straight into the
-  // engines' device weights); every other placement goes through the engines' host buffers.
-  const bool device_sync = rt.device == parallel::Device::kCuda && pl.colocated();
+  // engines' device weights); every other placement goes through the engines' host buffers, and
+  // so does LoRA on the GPU (the frozen base once into the host buffers, then the adapters, which
+  // the GPU engine merges into its device weights at each generate).
   const bool lora = c.zero.lora.enabled();
-  RLHF_CHECK(!lora || !device_sync,
-             "--lora_rank with --device cuda: LoRA runs on the CPU backend only for now");
+  const bool device_sync = rt.device == parallel::Device::kCuda && pl.colocated() && !lora;
   bool base_synced = false;
   const int64_t lora_numel =
       lora ? model::LoraLayout(model::layer_spec(layout.config()),
