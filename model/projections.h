@@ -1,11 +1,11 @@
-// The linear projections of a decoder layer as one table: what each is called (ours and Hugging
-// Face's), its (in, out) dimensions, whether it has a bias and how tensor parallelism splits it.
-// The parameter layout (model/layout.cpp), the layer views (model/layer_params.h), the parameter
-// counts (model/config.cpp, model/flops.cpp) and the decoder layer's one linear call site per
-// backend (model/decoder_layer*.cpp: project_forward_* / project_backward_*) all read it, so a new
-// projection, a bias on an existing one or a per-projection extension (LoRA adapters, another
-// GEMM precision) is one row here plus one edit per backend call site. llama.cpp's per-tensor
-// tables (LLM_TENSOR_*) and its build_lora_mm seam are the model.
+// The linear projections of a decoder layer as one table: names (ours and Hugging Face's), (in,
+// out) dimensions, bias, tensor-parallel split. The parameter layout (model/layout.cpp), the layer
+// views (model/layer_params.h), the parameter counts (model/config.cpp, model/flops.cpp), the
+// decoder layer's one linear call site per backend (model/decoder_layer*.cpp: project_forward_* /
+// project_backward_*) and the engines' packing and tensor-parallel slicing (rollout/engine_cpu.cpp,
+// engine_cuda_tp.cpp) all read it, so a new projection, a bias on an existing one or a
+// per-projection extension (LoRA, another GEMM precision) is one row here plus one edit per backend
+// call site. llama.cpp's per-tensor tables (LLM_TENSOR_*) and its build_lora_mm seam are the model.
 #pragma once
 
 #include <array>

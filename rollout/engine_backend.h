@@ -52,34 +52,6 @@ model::LayerSpec tp_layer_spec(const model::ModelConfig& c, const TpGroup& tp);
 /// Hkv/T, head_dim fixed to the full config's D.
 model::ModelConfig tp_kv_config(const model::ModelConfig& c, const TpGroup& tp);
 
-/// One linear weight of a decoder layer (element type T) as a backend packs and slices it.
-template <typename T>
-struct LinearSlot {
-  using Params = model::LayerParams<const T>;
-  const T* Params::*w;  ///< the (out, in) weight
-  const T* Params::*b;  ///< its bias (null in a layer without one), or nullptr: never one
-  int64_t out, in;      ///< this rank's dims
-  /// Tensor parallel (Megatron style): column parallel — this rank's output rows and their bias —
-  /// or row parallel — this rank's input columns; the output is a partial sum over the group,
-  /// its bias added by rank 0 only.
-  bool column_parallel;
-};
-
-/// The linear weights of a decoder layer with this rank's dims s (tp_layer_spec): q, k, v, o,
-/// gate, up, down. The one list that packing and tensor-parallel slicing follow.
-template <typename T>
-std::array<LinearSlot<T>, 7> layer_linears(const model::LayerSpec& s) {
-  using P = model::LayerParams<const T>;
-  const int64_t C = s.C, Q = s.q_dim(), KV = s.kv_dim(), F = s.F;
-  return {{{&P::wq, &P::bq, Q, C, true},
-           {&P::wk, &P::bk, KV, C, true},
-           {&P::wv, &P::bv, KV, C, true},
-           {&P::wo, &P::bo, C, Q, false},
-           {&P::wg, nullptr, F, C, true},
-           {&P::wu, nullptr, F, C, true},
-           {&P::wd, nullptr, C, F, false}}};
-}
-
 /// One decode step's inputs: host arrays that the scheduler fills and the backend reads during
 /// decode(). Row i feeds tokens[i] at position pos[i], attending to lens[i] = pos[i] + 1 cached
 /// positions through block-table row i; a sequence has one row (its last sampled token) and, in
@@ -147,8 +119,10 @@ class EngineBackend {
 
   /// LoRA (model/lora.h): from now on the model is the unit buffers' base weights with the
   /// adapters of `layout` in `adapters` (layout->numel() floats the engine owns, read at every
-  /// prepare_weights and prefill; nullptr layout: none). This default refuses adapters (throws
-  /// rlhf::Error): the GPU backend has no LoRA yet.
+  /// prepare_weights and prefill; nullptr layout: none). Both backends apply them (the CPU's
+  /// unmerged beside prefill and merged into its decode copies; EngineCuda merged into its device
+  /// weights at each prepare_weights); this default, for a backend without LoRA, throws
+  /// rlhf::Error.
   virtual void set_lora(const model::LoraLayout* layout, const float* adapters) {
     (void)adapters;
     RLHF_CHECK(layout == nullptr,

@@ -171,8 +171,8 @@ class EngineCpu final : public EngineBackend {
  private:
   /// A layer's weights with their linears replaced by copies (slices or packed panels).
   struct LayerCopy {
-    std::array<std::vector<float>, 7> w, b;  // by layer_linears() slot
-    LayerW view;                             // the copies, with the source's other tensors
+    std::array<std::vector<float>, model::kNumProj> w, b;  // by Proj
+    LayerW view;  // the copies, with the source's other tensors
   };
   /// A layer's linears in bf16: plain (oneDNN, prefill) and packed (decode) copies, by Proj.
   struct LayerBf16Copy {
@@ -229,20 +229,21 @@ void EngineCpu::slice_weights() {
     const LayerW full(layout_.unit(u), weights_.unit_buffer(u));
     LayerCopy& t = sliced_[size_t(l)];
     t.view = full;  // the norms stay the full buffers'
-    const auto slots = layer_linears<float>(spec_);
-    for (size_t i = 0; i < slots.size(); ++i) {
-      const LinearSlot<float>& s = slots[i];
-      const float* w = full.*s.w;
-      const float* b = s.b != nullptr ? full.*s.b : nullptr;
-      if (s.column_parallel) {  // this rank's output rows, and their bias
-        t.w[i] = copy_rows(w, s.in, r * s.out, s.out);
-        if (b != nullptr) t.b[i] = copy_rows(b, 1, r * s.out, s.out);
-        t.view.*s.w = t.w[i].data();
-        if (s.b != nullptr) t.view.*s.b = b != nullptr ? t.b[i].data() : nullptr;
-      } else {  // this rank's input columns; the bias added once to the sum
-        t.w[i] = copy_cols(w, s.out, s.in * tp_.size, r * s.in, s.in);
-        t.view.*s.w = t.w[i].data();
-        if (s.b != nullptr) t.view.*s.b = r == 0 ? b : nullptr;
+    for (const model::Projection& p : model::layer_projections(spec_)) {
+      const size_t i = size_t(p.id());
+      const float* w = full.weight(p.id());
+      const float* b = full.bias(p.id());
+      if (p.split() == model::TpSplit::kColumn) {  // this rank's output rows, and their bias
+        t.w[i] = copy_rows(w, p.in, r * p.out, p.out);
+        if (b != nullptr) t.b[i] = copy_rows(b, 1, r * p.out, p.out);
+        t.view.weight(p.id()) = t.w[i].data();
+        t.view.bias(p.id()) = b != nullptr ? t.b[i].data() : nullptr;
+      } else {  // kRow: this rank's input columns; the bias added once to the sum
+        RLHF_CHECK(p.split() == model::TpSplit::kRow, "tensor-parallel engine: {} has no split",
+                   p.info->name);
+        t.w[i] = copy_cols(w, p.out, p.in * tp_.size, r * p.in, p.in);
+        t.view.weight(p.id()) = t.w[i].data();
+        t.view.bias(p.id()) = r == 0 ? b : nullptr;
       }
     }
   }
@@ -261,20 +262,17 @@ void EngineCpu::pack_weights() {
     const LayerW w = layer_weights(l);
     p.view = w;             // the packed linears, with the unpacked norms and biases
     p.view.lora = nullptr;  // decode reads the adapters merged into its packed copies
-    const auto slots = layer_linears<float>(spec_);
-    for (size_t i = 0; i < slots.size(); ++i) {
-      const float* src = w.*slots[i].w;
-      const model::LoraProjView<float>* a =
-          w.lora != nullptr ? &(*w.lora)[model::Proj(int(i))] : nullptr;
+    for (const model::Projection& pr : model::layer_projections(spec_)) {
+      const float* src = w.weight(pr.id());
+      const model::LoraProjView<float>* a = w.lora != nullptr ? &(*w.lora)[pr.id()] : nullptr;
       if (a != nullptr && a->A != nullptr) {  // W' = W + (α/r)·B·A, then packed
-        const int64_t n = slots[i].in * slots[i].out;
+        const int64_t n = pr.in * pr.out;
         checked_resize(merged_, n, "the engine's merged LoRA weight");
         std::copy(src, src + n, merged_.begin());
-        model::lora_merge_cpu(merged_.data(), a->A, a->B, w.lora->scale, a->r, slots[i].in,
-                              slots[i].out);
+        model::lora_merge_cpu(merged_.data(), a->A, a->B, w.lora->scale, a->r, pr.in, pr.out);
         src = merged_.data();
       }
-      p.view.*slots[i].w = pack(p.w[i], src, slots[i].in, slots[i].out);
+      p.view.weight(pr.id()) = pack(p.w[size_t(pr.id())], src, pr.in, pr.out);
     }
   }
   const model::ParamLayout::TensorRef lw = layout_.lm_head_weight();
@@ -312,14 +310,14 @@ void EngineCpu::convert_weights_bf16() {
 EngineMemoryPlan EngineCpu::memory_plan() const {
   const model::ModelConfig& c = layout_.config();
   int64_t weights = 0;
-  const auto slots = layer_linears<float>(spec_);
+  const std::vector<model::Projection> projections = model::layer_projections(spec_);
   for (int l = 0; l < c.num_hidden_layers; ++l) {
     const int u = layout_.layer_unit(l);
     const LayerW full(layout_.unit(u), weights_.unit_buffer(u));
-    for (const LinearSlot<float>& sl : slots) {
+    for (const model::Projection& sl : projections) {
       if (tp_.size > 1) {  // slice_weights: the weight, and a column-parallel bias
         weights += sl.in * sl.out * int64_t(sizeof(float));
-        if (sl.column_parallel && sl.b != nullptr && full.*sl.b != nullptr)
+        if (sl.split() == model::TpSplit::kColumn && full.bias(sl.id()) != nullptr)
           weights += sl.out * int64_t(sizeof(float));
       }
       const int64_t packed = model::linear_decode_packed_size(sl.in, sl.out);

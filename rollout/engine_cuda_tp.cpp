@@ -28,23 +28,26 @@ TpSlicePlan::TpSlicePlan(const model::UnitLayout& u, const model::LayerSpec& s, 
     elems += width * rows;
     return at;
   };
-  const auto slots = layer_linears<float>(s);
+  const std::vector<model::Projection> projections = model::layer_projections(s);
   // Weights, then biases; q/k/v back to back in each (no alignment gap between them).
-  for (size_t i = 0; i < slots.size(); ++i) {
-    const model::ProjInfo& pi = model::kProjections[i];
-    const LinearSlot<float>& sl = slots[i];
+  for (const model::Projection& sl : projections) {
+    const model::ProjInfo& pi = *sl.info;
+    const size_t i = size_t(pi.id);
     const int64_t off = u.at(pi.weight_name).offset;
-    w[i] = sl.column_parallel ? place(off + r * sl.out * sl.in, 0, sl.out * sl.in, 1)  // rows
-                              : place(off + r * sl.in, sl.in * T, sl.in, sl.out);      // columns
+    RLHF_CHECK(sl.split() != model::TpSplit::kNone, "tensor-parallel GPU engine: {} has no split",
+               pi.name);
+    w[i] = sl.split() == model::TpSplit::kColumn
+               ? place(off + r * sl.out * sl.in, 0, sl.out * sl.in, 1)  // rows
+               : place(off + r * sl.in, sl.in * T, sl.in, sl.out);      // columns
     if (!pi.fused_qkv || pi.id == model::Proj::kV) align();
   }
-  for (size_t i = 0; i < slots.size(); ++i) {
-    const model::ProjInfo& pi = model::kProjections[i];
-    const LinearSlot<float>& sl = slots[i];
+  for (const model::Projection& sl : projections) {
+    const model::ProjInfo& pi = *sl.info;
+    const size_t i = size_t(pi.id);
     const model::TensorInfo* t = u.find(pi.bias_name);
     b[i] = -1;
     if (t == nullptr) continue;
-    if (sl.column_parallel) {
+    if (sl.split() == model::TpSplit::kColumn) {
       b[i] = place(t->offset + r * sl.out, 0, sl.out, 1);
     } else {  // added once to the sum: rank 0's; every rank keeps the room (one size for all)
       const int64_t at = place(t->offset, 0, sl.out, 1);

@@ -1,9 +1,9 @@
 // Tensor parallelism of the GPU generation engine (EngineCuda, rollout/engine_cuda.h): this rank's
 // Megatron-style slices of every decoder layer in device memory (bf16), and the NCCL communicator
 // over the engine's tensor-parallel group that sums the row-parallel outputs. The split is the CPU
-// engine's (rollout/engine_cpu.cpp, layer_linears): q/k/v and gate/up column parallel (this rank's
-// output rows and their biases), o_proj and down_proj row parallel (this rank's input columns; the
-// o_proj bias on rank 0 only, added once to the sum).
+// engine's (rollout/engine_cpu.cpp; model/projections.h's TpSplit): q/k/v and gate/up column
+// parallel (this rank's output rows and their biases), o_proj and down_proj row parallel (this
+// rank's input columns; the o_proj bias on rank 0 only, added once to the sum).
 #pragma once
 
 #ifdef RLHF_CUDA
