@@ -12,7 +12,9 @@
 # each generates the TP 1 run's completions (all but sampling near-ties), its rewards within
 # 0.02, and its engine log-probs agree with the trainer's forward (mismatch KL < 1e-4);
 #  (c) a TP size that cannot split the model (4 over 2 KV heads) is refused while parsing flags
-#      (exit 2) with the sizes that would work.
+#      (exit 2) with the sizes that would work;
+#  (d) `rlhf bench sync --device cuda` on 4 ranks covers the colocated and the disaggregated
+#      placement, every engine element equal to the bf16 rounding of the weights.
 # Exit 77 (skipped) when rlhf_emu was not built.
 # Usage: cuda_emu_tp.sh <rlhf binary> <source dir>
 set -u
@@ -123,4 +125,19 @@ rc=$?
 grep -q "divides all three: 1, 2" "$W/bad.log" ||
   fail "TP 4: no hint naming the sizes that work: $(tail -3 "$W/bad.log")"
 echo "ok: --vllm_tensor_parallel_size 4 --device cuda over 2 KV heads is refused (exit 2)"
+# (d) the GPU sync benchmark, both placements (4 colocated ranks; 2 train + 2 engine ranks).
+"${MPI[@]}" -np 4 "$EMU" bench sync --device cuda --model_config "$SRC/examples/models/tiny.toml" \
+  --output "$W/bench.jsonl" > "$W/bench.log" 2>&1 || fail "bench sync: $(tail -3 "$W/bench.log")"
+python3 - "$W/bench.jsonl" <<'PY' || fail "bench sync --device cuda: $(cat "$W/bench.jsonl")"
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if '"sync"' in l]
+assert [r["mode"] for r in rows] == ["colocated", "disaggregated"], rows
+for r in rows:
+    print(f"bench sync {r['mode']}: {r['train_ranks']} train, {r['engine_ranks']} engine ranks, "
+          f"{r['bytes']} B in {r['sync_s']:.4f}s, wrong {r['wrong']}")
+    assert r["wrong"] == 0 and r["bytes"] > 0 and r["sync_s"] > 0
+assert (rows[1]["train_ranks"], rows[1]["engine_ranks"]) == (2, 2)
+PY
+echo "ok: bench sync --device cuda covers colocated and disaggregated placements"
+
 echo "PASS"
