@@ -3,7 +3,8 @@
 // bf16 device weights equal the bf16 rounding of what the host path (WeightSync::sync, fp32 over
 // MPI) writes into the engine's host buffers, bit for bit, for buckets smaller than, equal to and
 // larger than a unit, with 1, 2 and 3 train ranks and tensor-parallel engines; and the device path
-// leaves the engine's host buffers untouched (no host staging). Skipped without a CUDA device per
+// leaves the engine's host buffers untouched (no host staging); a node with engines but no
+// training rank is refused (device_sync_node_local() false). Skipped without a CUDA device per
 // rank; CI runs it on the CUDA emulator (tests/cuda_emu).
 #include <mpi.h>
 
@@ -140,6 +141,17 @@ TEST_CASE("weight sync into disaggregated GPU engines (device, NCCL) equals the 
   if (world_size == 4) {
     check_device_sync(4, 1, 1);  // 3 train ranks: shards padded, one engine rank
     check_device_sync(4, 2, 2);  // a TP-2 engine: both ranks receive the full units
+    // Nodes of 3 and 1: the second node's only rank generates, with no trainer beside it, so the
+    // device path (node-local broadcasts) cannot serve it and refuses; rl_run takes the host path.
+    parallel::TopologyOptions topt;
+    topt.ranks_per_node = 3;
+    topt.gen_ranks_per_node = 1;
+    parallel::Topology topo(MPI_COMM_WORLD, topt);
+    auto host = parallel::make_comm(topo.train_comm(), "train_comm");
+    const model::ParamLayout layout(small_config(true), model::HeadKind::kLM);
+    parallel::WeightSync sync(topo, host.get(), layout, int64_t(1) << 20);
+    CHECK_FALSE(sync.device_sync_node_local());
+    CHECK_THROWS_AS(sync.sync_device_disaggregated(nullptr, {}, nullptr), rlhf::Error);
   }
 #endif
 }
