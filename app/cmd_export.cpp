@@ -45,11 +45,27 @@ int run_export(const ExportArgs& args) {
                                ck.lora);
     io::write_peft_adapter(args.output_path, ll, ck.adapters.data(), "");
     LOG0_INFO("wrote {} (peft: {})", args.output_path, ll.describe());
+    if (rl::has_lora_group(args.pretrain, "critic")) {  // a PPO run's LoRA critic, beside it
+      const rl::LoraCheckpoint cc = rl::read_lora_checkpoint(args.pretrain, "critic");
+      const model::LoraLayout cl(model::layer_spec(cc.config), int(cc.config.num_hidden_layers),
+                                 cc.lora);
+      const std::string dir = (fs::path(args.output_path) / "critic_adapter").string();
+      io::write_peft_adapter(dir, cl, cc.adapters.data(), "");
+      LOG0_INFO("wrote {} (peft, the critic: {})", dir, cl.describe());
+    }
     return 0;
   }
   io::PretrainedModel m = io::open_pretrained_arg(args.pretrain, args.tokenizer);
   if (args.merge_lora) {
     const model::LoraConfig c = io::read_peft_adapter_config(args.lora_path);
+    // A sequence-classification adapter's score head trains fully (modules_to_save): an LM base
+    // has no score head to put it in, and merging the trunk alone would drop it.
+    RLHF_CHECK(!c.save_score || m.head != model::HeadKind::kLM,
+               "--merge_lora: {} is a sequence-classification adapter (task_type SEQ_CLS, "
+               "modules_to_save score: its score head was trained) and --pretrain {} has an LM "
+               "head; merging would drop the trained score head\nhint: merge it into the reward "
+               "model (or critic) it was trained on",
+               args.lora_path, args.pretrain);
     const model::LoraLayout ll(model::layer_spec(m.config), int(m.config.num_hidden_layers), c);
     m.tensors =
         io::merge_lora_tensors(m.tensors, ll, io::read_peft_adapter_weights(args.lora_path, ll));

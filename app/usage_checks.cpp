@@ -74,29 +74,20 @@ std::optional<model::ModelConfig> peek_model_config(const PlacementUse& u) {
   return std::nullopt;
 }
 
-// LoRA trains on the CPU backend only: --lora_rank (or --lora_path) with --device cuda, or with
-// --device auto where a GPU is visible, is refused before any weights load. An unusable --device
-// value is left for the run to report.
-void check_lora_device(const CommandArgs& args) {
+// LoRA runs on both backends, but a tensor-parallel engine does not apply adapters:
+// --lora_rank (or --lora_path) in grpo/ppo with --vllm_tensor_parallel_size > 1 is refused before
+// any weights load.
+void check_lora_engine(const CommandArgs& args) {
   std::visit(
       [](const auto& a) {
         using A = std::decay_t<decltype(a)>;
-        if constexpr (std::is_same_v<A, SftArgs> || std::is_same_v<A, RmArgs> ||
-                      std::is_base_of_v<PpoArgs, A>) {
+        if constexpr (std::is_base_of_v<PpoArgs, A>) {
           if (a.lora.lora_rank <= 0 && a.lora.lora_path.empty()) return;
-          bool cuda = a.parallel.device == "cuda";
-          if (!cuda && a.parallel.device == "auto") {
-            try {
-              cuda = parallel::resolve_device("auto") == parallel::Device::kCuda;
-            } catch (const Error&) {
-            }
-          }
-          if (cuda)
+          if (a.gen.vllm_tensor_parallel_size > 1)
             throw UsageError(fmt::format(
-                "--lora_rank {} with --device {}: LoRA trains on the CPU backend only for now (the "
-                "GPU path has no adapter branch yet)\nhint: add --device cpu",
-                a.lora.lora_rank,
-                a.parallel.device == "cuda" ? "cuda" : "auto (a GPU is visible)"));
+                "--lora_rank {} with --vllm_tensor_parallel_size {}: a tensor-parallel engine "
+                "does not apply LoRA adapters yet\nhint: use --vllm_tensor_parallel_size 1",
+                a.lora.lora_rank, a.gen.vllm_tensor_parallel_size));
         }
       },
       args);
@@ -105,7 +96,7 @@ void check_lora_device(const CommandArgs& args) {
 }  // namespace
 
 void check_usage(const CommandArgs& args, MPI_Comm world) {
-  check_lora_device(args);
+  check_lora_engine(args);
   const PlacementUse u = placement_use(args);
   if (!u.plans) return;
   parallel::Placement plan;

@@ -4,6 +4,8 @@
 #include "core/cuda_check.h"
 #include "core/error.h"
 #include "model/decoder_layer.h"
+#include "model/lora.h"
+#include "model/lora_cuda.h"
 #include "model/mlp.h"
 #include "model/ops/linear.h"
 #include "model/ops/residual.h"
@@ -12,10 +14,34 @@
 
 namespace rlhf::model {
 
+namespace {
+// Projection p's adapter on the device: A and the pre-scaled B from the parameter view's LoRA
+// (bf16: B holds (α/r)·B, see TransformerCuda::set_lora), the fp32 gradients and the true scale
+// from the gradient view's (nullptr: none wanted).
+LoraDeviceAdapter device_adapter(Proj p, const LoraLayerView<bf16>& w,
+                                 const LoraLayerView<float>* g) {
+  const LoraProjView<bf16>& a = w[p];
+  LoraDeviceAdapter d;
+  d.A = a.A;
+  d.Bs = a.B;
+  d.r = a.r;
+  d.dropout = a.dropout;
+  d.key = a.key;
+  if (g != nullptr) {
+    d.dA = (*g)[p].dA;
+    d.dB = (*g)[p].dB;
+    d.scale = g->scale;
+  }
+  return d;
+}
+}  // namespace
+
 void project_forward_cuda(Proj p, bf16* y, const bf16* x, const LayerParams<const bf16>& w,
                           const LayerSpec& s, int64_t N, cudaStream_t st) {
   const Projection r = projection(s, p);
   linear_forward_cuda(y, x, w.weight(p), w.bias(p), N, r.in, r.out, st);
+  if (w.lora != nullptr)
+    lora_forward_cuda(y, x, device_adapter(p, *w.lora, nullptr), N, r.in, r.out, st);
 }
 
 void project_backward_cuda(Proj p, bf16* dx, const bf16* dy, const bf16* x,
@@ -24,6 +50,8 @@ void project_backward_cuda(Proj p, bf16* dx, const bf16* dy, const bf16* x,
   const Projection r = projection(s, p);
   linear_backward_cuda(dx, g.weight(p), g.bias(p), dy, x, w.weight(p), N, r.in, r.out,
                        accumulate_dx, st);
+  if (w.lora != nullptr)
+    lora_backward_cuda(dx, dy, x, device_adapter(p, *w.lora, g.lora), N, r.in, r.out, st);
 }
 
 void project_qkv_forward_cuda(bf16* y, const bf16* x, const LayerParams<const bf16>& w,
@@ -46,6 +74,9 @@ void decoder_layer_forward_cuda(bf16* x_out, LayerActsCuda& a, LayerScratchCuda&
   rmsnorm_forward_cuda(a.ln1, a.rstd1, x_in, w.w_in, N, C, eps, st);
   if (run.fused_qkv) {  // wq is the packed (Q + 2·KV, C) matrix, bq the packed bias
     RLHF_ASSERT(!s.qk_norm && scratch.qkv != nullptr);
+    RLHF_ASSERT(w.lora == nullptr ||
+                ((*w.lora)[Proj::kQ].A == nullptr && (*w.lora)[Proj::kK].A == nullptr &&
+                 (*w.lora)[Proj::kV].A == nullptr));
     project_qkv_forward_cuda(scratch.qkv, a.ln1, w, s, N, st);
     qkv_rope_split_cuda(a.q, a.k, a.v, scratch.qkv, run.pos, run.rope_cos, run.rope_sin, N, s.H,
                         s.Hkv, s.D, s.rope_style, st);

@@ -104,7 +104,7 @@ LayerRunCuda TransformerCuda::layer_run(const LayerActsCuda& a, cudaStream_t s,
   run.pos = pos != nullptr ? pos : pos_.get();
   run.rope_cos = rope_cos_.get();
   run.rope_sin = rope_sin_.get();
-  run.fused_qkv = fused_qkv_;
+  run.fused_qkv = fused_qkv_ && !lora_on_qkv();
   run.stream = s;
   float* lse = a.att;
   const int64_t B = B_, T = T_, H = H_, Hkv = Hkv_, D = D_;
@@ -186,9 +186,51 @@ void TransformerCuda::upload_ids(const int32_t* tokens, const int32_t* targets, 
 // ---------------------------------------------------------------------------------------------
 // Forward
 
+void TransformerCuda::lora_views(int l, LoraLayerView<bf16>& w, LoraLayerView<float>& g) const {
+  const LoraConfig& cfg = lora_layout_->config();
+  const double p_drop = lora_drop_pass_ > 0 ? cfg.dropout : 0.0;
+  w.scale = bf16(1.0f);  // B is stored pre-scaled
+  g.scale = float(cfg.scale());
+  for (const ProjInfo& p : kProjections) {
+    const LoraLayout::Entry& e = lora_layout_->entry(l, p.id);
+    if (e.a < 0) continue;
+    LoraProjView<bf16>& a = w.proj[size_t(static_cast<int>(p.id))];
+    a.A = lora_params_ + e.a;
+    a.B = lora_params_ + e.b;
+    a.r = cfg.rank;
+    a.dropout = p_drop;
+    if (p_drop > 0) a.key = lora_dropout_key(cfg.seed, lora_drop_pass_, l, p.id);
+    LoraProjView<float>& d = g.proj[size_t(static_cast<int>(p.id))];
+    d.dA = lora_grads_ != nullptr ? lora_grads_ + e.a : nullptr;
+    d.dB = lora_grads_ != nullptr ? lora_grads_ + e.b : nullptr;
+    d.r = cfg.rank;
+  }
+}
+
+bool TransformerCuda::lora_on_qkv() const {
+  if (!lora_active()) return false;
+  const auto& t = lora_layout_->config().targets;
+  return t[size_t(Proj::kQ)] || t[size_t(Proj::kK)] || t[size_t(Proj::kV)];
+}
+
+void TransformerCuda::set_lora_dropout_pass(const int32_t* tokens_host, bool for_backward) {
+  // LoRA dropout acts in training passes only (PEFT's nn.Dropout in train mode); the id is the
+  // CPU's (Transformer::trunk_forward): a hash of the fp32 adapters and the tokens.
+  lora_drop_pass_ = 0;
+  if (for_backward && lora_active() && lora_layout_->config().dropout > 0)
+    lora_drop_pass_ = lora_dropout_pass(lora_host_, size_t(lora_layout_->numel()) * sizeof(float),
+                                        tokens_host, N_);
+}
+
 void TransformerCuda::layer_forward(const bf16* params, int l, const bf16* x_in, bf16* x_out,
                                     LayerActsCuda& a, const int32_t* pos) {
-  const LayerParams<const bf16> w(layout_.unit(layout_.layer_unit(l)), params);
+  LayerParams<const bf16> w(layout_.unit(layout_.layer_unit(l)), params);
+  LoraLayerView<bf16> lw;
+  LoraLayerView<float> lg;
+  if (lora_active()) {
+    lora_views(l, lw, lg);
+    w.lora = &lw;
+  }
   LayerScratchCuda scratch{proj_.get(), fused_qkv_ ? qkv_.get() : nullptr};
   decoder_layer_forward_cuda(x_out, a, scratch, x_in, w, spec_, layer_run(a, stream_, pos));
 }
@@ -227,6 +269,7 @@ void TransformerCuda::forward_lm(UnitProviderCuda& p, const int32_t* tokens, con
   const cudaStream_t s = p.stream();
   reserve(B, T_len, for_backward, s, seqs);
   upload_ids(tokens, targets, s);
+  set_lora_dropout_pass(tokens, for_backward);
   p.begin_pass(false);
   trunk_forward(p, for_backward);
   inv_temperature_ = inv_temperature;
@@ -255,6 +298,7 @@ void TransformerCuda::forward_logits(UnitProviderCuda& p, const int32_t* tokens,
   const cudaStream_t s = p.stream();
   reserve(B, T_len, false, s);
   upload_ids(tokens, nullptr, s);
+  set_lora_dropout_pass(tokens, false);
   p.begin_pass(false);
   trunk_forward(p, false);
   head_forward(p, false, [&](const bf16* hp, const bf16* w) {
@@ -282,6 +326,7 @@ void TransformerCuda::forward_scalar(UnitProviderCuda& p, const int32_t* tokens,
   const cudaStream_t s = p.stream();
   reserve(B, T_len, for_backward, s, seqs);
   upload_ids(tokens, nullptr, s);
+  set_lora_dropout_pass(tokens, for_backward);
   p.begin_pass(false);
   trunk_forward(p, for_backward);
   head_forward(p, for_backward, [&](const bf16* hp, const bf16* score) {
@@ -300,8 +345,8 @@ void TransformerCuda::final_norm_backward(const bf16* head_params, float* head_g
   const cudaStream_t s = stream_;
   const int64_t norm_off = layout_.unit(layout_.head_unit()).at("model.norm.weight").offset;
   CUDA_CHECK(cudaMemsetAsync(dres_.get(), 0, static_cast<size_t>(N_ * C_) * sizeof(bf16), s));
-  rmsnorm_backward_cuda(dres_.get(), head_grads + norm_off, dlnf_.get(), x_last(),
-                        head_params + norm_off, rstdf_.get(), N_, C_, s);
+  rmsnorm_backward_cuda(dres_.get(), head_grads != nullptr ? head_grads + norm_off : nullptr,
+                        dlnf_.get(), x_last(), head_params + norm_off, rstdf_.get(), N_, C_, s);
 }
 
 void TransformerCuda::backward_lm(UnitProviderCuda& p, const float* dlp, const float* dentropy) {
@@ -351,8 +396,16 @@ void TransformerCuda::layer_backward(const bf16* params, float* grads, int l, co
                                      LayerActsCuda& a, bf16* dres) {
   const cudaStream_t s = stream_;
   const UnitLayout& u = layout_.unit(layout_.layer_unit(l));
-  const LayerParams<const bf16> w(u, params);
-  const LayerParams<float> g(u, grads);
+  LayerParams<const bf16> w(u, params);
+  // A frozen base (LoRA) hands out no gradient buffer: every base gradient is skipped.
+  LayerParams<float> g = grads != nullptr ? LayerParams<float>(u, grads) : LayerParams<float>();
+  LoraLayerView<bf16> lw;
+  LoraLayerView<float> lg;
+  if (lora_active()) {
+    lora_views(l, lw, lg);
+    w.lora = &lw;
+    g.lora = &lg;
+  }
   LayerGradScratchCuda d;
   carve(d, layer_grad_table(spec_), N_, dlayer_.get(), static_cast<bf16*>(nullptr), kGradAlign);
   LayerScratchCuda scratch{proj_.get(), fused_qkv_ ? qkv_.get() : nullptr};
@@ -379,8 +432,9 @@ void TransformerCuda::trunk_backward(UnitProviderCuda& p) {
   bf16* dres = dres_.get();
   const int eu = layout_.embedding_unit();
   float* eg = p.acquire_grads(eu);
-  embedding_backward_cuda(eg + layout_.unit(eu).at("embed_tokens.weight").offset, dres,
-                          tokens_.get(), N_, C_, V_, stream_);
+  if (eg != nullptr)
+    embedding_backward_cuda(eg + layout_.unit(eu).at("embed_tokens.weight").offset, dres,
+                            tokens_.get(), N_, C_, V_, stream_);
   p.release_grads(eu);
 }
 

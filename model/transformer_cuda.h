@@ -13,6 +13,7 @@
 #include "model/decoder_layer.h"
 #include "model/forward_batch.h"
 #include "model/layout.h"
+#include "model/lora.h"
 #include "model/model_loop.h"
 #include "model/provider_cuda.h"
 
@@ -104,6 +105,40 @@ class TransformerCuda : public ModelLoop<TransformerCuda, bf16, LayerActsCuda> {
   bool fused_qkv() const { return fused_qkv_; }
   void set_fused_qkv(bool on);
 
+  /// Runs every layer with LoRA adapters (model/lora.h, the GPU branch of model/lora_cuda.h):
+  /// `params` is the device copy of the flat adapter buffer (layout->numel() bf16) with every B
+  /// stored pre-scaled as (α/r)·B and every A (and the score head's trained copy) as they are;
+  /// `grads` the fp32 device gradient buffer (same layout, accumulated += by backward; nullptr:
+  /// none); `host` the fp32 adapters on the host (the CPU's dropout pass id hashes them, so both
+  /// backends drop the same inputs). The pointers must stay valid while set; layout nullptr
+  /// removes the adapters. The base weights' gradients are whatever the provider's acquire_grads
+  /// returns: nullptr (a frozen base) skips every base gradient. With adapters on q/k/v the
+  /// packed q/k/v GEMM is not used (each projection has its own branch).
+  void set_lora(const LoraLayout* layout, const float* host, const bf16* params, float* grads) {
+    lora_layout_ = layout;
+    lora_host_ = host;
+    lora_params_ = params;
+    lora_grads_ = grads;
+  }
+  /// Switches the adapters off (the base alone: the reference policy) or back on.
+  void set_lora_enabled(bool on) { lora_on_ = on; }
+  bool lora_active() const { return lora_layout_ != nullptr && lora_on_; }
+  /// The score head the scalar passes use (the adapters' trained copy with LoraConfig::save_score
+  /// when they are on, else the head unit's "score.weight"), given the head unit's parameters.
+  const bf16* score_weight(const bf16* hp) const {
+    if (lora_active() && lora_layout_->score_offset() >= 0)
+      return lora_params_ + lora_layout_->score_offset();
+    return hp + layout_.unit(layout_.head_unit()).at("score.weight").offset;
+  }
+  /// Where the score head's gradient goes (+=): the adapters' gradient buffer for a trained copy,
+  /// else the head unit's gradients hg (nullptr for a frozen base); nullptr: none.
+  float* score_grad(float* hg) const {
+    if (lora_active() && lora_layout_->score_offset() >= 0)
+      return lora_grads_ != nullptr ? lora_grads_ + lora_layout_->score_offset() : nullptr;
+    return hg != nullptr ? hg + layout_.unit(layout_.head_unit()).at("score.weight").offset
+                         : nullptr;
+  }
+
  private:
   // Each backward scratch buffer starts on a multiple of this many elements (256 bytes of bf16,
   // cudaMalloc's alignment).
@@ -133,14 +168,13 @@ class TransformerCuda : public ModelLoop<TransformerCuda, bf16, LayerActsCuda> {
   // final norm's backward from dlnf_ into dres_, on stream_.
   void trunk_backward(UnitProviderCuda& p);
   void final_norm_backward(const bf16* head_params, float* head_grads);
-  // The scalar head's weight (1, C) and its gradient inside the head unit's params / grads.
-  const bf16* score_weight(const bf16* hp) const {
-    return hp + layout_.unit(layout_.head_unit()).at("score.weight").offset;
-  }
-  float* score_grad(float* hg) const {
-    return hg != nullptr ? hg + layout_.unit(layout_.head_unit()).at("score.weight").offset
-                         : nullptr;
-  }
+  // Layer l's adapter views: w (device bf16 A and pre-scaled B, this pass's dropout keys) and g
+  // (fp32 device gradients and the true scale α/r).
+  void lora_views(int l, LoraLayerView<bf16>& w, LoraLayerView<float>& g) const;
+  // Whether the active adapters include q, k or v (then the packed q/k/v GEMM is off).
+  bool lora_on_qkv() const;
+  // The dropout id of a training pass over the uploaded tokens_host (lora_dropout_pass), or 0.
+  void set_lora_dropout_pass(const int32_t* tokens_host, bool for_backward);
   void final_norm(const bf16* head_params, const bf16* x, cudaStream_t s);
   // The sweep's trunk: every batch's residual stream after the last layer, in sweep_res_.
   void sweep_trunk(UnitProviderCuda& p, const std::vector<ForwardBatch<float>>& batches, bool lm);
@@ -150,6 +184,13 @@ class TransformerCuda : public ModelLoop<TransformerCuda, bf16, LayerActsCuda> {
   // n bf16 device values widened into host fp32; synchronises the stream.
   static void download_widened(float* host, const bf16* dev, int64_t n, cudaStream_t s);
   int64_t logit_chunk_rows() const;
+
+  const LoraLayout* lora_layout_ = nullptr;  // set_lora
+  const float* lora_host_ = nullptr;
+  const bf16* lora_params_ = nullptr;
+  float* lora_grads_ = nullptr;
+  bool lora_on_ = true;
+  uint64_t lora_drop_pass_ = 0;  // this pass's dropout id (0: no dropout)
 
   int64_t logit_chunk_bytes_;
   bool packable_ = false;   // every layer's q/k/v are packed in the layout (and no QK-norm)

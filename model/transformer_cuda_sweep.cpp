@@ -61,6 +61,7 @@ void TransformerCuda::sweep_trunk(UnitProviderCuda& p,
     CUDA_CHECK(cudaMemcpyAsync(sweep_targets_.get(), sweep_host_ids_.data() + 2 * total, bytes,
                                cudaMemcpyHostToDevice, s));
   logits_kept_ = false;
+  lora_drop_pass_ = 0;  // evaluation passes: no LoRA dropout
   stream_ = s;
   const int eu = layout_.embedding_unit();
   const bf16* emb = p.acquire_params(eu);

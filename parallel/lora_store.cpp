@@ -11,9 +11,10 @@
 namespace rlhf::parallel {
 
 LoraStore::LoraStore(std::unique_ptr<ParamStore> base, const model::LoraConfig& cfg, Comm& comm,
-                     uint64_t seed)
+                     uint64_t seed, bool host_provider)
     : base_(std::move(base)),
-      frozen_(base_->provider()),
+      frozen_(host_provider ? std::make_unique<model::FrozenBaseProvider<float>>(base_->provider())
+                            : nullptr),
       lora_(model::layer_spec(base_->layout().config()),
             int(base_->layout().config().num_hidden_layers), cfg),
       comm_(comm) {
@@ -25,6 +26,12 @@ LoraStore::LoraStore(std::unique_ptr<ParamStore> base, const model::LoraConfig& 
   checked_assign(m_, S_, 0.0f, "the LoRA adapter AdamW moments");
   checked_assign(v_, S_, 0.0f, "the LoRA adapter AdamW moments");
   model::lora_init(lora_, params_.data(), seed);
+}
+
+model::UnitProvider<float>& LoraStore::provider() {
+  RLHF_CHECK(frozen_ != nullptr,
+             "internal error: a LoRA store over a device base has no host provider");
+  return *frozen_;
 }
 
 void LoraStore::zero_grads() {

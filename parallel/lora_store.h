@@ -26,13 +26,18 @@ namespace rlhf::parallel {
 class LoraStore final : public ParamStore {
  public:
   /// base: the frozen base model's store (its provider is wrapped so that no base gradient is
-  /// requested). Adapters start at model::lora_init(seed).
+  /// requested). Adapters start at model::lora_init(seed). host_provider false: the base is a
+  /// device store (Zero3StoreCuda, frozen) that has no host provider; its model runs on the GPU
+  /// (make_lora_train_model), which keeps device copies of the adapters and adds its adapter
+  /// gradients into adapter_grads() after each backward — the adapters' master weights, reduced
+  /// gradients and AdamW moments stay here, on the host (--adam_offload style: they are ∝ r).
   LoraStore(std::unique_ptr<ParamStore> base, const model::LoraConfig& cfg, Comm& comm,
-            uint64_t seed);
+            uint64_t seed, bool host_provider = true);
 
   // ParamStore
   const model::ParamLayout& layout() const override { return base_->layout(); }
-  model::UnitProvider<float>& provider() override { return frozen_; }
+  /// The frozen base's provider; throws rlhf::Error for a device base (host_provider false).
+  model::UnitProvider<float>& provider() override;
   void zero_grads() override;
   /// Reduce-scatters the adapter gradients (once per step), then Σ g² over every rank's shard.
   double grad_sq_norm() override;
@@ -53,6 +58,8 @@ class LoraStore final : public ParamStore {
 
   // The adapters
   const model::LoraLayout& lora_layout() const { return lora_; }
+  /// The frozen base's store.
+  ParamStore& base() { return *base_; }
   /// The full adapter weights (lora_layout().numel() floats, the same on every rank).
   const float* adapters() const { return params_.data(); }
   /// The local adapter gradient accumulator the model adds into (numel floats).
@@ -69,7 +76,7 @@ class LoraStore final : public ParamStore {
  private:
   int64_t shard_begin() const { return int64_t(comm_.rank()) * S_; }
   std::unique_ptr<ParamStore> base_;
-  model::FrozenBaseProvider<float> frozen_;
+  std::unique_ptr<model::FrozenBaseProvider<float>> frozen_;  // a host base's
   model::LoraLayout lora_;
   Comm& comm_;
   int64_t S_ = 0;                      // shard size: ceil(numel / ranks)
@@ -81,9 +88,10 @@ class LoraStore final : public ParamStore {
 /// The model a LoRA training command trains on rt's device: a frozen base (a weights-only ZeRO-3
 /// store over rt.train_comm) with the adapters of `lora` (LoraStore), run by
 /// Transformer<float> with the adapters on. A model with a scalar head (reward model, critic)
-/// also trains its score head (LoraConfig::save_score, PEFT's modules_to_save for SEQ_CLS). CPU
-/// only: throws rlhf::Error naming --lora_rank for --device cuda (app/usage_checks refuses it
-/// first, exit 2). Call on training ranks only.
+/// also trains its score head (LoraConfig::save_score, PEFT's modules_to_save for SEQ_CLS). With
+/// --device cuda the base is a frozen bf16 Zero3StoreCuda over rt.device_comm and the model is
+/// TransformerCuda with the GPU adapter branch (parallel/lora_model_cuda.cpp). Call on training
+/// ranks only.
 std::unique_ptr<TrainModel> make_lora_train_model(const model::ParamLayout& layout,
                                                   TrainRuntime& rt, const ZeroOptions& z,
                                                   const model::LoraConfig& lora, uint64_t seed);

@@ -6,12 +6,14 @@
 #include "core/log.h"
 #include "core/memory.h"
 #include "parallel/lora_store.h"
+#include "parallel/sweep_group.h"
 #include "parallel/zero3.h"
 
 #include "model/transformer.h"
 
 #ifdef RLHF_CUDA
 #include "model/transformer_cuda.h"
+#include "parallel/lora_model_cuda.h"
 #include "parallel/zero3_cuda.h"
 #endif
 
@@ -59,24 +61,6 @@ void TrainModel::set_adapters_enabled(bool) {
 }
 
 namespace {
-
-// The batches of [first[g], first[g+1]) for each group of sweep_groups, as many groups on every
-// rank of comm (the largest count; the others split groups or sweep nothing, which still acquires
-// every unit: a ZeRO-3 gather is a collective).
-template <typename Fn>
-void for_each_group(const std::vector<ForwardBatch>& batches, int64_t bytes_per_token,
-                    int64_t budget_bytes, Comm* comm, Fn&& fn) {
-  std::vector<size_t> first = sweep_groups(batches, bytes_per_token, budget_bytes);
-  if (comm != nullptr && comm->size() > 1) {
-    const int64_t mine = int64_t(first.size()) - 1;
-    int64_t most = 0;
-    comm->all_reduce(&mine, &most, 1, ReduceOp::kMax);
-    if (most > mine) first = sweep_groups(batches, bytes_per_token, budget_bytes, most);
-  }
-  for (size_t g = 0; g + 1 < first.size(); ++g)
-    fn(std::vector<ForwardBatch>(batches.begin() + std::ptrdiff_t(first[g]),
-                                 batches.begin() + std::ptrdiff_t(first[g + 1])));
-}
 
 // Binds a network to a store and forwards every call with the store as its unit provider.
 template <typename Store, typename Net, typename Provider>
@@ -203,15 +187,27 @@ std::unique_ptr<TrainModel> make_lora_train_model(const model::ParamLayout& layo
                                                   TrainRuntime& rt, const ZeroOptions& z,
                                                   const model::LoraConfig& lora, uint64_t seed) {
   RLHF_ASSERT(rt.train_comm != nullptr);
-  RLHF_CHECK(rt.device != Device::kCuda,
-             "--lora_rank {} with --device cuda: LoRA runs on the CPU backend only for now",
-             lora.rank);
+  model::LoraConfig cfg = lora;
+  cfg.save_score = layout.head() != model::HeadKind::kLM;  // PEFT's modules_to_save (SEQ_CLS)
+  if (rt.device == Device::kCuda) {
+#ifdef RLHF_CUDA
+    RLHF_CHECK(z.zero_stage == 3,
+               "--zero_stage {} with --device cuda: the GPU path shards with ZeRO-3 (--zero_stage "
+               "3); the replicated ZeRO-0 baseline runs on the CPU only",
+               z.zero_stage);
+    Zero3OptionsCuda o;
+    o.frozen = true;
+    o.keep_params_for_backward = z.zero_keep_params;
+    auto base = std::make_unique<Zero3StoreCuda>(layout, rt.device_comm.get(), o);
+    return make_lora_cuda_model(
+        std::make_unique<LoraStore>(std::move(base), cfg, *rt.train_comm, seed, false),
+        z.gradient_checkpointing, rt.train_comm.get());
+#endif
+  }
   Zero3Options f;
   f.frozen = true;
   f.keep_params_for_backward = z.zero_keep_params;
   auto base = std::make_unique<Zero3Store>(layout, *rt.train_comm, f);
-  model::LoraConfig cfg = lora;
-  cfg.save_score = layout.head() != model::HeadKind::kLM;  // PEFT's modules_to_save (SEQ_CLS)
   return make_cpu_train_model(
       std::make_unique<LoraStore>(std::move(base), cfg, *rt.train_comm, seed),
       z.gradient_checkpointing, rt.train_comm.get(), kSweepResidualBytes, rt.bf16);

@@ -132,16 +132,16 @@ void load_lora_slot(io::CheckpointReader& r, const std::string& path, const Chec
 
 }  // namespace
 
-LoraCheckpoint read_lora_checkpoint(const std::string& path) {
+LoraCheckpoint read_lora_checkpoint(const std::string& path, const std::string& group) {
   io::CheckpointReader r(path);
   io::check_checkpoint_format(r);
-  RLHF_CHECK(r.exists("/model") && r.has_attr("/model", "lora"),
-             "{}: not a LoRA training checkpoint (its /model group has no adapters)", path);
+  const std::string g = "/" + group;
+  RLHF_CHECK(r.exists(g) && r.has_attr(g, "lora"),
+             "{}: not a LoRA training checkpoint (its {} group has no adapters)", path, g);
   LoraCheckpoint out;
-  out.config =
-      model::ModelConfig::from_json(nlohmann::json::parse(r.read_string_attr("/model", "config")),
-                                    path + ":/model", model::ConfigKeys::kHuggingFace);
-  const nlohmann::json j = nlohmann::json::parse(r.read_string_attr("/model", "lora"));
+  out.config = model::ModelConfig::from_json(nlohmann::json::parse(r.read_string_attr(g, "config")),
+                                             path + ":" + g, model::ConfigKeys::kHuggingFace);
+  const nlohmann::json j = nlohmann::json::parse(r.read_string_attr(g, "lora"));
   out.lora.rank = j.at("r").get<int>();
   out.lora.alpha = j.at("lora_alpha").get<double>();
   out.lora.targets = model::parse_target_modules(j.at("target_modules").get<std::string>());
@@ -150,8 +150,13 @@ LoraCheckpoint read_lora_checkpoint(const std::string& path) {
                              out.lora);
   out.adapters.assign(size_t(ll.numel()), 0.0f);
   for (const model::TensorInfo& t : ll.tensors())
-    r.read_dataset<float>("/model/" + t.name, out.adapters.data() + t.offset, t.shape);
+    r.read_dataset<float>(g + "/" + t.name, out.adapters.data() + t.offset, t.shape);
   return out;
+}
+
+bool has_lora_group(const std::string& path, const std::string& group) {
+  io::CheckpointReader r(path);
+  return r.exists("/" + group) && r.has_attr("/" + group, "lora");
 }
 
 std::string hf_checkpoint_dir(const std::string& ckpt_file) {

@@ -61,8 +61,11 @@ struct LoraCheckpoint {
   model::LoraConfig lora;
   std::vector<float> adapters;
 };
-/// Reads them; throws rlhf::Error naming `path` when it is not a LoRA training checkpoint.
-LoraCheckpoint read_lora_checkpoint(const std::string& path);
+/// Reads them from the checkpoint's `group` ("model": the policy; "critic": a PPO critic's);
+/// throws rlhf::Error naming `path` when that group holds no adapters.
+LoraCheckpoint read_lora_checkpoint(const std::string& path, const std::string& group = "model");
+/// Whether checkpoint `path` has a group `group` holding LoRA adapters (a PPO run's "critic").
+bool has_lora_group(const std::string& path, const std::string& group);
 
 /// The Hugging Face folder written next to checkpoint `ckpt_file` by --save_hf_ckpt:
 /// `<dir>/step_<k>.h5` → `<dir>/step_<k>_hf` (OpenRLHF writes `<ckpt_path>/<tag>_hf`).

@@ -352,7 +352,9 @@ int run_rl(const RlRunConfig& c) {
   // GPU ranks sync device to device: colocated, NCCL gathers of the bf16 shards straight into the
   // engines' device weights; disaggregated, the training ranks' gather plus a node-local NCCL
   // broadcast into the engine ranks' device weights (when every node with engines has a training
-  // rank). Every other placement goes through the engines' host buffers.
+  // rank). Every other placement goes through the engines' host buffers, and so does LoRA on the
+  // GPU (the frozen base once into the host buffers, then the adapters, which the GPU engine
+  // merges into its device weights at each generate).
   const bool cuda = rt.device == parallel::Device::kCuda;
   const bool lora = c.zero.lora.enabled();
   // Env RLHF_WEIGHT_SYNC=host (tests, debugging): GPU engines take the host path anyway.
@@ -361,13 +363,11 @@ int run_rl(const RlRunConfig& c) {
   RLHF_CHECK(sync_path.empty() || sync_path == "auto" || sync_path == "host",
              "env RLHF_WEIGHT_SYNC={}: expected auto or host", sync_path);
   const bool device_sync =
-      cuda && sync_path != "host" && (pl.colocated() || (!lora && sync.device_sync_node_local()));
+      cuda && sync_path != "host" && !lora && (pl.colocated() || sync.device_sync_node_local());
   if (cuda && !lora && sync_path != "host" && !device_sync)
     LOG0_WARN(
         "weight sync: a node holds generation ranks but no training rank; its GPU engines take "
         "the host path (fp32 over MPI, then an upload)");
-  RLHF_CHECK(!lora || !device_sync,
-             "--lora_rank with --device cuda: LoRA runs on the CPU backend only for now");
   bool base_synced = false;
   const int64_t lora_numel =
       lora ? model::LoraLayout(model::layer_spec(layout.config()),

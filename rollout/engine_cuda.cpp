@@ -16,6 +16,7 @@
 #include "model/ops/rmsnorm.h"
 #include "model/ops/rope.h"
 #include "model/ops/swiglu.h"
+#include "parallel/watchdog.h"
 #include "rollout/engine.h"
 #include "rollout/engine_cuda_tp.h"
 
@@ -218,14 +219,37 @@ void EngineCuda::upload_weights(const std::vector<const float*>& units) {
   std::vector<bf16> tmp;
   for (int l = 0; tp_ != nullptr && l < L_; ++l)
     tp_->load_from_host(l, units[size_t(layout_.layer_unit(l))], stream_.get());
-  for (size_t u = 0; u < units.size(); ++u) {
-    if (sliced_unit(int(u))) continue;
-    const int64_t n = layout_.unit(int(u)).numel;
-    checked_resize(tmp, n, "the host staging buffer of the engine weights (bf16)");
+  for (size_t u = 0; u < units.size(); ++u)
+    if (!sliced_unit(int(u))) upload_unit(u, units[u], layout_.unit(int(u)).numel, tmp);
+}
+
+void EngineCuda::upload_unit(size_t u, const float* src, int64_t n, std::vector<bf16>& tmp) {
+  checked_resize(tmp, n, "the host staging buffer of the engine weights (bf16)");
 #pragma omp parallel for simd schedule(static) if (n > 65536)
-    for (int64_t i = 0; i < n; ++i) tmp[size_t(i)] = __float2bfloat16_rn(units[u][i]);
-    h2d(units_[u].get(), tmp.data(), tmp.size() * sizeof(bf16), stream_.get());
-    stream_.sync();  // `tmp` is reused
+  for (int64_t i = 0; i < n; ++i) tmp[size_t(i)] = __float2bfloat16_rn(src[i]);
+  h2d(units_[u].get(), tmp.data(), tmp.size() * sizeof(bf16), stream_.get());
+  stream_.sync();  // `tmp` is reused
+}
+
+void EngineCuda::upload_merged() {
+  std::vector<bf16> tmp;
+  std::vector<float> merged;
+  const float scale = float(lora_layout_->config().scale());
+  const int64_t r = lora_layout_->config().rank;
+  for (int u = 0; u < layout_.num_units(); ++u) {
+    const model::UnitLayout& unit = layout_.unit(u);
+    const float* src = host_->unit_buffer(u);
+    if (unit.kind == model::UnitKind::kLayer) {
+      merged.assign(src, src + unit.numel);
+      for (const model::ProjInfo& p : model::kProjections) {
+        const model::LoraLayout::Entry& e = lora_layout_->entry(unit.layer, p.id);
+        if (e.a < 0) continue;
+        model::lora_merge_cpu(merged.data() + unit.at(p.weight_name).offset, lora_adapters_ + e.a,
+                              lora_adapters_ + e.b, scale, r, e.in, e.out);
+      }
+      src = merged.data();
+    }
+    upload_unit(size_t(u), src, unit.numel, tmp);
   }
 }
 
@@ -249,6 +273,10 @@ void EngineCuda::prepare_weights(bool device_current) {
     return;
   }
   RLHF_CHECK(host_ != nullptr, "GPU engine: no host weights to upload");
+  if (lora_layout_ != nullptr) {  // LoRA: base + (α/r)·B·A (never with tensor parallelism)
+    RLHF_CHECK(tp_ == nullptr, "GPU engine: LoRA adapters with a tensor-parallel engine");
+    return upload_merged();
+  }
   std::vector<const float*> units;
   for (int u = 0; u < layout_.num_units(); ++u) units.push_back(host_->unit_buffer(u));
   upload_weights(units);  // the host buffers may have changed (loading, host sync)
@@ -378,6 +406,13 @@ const bf16* lm_weight(const model::ParamLayout& layout,
 }
 }  // namespace
 
+void EngineCuda::wait_step() {
+  if (tp_ == nullptr) return stream_.sync();
+  parallel::WatchScope watch("a tensor-parallel engine step (NCCL all-reduce)",
+                             "the engine's tensor-parallel group");
+  stream_.sync();
+}
+
 const float* EngineCuda::logits_to_host(int64_t rows) {
   checked_resize(logits_bf16_host_, rows * V_, "the engine's host logits (bf16)");
   checked_resize(logits_host_, rows * V_, "the engine's host logits");
@@ -403,7 +438,7 @@ const float* EngineCuda::prefill(const int32_t* prompt, int64_t P, const int32_t
   h2d(blocks_.get(), blocks, size_t(nb) * sizeof(int32_t), s);
   // Only the last position's logits are needed (the first generated token).
   forward(P, false, 0, nb, P - 1);
-  stream_.sync();  // `pos` is read by the copy above
+  wait_step();  // `pos` is read by the copy above
   return logits_to_host(1);
 }
 
@@ -495,7 +530,7 @@ const float* EngineCuda::decode(const int32_t* tokens, const int32_t* pos, const
       ++graph_replays_;
     }
   }
-  stream_.sync();  // the host input vectors are read by the copies above
+  wait_step();  // the host input vectors are read by the copies above
   return logits_to_host(B);
 }
 

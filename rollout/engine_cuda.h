@@ -82,8 +82,17 @@ class EngineCuda final : public EngineBackend {
   // --- EngineBackend
   KvCache& kv_cache() override { return cache_; }
   /// Uploads the host weights given at construction unless device_current (tensor parallel and
-  /// device_current: slices the layer units written since device_units()).
+  /// device_current: slices the layer units written since device_units()); with LoRA adapters
+  /// (set_lora; never with tensor parallelism) every adapted projection is uploaded merged
+  /// (upload_merged).
   void prepare_weights(bool device_current) override;
+  /// LoRA: from now on prepare_weights() uploads the host base weights with the adapters of
+  /// `layout` in `adapters` (host fp32, the engine's, rewritten by each adapter sync) merged in.
+  /// nullptr layout: none.
+  void set_lora(const model::LoraLayout* layout, const float* adapters) override {
+    lora_layout_ = layout;
+    lora_adapters_ = adapters;
+  }
   bool feeds_observations() const override { return false; }
   int64_t weight_element_bytes() const override { return int64_t(sizeof(model::bf16)); }
   /// Device bytes: the bf16 weights, the KV cache (with its scratch block), buffer_bytes();
@@ -137,14 +146,25 @@ class EngineCuda final : public EngineBackend {
   // table_stride), else causal over the rows themselves (a prompt in blocks_).
   void forward(int64_t N, bool decode, int64_t table_stride, int64_t max_blocks, int64_t first_out);
   const float* logits_to_host(int64_t rows);
+  // Waits for a prefill's or decode step's work on the stream. A tensor-parallel engine's step
+  // ends in its peers' all-reduces, so its wait is watched (parallel/watchdog.h, --comm_timeout):
+  // a peer that never reaches its all-reduce ends the job with the watchdog's message.
+  void wait_step();
   int64_t bucket(int64_t B) const;
   // Tensor parallel: unit u is a decoder layer, held as this rank's slices (tp_).
   bool sliced_unit(int u) const;
   // The elements unit u's device buffer holds while awake (0: a sliced layer unit).
   int64_t resident_elems(int u) const { return sliced_unit(u) ? 0 : unit_elems_[size_t(u)]; }
   model::LayerParams<const model::bf16> layer_weights(int l) const;
+  // Unit u from n host fp32 values, rounded to bf16 (staged in `tmp`; synchronises the stream).
+  void upload_unit(size_t u, const float* src, int64_t n, std::vector<model::bf16>& tmp);
+  // The host units with every adapter merged into a layer unit's weights: W + (α/r)·B·A in fp32
+  // from the host base (which stays as it is, so merges never accumulate), one bf16 rounding.
+  void upload_merged();
 
   model::ParamLayout layout_;
+  const model::LoraLayout* lora_layout_ = nullptr;  // set_lora
+  const float* lora_adapters_ = nullptr;
   KvCache cache_;  // block bookkeeping only: the keys and values are kv_
   const EngineWeights* host_ = nullptr;
   model::LayerSpec spec_;

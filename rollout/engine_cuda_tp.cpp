@@ -9,6 +9,7 @@
 #include "core/cuda_check.h"
 #include "core/error.h"
 #include "parallel/mpi_check.h"
+#include "parallel/watchdog.h"
 #include "rollout/engine.h"
 
 #ifdef RLHF_NCCL
@@ -84,9 +85,14 @@ EngineCudaTp::EngineCudaTp(const model::ParamLayout& layout, const TpGroup& tp, 
 #ifdef RLHF_NCCL
   ncclUniqueId id{};
   if (tp.rank == 0) NCCL_CHECK(ncclGetUniqueId(&id));
-  MPI_CHECK(MPI_Bcast(&id, static_cast<int>(sizeof(id)), MPI_BYTE, 0, tp.comm->mpi_comm()));
   ncclComm_t comm = nullptr;
-  NCCL_CHECK(ncclCommInitRank(&comm, tp.size, id, tp.rank));
+  {
+    // Both wait for every rank of the group: watched (--comm_timeout), as the steps are.
+    parallel::WatchScope watch("the tensor-parallel engine's NCCL set-up",
+                               "the engine's tensor-parallel group");
+    MPI_CHECK(MPI_Bcast(&id, static_cast<int>(sizeof(id)), MPI_BYTE, 0, tp.comm->mpi_comm()));
+    NCCL_CHECK(ncclCommInitRank(&comm, tp.size, id, tp.rank));
+  }
   nccl_ = comm;
 #else
   RLHF_FAIL(

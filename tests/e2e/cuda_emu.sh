@@ -2,7 +2,8 @@
 # The GPU path end to end on the CUDA emulator (rlhf_emu: the rlhf binary linked against
 # tests/cuda_emu): `rlhf sft --device cuda` follows the CPU run; `rlhf generate --device cuda` on
 # two ranks (GPU engines with CUDA graphs) writes every sample; `rlhf grpo --device cuda` on two
-# ranks (ZeRO-3 over NCCL, GPU engines) trains, checkpoints and resumes; the real binary without
+# ranks (ZeRO-3 over NCCL, GPU engines) trains, checkpoints and resumes, also with LoRA adapters
+# (adapter-only syncs, exact resume); the real binary without
 # a GPU refuses --device cuda with a clear message. Exit 77 (skipped) when rlhf_emu was not built.
 # Usage: cuda_emu.sh <rlhf binary> <source dir>
 set -u
@@ -19,6 +20,8 @@ export RLHF_CUDA_EMU_DEVICES=2 OMP_NUM_THREADS=1
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
 TASK="builtin:addition?n=400&digits=1&seed=1"
+# shellcheck source=lib/resume.sh
+. "$SRC/tests/e2e/lib/resume.sh"
 fail() {
   echo "FAIL: $*"
   exit 1
@@ -82,6 +85,43 @@ for l in open(sys.argv[1]):
     print(f"step {r['step']}: reward {r['reward_mean']:.3f}")
 EOF
 [ -f "$TMP/grpo/model.h5" ] || fail "no final policy"
+
+# --- LoRA on the GPU path: grpo --lora_rank on two ranks (the frozen base in bf16 device stores,
+# the adapter branch in the GPU model, GPU engines merging the synced adapters): every sync sends
+# the adapters only (tiny, r = 8 on all 7 projections: 74752 floats); 2 steps + checkpoint +
+# --load_checkpoint 2 more == 4 steps straight (metrics and final weights), dropout included
+LORA=(grpo --pretrain "$TMP/sft_gpu/model.h5" --prompt_data "$TASK" --input_key input
+  --label_key label --reward math --n_samples_per_prompt 4 --rollout_batch_size 4
+  --train_batch_size 16 --micro_train_batch_size 4 --generate_max_len 6 --actor_learning_rate 3e-3
+  --lr_scheduler constant --lora_rank 8 --lora_alpha 16 --lora_dropout 0.1 --init_kl_coef 0.01
+  --use_kl_loss --num_episodes 1 --seed 1 --threads 1 --device cuda)
+"${MPI[@]}" "$EMU" "${LORA[@]}" --max_steps 4 --save_path "$TMP/lora_s" \
+  --ckpt_path "$TMP/lora_s/ckpt" --save_steps 4 > "$TMP/lora_s.log" 2>&1 ||
+  fail "gpu grpo --lora_rank: $(tail -3 "$TMP/lora_s.log")"
+grep -q "LoRA r=8 alpha=16" "$TMP/lora_s.log" || fail "no LoRA recap in the GPU run"
+"${MPI[@]}" "$EMU" "${LORA[@]}" --max_steps 2 --save_path "$TMP/lora_r" \
+  --ckpt_path "$TMP/lora_r/ckpt" --save_steps 2 > "$TMP/lora_r1.log" 2>&1 ||
+  fail "gpu grpo --lora_rank (first half): $(tail -3 "$TMP/lora_r1.log")"
+"${MPI[@]}" "$EMU" "${LORA[@]}" --max_steps 4 --save_path "$TMP/lora_r" \
+  --ckpt_path "$TMP/lora_r/ckpt" --load_checkpoint > "$TMP/lora_r2.log" 2>&1 ||
+  fail "gpu grpo --lora_rank resume: $(tail -3 "$TMP/lora_r2.log")"
+grep -q "resumed from .*step_2.h5 at step 2" "$TMP/lora_r2.log" || fail "the GPU LoRA run did not resume"
+same_metrics "$TMP/lora_s/metrics.jsonl" "$TMP/lora_r/metrics.jsonl" ||
+  fail "GPU LoRA: 2 + 2 steps after resume differ from 4 steps straight"
+fa=$(fp "$TMP/lora_s.log")
+fb=$(fp "$TMP/lora_r2.log")
+[ -n "$fa" ] && [ "$fa" = "$fb" ] || fail "GPU LoRA final weights differ: $fa (straight) vs $fb (resumed)"
+python3 - "$TMP/lora_s/metrics.jsonl" <<'EOF' || fail "GPU LoRA sync bytes or metrics"
+import json, math, sys
+recs = [json.loads(l) for l in open(sys.argv[1])]
+assert len(recs) == 4, len(recs)
+for r in recs:
+    assert r["sync_bytes"] == 4 * 74752, r["sync_bytes"]
+    assert math.isfinite(r["policy_loss"]) and math.isfinite(r["kl_mean"]), r
+print("gpu lora: sync bytes", [r["sync_bytes"] for r in recs],
+      "reward", [round(r["reward_mean"], 3) for r in recs])
+EOF
+echo "ok: GPU LoRA (emulator): adapters-only sync, resume exact (weights $fa)"
 
 # --- multi-turn on GPU engines: the toy environment (a turn ends at a digit, the environment
 # answers with observation tokens), two steps on two ranks

@@ -13,7 +13,9 @@
 # 0.02, and its engine log-probs agree with the trainer's forward (mismatch KL < 1e-4);
 #  (c) a TP size that cannot split the model (4 over 2 KV heads) is refused while parsing flags
 #      (exit 2) with the sizes that would work;
-#  (d) `rlhf bench sync --device cuda` on 4 ranks covers the colocated and the disaggregated
+#  (d) a TP peer stopped before the rollout ends the job through the watchdog (--comm_timeout),
+#      which names the engine step's all-reduce and the stopped rank;
+#  (e) `rlhf bench sync --device cuda` on 4 ranks covers the colocated and the disaggregated
 #      placement, every engine element equal to the bf16 rounding of the weights.
 # Exit 77 (skipped) when rlhf_emu was not built.
 # Usage: cuda_emu_tp.sh <rlhf binary> <source dir>
@@ -125,7 +127,17 @@ rc=$?
 grep -q "divides all three: 1, 2" "$W/bad.log" ||
   fail "TP 4: no hint naming the sizes that work: $(tail -3 "$W/bad.log")"
 echo "ok: --vllm_tensor_parallel_size 4 --device cuda over 2 KV heads is refused (exit 2)"
-# (d) the GPU sync benchmark, both placements (4 colocated ranks; 2 train + 2 engine ranks).
+
+# (d) A TP peer stopped (SIGSTOP) before the rollout: its partner waits in the engine step's
+# all-reduce, which is watched (--comm_timeout 5): the job ends, naming that wait and the peer.
+RLHF_INJECT_STOP=rl_step:1 "${MPI[@]}" -np 2 "$EMU" "${GRPO[@]}" --vllm_tensor_parallel_size 2 \
+  --comm_timeout 5 --save_path "$W/stop" > "$W/stop.log" 2>&1 && fail "the stopped TP peer went unnoticed"
+grep -q "a tensor-parallel engine step (NCCL all-reduce) .* has not completed after 5 s" \
+  "$W/stop.log" || fail "no watchdog message for the engine step: $(tail -3 "$W/stop.log")"
+grep -q "rank 1 (pid [0-9]*) is stopped" "$W/stop.log" || fail "the stopped peer is not named"
+echo "ok: a stopped TP peer ends the job through the watchdog (engine step named)"
+
+# (e) the GPU sync benchmark, both placements (4 colocated ranks; 2 train + 2 engine ranks).
 "${MPI[@]}" -np 4 "$EMU" bench sync --device cuda --model_config "$SRC/examples/models/tiny.toml" \
   --output "$W/bench.jsonl" > "$W/bench.log" 2>&1 || fail "bench sync: $(tail -3 "$W/bench.log")"
 python3 - "$W/bench.jsonl" <<'PY' || fail "bench sync --device cuda: $(cat "$W/bench.jsonl")"
@@ -139,5 +151,4 @@ for r in rows:
 assert (rows[1]["train_ranks"], rows[1]["engine_ranks"]) == (2, 2)
 PY
 echo "ok: bench sync --device cuda covers colocated and disaggregated placements"
-
 echo "PASS"

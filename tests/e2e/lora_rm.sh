@@ -9,7 +9,9 @@
 #      last k steps (metrics and weights; the dropout masks follow the weights and the batch), and
 #      export --format peft of the checkpoint is the adapter the run saved then, byte for byte;
 #  (d) ppo with LoRA on the actor and the critic (critic from the LoRA reward model): the critic
-#      recap, 2 ranks = 1 rank, 2 + 2 steps after a resume == 4 straight.
+#      recap, 2 ranks = 1 rank, 2 + 2 steps after a resume == 4 straight; export --format peft
+#      writes the critic's adapter (critic_adapter/) beside the actor's; the critic's SEQ_CLS
+#      adapter merges into the reward model and is refused onto an LM.
 # Usage: lora_rm.sh <rlhf binary> <source dir>     (env MPIEXEC: mpiexec's path)
 set -u
 RLHF=$1
@@ -123,4 +125,26 @@ echo "ok: ppo with LoRA on the actor and the critic: 2 ranks = 1 rank"
 same_metrics "$W/ppo_a/metrics.jsonl" "$W/ppo_b/metrics.jsonl" || fail "ppo LoRA resume differs"
 [ "$(fp "$W/ppo_a.log")" = "$(fp "$W/ppo_b2.log")" ] || fail "ppo LoRA resume: final weights differ"
 echo "ok: ppo with a LoRA critic: 2 steps + resume + 2 steps == 4 steps straight"
+# export --format peft of a PPO checkpoint: the actor's adapter, and the critic's in
+# critic_adapter/ (a SEQ_CLS adapter with the score head). The critic's merges into its base (the
+# reward model); merging it into an LM (the actor) is refused instead of dropping its score head.
+"$RLHF" export --pretrain "$W/ppo_b/ckpt/step_2.h5" --format peft --output_path "$W/ppo_peft" \
+  --log_level warn || fail "export --format peft of a ppo checkpoint exited"
+[ -f "$W/ppo_peft/adapter_model.safetensors" ] || fail "no actor adapter in the ppo export"
+[ -f "$W/ppo_peft/critic_adapter/adapter_model.safetensors" ] || fail "no critic_adapter/ in the ppo export"
+python3 - "$W/ppo_peft" <<'EOF' || fail "the exported adapters' configs"
+import json, sys
+a = json.load(open(sys.argv[1] + "/adapter_config.json"))
+c = json.load(open(sys.argv[1] + "/critic_adapter/adapter_config.json"))
+assert a["task_type"] == "CAUSAL_LM" and not a.get("modules_to_save"), a
+assert c["task_type"] == "SEQ_CLS" and "score" in c["modules_to_save"] and c["r"] == 4, c
+EOF
+"$RLHF" export --pretrain "$W/a/model.h5" --merge_lora --lora_path "$W/ppo_peft/critic_adapter" \
+  --format hdf5 --output_path "$W/critic_merged.h5" --log_level warn \
+  || fail "merging the critic's adapter into the reward model exited"
+out=$("$RLHF" export --pretrain "$W/ppo_a/model.h5" --merge_lora --lora_path \
+  "$W/ppo_peft/critic_adapter" --format hdf5 --output_path "$W/bad.h5" 2>&1) \
+  && fail "a SEQ_CLS adapter merged into an LM"
+echo "$out" | grep -q "sequence-classification adapter" || { echo "$out" | tail -3; fail "unclear SEQ_CLS merge error"; }
+echo "ok: export --format peft writes the PPO critic's adapter too; a SEQ_CLS adapter is not merged into an LM"
 echo PASS

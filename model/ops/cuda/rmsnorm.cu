@@ -167,6 +167,7 @@ void rmsnorm_backward_cuda(bf16* dx, float* dw, const bf16* dy, const bf16* x, c
   rmsnorm_backward_dx_kernel<<<row_grid(N), kRowsPerBlock * kWarpSize, 0, stream>>>(dx, dy, x, w,
                                                                                     rstd, N, C);
   CUDA_CHECK(cudaGetLastError());
+  if (dw == nullptr) return;  // a frozen weight (LoRA's base)
   const dim3 block(kColTile, kColRows);
   rmsnorm_backward_dw_kernel<<<static_cast<unsigned>(cuda::ceil_div(C, kColTile)), block, 0,
                                stream>>>(dw, dy, x, rstd, N, C);
