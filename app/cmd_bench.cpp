@@ -179,9 +179,9 @@ int run_bench(const BenchArgs& args) {
     bench::run_bench_sync_cuda(o, [&](const nlohmann::json& row) {
       emit(row);
       LOG0_INFO(
-          "bench sync (cuda): {} | {} GPUs | {:.1f} MB in {:.4f}s | busbw {:.1f} GB/s = {:.2f} x "
-          "ncclAllGather ({:.1f} GB/s) | wrong {}",
-          row["model"].get<std::string>(), row["ranks"].get<int>(),
+          "bench sync (cuda): {} | {} | {} GPUs | {:.1f} MB in {:.4f}s | busbw {:.1f} GB/s = "
+          "{:.2f} x ncclAllGather ({:.1f} GB/s) | wrong {}",
+          row["model"].get<std::string>(), row["mode"].get<std::string>(), row["ranks"].get<int>(),
           row["bytes"].get<int64_t>() / 1e6, row["sync_s"].get<double>(),
           row["sync_busbw_GBps"].get<double>(), row["ratio"].get<double>(),
           row["allgather_busbw_GBps"].get<double>(), row["wrong"].get<int64_t>());

@@ -298,58 +298,75 @@ void run_bench_generate_cuda(const BenchGenerateCudaOptions& opt, const Emit& em
   }
 }
 
-void run_bench_sync_cuda(const BenchSyncCudaOptions& opt, const Emit& emit) {
+namespace {
+
+// One placement of run_bench_sync_cuda: G = 0 colocated, else G engine ranks on one node.
+void bench_sync_placement(const BenchSyncCudaOptions& opt, const Emit& emit, int G) {
   int world = 1;
   MPI_Comm_size(MPI_COMM_WORLD, &world);
   parallel::TopologyOptions topt;
-  topt.ranks_per_node = world;  // colocated: every rank trains and owns an engine
+  topt.ranks_per_node = world;  // one node
+  topt.gen_ranks_per_node = G;
   parallel::Topology topo(MPI_COMM_WORLD, topt);
+  const int n_train = int(topo.placement().train_ranks.size());
   auto host = parallel::make_comm(topo.train_comm(), "train_comm");
-  auto nccl = world > 1 ? parallel::make_comm(topo.train_comm(), "train_comm_nccl",
-                                              parallel::CommKind::kNccl)
-                        : nullptr;
+  auto nccl = n_train > 1 ? parallel::make_comm(topo.train_comm(), "train_comm_nccl",
+                                                parallel::CommKind::kNccl)
+                          : nullptr;
   for (const auto& [name, cfg] : default_models(opt.models)) {
     const model::ParamLayout layout(cfg, model::HeadKind::kLM);
-    parallel::Zero3OptionsCuda so;
-    so.frozen = true;  // the bf16 shards are all a sync reads
-    parallel::Zero3StoreCuda store(layout, nccl.get(), so);
+    std::unique_ptr<parallel::Zero3StoreCuda> store;
     std::vector<std::vector<float>> full;
     for (int u = 0; u < layout.num_units(); ++u) {
       full.emplace_back(size_t(layout.unit(u).numel));
       model::init_unit_params(full.back().data(), layout.unit(u), opt.seed);
-      store.load_unit(u, full.back().data());
+    }
+    if (topo.trains()) {
+      parallel::Zero3OptionsCuda so;
+      so.frozen = true;  // the bf16 shards are all a sync reads
+      store = std::make_unique<parallel::Zero3StoreCuda>(layout, nccl.get(), so);
+      for (int u = 0; u < layout.num_units(); ++u) store->load_unit(u, full[size_t(u)].data());
     }
     parallel::WeightSync sync(topo, host.get(), layout, opt.bucket_bytes);
     std::vector<DeviceArray<model::bf16>> engine;
     std::vector<model::bf16*> ptrs;
-    for (int u = 0; u < layout.num_units(); ++u) {
-      engine.emplace_back(sync.engine_unit_room()[size_t(u)], "bench sync engine units");
-      ptrs.push_back(engine.back().get());
-    }
-    parallel::SyncStats best = sync.sync_device(store, ptrs, nccl.get());  // warm-up
+    if (topo.generates())
+      for (int u = 0; u < layout.num_units(); ++u) {
+        engine.emplace_back(sync.engine_unit_room()[size_t(u)], "bench sync engine units");
+        ptrs.push_back(engine.back().get());
+      }
+    const auto once = [&] {
+      return G == 0 ? sync.sync_device(*store, ptrs, nccl.get())
+                    : sync.sync_device_disaggregated(store.get(), ptrs, nccl.get());
+    };
+    parallel::SyncStats best = once();  // warm-up (the disaggregated node communicator too)
     best.seconds = std::numeric_limits<double>::infinity();
     for (int i = 0; i < opt.iters; ++i) {
       MPI_CHECK(MPI_Barrier(topo.world()));
-      const parallel::SyncStats st = sync.sync_device(store, ptrs, nccl.get());
+      const parallel::SyncStats st = once();
       if (st.seconds < best.seconds) best = st;
     }
-    const double ref_s = sync.reference_device_all_gather_seconds(nccl.get(), opt.iters);
+    // The plain-collective reference: colocated, one ncclAllGather of the same bytes over the
+    // train ranks; disaggregated, none is measured (0).
+    const double ref_s =
+        G == 0 ? sync.reference_device_all_gather_seconds(nccl.get(), opt.iters) : 0.0;
     int64_t wrong = 0;
-    for (int u = 0; u < layout.num_units(); ++u) {
-      std::vector<model::bf16> got(size_t(layout.unit(u).numel));
-      CUDA_CHECK(cudaMemcpy(got.data(), ptrs[size_t(u)], got.size() * 2, cudaMemcpyDeviceToHost));
+    for (size_t u = 0; u < ptrs.size(); ++u) {
+      std::vector<model::bf16> got(size_t(layout.unit(int(u)).numel));
+      CUDA_CHECK(cudaMemcpy(got.data(), ptrs[u], got.size() * 2, cudaMemcpyDeviceToHost));
       for (size_t i = 0; i < got.size(); ++i)
-        wrong +=
-            __bfloat162float(got[i]) != __bfloat162float(__float2bfloat16_rn(full[size_t(u)][i]));
+        wrong += __bfloat162float(got[i]) != __bfloat162float(__float2bfloat16_rn(full[u][i]));
     }
     MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &wrong, 1, MPI_INT64_T, MPI_SUM, topo.world()));
-    const double factor = world > 1 ? double(world - 1) / double(world) : 1.0;
+    const double factor = n_train > 1 ? double(n_train - 1) / double(n_train) : 1.0;
     const double ref_busbw = ref_s > 0 ? double(best.bytes) / ref_s / 1e9 * factor : 0.0;
     emit({{"bench", "sync"},
           {"device", "cuda"},
           {"model", name},
-          {"mode", "colocated"},
+          {"mode", best.mode},
           {"ranks", world},
+          {"train_ranks", n_train},
+          {"engine_ranks", int(topo.placement().gen_ranks.size())},
           {"bucket_bytes", opt.bucket_bytes},
           {"buckets", best.buckets},
           {"bytes", best.bytes},
@@ -360,6 +377,15 @@ void run_bench_sync_cuda(const BenchSyncCudaOptions& opt, const Emit& emit) {
           {"ratio", ref_busbw > 0 ? best.busbw_GBps / ref_busbw : 0.0},
           {"wrong", wrong}});
   }
+}
+
+}  // namespace
+
+void run_bench_sync_cuda(const BenchSyncCudaOptions& opt, const Emit& emit) {
+  int world = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  bench_sync_placement(opt, emit, 0);
+  if (world > 1) bench_sync_placement(opt, emit, world / 2);
 }
 
 #else  // !RLHF_CUDA

@@ -81,10 +81,15 @@ struct BenchSyncCudaOptions {
   uint64_t seed = 42;
 };
 
-/// Colocated GPU ranks (every rank one GPU): WeightSync::sync_device against
-/// reference_device_all_gather_seconds; emits {"bench":"sync","device":"cuda","model":..,
-/// "ranks":n,"bytes":..,"sync_s":..,"sync_busbw_GBps":..,"allgather_s":..,
-/// "allgather_busbw_GBps":..,"ratio":..,"wrong":0}. Collective over MPI_COMM_WORLD.
+/// GPU ranks (every rank one GPU) on one node, two placements: colocated (every rank trains and
+/// owns an engine; WeightSync::sync_device against reference_device_all_gather_seconds) and,
+/// with 2+ ranks, disaggregated (the lower ⌈n/2⌉ ranks train, the upper ⌊n/2⌋ are engine ranks;
+/// WeightSync::sync_device_disaggregated; no reference measured: allgather_s 0, ratio 0). Emits
+/// per placement and model {"bench":"sync","device":"cuda","model":..,"mode":"colocated" |
+/// "disaggregated","ranks":n,"train_ranks":..,"engine_ranks":..,"bytes":..,"sync_s":..,
+/// "sync_busbw_GBps":..,"allgather_s":..,"allgather_busbw_GBps":..,"ratio":..,"wrong":0} (wrong:
+/// engine elements not equal to the bf16 rounding of the weights, summed over ranks).
+/// Collective over MPI_COMM_WORLD.
 void run_bench_sync_cuda(const BenchSyncCudaOptions& opt, const Emit& emit);
 
 }  // namespace rlhf::bench

@@ -230,6 +230,7 @@ SyncStats WeightSync::sync_device(Zero3StoreCuda& source,
              "weight sync: an engine rank must pass {} unit buffers", layout_.num_units());
   SyncStats st;
   st.mode = "colocated";
+  st.device = true;
   st.buckets = int64_t(buckets_.size());
   for (int u = 0; u < layout_.num_units(); ++u)
     st.bytes += shard_layout_.padded_numel(u) * int64_t(sizeof(model::bf16));

@@ -5,6 +5,7 @@
 #include <mpi.h>
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -34,6 +35,9 @@ struct SyncStats {
   /// crosses from a trainer to an engine).
   double algbw_GBps = 0, busbw_GBps = 0;
   std::string mode;  ///< "colocated" | "disaggregated"
+  /// True when the bytes went device to device into the engines' bf16 device weights (NCCL; no
+  /// host staging): sync_device, sync_device_disaggregated.
+  bool device = false;
 };
 
 /// A bucket: elements [begin, begin + count) of every train rank's part of unit `unit`.
@@ -85,7 +89,32 @@ class WeightSync {
                         Comm* nccl);
   /// reference_all_gather_seconds for sync_device: one ncclAllGather of the same bf16 bytes.
   double reference_device_all_gather_seconds(Comm* nccl, int iters = 3);
+
+  /// The GPU path for disaggregated placements (--gen_ranks_per_node G > 0, GPU engines on their
+  /// own ranks), collective over the world (parallel/weight_sync_device.cpp). Per bucket: the
+  /// training ranks all-gather the bucket's bf16 shards over `train_nccl` (the NCCL train
+  /// communicator, spanning nodes; nullptr with one train rank, whose shard is the unit) into a
+  /// device staging buffer, and the first training rank of every node broadcasts it
+  /// (ncclBroadcast) over a node-local NCCL communicator {that rank, the node's generation ranks}
+  /// into every engine rank's bf16 device units — straight into the unit when the bucket is a
+  /// whole unit (or there is one train rank), else into a staging buffer and one strided copy.
+  /// Two staging buffers alternate and events order the two NCCL streams, so bucket k + 1's
+  /// gather runs while bucket k is broadcast. Tensor-parallel engines: every engine rank receives
+  /// the full units (Engine slices them on the device). No host buffer is read or written; the
+  /// engines' weights are then bit-identical to the trainer's bf16 weights. Training ranks pass
+  /// their store (nullptr on generation-only ranks); engine ranks pass engine_units (one bf16
+  /// device buffer of engine_unit_room()[u] elements per unit; empty elsewhere). The node-local
+  /// communicator is made at the first call (collective). SyncStats count bf16 bytes per engine
+  /// rank, busbw = algbw (every byte crosses from a trainer to an engine). Throws rlhf::Error when
+  /// colocated (use sync_device), when !device_sync_node_local(), or without NCCL.
+  SyncStats sync_device_disaggregated(Zero3StoreCuda* source,
+                                      const std::vector<model::bf16*>& engine_units,
+                                      Comm* train_nccl);
 #endif
+  /// Disaggregated placements: true when every node that holds generation ranks also holds a
+  /// training rank, so the device path's broadcast stays inside a node
+  /// (sync_device_disaggregated); false when colocated.
+  bool device_sync_node_local() const;
 
   /// LoRA: the adapters' flat buffer (n floats, whole on every training rank: parallel::LoraStore)
   /// into every engine's adapter buffer — the only weights that change during a LoRA run, so the
@@ -128,7 +157,9 @@ class WeightSync {
   std::vector<int64_t> part_;       // per unit: elements of one train rank's part
   std::vector<SyncBucket> buckets_;
 #ifdef RLHF_CUDA
-  DeviceArray<model::bf16> staging_[2];  // sync_device
+  DeviceArray<model::bf16> staging_[2];  // sync_device, sync_device_disaggregated
+  struct NodeDeviceSync;                 // sync_device_disaggregated's node communicator, events
+  std::shared_ptr<NodeDeviceSync> node_sync_;
 #endif
 };
 

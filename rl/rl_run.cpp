@@ -3,6 +3,7 @@
 #include <nlohmann/json.hpp>
 
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -217,16 +218,18 @@ void log_step(const nlohmann::json& r, int64_t total_steps) {
   LOG0_INFO(
       "step {}/{} | reward {:.3f} | kl {:.4f} | loss {:.4f} | len {:.1f} | mismatch kl {:.2e} "
       "(IS w {:.3f}, masked {:.3f}) | gen {:.2f}s (comm {:.2f}s){} | reward {:.2f}s | logprob "
-      "{:.2f}s (comm {:.2f}s) | train {:.2f}s (comm {:.2f}s) | sync {:.2f}s busbw {:.2f} GB/s | "
+      "{:.2f}s (comm {:.2f}s) | train {:.2f}s (comm {:.2f}s) | sync {:.2f}s {} {} busbw {:.2f} "
+      "GB/s | "
       "{:.0f} gen tok/s | {:.0f} train tok/s | {:.1f}s/step | elapsed {:.0f}s | eta {:.0f}s | "
       "peak RSS {}",
       step, total_steps, num(r, "reward_mean"), num(r, "kl_mean"), num(r, "policy_loss"),
       num(r, "response_length_mean"), num(r, "mismatch_kl"), num(r, "is_weight_mean"),
       num(r, "is_masked_fraction"), num(r, "gen_s"), num(r, "gen_comm_s"), env, num(r, "reward_s"),
       num(r, "logprob_s"), num(r, "logprob_comm_s"), num(r, "train_s"), num(r, "train_comm_s"),
-      num(r, "sync_s"), num(r, "sync_busbw_GBps"), num(r, "gen_tokens_per_s"),
-      num(r, "train_tokens_per_s"), num(r, "step_s"), elapsed,
-      elapsed / double(step) * double(total_steps - step), format_bytes(num(r, "peak_rss_bytes")));
+      num(r, "sync_s"), format_bytes(num(r, "sync_bytes")), r.value("sync_path", std::string()),
+      num(r, "sync_busbw_GBps"), num(r, "gen_tokens_per_s"), num(r, "train_tokens_per_s"),
+      num(r, "step_s"), elapsed, elapsed / double(step) * double(total_steps - step),
+      format_bytes(num(r, "peak_rss_bytes")));
   if (r.contains("eval_accuracy"))
     LOG0_INFO("eval after step {} | reward {:.3f} | accuracy {:.3f} | len {:.1f} | {:.1f}s", step,
               num(r, "eval_reward_mean"), num(r, "eval_accuracy"),
@@ -346,12 +349,25 @@ int run_rl(const RlRunConfig& c) {
                           {"response_length", s.response_lengths[i]},
                           {"stopped", bool(s.stopped[i])}});
   };
-  // Colocated GPU ranks sync device to device (NCCL gathers of the bf16 shards straight into the
-  // engines' device weights); every other placement goes through the engines' host buffers, and
-  // so does LoRA on the GPU (the frozen base once into the host buffers, then the adapters, which
-  // the GPU engine merges into its device weights at each generate).
+  // GPU ranks sync device to device: colocated, NCCL gathers of the bf16 shards straight into the
+  // engines' device weights; disaggregated, the training ranks' gather plus a node-local NCCL
+  // broadcast into the engine ranks' device weights (when every node with engines has a training
+  // rank). Every other placement goes through the engines' host buffers, and so does LoRA on the
+  // GPU (the frozen base once into the host buffers, then the adapters, which the GPU engine
+  // merges into its device weights at each generate).
+  const bool cuda = rt.device == parallel::Device::kCuda;
   const bool lora = c.zero.lora.enabled();
-  const bool device_sync = rt.device == parallel::Device::kCuda && pl.colocated() && !lora;
+  // Env RLHF_WEIGHT_SYNC=host (tests, debugging): GPU engines take the host path anyway.
+  const char* path_env = std::getenv("RLHF_WEIGHT_SYNC");
+  const std::string sync_path = path_env ? path_env : "";
+  RLHF_CHECK(sync_path.empty() || sync_path == "auto" || sync_path == "host",
+             "env RLHF_WEIGHT_SYNC={}: expected auto or host", sync_path);
+  const bool device_sync =
+      cuda && sync_path != "host" && !lora && (pl.colocated() || sync.device_sync_node_local());
+  if (cuda && !lora && sync_path != "host" && !device_sync)
+    LOG0_WARN(
+        "weight sync: a node holds generation ranks but no training rank; its GPU engines take "
+        "the host path (fp32 over MPI, then an upload)");
   bool base_synced = false;
   const int64_t lora_numel =
       lora ? model::LoraLayout(model::layer_spec(layout.config()),
@@ -361,11 +377,15 @@ int run_rl(const RlRunConfig& c) {
   parts.sync_weights = [&]() -> parallel::SyncStats {
     if (device_sync) {
 #ifdef RLHF_CUDA
-      auto* store = dynamic_cast<parallel::Zero3StoreCuda*>(&m.actor->store());
-      RLHF_ASSERT(store != nullptr && engine != nullptr && engine->on_gpu());
+      auto* store = m.actor ? dynamic_cast<parallel::Zero3StoreCuda*>(&m.actor->store()) : nullptr;
+      RLHF_ASSERT(store != nullptr || !trains);
+      RLHF_ASSERT(engine == nullptr || engine->on_gpu());
+      const std::vector<model::bf16*> units =
+          engine ? engine->device_unit_buffers() : std::vector<model::bf16*>();
       const parallel::SyncStats ss =
-          sync.sync_device(*store, engine->device_unit_buffers(), rt.device_comm.get());
-      engine->device_weights_updated();
+          pl.colocated() ? sync.sync_device(*store, units, rt.device_comm.get())
+                         : sync.sync_device_disaggregated(store, units, rt.device_comm.get());
+      if (engine) engine->device_weights_updated();
       return ss;
 #endif
     }

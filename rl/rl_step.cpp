@@ -397,6 +397,8 @@ nlohmann::json RlStep::step() {
   rec["sync_s"] = sync_s;
   rec["sync_comm_s"] = ss.seconds;  // the sync is communication only
   rec["sync_bytes"] = ss.bytes;
+  // "device" (NCCL into the engines' device weights) or "host" (the engines' host buffers).
+  rec["sync_path"] = ss.device ? "device" : "host";
   rec["sync_busbw_GBps"] = ss.busbw_GBps;
   rec["step_s"] = since(t_step);
   ++step_;

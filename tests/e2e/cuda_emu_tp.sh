@@ -2,15 +2,21 @@
 # Tensor-parallel GPU engines end to end on the CUDA emulator (rlhf_emu): `rlhf grpo --device cuda
 # --vllm_tensor_parallel_size 2` against the same run with TP 1, on 2 simulated nodes:
 #  (a) 8 ranks, --ranks_per_node 4 --gen_ranks_per_node 2: one TP 2 engine per node (no engine
-#      crosses a node), weights synced through the engines' host buffers and sliced on the host;
+#      crosses a node), weights synced device to device (the training ranks' NCCL gather, then a
+#      node-local NCCL broadcast into the engines' full units, sliced on the device); and the same
+#      TP 1 run with the host path (env RLHF_WEIGHT_SYNC=host: fp32 over MPI into the engines'
+#      host buffers, then an upload) is identical to the device path's: the same completions,
+#      rewards and weights fingerprint, bit for bit, with half the bytes moved on the device;
 #  (b) 4 ranks colocated, --ranks_per_node 2: one TP 2 engine per node, weights synced device to
 #      device into the full units and sliced on the device;
 # each generates the TP 1 run's completions (all but sampling near-ties), its rewards within
 # 0.02, and its engine log-probs agree with the trainer's forward (mismatch KL < 1e-4);
 #  (c) a TP size that cannot split the model (4 over 2 KV heads) is refused while parsing flags
-#      (exit 2) with the sizes that would work.
+#      (exit 2) with the sizes that would work;
 #  (d) a TP peer stopped before the rollout ends the job through the watchdog (--comm_timeout),
-#      which names the engine step's all-reduce and the stopped rank.
+#      which names the engine step's all-reduce and the stopped rank;
+#  (e) `rlhf bench sync --device cuda` on 4 ranks covers the colocated and the disaggregated
+#      placement, every engine element equal to the bf16 rounding of the weights.
 # Exit 77 (skipped) when rlhf_emu was not built.
 # Usage: cuda_emu_tp.sh <rlhf binary> <source dir>
 set -u
@@ -81,7 +87,30 @@ run dis_tp2 8 --ranks_per_node 4 --gen_ranks_per_node 2 --vllm_tensor_parallel_s
 node_local dis_tp2 2
 run dis_tp1 8 --ranks_per_node 4 --gen_ranks_per_node 2 --vllm_tensor_parallel_size 1
 same dis_tp1 dis_tp2
-echo "ok: disaggregated TP 2 GPU engines (host sync) == TP 1"
+echo "ok: disaggregated TP 2 GPU engines (device sync) == TP 1"
+# The device sync writes the engines the bf16 rounding of the trainer's fp32 masters, as the host
+# path's upload does (tests/mpi/test_weight_sync_device.cpp), so nothing may differ.
+RLHF_WEIGHT_SYNC=host run dis_tp1_host 8 --ranks_per_node 4 --gen_ranks_per_node 2 \
+  --vllm_tensor_parallel_size 1
+python3 - "$W/dis_tp1_host" "$W/dis_tp1" <<'PY' || fail "the device sync run differs from the host sync run"
+import json, sys
+def load(d, f):
+    return [json.loads(l) for l in open(f"{d}/{f}")]
+host, dev = sys.argv[1], sys.argv[2]
+assert load(host, "samples.jsonl") == load(dev, "samples.jsonl"), "completions or scores differ"
+for h, d in zip(load(host, "metrics.jsonl"), load(dev, "metrics.jsonl")):
+    print(f"step {h['step']}: reward host {h['reward_mean']} device {d['reward_mean']}; sync "
+          f"host {h['sync_path']} {h['sync_bytes']} B, device {d['sync_path']} {d['sync_bytes']} B")
+    assert (h["sync_path"], d["sync_path"]) == ("host", "device"), "not the expected sync paths"
+    assert 2 * d["sync_bytes"] == h["sync_bytes"], "the device sync does not move bf16 bytes"
+    assert h["reward_mean"] == d["reward_mean"] and h["policy_loss"] == d["policy_loss"]
+PY
+fpr() { grep -o "weights fingerprint [0-9a-f]*" "$1" | tail -1 | awk '{ print $3 }'; }
+[ -n "$(fpr "$W/dis_tp1.log")" ] && [ "$(fpr "$W/dis_tp1.log")" = "$(fpr "$W/dis_tp1_host.log")" ] ||
+  fail "weights fingerprints: device sync '$(fpr "$W/dis_tp1.log")', host '$(fpr "$W/dis_tp1_host.log")'"
+grep -q "sync [0-9.]*s [0-9.]* [KMG]*i*B device" "$W/dis_tp1.log" ||
+  fail "the step line does not report the device sync's bytes: $(grep -m1 'step 1/' "$W/dis_tp1.log")"
+echo "ok: disaggregated device sync == host sync (completions, rewards, weights fingerprint)"
 
 # (b) colocated, 4 ranks on 2 nodes of 2: every rank trains and generates.
 run col_tp2 4 --ranks_per_node 2 --vllm_tensor_parallel_size 2
@@ -107,4 +136,19 @@ grep -q "a tensor-parallel engine step (NCCL all-reduce) .* has not completed af
   "$W/stop.log" || fail "no watchdog message for the engine step: $(tail -3 "$W/stop.log")"
 grep -q "rank 1 (pid [0-9]*) is stopped" "$W/stop.log" || fail "the stopped peer is not named"
 echo "ok: a stopped TP peer ends the job through the watchdog (engine step named)"
+
+# (e) the GPU sync benchmark, both placements (4 colocated ranks; 2 train + 2 engine ranks).
+"${MPI[@]}" -np 4 "$EMU" bench sync --device cuda --model_config "$SRC/examples/models/tiny.toml" \
+  --output "$W/bench.jsonl" > "$W/bench.log" 2>&1 || fail "bench sync: $(tail -3 "$W/bench.log")"
+python3 - "$W/bench.jsonl" <<'PY' || fail "bench sync --device cuda: $(cat "$W/bench.jsonl")"
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if '"sync"' in l]
+assert [r["mode"] for r in rows] == ["colocated", "disaggregated"], rows
+for r in rows:
+    print(f"bench sync {r['mode']}: {r['train_ranks']} train, {r['engine_ranks']} engine ranks, "
+          f"{r['bytes']} B in {r['sync_s']:.4f}s, wrong {r['wrong']}")
+    assert r["wrong"] == 0 and r["bytes"] > 0 and r["sync_s"] > 0
+assert (rows[1]["train_ranks"], rows[1]["engine_ranks"]) == (2, 2)
+PY
+echo "ok: bench sync --device cuda covers colocated and disaggregated placements"
 echo "PASS"
