@@ -105,13 +105,34 @@ void Transformer<T>::bf16_layer_small(LayerParams<const T>& w, const T* params,
                                       const UnitLayout& u) {
   if constexpr (std::is_same_v<T, float>) {
     if (!bf16_) return;
-    grow(bf16_small_, u.numel, "bf16 copies of a layer's biases and norm weights");
+    // Runs of consecutive small tensors in offset order (no GEMM weight between them) are copied
+    // whole, alignment gaps included, so that adjacent ones (packed q/k/v biases) stay adjacent.
+    std::vector<const TensorInfo*> order;
+    for (const TensorInfo& t : u.tensors) order.push_back(&t);
+    std::sort(order.begin(), order.end(),
+              [](const TensorInfo* a, const TensorInfo* b) { return a->offset < b->offset; });
+    struct Run {
+      int64_t begin, end, at;  // unit offsets [begin, end) copied to bf16_small_ + at
+    };
+    std::vector<Run> runs;
+    int64_t total = 0;
+    for (size_t i = 0; i < order.size(); ++i) {
+      if (order[i]->weight_decay) continue;
+      const int64_t begin = order[i]->offset;
+      while (i + 1 < order.size() && !order[i + 1]->weight_decay) ++i;
+      runs.push_back({begin, order[i]->offset + order[i]->numel, total});
+      total += runs.back().end - begin;
+    }
+    grow(bf16_small_, total, "bf16 copies of a layer's biases and norm weights");
     T* s = bf16_small_.data();
-    for (const TensorInfo& t : u.tensors)
-      if (!t.weight_decay)
-        for (int64_t i = 0; i < t.numel; ++i) s[t.offset + i] = round_to_bf16(params[t.offset + i]);
-    for (const T** ptr : {&w.bq, &w.bk, &w.bv, &w.bo, &w.q_norm, &w.k_norm, &w.w_in, &w.w_post})
-      if (*ptr != nullptr) *ptr = s + (*ptr - params);
+    for (const Run& r : runs)
+      for (int64_t i = r.begin; i < r.end; ++i) s[r.at + i - r.begin] = round_to_bf16(params[i]);
+    for (const T** ptr : {&w.bq, &w.bk, &w.bv, &w.bo, &w.q_norm, &w.k_norm, &w.w_in, &w.w_post}) {
+      if (*ptr == nullptr) continue;
+      const int64_t off = *ptr - params;
+      for (const Run& r : runs)
+        if (off >= r.begin && off < r.end) *ptr = s + r.at + (off - r.begin);
+    }
   }
 }
 

@@ -157,7 +157,7 @@ class Transformer : public ModelLoop<Transformer<T>, T, LayerActs<T>> {
   // the bf16 engines do: the GEMM weights through the bf16 caches, the rest through these. T =
   // float in bf16 mode only; otherwise they change nothing.
   //  - w's biases and norm weights (the layer's tensors without weight decay) redirected to
-  //    bf16-rounded copies at their offsets in bf16_small_ (packed q/k/v biases stay adjacent);
+  //    bf16-rounded copies in bf16_small_ (adjacent ones, e.g. packed q/k/v biases, stay so);
   void bf16_layer_small(LayerParams<const T>& w, const T* params, const UnitLayout& u);
   //  - the final norm's weight (C): head_params' own, or a bf16-rounded copy;
   const T* final_norm_weight(const T* head_params);
