@@ -191,6 +191,7 @@ nlohmann::json bench_train_variant(const BenchTrainOptions& opt, parallel::Comm&
   if (zero_stage == 3 && (N > 1 || opt.adam_offload)) {
     parallel::Zero3Options z;
     z.adam_offload = opt.adam_offload;
+    z.bf16_gather = bf16;  // as training runs it: bf16 shards gathered
     store = std::make_unique<parallel::Zero3Store>(layout, comm, z);
   } else if (N > 1) {
     store = std::make_unique<parallel::ReplicatedStore>(layout, comm);

@@ -50,7 +50,10 @@ void project_backward_bf16(const LayerBf16& b, Proj p, float* dx, float* dw, flo
 }
 
 const bfloat16* Bf16UnitCache::get(const float* src, int unit, int64_t n) {
+  if (twins_ != nullptr)
+    if (const bfloat16* t = twins_->bf16_twin(src, n)) return t;
   if (src != src_ || unit != unit_ || n != n_) {
+    converted_ += n;
     if (int64_t(buf_.size()) < n) buf_.resize(size_t(n));
     float_to_bf16_n(buf_.data(), src, n);
     src_ = src;

@@ -10,13 +10,16 @@
 //     weight and bias gradients are fp32, accumulated into the fp32 gradient buffers;
 //   - the ops between the GEMMs (RMSNorm, RoPE, attention's softmax, SwiGLU, residual adds, the
 //     losses) compute in fp32 on those bf16-rounded values; the outputs that feed a GEMM (the
-//     norms', attention's and SwiGLU's) are rounded once where the GEMM reads them.
+//     norms', attention's and SwiGLU's) are rounded once where the GEMM reads them;
+//   - the other weights (norm weights, biases, the embedding rows) are read as bf16 values too
+//     (Transformer rounds them), as the GPU's bf16 weight copies hold them.
 // fp32 master weights, gradients and AdamW moments are untouched (the optimizer never sees bf16).
 #pragma once
 
 #include <cstdint>
 #include <vector>
 
+#include "model/bf16_twin.h"
 #include "model/layer_params.h"
 #include "model/layout.h"
 #include "model/ops/half.h"
@@ -54,12 +57,19 @@ void project_backward_bf16(const LayerBf16& b, Proj p, float* dx, float* dw, flo
 /// or backward entry point: the optimizer updates the fp32 weights between passes).
 class Bf16UnitCache {
  public:
-  /// The bf16 copy of `src` (n fp32 values, unit index `unit`), converted now unless this pass
-  /// already converted the same (src, unit). The pointer stays valid until the next call with
+  /// The bf16 copy of `src` (n fp32 values, unit index `unit`): the provider's own bf16 twin when
+  /// it has one (no conversion; valid while the unit is acquired), else converted now unless this
+  /// pass already converted the same (src, unit). The pointer stays valid until the next call with
   /// another unit or next_pass().
   const bfloat16* get(const float* src, int unit, int64_t n);
-  /// Forget the cached copy: the next get() converts.
-  void next_pass() { src_ = nullptr; }
+  /// Forget the cached copy: the next get() converts. twins: the pass's provider as a Bf16Twins
+  /// (nullptr: it has none), consulted first by get().
+  void next_pass(const Bf16Twins* twins = nullptr) {
+    src_ = nullptr;
+    twins_ = twins;
+  }
+  /// Elements converted from fp32 since construction (twins found are not counted).
+  int64_t converted() const { return converted_; }
   /// Bytes held by the copy.
   int64_t bytes() const { return int64_t(buf_.capacity() * sizeof(bfloat16)); }
 
@@ -68,6 +78,8 @@ class Bf16UnitCache {
   const float* src_ = nullptr;
   int unit_ = -1;
   int64_t n_ = 0;
+  const Bf16Twins* twins_ = nullptr;
+  int64_t converted_ = 0;
 };
 
 /// The LayerBf16 of a decoder layer unit laid out as `u` whose bf16 copy is `base`.

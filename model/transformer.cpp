@@ -92,9 +92,67 @@ void Transformer<T>::set_bf16(bool on) {
 }
 
 template <typename T>
-void Transformer<T>::bf16_next_pass() {
-  bf16_layer_.next_pass();
-  bf16_head_.next_pass();
+void Transformer<T>::bf16_next_pass(UnitProvider<T>* p) {
+  const Bf16Twins* twins = nullptr;
+  if constexpr (std::is_same_v<T, float>)
+    if (p != nullptr) twins = dynamic_cast<const Bf16Twins*>(p);
+  bf16_layer_.next_pass(twins);
+  bf16_head_.next_pass(twins);
+}
+
+template <typename T>
+void Transformer<T>::bf16_layer_small(LayerParams<const T>& w, const T* params,
+                                      const UnitLayout& u) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (!bf16_) return;
+    // Runs of consecutive small tensors in offset order (no GEMM weight between them) are copied
+    // whole, alignment gaps included, so that adjacent ones (packed q/k/v biases) stay adjacent.
+    std::vector<const TensorInfo*> order;
+    for (const TensorInfo& t : u.tensors) order.push_back(&t);
+    std::sort(order.begin(), order.end(),
+              [](const TensorInfo* a, const TensorInfo* b) { return a->offset < b->offset; });
+    struct Run {
+      int64_t begin, end, at;  // unit offsets [begin, end) copied to bf16_small_ + at
+    };
+    std::vector<Run> runs;
+    int64_t total = 0;
+    for (size_t i = 0; i < order.size(); ++i) {
+      if (order[i]->weight_decay) continue;
+      const int64_t begin = order[i]->offset;
+      while (i + 1 < order.size() && !order[i + 1]->weight_decay) ++i;
+      runs.push_back({begin, order[i]->offset + order[i]->numel, total});
+      total += runs.back().end - begin;
+    }
+    grow(bf16_small_, total, "bf16 copies of a layer's biases and norm weights");
+    T* s = bf16_small_.data();
+    for (const Run& r : runs)
+      for (int64_t i = r.begin; i < r.end; ++i) s[r.at + i - r.begin] = round_to_bf16(params[i]);
+    for (const T** ptr : {&w.bq, &w.bk, &w.bv, &w.bo, &w.q_norm, &w.k_norm, &w.w_in, &w.w_post}) {
+      if (*ptr == nullptr) continue;
+      const int64_t off = *ptr - params;
+      for (const Run& r : runs)
+        if (off >= r.begin && off < r.end) *ptr = s + r.at + (off - r.begin);
+    }
+  }
+}
+
+template <typename T>
+const T* Transformer<T>::final_norm_weight(const T* head_params) {
+  const T* w = head_params + layout_.unit(layout_.head_unit()).at("model.norm.weight").offset;
+  if constexpr (std::is_same_v<T, float>) {
+    if (bf16_) {
+      grow(bf16_norm_, C_, "the bf16 copy of the final norm's weight");
+      for (int64_t i = 0; i < C_; ++i) bf16_norm_[size_t(i)] = round_to_bf16(w[i]);
+      return bf16_norm_.data();
+    }
+  }
+  return w;
+}
+
+template <typename T>
+void Transformer<T>::bf16_round(T* x, int64_t n) {
+  if constexpr (std::is_same_v<T, float>)
+    if (bf16_) round_to_bf16_n(x, n);
 }
 
 template <typename T>
@@ -180,6 +238,7 @@ void Transformer<T>::embed(UnitProvider<T>& p, const int32_t* tokens) {
   const T* emb = p.acquire_params(eu);
   embedding_forward_cpu(res_.data(), tokens,
                         emb + layout_.unit(eu).at("embed_tokens.weight").offset, N_, C_, V_);
+  bf16_round(res_.data(), N_ * C_);
   p.release_params(eu);
 }
 
@@ -198,6 +257,7 @@ void Transformer<T>::layer_forward(const T* params, int l, const T* x_in, T* x_o
     if (bf16_) {
       bf16_view_ = layer_bf16(layout_.unit(u), bf16_layer_.get(params, u, layout_.unit(u).numel));
       run.bf16 = &bf16_view_;
+      bf16_layer_small(w, params, layout_.unit(u));
     }
   decoder_layer_forward_cpu(x_out, a, x_in, w, spec_, run);
 }
@@ -218,9 +278,7 @@ void Transformer<T>::trunk_forward(UnitProvider<T>& p, const int32_t* tokens, in
 
 template <typename T>
 void Transformer<T>::final_norm(const T* head_params, const T* x) {
-  const UnitLayout& hu = layout_.unit(layout_.head_unit());
-  rmsnorm_forward_cpu(lnf_.data(), rstdf_.data(), x,
-                      head_params + hu.at("model.norm.weight").offset, N_, C_,
+  rmsnorm_forward_cpu(lnf_.data(), rstdf_.data(), x, final_norm_weight(head_params), N_, C_,
                       layout_.config().rms_norm_eps);
 }
 
@@ -246,7 +304,7 @@ void Transformer<T>::forward_lm(UnitProvider<T>& p, const int32_t* tokens, const
                                 int64_t B, int64_t T_len, T* lp, T* entropy, bool for_backward,
                                 T inv_temperature, SeqLens seqs) {
   check_head(true, "forward_lm");
-  bf16_next_pass();
+  bf16_next_pass(&p);
   p.begin_pass(false);
   trunk_forward(p, tokens, B, T_len, for_backward, seqs);
   targets_.assign(targets, targets + N_);
@@ -262,7 +320,7 @@ template <typename T>
 void Transformer<T>::forward_logits(UnitProvider<T>& p, const int32_t* tokens, int64_t B,
                                     int64_t T_len, T* logits) {
   check_head(true, "forward_logits");
-  bf16_next_pass();
+  bf16_next_pass(&p);
   p.begin_pass(false);
   trunk_forward(p, tokens, B, T_len, false);
   head_forward(p, false, [&](const T* hp, const T* w) {
@@ -277,13 +335,14 @@ void Transformer<T>::final_norm_backward(const T* head_params, T* head_grads) {
   const int64_t norm_off = layout_.unit(layout_.head_unit()).at("model.norm.weight").offset;
   std::fill(dres_.begin(), dres_.begin() + N_ * C_, T(0));
   rmsnorm_backward_cpu(dres_.data(), head_grads != nullptr ? head_grads + norm_off : nullptr,
-                       dlnf_.data(), x_last(), head_params + norm_off, rstdf_.data(), N_, C_);
+                       dlnf_.data(), x_last(), final_norm_weight(head_params), rstdf_.data(), N_,
+                       C_);
 }
 
 template <typename T>
 void Transformer<T>::backward_lm(UnitProvider<T>& p, const T* dlp, const T* dentropy) {
   check_backward(true, dentropy != nullptr);
-  bf16_next_pass();
+  bf16_next_pass(&p);
   head_backward(p, [&](const T*, const T* w, T* dw) {
     logprob_backward_cpu(logits_.data(), dlp, dentropy, logits_.data(), lse_.data(),
                          dentropy ? entropy_.data() : nullptr, targets_.data(), N_, V_,
@@ -296,7 +355,7 @@ template <typename T>
 void Transformer<T>::forward_scalar(UnitProvider<T>& p, const int32_t* tokens, int64_t B,
                                     int64_t T_len, T* values, bool for_backward, SeqLens seqs) {
   check_head(false, "forward_scalar");
-  bf16_next_pass();
+  bf16_next_pass(&p);
   p.begin_pass(false);
   trunk_forward(p, tokens, B, T_len, for_backward, seqs);
   head_forward(p, for_backward, [&](const T* hp, const T* score) {
@@ -308,7 +367,7 @@ void Transformer<T>::forward_scalar(UnitProvider<T>& p, const int32_t* tokens, i
 template <typename T>
 void Transformer<T>::backward_scalar(UnitProvider<T>& p, const T* dvalues) {
   check_backward(false, false);
-  bf16_next_pass();
+  bf16_next_pass(&p);
   head_backward(p, [&](const T*, const T* score, T* dscore) {
     head_linear_backward(dlnf_.data(), dscore, dvalues, lnf_.data(), score, N_, C_, int64_t(1),
                          kHeadKeyScore);
@@ -346,6 +405,7 @@ void Transformer<T>::layer_backward(const T* params, T* grads, int l, const T* x
       const int ui = layout_.layer_unit(l);
       bf16_view_ = layer_bf16(u, bf16_layer_.get(params, ui, u.numel));
       run.bf16 = &bf16_view_;
+      bf16_layer_small(w, params, u);
     }
   decoder_layer_backward_cpu(dres, g, d, a, x_in, w, spec_, run, attention);
 }

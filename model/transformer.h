@@ -39,9 +39,17 @@ class Transformer : public ModelLoop<Transformer<T>, T, LayerActs<T>> {
   /// The compute precision of every later pass: false (the default) = T everywhere; true (T =
   /// float only) = the bf16 mode of model/layer_bf16.h for every GEMM — the decoder layers'
   /// projections and the LM or scalar head (logits and values stay fp32, unrounded) — with fp32
-  /// parameters and gradients. Throws rlhf::Error for T = double or a build without oneDNN.
+  /// parameters and gradients. Every weight is read as its bf16 value (the GEMM weights, and the
+  /// norm weights, biases and embedding rows too), as the GPU model and the bf16 engines read
+  /// theirs; so any provider — local buffers, or ZeRO-3 gathering fp32 or bf16 shards — gives the
+  /// same results. Throws rlhf::Error for T = double or a build without oneDNN.
   void set_bf16(bool on);
   bool bf16() const { return bf16_; }
+  /// Weight elements converted to bf16 by the bf16 mode since construction: 0 when every weight
+  /// came from the provider's bf16 twins (a bf16-gathering ZeRO-3 store, model/bf16_twin.h).
+  int64_t bf16_converted_elements() const {
+    return bf16_layer_.converted() + bf16_head_.converted();
+  }
 
   /// LM forward. tokens, targets: (B, T) int32 (target −1 = no loss at that position, lp = 0).
   /// lp: (B, T) out; entropy: (B, T) out or nullptr. inv_temperature scales the logits before the
@@ -145,11 +153,22 @@ class Transformer : public ModelLoop<Transformer<T>, T, LayerActs<T>> {
   // final norm's backward from dlnf_ into dres_ (head_grads: nullptr = frozen).
   void trunk_backward(UnitProvider<T>& p);
   void final_norm_backward(const T* head_params, T* head_grads);
+  // bf16 mode reads every weight as its bf16 value, as the GPU (whose stores hold bf16 only) and
+  // the bf16 engines do: the GEMM weights through the bf16 caches, the rest through these. T =
+  // float in bf16 mode only; otherwise they change nothing.
+  //  - w's biases and norm weights (the layer's tensors without weight decay) redirected to
+  //    bf16-rounded copies in bf16_small_ (adjacent ones, e.g. packed q/k/v biases, stay so);
+  void bf16_layer_small(LayerParams<const T>& w, const T* params, const UnitLayout& u);
+  //  - the final norm's weight (C): head_params' own, or a bf16-rounded copy;
+  const T* final_norm_weight(const T* head_params);
+  //  - n embedding outputs rounded in place (= a lookup in the rounded table).
+  void bf16_round(T* x, int64_t n);
   void final_norm(const T* head_params, const T* x);
   void lm_logprobs(const T* w, T* lp, T* entropy, bool keep_logits);
   std::vector<int64_t> sweep_trunk(UnitProvider<T>& p, const std::vector<ForwardBatch<T>>& batches);
   // A new pass: the bf16 copies are converted again (the weights may have changed).
-  void bf16_next_pass();
+  // p: the pass's provider, whose bf16 twins (model/bf16_twin.h) the caches use when it has them.
+  void bf16_next_pass(UnitProvider<T>* p = nullptr);
   // y (rows, OC) = x (rows, IC) · wᵀ, the heads' GEMM (no bias): T, or bf16 operands with fp32
   // accumulation and an unrounded fp32 y when bf16_ (w's bf16 copy cached per pass under key).
   void head_linear(T* y, const T* x, const T* w, int64_t rows, int64_t IC, int64_t OC, int key);
@@ -190,6 +209,7 @@ class Transformer : public ModelLoop<Transformer<T>, T, LayerActs<T>> {
   bool bf16_ = false;
   Bf16UnitCache bf16_layer_, bf16_head_;
   LayerBf16 bf16_view_;
+  std::vector<T> bf16_small_, bf16_norm_;  // bf16_layer_small / final_norm_weight copies
 };
 
 }  // namespace rlhf::model

@@ -42,6 +42,7 @@ std::vector<int64_t> Transformer<T>::sweep_trunk(UnitProvider<T>& p,
     sweep_geometry(batches[i]);
     embedding_forward_cpu(sweep_res_.data() + row[i] * C_, batches[i].tokens,
                           emb + layout_.unit(eu).at("embed_tokens.weight").offset, N_, C_, V_);
+    bf16_round(sweep_res_.data() + row[i] * C_, N_ * C_);
   }
   p.release_params(eu);
   sweep_layers(p, batches, row, sweep_res_.data(), sweep_pos_.data());
@@ -53,7 +54,7 @@ void Transformer<T>::forward_lm_sweep(UnitProvider<T>& p,
                                       const std::vector<ForwardBatch<T>>& batches,
                                       T inv_temperature) {
   check_head(true, "forward_lm_sweep");
-  bf16_next_pass();
+  bf16_next_pass(&p);
   if (batches.empty()) return idle_sweep(p, true);
   p.begin_pass(false);
   const std::vector<int64_t> row = sweep_trunk(p, batches);
@@ -74,7 +75,7 @@ template <typename T>
 void Transformer<T>::forward_scalar_sweep(UnitProvider<T>& p,
                                           const std::vector<ForwardBatch<T>>& batches) {
   check_head(false, "forward_scalar_sweep");
-  bf16_next_pass();
+  bf16_next_pass(&p);
   if (batches.empty()) return idle_sweep(p, false);
   p.begin_pass(false);
   const std::vector<int64_t> row = sweep_trunk(p, batches);

@@ -175,9 +175,10 @@ std::unique_ptr<TrainModel> make_train_model(const model::ParamLayout& layout, T
   if (frozen) {
     Zero3Options f;
     f.frozen = true;
+    f.bf16_gather = rt.bf16;
     store = std::make_unique<Zero3Store>(layout, *rt.train_comm, f);
   } else {
-    store = make_param_store(layout, *rt.train_comm, z);
+    store = make_param_store(layout, *rt.train_comm, z, rt.bf16);
   }
   return make_cpu_train_model(std::move(store), checkpointing, rt.train_comm.get(),
                               kSweepResidualBytes, rt.bf16);
@@ -207,6 +208,7 @@ std::unique_ptr<TrainModel> make_lora_train_model(const model::ParamLayout& layo
   Zero3Options f;
   f.frozen = true;
   f.keep_params_for_backward = z.zero_keep_params;
+  f.bf16_gather = rt.bf16;
   auto base = std::make_unique<Zero3Store>(layout, *rt.train_comm, f);
   return make_cpu_train_model(
       std::make_unique<LoraStore>(std::move(base), cfg, *rt.train_comm, seed),
@@ -214,7 +216,7 @@ std::unique_ptr<TrainModel> make_lora_train_model(const model::ParamLayout& layo
 }
 
 std::unique_ptr<ParamStore> make_param_store(const model::ParamLayout& layout, Comm& comm,
-                                             const ZeroOptions& z) {
+                                             const ZeroOptions& z, bool bf16_gather) {
   if (z.zero_stage == 0) {
     RLHF_CHECK(!z.adam_offload, "--adam_offload needs --zero_stage 3");
     if (comm.size() == 1) return std::make_unique<LocalParamStore>(layout);
@@ -225,6 +227,7 @@ std::unique_ptr<ParamStore> make_param_store(const model::ParamLayout& layout, C
   Zero3Options o;
   o.adam_offload = z.adam_offload;
   o.keep_params_for_backward = z.zero_keep_params;
+  o.bf16_gather = bf16_gather;
   return std::make_unique<Zero3Store>(layout, comm, o);
 }
 

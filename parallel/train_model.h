@@ -84,7 +84,8 @@ class TrainModel {
 /// training communicator, over which the forward sweeps agree on their group count (nullptr: a
 /// single rank, or a store without collectives); sweep_budget_bytes: the residual-stream budget
 /// of one sweep group (kSweepResidualBytes; tests pass a small one); bf16: its GEMMs compute in
-/// bf16 (Transformer::set_bf16; throws rlhf::Error without oneDNN), else fp32.
+/// bf16 (Transformer::set_bf16, which reads every weight as its bf16 value; throws rlhf::Error
+/// without oneDNN), else fp32.
 std::unique_ptr<TrainModel> make_cpu_train_model(std::unique_ptr<ParamStore> store,
                                                  bool gradient_checkpointing,
                                                  Comm* sweep_comm = nullptr,
@@ -113,11 +114,12 @@ struct ZeroOptions {
   bool packing_samples = false;
 };
 
-/// The training state for z.zero_stage: ZeRO-3 shards (with adam_offload, zero_keep_params), or
-/// ZeRO-0 replicas (all-reduced gradients), or whole local buffers on a single rank. Throws
-/// rlhf::Error for --adam_offload with --zero_stage 0.
+/// The training state for z.zero_stage: ZeRO-3 shards (with adam_offload, zero_keep_params,
+/// and bf16_gather: the CPU's --param_dtype bf16 gathers bf16 shards, Zero3Options), or ZeRO-0
+/// replicas (all-reduced gradients), or whole local buffers on a single rank. Throws rlhf::Error
+/// for --adam_offload with --zero_stage 0.
 std::unique_ptr<ParamStore> make_param_store(const model::ParamLayout& layout, Comm& comm,
-                                             const ZeroOptions& z);
+                                             const ZeroOptions& z, bool bf16_gather = false);
 
 /// The model a training command trains (or scores with, frozen) on rt's device: on the CPU the
 /// store of make_param_store (frozen: a weights-only ZeRO-3 store) with Transformer<float> (in

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <limits>
 
+#include "core/checked_alloc.h"
 #include "core/error.h"
 #include "parallel/mpi_check.h"
 #include "parallel/watchdog.h"
@@ -39,7 +40,7 @@ std::vector<SyncBucket> plan_sync_buckets(const std::vector<int64_t>& part_numel
 }
 
 WeightSync::WeightSync(const Topology& topo, Comm* train_comm, const model::ParamLayout& layout,
-                       int64_t bucket_bytes)
+                       int64_t bucket_bytes, bool bf16)
     : topo_(topo),
       train_comm_(train_comm),
       layout_(layout),
@@ -57,6 +58,7 @@ WeightSync::WeightSync(const Topology& topo, Comm* train_comm, const model::Para
              "weight sync: a training rank needs train_comm");
   for (int u = 0; u < layout.num_units(); ++u) part_.push_back(shard_layout_.shard_numel(u));
   buckets_ = plan_sync_buckets(part_, n_train_, bucket_bytes);
+  bf16_ = bf16;
   if (!colocated_) {
     // Leaders: the first train rank and the first generation rank (world ranks).
     RLHF_CHECK(!pl.gen_ranks.empty(), "weight sync: no generation rank");
@@ -78,85 +80,141 @@ SyncStats WeightSync::sync(const ParamStore* source, const std::vector<float*>& 
   SyncStats st;
   st.mode = colocated_ ? "colocated" : "disaggregated";
   st.buckets = int64_t(buckets_.size());
-  for (int u = 0; u < layout_.num_units(); ++u)
-    st.bytes += shard_layout_.padded_numel(u) * int64_t(sizeof(float));
+  const int64_t elem = bf16_ ? int64_t(sizeof(model::bfloat16)) : int64_t(sizeof(float));
+  for (int u = 0; u < layout_.num_units(); ++u) st.bytes += shard_layout_.padded_numel(u) * elem;
   const double t0 = now_s();
-  if (colocated_) {
-    // Every rank trains and generates. ZeRO-3: gather each bucket straight into place.
-    if (source->replicated()) {
-      for (int u = 0; u < layout_.num_units(); ++u) {
-        const UnitShard s = source->unit_shard(u);
-        std::memcpy(engine_units[size_t(u)], s.data, sizeof(float) * size_t(s.count));
-      }
-    } else {
-      for (const SyncBucket& b : buckets_) {
-        const UnitShard s = source->unit_shard(b.unit);
-        RLHF_ASSERT(s.count == part_[size_t(b.unit)]);
-        train_comm_->all_gather_strided(s.data + b.begin, engine_units[size_t(b.unit)] + b.begin,
-                                        b.count, s.count, DType::kFloat32);
-      }
-    }
-  } else {
-    // Disaggregated: Iallgatherv on the intercommunicator, two buckets in flight. A replicated
-    // trainer sends whole units from its first rank only.
-    const bool repl = trains_ && source->replicated();
-    int repl_all = repl ? 1 : 0;
-    if (trains_)
-      MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &repl_all, 1, MPI_INT, MPI_MAX, topo_.train_comm()));
-    // Let the generation side know whether the trainer is replicated.
-    int repl_remote = 0;
-    MPI_CHECK(MPI_Allreduce(&repl_all, &repl_remote, 1, MPI_INT, MPI_MAX, inter_));
-    const bool replicated = trains_ ? repl_all != 0 : repl_remote != 0;
-    const int my_train_rank = trains_ ? train_comm_->rank() : -1;
-    int remote_size = 0;
-    MPI_CHECK(MPI_Comm_remote_size(inter_, &remote_size));
-    struct Inflight {
-      MPI_Request req = MPI_REQUEST_NULL;
-      std::vector<int> counts, displs;
-    };
-    Inflight fl[2];
-    auto post = [&](size_t k, Inflight& f) {
-      const SyncBucket& b = buckets_[k];
-      const int64_t part = part_[size_t(b.unit)];
-      // Replicated trainers: rank 0 sends the whole unit as if it held every part.
-      const int64_t count = replicated ? (b.begin == 0 ? layout_.unit(b.unit).numel : 0) : b.count;
-      RLHF_CHECK(count <= std::numeric_limits<int>::max(), "weight sync: bucket too large");
-      if (trains_) {
-        const bool sends = !replicated || my_train_rank == 0;
-        const float* src = source->unit_shard(b.unit).data + (replicated ? 0 : b.begin);
-        f.counts.assign(size_t(remote_size), 0);
-        f.displs.assign(size_t(remote_size), 0);
-        MPI_CHECK(MPI_Iallgatherv(src, sends ? int(count) : 0, MPI_FLOAT, nullptr, f.counts.data(),
-                                  f.displs.data(), MPI_FLOAT, inter_, &f.req));
-      } else {
-        f.counts.assign(size_t(remote_size), 0);
-        f.displs.assign(size_t(remote_size), 0);
-        for (int j = 0; j < remote_size; ++j) {
-          if (replicated) {
-            f.counts[size_t(j)] = j == 0 ? int(count) : 0;
-          } else {
-            f.counts[size_t(j)] = int(b.count);
-            const int64_t d = int64_t(j) * part + b.begin;
-            RLHF_CHECK(d <= std::numeric_limits<int>::max(), "weight sync: unit too large");
-            f.displs[size_t(j)] = int(d);
-          }
-        }
-        MPI_CHECK(MPI_Iallgatherv(nullptr, 0, MPI_FLOAT, engine_units[size_t(b.unit)],
-                                  f.counts.data(), f.displs.data(), MPI_FLOAT, inter_, &f.req));
-      }
-    };
-    const size_t nb = buckets_.size();
-    if (nb > 0) post(0, fl[0]);
-    for (size_t k = 0; k < nb; ++k) {
-      if (k + 1 < nb) post(k + 1, fl[(k + 1) % 2]);
-      MPI_CHECK(MPI_Wait(&fl[k % 2].req, MPI_STATUS_IGNORE));
-    }
-  }
+  if (colocated_)
+    sync_colocated(*source, engine_units);
+  else
+    sync_disaggregated(source, engine_units);
   st.seconds = max_over_world(topo_.world(), now_s() - t0);
   st.algbw_GBps = st.seconds > 0 ? double(st.bytes) / st.seconds / 1e9 : 0;
   st.busbw_GBps =
       colocated_ ? st.algbw_GBps * double(n_train_ - 1) / double(n_train_) : st.algbw_GBps;
   return st;
+}
+
+void WeightSync::sync_colocated(const ParamStore& source, const std::vector<float*>& engine_units) {
+  // Every rank trains and generates.
+  if (source.replicated()) {
+    for (int u = 0; u < layout_.num_units(); ++u) {
+      const UnitShard s = source.unit_shard(u);
+      float* dst = engine_units[size_t(u)];
+      std::memcpy(dst, s.data, sizeof(float) * size_t(s.count));
+      if (bf16_) model::round_to_bf16_n(dst, s.count);  // what a bf16 transfer would deliver
+    }
+    return;
+  }
+  for (const SyncBucket& b : buckets_) {
+    const UnitShard s = source.unit_shard(b.unit);
+    RLHF_ASSERT(s.count == part_[size_t(b.unit)]);
+    float* unit = engine_units[size_t(b.unit)];
+    if (!bf16_) {  // ZeRO-3: gather each bucket straight into place
+      train_comm_->all_gather_strided(s.data + b.begin, unit + b.begin, b.count, s.count,
+                                      DType::kFloat32);
+      continue;
+    }
+    // bf16: this rank's slice rounded, gathered compactly (rank j's at j·count), then widened
+    // into its place j·part + begin.
+    checked_grow(send16_[0], b.count, "the weight sync's bf16 send buffer");
+    checked_grow(recv16_[0], b.count * n_train_, "the weight sync's bf16 receive buffer");
+    model::float_to_bf16_n(send16_[0].data(), s.data + b.begin, b.count);
+    train_comm_->all_gather(send16_[0].data(), recv16_[0].data(), b.count, DType::kBfloat16);
+    for (int j = 0; j < n_train_; ++j)
+      model::bf16_to_float_n(unit + int64_t(j) * s.count + b.begin,
+                             recv16_[0].data() + int64_t(j) * b.count, b.count);
+  }
+}
+
+void WeightSync::sync_disaggregated(const ParamStore* source,
+                                    const std::vector<float*>& engine_units) {
+  // Iallgatherv on the intercommunicator, two buckets in flight. A replicated trainer sends whole
+  // units from its first rank only. bf16: the slices travel rounded, as 2-byte words, through
+  // per-slot staging buffers (widened into place when their bucket completes).
+  const bool repl = trains_ && source->replicated();
+  int repl_all = repl ? 1 : 0;
+  if (trains_)
+    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &repl_all, 1, MPI_INT, MPI_MAX, topo_.train_comm()));
+  // Let the generation side know whether the trainer is replicated.
+  int repl_remote = 0;
+  MPI_CHECK(MPI_Allreduce(&repl_all, &repl_remote, 1, MPI_INT, MPI_MAX, inter_));
+  const bool replicated = trains_ ? repl_all != 0 : repl_remote != 0;
+  const int my_train_rank = trains_ ? train_comm_->rank() : -1;
+  int remote_size = 0;
+  MPI_CHECK(MPI_Comm_remote_size(inter_, &remote_size));
+  const MPI_Datatype type = bf16_ ? MPI_UINT16_T : MPI_FLOAT;
+  struct Inflight {
+    MPI_Request req = MPI_REQUEST_NULL;
+    std::vector<int> counts, displs;
+    size_t bucket = 0;
+  };
+  Inflight fl[2];
+  auto post = [&](size_t k, int slot) {
+    Inflight& f = fl[slot];
+    f.bucket = k;
+    const SyncBucket& b = buckets_[k];
+    const int64_t part = part_[size_t(b.unit)];
+    // Replicated trainers: rank 0 sends the whole unit as if it held every part.
+    const int64_t count = replicated ? (b.begin == 0 ? layout_.unit(b.unit).numel : 0) : b.count;
+    RLHF_CHECK(count <= std::numeric_limits<int>::max(), "weight sync: bucket too large");
+    f.counts.assign(size_t(remote_size), 0);
+    f.displs.assign(size_t(remote_size), 0);
+    if (trains_) {
+      const bool sends = !replicated || my_train_rank == 0;
+      const float* src = source->unit_shard(b.unit).data + (replicated ? 0 : b.begin);
+      const void* buf = src;
+      if (bf16_) {
+        checked_grow(send16_[slot], count, "the weight sync's bf16 send buffer");
+        model::float_to_bf16_n(send16_[slot].data(), src, sends ? count : 0);
+        buf = send16_[slot].data();
+      }
+      MPI_CHECK(MPI_Iallgatherv(buf, sends ? int(count) : 0, type, nullptr, f.counts.data(),
+                                f.displs.data(), type, inter_, &f.req));
+      return;
+    }
+    // bf16 lands compactly in the slot's staging (rank j's slice at j·count), else in place.
+    for (int j = 0; j < remote_size; ++j) {
+      if (replicated) {
+        f.counts[size_t(j)] = j == 0 ? int(count) : 0;
+      } else {
+        f.counts[size_t(j)] = int(b.count);
+        const int64_t d = bf16_ ? int64_t(j) * b.count : int64_t(j) * part + b.begin;
+        RLHF_CHECK(d <= std::numeric_limits<int>::max(), "weight sync: unit too large");
+        f.displs[size_t(j)] = int(d);
+      }
+    }
+    void* dst = engine_units[size_t(b.unit)];
+    if (bf16_) {
+      checked_grow(recv16_[slot], replicated ? count : b.count * remote_size,
+                   "the weight sync's bf16 receive buffer");
+      dst = recv16_[slot].data();
+    }
+    MPI_CHECK(MPI_Iallgatherv(nullptr, 0, type, dst, f.counts.data(), f.displs.data(), type, inter_,
+                              &f.req));
+  };
+  // Generation ranks, bf16: the completed bucket of `slot` widened into its places.
+  auto land = [&](int slot) {
+    if (!bf16_ || trains_) return;
+    const SyncBucket& b = buckets_[fl[slot].bucket];
+    float* unit = engine_units[size_t(b.unit)];
+    const model::bfloat16* r = recv16_[slot].data();
+    if (replicated) {
+      if (b.begin == 0) model::bf16_to_float_n(unit, r, layout_.unit(b.unit).numel);
+      return;
+    }
+    const int64_t part = part_[size_t(b.unit)];
+    for (int j = 0; j < remote_size; ++j)
+      model::bf16_to_float_n(unit + int64_t(j) * part + b.begin, r + int64_t(j) * b.count, b.count);
+  };
+  const size_t nb = buckets_.size();
+  if (nb > 0) post(0, 0);
+  for (size_t k = 0; k < nb; ++k) {
+    // Bucket k + 1 goes out before k is waited on; with bf16 its slot's staging is free once
+    // bucket k − 1 (same slot) has landed, which the previous iteration did.
+    if (k + 1 < nb) post(k + 1, int((k + 1) % 2));
+    MPI_CHECK(MPI_Wait(&fl[k % 2].req, MPI_STATUS_IGNORE));
+    land(int(k % 2));
+  }
 }
 
 SyncStats WeightSync::sync_adapters(const float* src, float* dst, int64_t n) {

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "model/layout.h"
+#include "model/ops/half.h"
 #include "parallel/comm.h"
 #include "parallel/param_store.h"
 #include "parallel/shard_layout.h"
@@ -27,8 +28,9 @@ class Zero3StoreCuda;
 /// One sync's accounting (the same numbers on every rank).
 struct SyncStats {
   int64_t buckets = 0;
-  int64_t bytes = 0;   ///< bytes of weights each engine rank received (fp32 units, padded for
-                       ///< the train ranks as ShardLayout pads them)
+  int64_t bytes = 0;   ///< bytes of weights each engine rank received (fp32 units, or bf16 ones
+                       ///< with WeightSync's bf16, padded for the train ranks as ShardLayout
+                       ///< pads them)
   double seconds = 0;  ///< wall time of the slowest rank
   /// Achieved bandwidth per engine rank: bytes / seconds (GB = 1e9); busbw applies nccl-tests'
   /// all-gather factor (n−1)/n with n = train ranks (colocated) or 1 (disaggregated: every byte
@@ -61,12 +63,17 @@ std::vector<SyncBucket> plan_sync_buckets(const std::vector<int64_t>& part_numel
 ///    before k is waited on).
 /// Engine unit buffers must have room for engine_unit_room()[u] elements: the unit padded for the
 /// train ranks (ShardLayout), since the gathered shards land whole; the engine reads the unit's
-/// numel of them. Tensor-parallel engines (TP > 1): every rank of an engine receives the whole
-/// units (bytes per engine rank as for TP 1) and the engine slices them itself (rollout::Engine).
+/// numel of them.
+/// bf16 (both sides compute in bf16: the CPU's --param_dtype bf16, whose engines round every
+/// weight to bf16 anyway): the weights travel as bf16 (each slice rounded to nearest even on the
+/// training rank, 2 bytes an element: half the bytes) and are widened into the engine's fp32 unit
+/// buffers, so the engine holds exactly round_bf16 of what an fp32 sync would deliver.
+/// Tensor-parallel engines (TP > 1): every rank of an engine receives the whole units (bytes per
+/// engine rank as for TP 1) and the engine slices them itself (rollout::Engine).
 class WeightSync {
  public:
   WeightSync(const Topology& topo, Comm* train_comm, const model::ParamLayout& layout,
-             int64_t bucket_bytes);
+             int64_t bucket_bytes, bool bf16 = false);
   ~WeightSync();
   WeightSync(const WeightSync&) = delete;
   WeightSync& operator=(const WeightSync&) = delete;
@@ -132,6 +139,10 @@ class WeightSync {
   bool colocated() const {
     return colocated_;
   }
+  /// Whether sync() sends bf16 (the constructor's bf16).
+  bool bf16() const {
+    return bf16_;
+  }
   /// Elements each engine unit buffer must hold (see the class comment); the same for host and
   /// device engine buffers.
   const std::vector<int64_t>& engine_unit_room() const {
@@ -146,6 +157,9 @@ class WeightSync {
   }
 
  private:
+  void sync_colocated(const ParamStore& source, const std::vector<float*>& engine_units);
+  void sync_disaggregated(const ParamStore* source, const std::vector<float*>& engine_units);
+
   const Topology& topo_;
   Comm* train_comm_;
   model::ParamLayout layout_;
@@ -156,6 +170,8 @@ class WeightSync {
   MPI_Comm inter_ = MPI_COMM_NULL;  // disaggregated: train group <-> generation group
   std::vector<int64_t> part_;       // per unit: elements of one train rank's part
   std::vector<SyncBucket> buckets_;
+  bool bf16_ = false;
+  std::vector<model::bfloat16> send16_[2], recv16_[2];  // bf16: staging per bucket in flight
 #ifdef RLHF_CUDA
   DeviceArray<model::bf16> staging_[2];  // sync_device, sync_device_disaggregated
   struct NodeDeviceSync;                 // sync_device_disaggregated's node communicator, events

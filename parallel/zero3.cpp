@@ -33,6 +33,9 @@ Zero3Store::Zero3Store(const model::ParamLayout& layout, Comm& comm, Zero3Option
       checked_assign(v, S, 0.0f, fmt::format("the ZeRO-3 {} shard of unit '{}'", what, name));
     };
     shard(s.params, "parameter");
+    if (opt_.bf16_gather)
+      checked_assign(s.params16, S, model::bfloat16{0},
+                     fmt::format("the ZeRO-3 bf16 parameter shard of unit '{}'", name));
     if (opt_.frozen) continue;
     shard(s.grads, "gradient");
     if (opt_.adam_offload) {
@@ -72,26 +75,75 @@ void Zero3Store::give_back(Pool& free, std::vector<float>* b) {
   in_use_.erase(it);
 }
 
+void Zero3Store::refresh_bf16(int u) {
+  if (!opt_.bf16_gather) return;
+  Shard& s = shards_[size_t(u)];
+  model::float_to_bf16_n(s.params16.data(), s.params.data(), shard_numel(u));
+}
+
 Zero3Store::Gathered Zero3Store::post_gather(int u) {
   Gathered g;
-  g.buffer = take_buffer(free_params_, shard_layout_.padded_numel(u));
+  const int64_t padded = shard_layout_.padded_numel(u);
+  g.buffer = take_buffer(free_params_, padded);
+  if (opt_.bf16_gather) {
+    auto& free = free16_[padded];
+    if (!free.empty()) {
+      g.buffer16 = std::move(free.back());
+      free.pop_back();
+    } else {
+      g.buffer16 = std::make_unique<std::vector<model::bfloat16>>();
+      checked_assign(*g.buffer16, padded, model::bfloat16{0},
+                     "a ZeRO-3 full-unit bf16 buffer (gathered parameters)");
+      pooled_bf16_ += padded;
+    }
+    g.request = comm_.iall_gather(shards_[size_t(u)].params16.data(), g.buffer16->data(),
+                                  shard_numel(u), DType::kBfloat16);
+    param_gather_bytes_ += padded * int64_t(sizeof(model::bfloat16));
+    return g;  // ready once complete() has widened it
+  }
   g.request = comm_.iall_gather(shards_[size_t(u)].params.data(), g.buffer->data(), shard_numel(u));
+  param_gather_bytes_ += padded * int64_t(sizeof(float));
   g.ready = g.request.done();
   return g;
 }
 
+void Zero3Store::complete(Gathered& g, int64_t numel) {
+  if (g.ready) return;
+  g.request.wait();
+  if (g.buffer16) {
+    model::bf16_to_float_n(g.buffer->data(), g.buffer16->data(), numel);
+    widened_.push_back(&g);
+  }
+  g.ready = true;
+}
+
+void Zero3Store::drop(Gathered& g) {
+  if (!g.ready) g.request.wait();  // an in-flight (prefetched) gather completes first
+  give_back(free_params_, g.buffer);
+  if (g.buffer16) {
+    widened_.erase(std::remove(widened_.begin(), widened_.end(), &g), widened_.end());
+    const int64_t n = int64_t(g.buffer16->size());
+    free16_[n].push_back(std::move(g.buffer16));
+  }
+}
+
 const float* Zero3Store::acquire_params(int u) {
+  const int64_t numel = layout_.unit(u).numel;
   Gathered& g = schedule_.acquire(
-      u, [&](int v) { return post_gather(v); },
-      [](Gathered& h) {
-        if (!h.ready) h.request.wait();
-        h.ready = true;
-      });
+      u, [&](int v) { return post_gather(v); }, [&](Gathered& h) { complete(h, numel); });
   return g.buffer->data();
 }
 
+const model::bfloat16* Zero3Store::bf16_twin(const float* p, int64_t n) const {
+  for (const Gathered* g : widened_) {
+    const float* base = g->buffer->data();
+    if (p >= base && p + n <= base + g->buffer->size()) return g->buffer16->data() + (p - base);
+  }
+  return nullptr;
+}
+
 void Zero3Store::release_params(int u) {
-  schedule_.release(u, [&](Gathered& g) { give_back(free_params_, g.buffer); });
+  schedule_.release(u, [&](Gathered& g) { drop(g); });
 }
 
 float* Zero3Store::acquire_grads(int u) {
@@ -153,10 +205,7 @@ void Zero3Store::begin_pass(bool backward) {
 void Zero3Store::end_pass(bool backward) {
   if (backward) finish_all_pending_grads();
   // In-flight gathers of dropped copies complete first.
-  schedule_.end_pass(backward, [&](Gathered& g) {
-    if (!g.ready) g.request.wait();
-    give_back(free_params_, g.buffer);
-  });
+  schedule_.end_pass(backward, [&](Gathered& g) { drop(g); });
 }
 
 void Zero3Store::zero_grads() {
@@ -198,6 +247,7 @@ void Zero3Store::adamw_step(const optim::AdamWConfig& cfg, double lr, int64_t st
       optim::adamw_step_segments_cpu(s.params.data(), s.m.data(), s.v.data(), s.grads.data(), S,
                                      segs, cfg, lr, step, grad_scale);
     }
+    refresh_bf16(u);
   }
 }
 
@@ -218,6 +268,7 @@ void Zero3Store::load_unit(int u, const float* full) {
   scatter_shard(s.params.data(), full, layout_.unit(u).numel,
                 shard_layout_.shard_offset(u, comm_.rank()), S);
   if (opt_.adam_offload) copy_floats(s.master_host.data(), s.params.data(), S);
+  refresh_bf16(u);
 }
 
 void Zero3Store::gather_moments(int u, float* m, float* v) {
@@ -237,13 +288,15 @@ void Zero3Store::load_moments(int u, const float* m, const float* v) {
 MemoryReport Zero3Store::memory() const {
   MemoryReport r;
   const int64_t b = shard_layout_.total_shard() * int64_t(sizeof(float));
-  r.params_bytes = b;
+  // bf16_gather: + the bf16 copy of the shard.
+  r.params_bytes = b + (opt_.bf16_gather ? shard_layout_.total_shard() * 2 : 0);
   r.grads_bytes = opt_.frozen ? 0 : b;
   r.optimizer_bytes = opt_.frozen         ? 0
                       : opt_.adam_offload ? 4 * b
                                           : 2 * b;  // offload: + master, grad
   r.optimizer_on_host = opt_.adam_offload;
-  r.gather_bytes = pooled_floats_ * int64_t(sizeof(float));
+  r.gather_bytes =
+      pooled_floats_ * int64_t(sizeof(float)) + pooled_bf16_ * int64_t(sizeof(model::bfloat16));
   return r;
 }
 

@@ -4,6 +4,9 @@
 // in the static order), free the full copy on release, and reduce-scatter each unit's gradient
 // into its owner's shard as soon as that unit's backward ends. Also the replicated baseline
 // (ZeRO stage 0: full copies everywhere, gradients all-reduced before the step).
+// With Zero3Options::bf16_gather (the CPU's --param_dtype bf16) the gathers move a bf16 copy of
+// each shard (half the bytes, as the GPU store Zero3StoreCuda does); gradients still
+// reduce-scatter in fp32 and the master weights and moments stay fp32.
 #pragma once
 
 #include <cstdint>
@@ -11,6 +14,8 @@
 #include <memory>
 #include <vector>
 
+#include "model/bf16_twin.h"
+#include "model/ops/half.h"
 #include "parallel/comm.h"
 #include "parallel/param_store.h"
 #include "parallel/shard_layout.h"
@@ -32,13 +37,22 @@ struct Zero3Options {
   /// A frozen model (reference policy, reward model): weights only — no gradients, no optimizer
   /// state; acquiring gradients or stepping throws.
   bool frozen = false;
+  /// `--param_dtype bf16` on the CPU: every rank also keeps its shard rounded to bf16 (nearest
+  /// even, refreshed after each optimizer step and load), forward and backward all-gather those
+  /// bf16 shards (2 bytes an element instead of 4), and acquire_params hands out the gathered unit
+  /// widened to fp32 — the bf16 values exactly, as a bf16 model reads its weights. The bf16 unit
+  /// itself is available to the model's bf16 GEMMs (acquired_bf16). Checkpoint gathers
+  /// (gather_unit, gather_moments), the gradients and the optimizer stay fp32.
+  bool bf16_gather = false;
 };
 
 /// The sharded ParamStore and the UnitProvider the model runs on. Collective methods (and every
 /// acquire/release, which may communicate) must be called in the same order on every rank of
 /// `comm`. Which units are gathered, the prefetch cursor and when a copy is dropped are the
 /// UnitSchedule's (parallel/unit_schedule.h), shared with the GPU store.
-class Zero3Store final : public ParamStore, public model::UnitProvider<float> {
+class Zero3Store final : public ParamStore,
+                         public model::UnitProvider<float>,
+                         public model::Bf16Twins {
  public:
   /// Shards every unit of `layout` over comm.size() ranks (ShardLayout).
   Zero3Store(const model::ParamLayout& layout, Comm& comm, Zero3Options options = {});
@@ -70,6 +84,15 @@ class Zero3Store final : public ParamStore, public model::UnitProvider<float> {
   void begin_pass(bool backward) override;
   void end_pass(bool backward) override;
 
+  /// With bf16_gather: the gathered bf16 elements behind [p, p + n) of a unit acquire_params
+  /// returned (model/bf16_twin.h); nullptr otherwise (also always when the store gathers fp32).
+  const model::bfloat16* bf16_twin(const float* p, int64_t n) const override;
+  /// Bytes the parameter all-gathers of acquire_params (and prefetches) have received since
+  /// construction: the padded unit times 2 (bf16_gather) or 4 bytes per gather — what
+  /// CommStats::bytes counts for them. Checkpoint gathers are not included.
+  int64_t param_gather_bytes() const { return param_gather_bytes_; }
+  bool bf16_gather() const { return opt_.bf16_gather; }
+
   /// This rank's shard of unit u: elements [rank·S, (rank+1)·S) of the padded unit, S =
   /// shard_numel(u) (ShardLayout). (The working copy the gathers read.)
   const float* shard_params(int u) const { return shards_[size_t(u)].params.data(); }
@@ -93,11 +116,14 @@ class Zero3Store final : public ParamStore, public model::UnitProvider<float> {
     std::vector<float> params, grads, m, v;      // the "device" side (m, v empty with offload)
     std::vector<float> master_host, grads_host;  // adam_offload: host master + grad copy
     std::vector<float> m_host, v_host;
+    std::vector<model::bfloat16> params16;  // bf16_gather: params rounded to bf16
     bool grads_fresh = true;  // no micro-batch has reduced into grads since zero_grads
   };
   // A gathered unit: its full buffer and the all-gather filling it (complete once `ready`).
+  // bf16_gather: the all-gather fills buffer16, which `buffer` receives widened once complete.
   struct Gathered {
     std::vector<float>* buffer = nullptr;
+    std::unique_ptr<std::vector<model::bfloat16>> buffer16;
     CommRequest request;
     bool ready = false;
   };
@@ -119,6 +145,11 @@ class Zero3Store final : public ParamStore, public model::UnitProvider<float> {
   // scratch buffer and copies the unit's numel elements to out.
   void gather_padded(int u, const float* shard, float* out);
   void finish_all_pending_grads();
+  // Completes a gather (waits for it; bf16_gather: widens buffer16 into buffer).
+  void complete(Gathered& g, int64_t numel);
+  void drop(Gathered& g);
+  // bf16_gather: params16 of unit u's shard = round_bf16(params).
+  void refresh_bf16(int u);
 
   model::ParamLayout layout_;
   ShardLayout shard_layout_;
@@ -129,6 +160,10 @@ class Zero3Store final : public ParamStore, public model::UnitProvider<float> {
   Pool free_params_, free_grads_, free_staging_;
   std::map<const std::vector<float>*, std::unique_ptr<std::vector<float>>> in_use_;
   int64_t pooled_floats_ = 0;
+  std::map<int64_t, std::vector<std::unique_ptr<std::vector<model::bfloat16>>>> free16_;
+  int64_t pooled_bf16_ = 0;
+  int64_t param_gather_bytes_ = 0;
+  std::vector<const Gathered*> widened_;          // bf16_gather: completed gathers (for bf16_twin)
   std::map<int, std::vector<float>*> grads_out_;  // acquired, not yet released
   std::vector<PendingGrad> pending_;
 };

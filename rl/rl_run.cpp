@@ -284,8 +284,9 @@ int run_rl(const RlRunConfig& c) {
   episodes.env = env.get();
   episodes.stop_strings = parse_stop_strings(c.stop_strings);
   episodes.max_turns = c.env_max_turns;
+  // bf16 trainer and bf16 CPU engines (--param_dtype bf16): the sync moves bf16 (half the bytes).
   parallel::WeightSync sync(topo, rt.train_comm.get(), layout,
-                            c.sync_bucket_mb * (int64_t(1) << 20));
+                            c.sync_bucket_mb * (int64_t(1) << 20), rt.bf16 && c.engine.bf16);
 
   // --- prompts, step arithmetic, optimizers, rewards, trainer
   PromptSource prompts(load_prompts(c.prompts, *tokenizer, src.config, world_rank),

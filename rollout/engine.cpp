@@ -9,6 +9,7 @@
 #include "core/checked_alloc.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "model/ops/half.h"
 #include "rollout/engine_run.h"
 
 namespace rlhf::rollout {
@@ -502,6 +503,13 @@ std::vector<GenerationResult> Engine::generate(const std::vector<GenerationReque
   } busy(generating_);
   // The unit buffers may have changed (loading, weight sync) since the last call; after a device
   // sync the device copies are the weights until the host buffers are declared current again.
+  if (opt_.bf16 && !opt_.cuda) {
+    // A bf16 CPU engine reads every weight as its bf16 value (norms, biases and the embedding
+    // too), as the bf16 trainer and a GPU engine do; rounding is idempotent, so weights that
+    // arrived in bf16 (WeightSync's bf16) are left as they are.
+    for (int u = 0; u < num_units(); ++u)
+      model::round_to_bf16_n(weights_.unit_buffer(u), layout_.unit(u).numel);
+  }
   backend_->prepare_weights(device_weights_current_);
   KvCache& kv = backend_->kv_cache();
   kv.reset_peak();

@@ -46,7 +46,8 @@ struct EngineOptions {
   KvDtype kv_cache_dtype = KvDtype::kFloat32;
   /// A CPU engine computes in bf16 (the trainer's --param_dtype bf16, model/layer_bf16.h): bf16
   /// weight copies, prompts through oneDNN, decode through the bf16 packed kernel. Needs oneDNN in
-  /// the build. false: fp32. (A GPU engine is bf16 always.)
+  /// the build. Every weight is read as its bf16 value: generate() rounds the unit buffers in place
+  /// (norms, biases, embedding included). false: fp32. (A GPU engine is bf16 always.)
   bool bf16 = false;
   /// Positions per KV block (--kv_block_size); 0 = the device's default, kCpuKvBlockSize or
   /// kGpuKvBlockSize (resolved_block_size()).

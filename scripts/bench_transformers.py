@@ -28,6 +28,12 @@ How:
     the token choice is negligible next to the forward), or samples at temperature 1 with no
     top-k/top-p under --hf_sample.
 
+bf16 (issue 24): --param_dtype bf16 runs transformers with the model cast to bfloat16
+(`model.to(torch.bfloat16)`: bf16 weights and activations, PyTorch's bf16 CPU kernels) and rlhf
+`bench generate --param_dtype bf16` (its bf16 engine: bf16 weights, oneDNN prefill, the bf16
+packed decode kernel), whose "fixed_bf16" rows are compared. Name the CPU and its ISA with the
+figures: where the CPU has no AVX512-BF16 / AMX, both sides emulate bf16 arithmetic.
+
 rlhf bench generate has a fixed 64-token prompt and 128 new tokens; --prompt_len / --new_tokens
 must match what it reports (the script stops if they do not).
 
@@ -74,6 +80,9 @@ def parse_args():
                    help="timed transformers runs per batch per round, fastest kept (default 3, "
                         "as rlhf's bench)")
     p.add_argument("--seed", type=int, default=42, help="rlhf --seed (prompts, sampling)")
+    p.add_argument("--param_dtype", default="fp32", choices=["fp32", "bf16"],
+                   help="both sides in fp32 (default) or bf16 (transformers: the model cast to "
+                        "bfloat16; rlhf: --param_dtype bf16, its bf16 engine)")
     p.add_argument("--hf_sample", action="store_true",
                    help="transformers samples (temperature 1, no top-k/top-p) instead of greedy")
     p.add_argument("--output", help="also append the JSON lines to this file")
@@ -124,13 +133,15 @@ class StepClock(LogitsProcessor):
         return scores
 
 
-def load_hf(gguf):
+def load_hf(gguf, bf16=False):
     d, name = os.path.split(os.path.abspath(gguf))
     kw = {"gguf_file": name}
     try:
         model = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32, **kw)
     except TypeError:
         model = AutoModelForCausalLM.from_pretrained(d, torch_dtype=torch.float32, **kw)
+    if bf16:
+        model = model.to(torch.bfloat16)  # the dequantised fp32 weights rounded to bf16
     model.eval()
     return model
 
@@ -166,7 +177,7 @@ def run_rlhf(args):
     cmd = [args.rlhf, "bench", "generate", "--pretrain", args.gguf, "--gen_batches",
            ",".join(str(b) for b in args.batch_list), "--gen_long_requests", "0",
            "--gen_long_fixed_batch", "0", "--threads", str(args.threads), "--seed", str(args.seed),
-           "--disable_progress", "--device", "cpu"]
+           "--disable_progress", "--device", "cpu", "--param_dtype", args.param_dtype]
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads))
     r = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if r.returncode != 0:
@@ -177,7 +188,9 @@ def run_rlhf(args):
         if not line.startswith("{"):
             continue
         row = json.loads(line)
-        if row.get("bench") == "generate" and row.get("run") == "fixed":
+        # bf16: the bench also runs fp32 ("fixed"); its bf16 engine's rows are "fixed_bf16".
+        want = "fixed_bf16" if args.param_dtype == "bf16" else "fixed"
+        if row.get("bench") == "generate" and row.get("run") == want:
             rows[int(row["batch"])] = row
     missing = [b for b in args.batch_list if b not in rows]
     if missing:
@@ -209,12 +222,12 @@ def main():
            "torch_threads": torch.get_num_threads(), "threads": a.threads, "cpu": cpu_name(),
            "rlhf": rlhf_version(a.rlhf), "model": os.path.basename(a.gguf),
            "batches": a.batch_list, "prompt_len": a.prompt_len, "new_tokens": a.new_tokens,
-           "rounds": a.rounds, "hf_inner": a.hf_inner,
+           "rounds": a.rounds, "hf_inner": a.hf_inner, "param_dtype": a.param_dtype,
            "hf_decoding": "sample t=1" if a.hf_sample else "greedy"}
     emit({"row": "env", **env})
 
-    log(f"loading {a.gguf} in transformers (dequantised to fp32)")
-    model = load_hf(a.gguf)
+    log(f"loading {a.gguf} in transformers (dequantised to fp32, run in {a.param_dtype})")
+    model = load_hf(a.gguf, a.param_dtype == "bf16")
     vocab = model.config.vocab_size
     prompts = {b: torch.tensor(p, dtype=torch.long)
                for b, p in rlhf_prompts(a.seed, vocab, a.prompt_len, a.batch_list).items()}
@@ -264,7 +277,7 @@ def main():
         return f"{f.format(s['median'])} ({f.format(s['min'])}-{f.format(s['max'])})"
 
     print()
-    print(f"model {env['model']}, {a.threads} threads, prompt {a.prompt_len}, "
+    print(f"model {env['model']}, {a.param_dtype}, {a.threads} threads, prompt {a.prompt_len}, "
           f"{a.new_tokens} new tokens, {a.rounds} rounds; torch {env['torch']}, transformers "
           f"{env['transformers']}, gguf {env['gguf']}; {env['cpu']}")
     print("decode tokens/s, median over rounds (min-max); ratio = median of per-round "

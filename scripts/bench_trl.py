@@ -3,7 +3,7 @@
 
 What it measures: the wall time of one RL step (generate, score, train, one optimizer step) of
 (a) `rlhf grpo --pretrain MODEL` and (b) TRL's GRPOTrainer (transformers `generate` for the
-rollout, PyTorch fp32 training, use_cpu, no bf16) on the same GGUF file -- e.g.
+rollout, PyTorch fp32 training, use_cpu; bf16 with --trl_bf16) on the same GGUF file -- e.g.
 SmolLM2-135M-Instruct Q4_1 (scripts/get_model.sh smollm2-135m-instruct), which both dequantise to
 fp32 -- with the same prompts (the first --steps x --prompts_per_step records of --prompts, e.g.
 GSM8K's train.jsonl, rendered with the model's chat template on both sides), and reports
@@ -39,6 +39,13 @@ The step (defaults: 8 prompts x 8 samples x up to 128 new tokens at temperature 
     OMP_NUM_THREADS and --threads for rlhf. --rlhf_ranks 2 runs rlhf as 2 MPI ranks x threads/2
     threads (mpirun --oversubscribe --bind-to none); a comma list (1,2) runs each placement in
     every round, against the same TRL runs.
+
+bf16 (issue 24): --trl_bf16 runs TRL with bf16=True (the Trainer's CPU autocast: bf16 matmuls
+over fp32 master weights; generation in the same autocast) and rlhf with --param_dtype bf16 (bf16
+GEMMs through oneDNN with fp32 master weights, gradients and AdamW; a bf16 engine; weight sync in
+bf16). Without it both run fp32 (rlhf --param_dtype fp32, so a CPU with AMX does not silently pick
+bf16 under auto). Name the CPU and its ISA with the figures: without AVX512-BF16 / AMX, bf16
+arithmetic is emulated on both sides.
 
 How it is timed:
   * rlhf: <save_path>/metrics.jsonl, one record per step: step_s and the phases gen_s, reward_s,
@@ -120,6 +127,8 @@ def parse_args():
     p.add_argument("--beta", type=float, default=0.0,
                    help="KL coefficient: 0 (default) = no reference model; > 0 = TRL beta, rlhf "
                         "--init_kl_coef with --use_kl_loss and k3")
+    p.add_argument("--trl_bf16", action="store_true",
+                   help="TRL bf16=True and rlhf --param_dtype bf16 (default: fp32 on both)")
     p.add_argument("--threads", type=int, default=2,
                    help="threads for each system (default 2); rlhf ranks share them")
     p.add_argument("--rlhf_ranks", default="1",
@@ -401,7 +410,7 @@ def trl_worker(a):
     config = GRPOConfig(
         output_dir=os.path.join(os.path.dirname(a.trl_worker), "trl_out"),
         model_init_kwargs={"dtype": torch.float32},
-        use_cpu=True, bf16=False, fp16=False, seed=a.seed, max_steps=a.steps,
+        use_cpu=True, bf16=a.trl_bf16, fp16=False, seed=a.seed, max_steps=a.steps,
         per_device_train_batch_size=a.micro_batch,
         gradient_accumulation_steps=a.rollout // a.micro_batch,
         num_generations=a.samples, max_completion_length=a.max_new_tokens,
@@ -481,7 +490,8 @@ def rlhf_cmd(a, ranks, prompts, save):
            "--use_kl_loss", "--kl_estimator", "k3", "--kv_cache_dtype", a.kv_cache_dtype,
            "--threads", str(threads), "--device", "cpu", "--seed", str(a.seed),
            "--save_path", save, "--ckpt_path", os.path.join(save, "ckpt"),
-           "--log_completions", "1", "--disable_progress"]
+           "--log_completions", "1", "--disable_progress",
+           "--param_dtype", "bf16" if a.trl_bf16 else "fp32"]
     if ranks > 1:
         launcher = [a.mpirun, "--oversubscribe", "--bind-to", "none", "-np", str(ranks)]
         if os.geteuid() == 0:
@@ -528,7 +538,7 @@ def run_trl(a, prompts, expected_prompts, hf_model, work, tag):
            "--prompts_per_step", str(a.prompts_per_step), "--samples", str(a.samples),
            "--max_new_tokens", str(a.max_new_tokens), "--micro_batch", str(a.micro_batch),
            "--lr", repr(a.lr), "--beta", repr(a.beta), "--threads", str(a.threads),
-           "--seed", str(a.seed)]
+           "--seed", str(a.seed)] + (["--trl_bf16"] if a.trl_bf16 else [])
     out_path = os.path.join(work, f"{tag}.json")
     with open(out_path, "w") as out:
         rc, run = locked_run(cmd, dict(os.environ), out, None, a.lock)
@@ -639,7 +649,8 @@ def main():
            "steps": a.steps, "rounds": a.rounds, "prompts_per_step": a.prompts_per_step,
            "samples": a.samples, "max_new_tokens": a.max_new_tokens,
            "micro_batch": a.micro_batch, "lr": a.lr, "beta": a.beta,
-           "kv_cache_dtype": a.kv_cache_dtype, "seed": a.seed}
+           "kv_cache_dtype": a.kv_cache_dtype, "seed": a.seed,
+           "precision": "bf16" if a.trl_bf16 else "fp32"}
     emit({"row": "env", **env})
     paths, per_step = prepare_prompts(a, work)
     hf_model = os.path.join(work, "hf_model")

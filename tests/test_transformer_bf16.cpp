@@ -6,6 +6,8 @@
 //    bf16 tolerances, and further from it than the fp32 model is (the bf16 path really ran);
 //  - gradient checkpointing and the forward sweeps give bit-identical results in bf16 too (the
 //    per-pass weight copies are reused correctly);
+//  - every weight is read as its bf16 value: fp32 weights and the same weights rounded to bf16
+//    beforehand give bit-identical outputs and gradients (norm weights, biases, embedding too);
 //  - a few AdamW steps of bf16 training track fp32 training.
 // Every case skips with a message when the build has no oneDNN.
 #include <algorithm>
@@ -255,6 +257,49 @@ TEST_CASE("bf16 model: gradient checkpointing and forward sweeps are bit-identic
   std::vector<float> d(N);
   fresh.forward_lm(P, tokens.data(), targets.data(), B, T, d.data(), nullptr, false);
   CHECK(c == d);
+}
+
+TEST_CASE("bf16 model: every weight is read as its bf16 value (norms, biases, embedding too)") {
+  if (!have_onednn()) return;
+  // Qwen2 (q/k/v biases, packed), untied and tied, LM and scalar heads: the bf16 model on fp32
+  // weights computes exactly what it computes on the same weights rounded to bf16 beforehand (what
+  // a bf16-gathering ZeRO-3 store or a bf16 weight sync hands out), in outputs and gradients.
+  for (bool tied : {false, true})
+    for (HeadKind head : {HeadKind::kLM, HeadKind::kValue}) {
+      if (tied && head != HeadKind::kLM) continue;
+      const auto cfg = tiny("qwen2", tied);
+      model::ParamLayout layout(cfg, head);
+      const int64_t B = 2, T = 6, N = B * T;
+      const auto tokens = test::random_tokens(N, cfg.vocab_size, 11);
+      std::vector<int32_t> targets(tokens.begin() + 1, tokens.end());
+      targets.push_back(-1);
+      const auto dout = test::random_vec<float>(N, 12);
+      std::vector<float> out[2];
+      std::vector<std::vector<float>> grads[2];
+      for (int pre = 0; pre < 2; ++pre) {
+        model::LocalParams<float> P(layout);
+        model::LocalParams<double> d(layout);
+        init_pair(layout, P, d, 5);  // norm weights and biases away from bf16 values
+        if (pre == 1)
+          for (int u = 0; u < layout.num_units(); ++u)
+            model::round_to_bf16_n(P.params(u), layout.unit(u).numel);
+        model::Transformer<float> net(layout);
+        net.set_bf16(true);
+        out[pre].resize(N);
+        if (head == HeadKind::kLM) {
+          net.forward_lm(P, tokens.data(), targets.data(), B, T, out[pre].data(), nullptr, true);
+          net.backward_lm(P, dout.data(), nullptr);
+        } else {
+          net.forward_scalar(P, tokens.data(), B, T, out[pre].data(), true);
+          net.backward_scalar(P, dout.data());
+        }
+        for (int u = 0; u < layout.num_units(); ++u)
+          grads[pre].emplace_back(P.grads(u), P.grads(u) + layout.unit(u).numel);
+      }
+      INFO("tied ", tied, ", head ", to_string(head));
+      CHECK(out[0] == out[1]);
+      for (size_t u = 0; u < grads[0].size(); ++u) CHECK(grads[0][u] == grads[1][u]);
+    }
 }
 
 TEST_CASE("bf16 training: a few AdamW steps track fp32 training") {

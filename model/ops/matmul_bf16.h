@@ -33,6 +33,15 @@ std::string onednn_version_string();
 /// Throws rlhf::Error when oneDNN refuses the shape.
 std::string onednn_matmul_impl(bool bf16, int64_t M, int64_t N, int64_t K);
 
+/// The oneDNN primitive cache of the GEMMs here (one primitive per shape: operand type,
+/// transposes, M, N, K, leading dimensions, accumulation and omp_get_max_threads(), so a change of
+/// --threads creates new primitives sized for it): entries held, and lookups that found an entry
+/// (hits) or created one (misses) since the process started. All zero without oneDNN.
+struct MatmulCacheStats {
+  int64_t entries = 0, hits = 0, misses = 0;
+};
+MatmulCacheStats onednn_matmul_cache_stats();
+
 /// C (M, N) fp32 = op(A) · op(B), or += when accumulate, with bf16 operands and fp32 accumulation.
 /// Row-major: op(A) is (M, K) — A is (M, K) with leading dimension lda, or (K, M) when trans_a;
 /// op(B) is (K, N) — B is (K, N), or (N, K) when trans_b. bias: (N) fp32 added to every row, or

@@ -2,7 +2,8 @@
 # --param_dtype bf16 on the CPU, end to end (oneDNN bf16 GEMMs, fp32 master weights): sft learns in
 # bf16 as in fp32 (the loss falls by the same margin; the curves differ, so bf16 really ran), the
 # same seed gives bitwise the same bf16 curve, generate and score run from the bf16-trained
-# checkpoint in bf16, and 2 ranks (ZeRO-3) learn like 1. Without oneDNN in the build, bf16 is a usage
+# checkpoint in bf16, 2 ranks (ZeRO-3) learn like 1, and a 2-rank GRPO step syncs half the bytes of
+# fp32 into its bf16 engines. Without oneDNN in the build, bf16 is a usage
 # error (exit 2) naming the flag, and the rest is skipped.
 # Usage: bf16.sh <rlhf binary> <source dir>     (env MPIEXEC: mpiexec's path)
 set -u
@@ -56,3 +57,20 @@ ml=$(losses "$W/m" | tail -1)
 awk -v a="$ml" -v b="$bl" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d < 0.05 * b) }' \
   || fail "2-rank bf16 final loss $ml is not within 5% of 1 rank's $bl"
 echo "ok: 2 ranks in bf16 end at loss $ml (1 rank: $bl)"
+
+# GRPO on 2 ranks in bf16: the trainer's ZeRO-3 gathers and the weight sync into the bf16 engines
+# move bf16 (sync_bytes exactly half of the fp32 run's).
+GRPO=(grpo --model_config "$SRC/examples/models/tiny.toml" --input_key input --label_key label
+      --prompt_data "builtin:addition?n=64&digits=1&seed=1" --reward math --n_samples_per_prompt 4
+      --rollout_batch_size 4 --train_batch_size 16 --micro_train_batch_size 8 --generate_max_len 4
+      --max_steps 1 --seed 1 --threads 1 --log_level warn)
+for dt in bf16 fp32; do
+  "$MPIEXEC" -np 2 --oversubscribe --bind-to none "$RLHF" "${GRPO[@]}" --param_dtype "$dt" \
+    --save_path "$W/grpo_$dt" > "$W/grpo_$dt.log" 2>&1 \
+    || { tail -3 "$W/grpo_$dt.log"; fail "2-rank $dt grpo exited"; }
+done
+sync_bytes() { grep -o '"sync_bytes":[0-9]*' "$1/metrics.jsonl" | head -1 | cut -d: -f2; }
+b16=$(sync_bytes "$W/grpo_bf16") b32=$(sync_bytes "$W/grpo_fp32")
+[ -n "$b16" ] && [ -n "$b32" ] && [ $((2 * b16)) -eq "$b32" ] \
+  || fail "weight sync bytes: bf16 $b16, fp32 $b32 (want exactly half)"
+echo "ok: GRPO weight sync in bf16 moves $b16 bytes (fp32: $b32)"

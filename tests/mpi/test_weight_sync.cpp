@@ -2,7 +2,10 @@
 // consolidated trainer weights bit for bit — colocated (G = 0) and disaggregated (G = 1 per
 // node), ZeRO-3 and replicated trainers, for buckets smaller than, equal to and larger than a unit;
 // and into tensor-parallel engines (TP 2, real rollout::Engine): every rank of every engine holds
-// the consolidated weights and the engine's greedy tokens equal a TP 1 engine's on them.
+// the consolidated weights and the engine's greedy tokens equal a TP 1 engine's on them. With bf16
+// (both sides compute in bf16): the engines receive the consolidated weights rounded to bf16 bit
+// for bit at exactly half the bytes, and a bf16 engine generates the same tokens and log-probs as
+// one filled by the fp32 sync.
 #include "parallel/weight_sync.h"
 
 #include <mpi.h>
@@ -11,6 +14,8 @@
 #include <limits>
 
 #include "core/cuda_check.h"
+#include "model/ops/half.h"
+#include "model/ops/matmul_bf16.h"
 #include "parallel/zero3.h"
 #include "rollout/engine.h"
 #include "tests/mpi/train_util.h"
@@ -33,9 +38,22 @@ std::vector<int64_t> bucket_sizes(const model::ParamLayout& layout) {
   return {1024, largest * 4, int64_t(64) << 20};  // smaller than, equal to, larger than a unit
 }
 
+std::vector<rollout::GenerationRequest> greedy_requests(int64_t vocab) {
+  std::vector<rollout::GenerationRequest> reqs(3);
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    reqs[i].id = i;
+    reqs[i].prompt = test::random_tokens(int64_t(2 + 3 * i), vocab, 40 + i);
+    reqs[i].max_new_tokens = 10;
+    reqs[i].sampling.greedy = true;
+    reqs[i].sampling.seed = 1;
+  }
+  return reqs;
+}
+
 // gen_per_node = G (0: colocated), tp = ranks per engine; ranks_per_node 0 = the test's
-// RLHF_RANKS_PER_NODE (else the world).
-void check_sync(int gen_per_node, bool zero3, int tp = 1, int ranks_per_node = 0) {
+// RLHF_RANKS_PER_NODE (else the world); bf16: WeightSync's bf16.
+void check_sync(int gen_per_node, bool zero3, int tp = 1, int ranks_per_node = 0,
+                bool bf16 = false) {
   const bool disaggregated = gen_per_node > 0;
   int world_size = 0;
   MPI_Comm_size(MPI_COMM_WORLD, &world_size);
@@ -74,8 +92,15 @@ void check_sync(int gen_per_node, bool zero3, int tp = 1, int ranks_per_node = 0
     MPI_Bcast(truth[size_t(u)].data(), int(truth[size_t(u)].size()), MPI_FLOAT, root,
               MPI_COMM_WORLD);
   }
+  // bf16: what an engine must hold is the truth rounded to bf16 (nearest even).
+  std::vector<std::vector<float>> want = truth;
+  if (bf16)
+    for (auto& t : want) model::round_to_bf16_n(t.data(), int64_t(t.size()));
+  int64_t fp32_bytes = 0;
+  for (int64_t n : room) fp32_bytes += n * int64_t(sizeof(float));
+  bool generated = false;
   for (int64_t bucket : bucket_sizes(layout)) {
-    parallel::WeightSync sync(topo, train_comm.get(), layout, bucket);
+    parallel::WeightSync sync(topo, train_comm.get(), layout, bucket, bf16);
     std::vector<std::vector<float>> engine;
     std::vector<float*> ptrs;
     std::unique_ptr<rollout::Engine> tp_engine;  // tp > 1: a real tensor-parallel engine
@@ -97,15 +122,38 @@ void check_sync(int gen_per_node, bool zero3, int tp = 1, int ranks_per_node = 0
       }
     }
     const auto st = sync.sync(store.get(), ptrs);
-    const std::string name = fmt::format("{} tp {} {} bucket {} B ({} buckets)", st.mode, tp,
-                                         zero3 ? "zero3" : "replicated", bucket, st.buckets);
+    const std::string name =
+        fmt::format("{} tp {} {}{} bucket {} B ({} buckets)", st.mode, tp,
+                    zero3 ? "zero3" : "replicated", bf16 ? " bf16" : "", bucket, st.buckets);
     CHECK_MESSAGE(st.mode == (disaggregated ? "disaggregated" : "colocated"), name);
-    CHECK_MESSAGE(st.bytes > 0, name);
+    CHECK_MESSAGE(st.bytes == (bf16 ? fp32_bytes / 2 : fp32_bytes), name);
     if (topo.generates())
       for (int u = 0; u < layout.num_units(); ++u) {
         const std::vector<float> got(ptrs[size_t(u)], ptrs[size_t(u)] + layout.unit(u).numel);
-        CHECK_MESSAGE(got == truth[size_t(u)], name << " unit " << u);
+        CHECK_MESSAGE(got == want[size_t(u)], name << " unit " << u);
       }
+    if (bf16 && tp == 1 && topo.generates() && !generated && model::onednn_available()) {
+      // A bf16 engine on what the bf16 sync delivered generates exactly what a bf16 engine on the
+      // fp32 truth does (it rounds its weights itself).
+      generated = true;
+      rollout::EngineOptions eo;
+      eo.kv_cache_bytes = 1 << 20;
+      eo.bf16 = true;
+      rollout::Engine from_sync(layout, eo), from_fp32(layout, eo);
+      for (int u = 0; u < layout.num_units(); ++u) {
+        std::copy(ptrs[size_t(u)], ptrs[size_t(u)] + layout.unit(u).numel,
+                  from_sync.unit_buffer(u));
+        std::copy(truth[size_t(u)].begin(), truth[size_t(u)].end(), from_fp32.unit_buffer(u));
+      }
+      const auto reqs = greedy_requests(cfg.vocab_size);
+      const auto a = from_fp32.generate(reqs);
+      const auto b = from_sync.generate(reqs);
+      REQUIRE(a.size() == b.size());
+      for (size_t i = 0; i < a.size(); ++i) {
+        CHECK_MESSAGE(a[i].tokens == b[i].tokens, name);
+        CHECK_MESSAGE(a[i].logprobs == b[i].logprobs, name);
+      }
+    }
     if (tp_engine) {
       // The engine slices what sync wrote: its greedy tokens equal a TP 1 engine's on the truth.
       rollout::EngineOptions eo;
@@ -113,14 +161,7 @@ void check_sync(int gen_per_node, bool zero3, int tp = 1, int ranks_per_node = 0
       rollout::Engine one(layout, eo);
       for (int u = 0; u < layout.num_units(); ++u)
         std::copy(truth[size_t(u)].begin(), truth[size_t(u)].end(), one.unit_buffer(u));
-      std::vector<rollout::GenerationRequest> reqs(3);
-      for (size_t i = 0; i < reqs.size(); ++i) {
-        reqs[i].id = i;
-        reqs[i].prompt = test::random_tokens(int64_t(2 + 3 * i), cfg.vocab_size, 40 + i);
-        reqs[i].max_new_tokens = 10;
-        reqs[i].sampling.greedy = true;
-        reqs[i].sampling.seed = 1;
-      }
+      const auto reqs = greedy_requests(cfg.vocab_size);
       const auto a = one.generate(reqs);
       const auto b = tp_engine->generate(reqs);
       REQUIRE(a.size() == b.size());
@@ -139,6 +180,13 @@ TEST_CASE("weight sync: colocated, ZeRO-3 and replicated") {
 TEST_CASE("weight sync: disaggregated (one generation rank per node)") {
   check_sync(1, true);
   check_sync(1, false);
+}
+
+TEST_CASE("weight sync: bf16 (half the bytes; the engine's rounded weights bit for bit)") {
+  for (int g : {0, 1}) {
+    check_sync(g, true, 1, 0, true);
+    check_sync(g, false, 1, 0, true);
+  }
 }
 
 TEST_CASE("weight sync: tensor-parallel engines (TP 2)") {

@@ -4,10 +4,11 @@
 // operands with padded leading dimensions, odd shapes (one row, OC not a multiple of 16, K = 0),
 // the fp32-signature adapters (which must round their inputs to bf16: their distance from the
 // unrounded fp32 product is the bf16 input rounding, not zero), bit-identical repeats at a fixed
-// thread count, and the errors. Bounds (the CUDA op tests' kNmseF32Out,
-// tests/ops/cuda_test_util.h): fp32 outputs on exactly-representable bf16 products differ from the
-// double reference only by fp32 summation order, nmse ~1e-13 for K <= 1536, so 1e-8; one bf16
-// rounding of each input gives nmse ~2·(2^-9)²/3 ≈ 2.5e-6, bounded by kNmseBf16Out = 2e-5.
+// thread count, the primitive cache (one per shape and thread count), and the errors. Bounds (the
+// CUDA op tests' kNmseF32Out, tests/ops/cuda_test_util.h): fp32 outputs on exactly-representable
+// bf16 products differ from the double reference only by fp32 summation order, nmse ~1e-13 for K <=
+// 1536, so 1e-8; one bf16 rounding of each input gives nmse ~2·(2^-9)²/3 ≈ 2.5e-6, bounded by
+// kNmseBf16Out = 2e-5.
 #include "model/ops/matmul_bf16.h"
 
 #include <omp.h>
@@ -261,6 +262,43 @@ TEST_CASE("matmul bf16: bit-identical repeats at a fixed shape and thread count"
   const auto one = run(1);
   const std::string same = one == a ? "bit-identical" : "different in the last bits";
   MESSAGE("1 thread vs " << threads << ": " << same);
+}
+
+TEST_CASE("matmul bf16: one primitive per shape and thread count, reused on every repeat") {
+  if (!model::onednn_available()) {
+    CHECK(model::onednn_matmul_cache_stats().entries == 0);
+    return;
+  }
+  // Shapes no other test uses, so the first call of each creates its primitive.
+  const int64_t N = 37, IC = 53, OC = 29;
+  const auto x = to_bf16(test::random_vec<float>(N * IC, 81));
+  const auto w = to_bf16(test::random_vec<float>(OC * IC, 82));
+  std::vector<float> y(size_t(N * OC));
+  auto forward = [&](int64_t rows) {
+    model::linear_forward_bf16(y.data(), x.data(), w.data(), nullptr, rows, IC, OC);
+  };
+  test::ScopedThreads t2(2);
+  const auto s0 = model::onednn_matmul_cache_stats();
+  forward(N);  // a new shape: created
+  const auto s1 = model::onednn_matmul_cache_stats();
+  CHECK(s1.entries == s0.entries + 1);
+  CHECK(s1.misses == s0.misses + 1);
+  for (int i = 0; i < 5; ++i) forward(N);  // the same shape: found every time
+  const auto s2 = model::onednn_matmul_cache_stats();
+  CHECK(s2.entries == s1.entries);
+  CHECK(s2.hits == s1.hits + 5);
+  forward(N - 1);  // another M: another primitive
+  CHECK(model::onednn_matmul_cache_stats().entries == s2.entries + 1);
+  {
+    // Another thread count (--threads sets omp_set_num_threads): a primitive sized for it.
+    test::ScopedThreads t1(1);
+    forward(N);
+    CHECK(model::onednn_matmul_cache_stats().entries == s2.entries + 2);
+  }
+  forward(N);  // back at 2 threads: the first primitive again
+  const auto s3 = model::onednn_matmul_cache_stats();
+  CHECK(s3.entries == s2.entries + 2);
+  CHECK(s3.misses == s2.misses + 2);
 }
 
 TEST_CASE("matmul bf16: bad arguments throw") {

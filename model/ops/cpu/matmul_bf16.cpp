@@ -71,16 +71,29 @@ struct Cached {
   std::string impl;
 };
 
+struct Cache {
+  std::mutex mu;
+  std::map<Key, Cached> map;
+  int64_t hits = 0, misses = 0;
+};
+Cache& cache() {
+  static Cache c;
+  return c;
+}
+
 // The primitive for C (M, N) = op(A) · op(B) [+ C] with operands of type dt, created on first use.
 const Cached& get_matmul(memory::data_type dt, bool trans_a, bool trans_b, int64_t M, int64_t N,
                          int64_t K, int64_t lda, int64_t ldb, int64_t ldc, bool accumulate) {
-  static std::mutex mu;
-  static std::map<Key, Cached> cache;
+  Cache& cc = cache();
   const Key key{dt == memory::data_type::bf16, trans_a, trans_b, M, N, K, lda, ldb, ldc, accumulate,
                 omp_get_max_threads()};
-  std::lock_guard<std::mutex> lock(mu);
-  auto it = cache.find(key);
-  if (it != cache.end()) return it->second;
+  std::lock_guard<std::mutex> lock(cc.mu);
+  auto it = cc.map.find(key);
+  if (it != cc.map.end()) {
+    ++cc.hits;
+    return it->second;
+  }
+  ++cc.misses;
   // Row-major operands as strided descriptors: a transpose is a swap of strides.
   const memory::desc a({M, K}, dt, trans_a ? memory::dims{1, lda} : memory::dims{lda, 1});
   const memory::desc b({K, N}, dt, trans_b ? memory::dims{1, ldb} : memory::dims{ldb, 1});
@@ -94,7 +107,7 @@ const Cached& get_matmul(memory::data_type dt, bool trans_a, bool trans_b, int64
   try {
     const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, b, c), attr, cpu_engine());
     Cached entry{dnnl::matmul(pd), a, b, c, pd.impl_info_str()};
-    return cache.emplace(key, std::move(entry)).first->second;
+    return cc.map.emplace(key, std::move(entry)).first->second;
   } catch (const dnnl::error& e) {
     RLHF_FAIL("oneDNN matmul ({}, M={} N={} K={} trans_a={} trans_b={}) refused: {} (status {})",
               dt == memory::data_type::bf16 ? "bf16" : "fp32", M, N, K, trans_a, trans_b, e.what(),
@@ -185,6 +198,18 @@ std::string onednn_version_string() {
 #else
   return kNoOnednn;
 #endif
+}
+
+MatmulCacheStats onednn_matmul_cache_stats() {
+  MatmulCacheStats s;
+#ifdef RLHF_ONEDNN
+  Cache& cc = cache();
+  std::lock_guard<std::mutex> lock(cc.mu);
+  s.entries = int64_t(cc.map.size());
+  s.hits = cc.hits;
+  s.misses = cc.misses;
+#endif
+  return s;
 }
 
 std::string onednn_matmul_impl(bool bf16, int64_t M, int64_t N, int64_t K) {
