@@ -60,20 +60,6 @@ std::vector<rollout::GenerationRequest> requests(bool greedy) {
   return reqs;
 }
 
-// FNV-1a over the tokens and the log-probs' bits of every result.
-uint64_t fingerprint(const std::vector<rollout::GenerationResult>& res) {
-  uint64_t h = 1469598103934665603ull;
-  auto mix = [&](const void* p, size_t n) {
-    for (size_t i = 0; i < n; ++i)
-      h = (h ^ static_cast<const unsigned char*>(p)[i]) * 1099511628211ull;
-  };
-  for (const auto& r : res) {
-    mix(r.tokens.data(), r.tokens.size() * sizeof(int32_t));
-    mix(r.logprobs.data(), r.logprobs.size() * sizeof(float));
-  }
-  return h;
-}
-
 }  // namespace
 
 TEST_CASE("tensor-parallel engine (TP 2): greedy tokens equal TP 1, ranks agree bit for bit") {
@@ -106,7 +92,7 @@ TEST_CASE("tensor-parallel engine (TP 2): greedy tokens equal TP 1, ranks agree 
       }
       CHECK(max_diff < 1e-4);
       // Both ranks of the engine return the same results, bit for bit.
-      const uint64_t fp = fingerprint(b);
+      const uint64_t fp = test::results_fingerprint(b);
       uint64_t lo = 0, hi = 0;
       MPI_Allreduce(&fp, &lo, 1, MPI_UINT64_T, MPI_MIN, pair_mpi);
       MPI_Allreduce(&fp, &hi, 1, MPI_UINT64_T, MPI_MAX, pair_mpi);
@@ -153,7 +139,8 @@ TEST_CASE(
   auto fresh = make_engine(cfg, pair.get());
   for (int u = 0; u < fresh->num_units(); ++u)
     model::init_unit_params(fresh->unit_buffer(u), fresh->layout().unit(u), 77, 0.1);
-  CHECK(fingerprint(slept->generate(reqs)) == fingerprint(fresh->generate(reqs)));
+  CHECK(test::results_fingerprint(slept->generate(reqs)) ==
+        test::results_fingerprint(fresh->generate(reqs)));
   slept.reset();
   fresh.reset();
   pair.reset();

@@ -19,6 +19,7 @@
 #include "parallel/mpi_check.h"
 #include "rollout/engine.h"
 #include "tests/mpi/train_util.h"
+#include "tests/rollout/engine_test_util.h"
 #include "tests/test_util.h"
 
 #ifdef RLHF_CUDA
@@ -97,19 +98,6 @@ std::vector<rollout::GenerationRequest> requests() {
   return reqs;
 }
 
-uint64_t fingerprint(const std::vector<rollout::GenerationResult>& res) {
-  uint64_t h = 1469598103934665603ull;
-  auto mix = [&](const void* p, size_t n) {
-    for (size_t i = 0; i < n; ++i)
-      h = (h ^ static_cast<const unsigned char*>(p)[i]) * 1099511628211ull;
-  };
-  for (const auto& r : res) {
-    mix(r.tokens.data(), r.tokens.size() * sizeof(int32_t));
-    mix(r.logprobs.data(), r.logprobs.size() * sizeof(float));
-  }
-  return h;
-}
-
 // TP T against TP 1. The partial sums of o_proj and down_proj are rounded to bf16 on each rank
 // before the all-reduce adds them (TP 1 rounds the whole sum once): ~1 bf16 ulp (2^-8 relative)
 // in those outputs. That is the GPU path's own precision: the TP 1 GPU engine differs from the
@@ -176,7 +164,7 @@ TEST_CASE("tensor-parallel GPU engine (device, NCCL): TP 2 and 4 give TP 1's gre
         const auto b = tp->generate(reqs);
         compare(a, b, what);
         // Every rank of the group returns the same results, bit for bit.
-        const uint64_t fp = fingerprint(b);
+        const uint64_t fp = test::results_fingerprint(b);
         uint64_t lo = 0, hi = 0;
         MPI_Allreduce(&fp, &lo, 1, MPI_UINT64_T, MPI_MIN, group_mpi);
         MPI_Allreduce(&fp, &hi, 1, MPI_UINT64_T, MPI_MAX, group_mpi);

@@ -1,10 +1,13 @@
-// What the engine tests share: the tiny decoder they generate with.
+// What the engine tests share: the tiny decoder they generate with, and a fingerprint of what
+// they generated.
 #pragma once
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "model/config.h"
+#include "rollout/engine.h"
 
 namespace rlhf::test {
 
@@ -27,6 +30,21 @@ inline model::ModelConfig tiny_engine_config(const std::string& model_type, int6
   c.eos_token_id = 60;
   c.pad_token_id = 58;
   return c;
+}
+
+/// FNV-1a over the tokens and the log-probs' bits of every result: equal fingerprints = the same
+/// generations bit for bit.
+inline uint64_t results_fingerprint(const std::vector<rollout::GenerationResult>& res) {
+  uint64_t h = 1469598103934665603ull;
+  auto mix = [&](const void* p, size_t n) {
+    for (size_t i = 0; i < n; ++i)
+      h = (h ^ static_cast<const unsigned char*>(p)[i]) * 1099511628211ull;
+  };
+  for (const auto& r : res) {
+    mix(r.tokens.data(), r.tokens.size() * sizeof(int32_t));
+    mix(r.logprobs.data(), r.logprobs.size() * sizeof(float));
+  }
+  return h;
 }
 
 }  // namespace rlhf::test
