@@ -119,6 +119,7 @@ class EngineCpu final : public EngineBackend {
         weights_(weights),
         tp_(tp),
         spec_(tp_layer_spec(layout.config(), tp)),
+        projections_(model::layer_projections(spec_)),
         cache_(tp_kv_config(layout.config(), tp), o.kv_cache_bytes, o.block_size,
                kv_element_bytes(o.kv_cache_dtype)),
         bf16_(o.bf16) {
@@ -204,6 +205,7 @@ class EngineCpu final : public EngineBackend {
   const EngineWeights& weights_;
   TpGroup tp_;
   model::LayerSpec spec_;  // this rank's layer dims (the heads and MLP columns it computes)
+  std::vector<model::Projection> projections_;  // the layer's projections with spec_'s dims
   KvCache cache_;
   std::vector<float> rope_cos_, rope_sin_;
   std::vector<LayerCopy> sliced_;  // TP > 1: this rank's slices
@@ -229,7 +231,7 @@ void EngineCpu::slice_weights() {
     const LayerW full(layout_.unit(u), weights_.unit_buffer(u));
     LayerCopy& t = sliced_[size_t(l)];
     t.view = full;  // the norms stay the full buffers'
-    for (const model::Projection& p : model::layer_projections(spec_)) {
+    for (const model::Projection& p : projections_) {
       const size_t i = size_t(p.id());
       const float* w = full.weight(p.id());
       const float* b = full.bias(p.id());
@@ -262,7 +264,7 @@ void EngineCpu::pack_weights() {
     const LayerW w = layer_weights(l);
     p.view = w;             // the packed linears, with the unpacked norms and biases
     p.view.lora = nullptr;  // decode reads the adapters merged into its packed copies
-    for (const model::Projection& pr : model::layer_projections(spec_)) {
+    for (const model::Projection& pr : projections_) {
       const float* src = w.weight(pr.id());
       const model::LoraProjView<float>* a = w.lora != nullptr ? &(*w.lora)[pr.id()] : nullptr;
       if (a != nullptr && a->A != nullptr) {  // W' = W + (α/r)·B·A, then packed
@@ -310,11 +312,10 @@ void EngineCpu::convert_weights_bf16() {
 EngineMemoryPlan EngineCpu::memory_plan() const {
   const model::ModelConfig& c = layout_.config();
   int64_t weights = 0;
-  const std::vector<model::Projection> projections = model::layer_projections(spec_);
   for (int l = 0; l < c.num_hidden_layers; ++l) {
     const int u = layout_.layer_unit(l);
     const LayerW full(layout_.unit(u), weights_.unit_buffer(u));
-    for (const model::Projection& sl : projections) {
+    for (const model::Projection& sl : projections_) {
       if (tp_.size > 1) {  // slice_weights: the weight, and a column-parallel bias
         weights += sl.in * sl.out * int64_t(sizeof(float));
         if (sl.split() == model::TpSplit::kColumn && full.bias(sl.id()) != nullptr)
