@@ -241,8 +241,9 @@ struct ParallelArgs {
   /// --nccl_timeout: seconds a GPU collective may take before the NCCL watchdog ends the job
   /// (0 = none; -1 = --comm_timeout)
   double nccl_timeout = -1;
-  /// --attn_implementation: GPU attention: flash (this project's kernels) | cudnn (fused SDPA)
-  std::string attn_implementation = "flash";
+  /// --attn_implementation: GPU attention: auto (cudnn where it runs) | flash (this project's
+  /// kernels) | cudnn (fused SDPA); parallel::use_attention_implementation
+  std::string attn_implementation = "auto";
   /// --param_dtype: the models' compute precision, bf16 | fp32 | auto (app/param_dtype.h)
   std::string param_dtype = "auto";
   bool bf16 = false;  ///< --bf16: OpenRLHF's switch, = --param_dtype bf16

@@ -259,9 +259,10 @@ void ParallelArgs::bind(OptionSet& o) {
       .check(one_of({"auto", "cpu", "cuda"}))
       .env("RLHF_DEVICE");
   o.add("attn_implementation", attn_implementation,
-        "GPU attention: flash (this project's flash-attention kernels, deterministic) or cudnn "
-        "(cuDNN's fused tensor-core attention where it can serve the shape)")
-      .check(one_of({"flash", "cudnn"}));
+        "GPU attention in training passes: auto (cudnn where cuDNN's fused attention runs on "
+        "the GPU, else flash), cudnn (cuDNN's tensor-core attention where it serves the shape), "
+        "flash (this project's kernels: deterministic)")
+      .check(one_of({"auto", "flash", "cudnn"}));
   o.add("param_dtype", param_dtype,
         "Compute precision of the models' GEMMs: bf16 (bf16 weights and activations, fp32 "
         "accumulation, fp32 master weights, gradients and AdamW moments), fp32, or auto = bf16 on "

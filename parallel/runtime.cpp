@@ -124,11 +124,40 @@ Device setup_device(const RuntimeOptions& opts, const Topology& topo, int* cuda_
 
 void use_attention_implementation(const std::string& name) {
 #ifdef RLHF_CUDA
-  model::set_attention_impl(name == "cudnn" ? model::AttentionImpl::kCudnn
-                                            : model::AttentionImpl::kFlash);
+  const int64_t v = model::attention_cudnn_runtime_version();
+  const std::string cudnn =
+      v > 0 ? fmt::format("cuDNN {}.{}.{}", v / 10000, v / 100 % 100, v % 100) : std::string();
+  const bool use_cudnn = name == "cudnn" || (name == "auto" && v > 0);
+  model::set_attention_impl(use_cudnn ? model::AttentionImpl::kCudnn
+                                      : model::AttentionImpl::kFlash);
+  if (use_cudnn && v > 0)
+    LOG0_INFO(
+        "attention: {} fused attention (--attn_implementation {}) wherever it serves the shape, "
+        "the flash kernels elsewhere; padded training micro-batches are rounded up to a multiple "
+        "of {} tokens so that few shapes need a plan",
+        cudnn, name, kCudnnPadMultiple);
+  else if (use_cudnn)
+    LOG0_WARN(
+        "attention: --attn_implementation cudnn, but cuDNN's fused attention cannot run here (a "
+        "build without cuDNN or cudnn-frontend, or the GPU/cuDNN version); the flash kernels "
+        "serve every shape");
+  else
+    LOG0_INFO("attention: the flash kernels (--attn_implementation {}{})", name,
+              name == "auto" ? ": no cuDNN fused attention in this build or on this GPU" : "");
 #else
   (void)name;
 #endif
+}
+
+int64_t training_pad_multiple(Device device) {
+#ifdef RLHF_CUDA
+  if (device == Device::kCuda && model::attention_impl() == model::AttentionImpl::kCudnn &&
+      model::attention_cudnn_runtime_version() > 0)
+    return kCudnnPadMultiple;
+#else
+  (void)device;
+#endif
+  return 1;
 }
 
 const char* device_name(Device d) {

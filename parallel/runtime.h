@@ -44,10 +44,22 @@ Device resolve_device(const std::string& flag);
 /// visible GPUs; returns the device. Collective over `world`. Throws rlhf::Error without CUDA.
 int select_node_local_cuda_device(MPI_Comm world);
 
-/// --attn_implementation for every GPU attention of this process (model::set_attention_impl):
-/// "cudnn" (cuDNN's fused attention where it serves the shape) or anything else = "flash". No-op
-/// in a build without CUDA.
+/// --attn_implementation for every GPU attention of this process (model::set_attention_impl),
+/// logged on rank 0: "cudnn" (cuDNN's fused attention where it serves the shape, the flash kernels
+/// elsewhere), "auto" (cudnn where model::attention_cudnn_runtime_version() says cuDNN's fused
+/// attention runs on this GPU, else flash), anything else "flash". Call after the GPU is
+/// selected. No-op in a build without CUDA.
 void use_attention_implementation(const std::string& name);
+
+/// Tokens a padded training micro-batch's length is rounded up to a multiple of while cuDNN's
+/// attention is in use: cuDNN builds (compiles) a plan per (B, T), and RL micro-batches would
+/// otherwise bring a new T at nearly every step. Right-padding is exact (causal attention: no real
+/// position sees a pad; pads carry no loss), and costs at most 63 tokens a row.
+inline constexpr int64_t kCudnnPadMultiple = 64;
+
+/// The multiple (>= 1) the trainers round a padded micro-batch's T up to on `device`:
+/// kCudnnPadMultiple while cuDNN attention is selected and can run, else 1.
+int64_t training_pad_multiple(Device device);
 
 /// Resolves opts.device on every rank (collective over the world: all ranks must agree; a job
 /// where some ranks see a GPU and others do not is refused) and, for cuda, selects each rank's GPU

@@ -73,7 +73,8 @@ PpoTrainer::Batch PpoTrainer::make_batch(const std::vector<const Sample*>& s) co
   }
   // Padded: sample r in row r; packed: every sample end to end in one row.
   b.B = opt_.packing ? 1 : b.n;
-  b.T = opt_.packing ? total : longest;
+  const int64_t m = std::max<int64_t>(1, opt_.pad_multiple);
+  b.T = opt_.packing ? total : (longest + m - 1) / m * m;
   b.tokens.assign(size_t(b.B * b.T), opt_.pad_id);
   b.targets.assign(size_t(b.B * b.T), -1);
   if (opt_.packing) b.cu.push_back(0);

@@ -64,6 +64,10 @@ struct PpoOptions {
   int64_t train_max_tokens = 16192, rollout_max_tokens = 16192;
   double max_norm = 1.0;
   int32_t pad_id = 0;
+  /// A padded micro-batch's T is its longest sample rounded up to a multiple of this (>= 1;
+  /// parallel::training_pad_multiple: 64 while cuDNN attention serves the GPU passes, so that few
+  /// (B, T) shapes need a cuDNN plan). Exact: pads are right of every real token and carry no loss.
+  int64_t pad_multiple = 1;
   uint64_t seed = 42;
 };
 

@@ -319,6 +319,7 @@ int run_rl(const RlRunConfig& c) {
     PpoOptions o = c.ppo;
     o.pad_id = tokenizer->pad_id();
     o.seed = uint64_t(c.seed);
+    o.pad_multiple = parallel::training_pad_multiple(rt.device);
     trainer = std::make_unique<PpoTrainer>(
         PpoModels{m.actor.get(), m.ref.get(), m.critic.get(), m.reward.get()}, o, po,
         *rt.train_comm);

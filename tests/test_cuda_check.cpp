@@ -107,6 +107,16 @@ TEST_CASE("use_attention_implementation (--attn_implementation) sets the GPU att
   CHECK(model::attention_impl() == model::AttentionImpl::kCudnn);
   parallel::use_attention_implementation("flash");
   CHECK(model::attention_impl() == model::AttentionImpl::kFlash);
+  CHECK(parallel::training_pad_multiple(parallel::Device::kCuda) == 1);
+  // auto: cuDNN where its fused attention runs on this GPU (never on the emulator), else flash;
+  // padded micro-batches are rounded to kCudnnPadMultiple only then, and never on the CPU.
+  parallel::use_attention_implementation("auto");
+  const bool cudnn = model::attention_cudnn_runtime_version() > 0;
+  CHECK(model::attention_impl() ==
+        (cudnn ? model::AttentionImpl::kCudnn : model::AttentionImpl::kFlash));
+  CHECK(parallel::training_pad_multiple(parallel::Device::kCuda) ==
+        (cudnn ? parallel::kCudnnPadMultiple : 1));
+  CHECK(parallel::training_pad_multiple(parallel::Device::kCpu) == 1);
   model::set_attention_impl(before);
 }
 #endif

@@ -150,6 +150,12 @@ void attention_decode_cuda(bf16* out, float* workspace, const bf16* q, const bf1
 /// answers false).
 bool attention_cudnn_available(int64_t B, int64_t T_, int64_t H, int64_t Hkv, int64_t D) noexcept;
 
+/// cuDNN's version (cudnnGetVersion(), e.g. 91400 for 9.14.0) when its fused attention can run
+/// on the current device — a build with cuDNN and cudnn-frontend, a cuDNN at run time that
+/// attention_cudnn_available accepts, compute capability >= 8.0 — else 0 (builds without cuDNN,
+/// the CUDA emulator, older GPUs). What --attn_implementation auto decides by. Never throws.
+int64_t attention_cudnn_runtime_version() noexcept;
+
 /// Same contract as attention_forward_cuda: out (B, T, H, D) bf16 =, lse (B, H, T) fp32 =
 /// natural-log log-sum-exp of the scaled causal scores q·k/sqrt(D); q (B, T, H, D), k, v
 /// (B, T, Hkv, D) bf16; query head h reads KV head h / (H/Hkv). Enqueued on `stream` (workspace

@@ -595,3 +595,25 @@ TEST_CASE("--packing_samples: packed micro-batches train like padded ones, N ran
       compare(one, many, name + ": N ranks vs 1");
     }
 }
+
+TEST_CASE("pad_multiple: micro-batches rounded up to a multiple of T train like unrounded ones") {
+  // What the GPU trainer does while cuDNN attention serves it (parallel::training_pad_multiple):
+  // the extra right-pad columns are seen by no real position and carry no loss.
+  auto self = parallel::make_comm(MPI_COMM_SELF, "self");
+  const auto cfg = small_config(false);
+  for (bool ppo : {false, true}) {
+    const std::string name = std::string(ppo ? "ppo" : "grpo") + " pad_multiple 16";
+    const Run plain = run(*self, ppo, cfg);
+    const Run rounded =
+        run(*self, ppo, cfg, false, nullptr, 1e-8, rl::LossAggMode::kTokenMean,
+            rl::PolicyLossType::kPpo, [](rl::PpoOptions& o) { o.pad_multiple = 16; });
+    for (auto [a, b, what] : {std::tuple{&rounded.lp_old, &plain.lp_old, "lp_old"},
+                              std::tuple{&rounded.lp_ref, &plain.lp_ref, "lp_ref"},
+                              std::tuple{&rounded.values, &plain.values, "values"}}) {
+      auto c = test::compare_arrays(a->data(), b->data(), int64_t(a->size()));
+      INFO(c.summary(name + " " + what));
+      CHECK(c.max_abs_err <= 1e-6);
+    }
+    compare(plain, rounded, name + ": rounded vs unrounded");
+  }
+}

@@ -290,6 +290,20 @@ bool attention_cudnn_available(int64_t B, int64_t T_, int64_t H, int64_t Hkv, in
   }
 }
 
+int64_t attention_cudnn_runtime_version() noexcept {
+  try {
+    if (cuda_device_count() == 0) return 0;
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return 0;
+    }
+    return runtime_supported(dev) ? static_cast<int64_t>(cudnnGetVersion()) : 0;
+  } catch (...) {
+    return 0;
+  }
+}
+
 bool attention_forward_cudnn(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v,
                              int64_t B, int64_t T_, int64_t H, int64_t Hkv, int64_t D,
                              cudaStream_t stream) {
