@@ -100,6 +100,8 @@ void decoder_layer_backward_cpu(T* dres, const LayerParams<T>& g, LayerGradScrat
 /// statistics.
 using LayerActsCuda = LayerActs<bf16, float>;
 
+struct KvCacheWrite;  // model/ops/kv_cache.h
+
 /// Scratch shared by every layer of a pass: proj (N, C), the o_proj/down_proj output before its
 /// residual add; qkv (N, (H + 2·Hkv)·D), the packed q/k/v GEMM output (fused_qkv only; in
 /// backward it holds the packed gradient).
@@ -122,6 +124,19 @@ struct LayerRunCuda {
   /// the order of the given stream (o_proj and down_proj outputs, before their residual adds).
   /// Empty: no group.
   std::function<void(bf16* y, int64_t n, cudaStream_t)> partial_sum;
+  /// No backward follows (the generation engine): activations only a backward reads need not
+  /// be written, which lets the MLP fuse its kernels at few rows (mlp_forward_cuda).
+  bool forward_only = false;
+  /// fused_qkv: the split also writes each token's k and v rows into this layer's paged cache
+  /// (the generation engine; qkv_rope_split_cuda), so `attention` finds them there already.
+  const KvCacheWrite* kv_cache = nullptr;
+  /// The next layer's input RMSNorm weight (forward chains of one set of acts: the engine): the
+  /// output residual add is fused with that norm (rmsnorm_residual_forward_cuda, bit for bit
+  /// the two steps), which writes a.ln1 / a.rstd1 for the next call; that call then gets the
+  /// same acts and input_normed = true. nullptr: the plain residual add.
+  const bf16* next_input_norm = nullptr;
+  /// a.ln1 / a.rstd1 already hold this layer's input norm (see next_input_norm).
+  bool input_normed = false;
   cudaStream_t stream = nullptr;
 };
 

@@ -71,7 +71,7 @@ void decoder_layer_forward_cuda(bf16* x_out, LayerActsCuda& a, LayerScratchCuda&
   const int64_t N = run.N, C = s.C;
   const double eps = s.rms_norm_eps;
   const cudaStream_t st = run.stream;
-  rmsnorm_forward_cuda(a.ln1, a.rstd1, x_in, w.w_in, N, C, eps, st);
+  if (!run.input_normed) rmsnorm_forward_cuda(a.ln1, a.rstd1, x_in, w.w_in, N, C, eps, st);
   if (run.fused_qkv) {  // wq is the packed (Q + 2·KV, C) matrix, bq the packed bias
     RLHF_ASSERT(!s.qk_norm && scratch.qkv != nullptr);
     RLHF_ASSERT(w.lora == nullptr ||
@@ -79,7 +79,7 @@ void decoder_layer_forward_cuda(bf16* x_out, LayerActsCuda& a, LayerScratchCuda&
                  (*w.lora)[Proj::kV].A == nullptr));
     project_qkv_forward_cuda(scratch.qkv, a.ln1, w, s, N, st);
     qkv_rope_split_cuda(a.q, a.k, a.v, scratch.qkv, run.pos, run.rope_cos, run.rope_sin, N, s.H,
-                        s.Hkv, s.D, s.rope_style, st);
+                        s.Hkv, s.D, s.rope_style, st, run.kv_cache);
   } else {
     // With QK-norm and backward, the projections land in q_raw/k_raw and the norm writes q/k.
     bf16* qp = s.qk_norm && a.q_raw ? a.q_raw : a.q;
@@ -102,9 +102,13 @@ void decoder_layer_forward_cuda(bf16* x_out, LayerActsCuda& a, LayerScratchCuda&
   // x_mid = x_in + o_proj(atty), fused with the post-attention RMSNorm.
   rmsnorm_residual_forward_cuda(a.x_mid, a.ln2, a.rstd2, x_in, scratch.proj, w.w_post, N, C, eps,
                                 st);
-  mlp_forward_cuda(scratch.proj, a, a.ln2, w, s, N, st);
+  mlp_forward_cuda(scratch.proj, a, a.ln2, w, s, N, st, run.forward_only);
   if (run.partial_sum) run.partial_sum(scratch.proj, N * C, st);
-  residual_forward_cuda(x_out, a.x_mid, scratch.proj, N * C, st);
+  if (run.next_input_norm != nullptr)  // x_out = x_mid + mlp, and the next layer's input norm
+    rmsnorm_residual_forward_cuda(x_out, a.ln1, a.rstd1, a.x_mid, scratch.proj, run.next_input_norm,
+                                  N, C, eps, st);
+  else
+    residual_forward_cuda(x_out, a.x_mid, scratch.proj, N * C, st);
 }
 
 void decoder_layer_backward_cuda(

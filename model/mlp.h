@@ -35,9 +35,12 @@ void mlp_backward_cpu(T* dx, const LayerParams<T>& g, LayerGradScratch<T>& d, co
                       const LayerRun<T>& run);
 
 #ifdef RLHF_CUDA
-/// The device MLP (contract of mlp_forward_cpu; bf16 values, kernels on st).
+/// The device MLP (contract of mlp_forward_cpu; bf16 values, kernels on st). forward_only (no
+/// backward follows: the generation engine): a.gate / a.up need not be kept, so up to
+/// kSkinnyMaxRows rows run gate, up and SwiGLU as one kernel (linear_swiglu_skinny_cuda, the
+/// same values as the three steps) and leave a.gate / a.up unwritten.
 void mlp_forward_cuda(bf16* y, LayerActsCuda& a, const bf16* x, const LayerParams<const bf16>& w,
-                      const LayerSpec& s, int64_t N, cudaStream_t st);
+                      const LayerSpec& s, int64_t N, cudaStream_t st, bool forward_only = false);
 
 /// Backward of mlp_forward_cuda (contract of mlp_backward_cpu; fp32 parameter gradients).
 void mlp_backward_cuda(bf16* dx, const LayerParams<float>& g, LayerGradScratchCuda& d,

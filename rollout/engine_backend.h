@@ -109,6 +109,11 @@ class EngineBackend {
   /// the other rows.
   virtual const float* decode(const DecodeBatch& batch) = 0;
 
+  /// Seconds the device spent in decode() forwards since the backend was made (CUDA events around
+  /// each step's forward or graph replay); 0 for a backend without a device (the CPU). The rest
+  /// of a decode step's wall time is the host's: inputs, logits copy, sampling, scheduling.
+  virtual double decode_device_seconds() const { return 0; }
+
   /// Whether decode() takes more than one row per sequence (observation tokens of multi-turn
   /// generation); when false the scheduler feeds them one decode step each (one row per
   /// sequence), with the same results.

@@ -205,12 +205,16 @@ EngineCuda::EngineCuda(const model::ParamLayout& layout, KvCache kv, int64_t max
   model::rope_tables_upload_cuda(rope_cos_.get(), rope_sin_.get(), max_pos_, D_,
                                  model::rope_inv_freq(c).data());
   graphs_.resize(static_cast<size_t>(bucket(max_batch_) / 8 + 8));
+  CUDA_CHECK(cudaEventCreate(&step_begin_));
+  CUDA_CHECK(cudaEventCreate(&step_end_));
   stream_.sync();
 }
 
 EngineCuda::~EngineCuda() {
   graphs_.clear();
   (void)cudaStreamSynchronize(stream_.get());
+  if (step_begin_ != nullptr) (void)cudaEventDestroy(step_begin_);
+  if (step_end_ != nullptr) (void)cudaEventDestroy(step_end_);
 }
 
 void EngineCuda::upload_weights(const std::vector<const float*>& units) {
@@ -374,12 +378,21 @@ void EngineCuda::layer_forward(int l, int64_t N, const bf16* x_in, bf16* x_out, 
   run.rope_cos = rope_cos_.get();
   run.rope_sin = rope_sin_.get();
   run.fused_qkv = fused_qkv_;
+  run.forward_only = true;
+  // With the packed q/k/v, the split writes k and v into the cache itself.
+  const model::KvCacheWrite cache{kc, vc, table, table_stride, block_size_};
+  if (fused_qkv_) run.kv_cache = &cache;
+  // One set of acts for every layer: each layer's output residual add is fused with the next
+  // layer's input norm.
+  run.input_normed = l > 0;
+  if (l + 1 < L_) run.next_input_norm = layer_weights(l + 1).w_in;
   run.stream = s;
   if (tp_ != nullptr)  // the o_proj and down_proj partial outputs, summed over the group
     run.partial_sum = [this](bf16* y, int64_t n, cudaStream_t st) { tp_->all_reduce(y, n, st); };
   run.attention = [&](bf16* atty, const bf16* q, const bf16* k, const bf16* v, cudaStream_t st) {
-    model::kv_cache_write_cuda(kc, vc, k, v, table, table_stride, pos_.get(), N, Hkv_, D_,
-                               block_size_, st);
+    if (!fused_qkv_)
+      model::kv_cache_write_cuda(kc, vc, k, v, table, table_stride, pos_.get(), N, Hkv_, D_,
+                                 block_size_, st);
     if (decode)
       model::attention_decode_paged_cuda(atty, attn_ws_.get(), q, kc, vc, table, lens_.get(), N, H_,
                                          Hkv_, D_, num_blocks_ + 1, block_size_, max_blocks, st);
@@ -414,10 +427,11 @@ void EngineCuda::wait_step() {
 }
 
 const float* EngineCuda::logits_to_host(int64_t rows) {
-  checked_resize(logits_bf16_host_, rows * V_, "the engine's host logits (bf16)");
+  if (logits_bf16_host_.size() < rows * V_)
+    logits_bf16_host_ = PinnedArray<bf16>(rows * V_, "the engine's host logits (bf16, pinned)");
   checked_resize(logits_host_, rows * V_, "the engine's host logits");
-  CUDA_CHECK(cudaMemcpyAsync(logits_bf16_host_.data(), logits_.get(),
-                             logits_bf16_host_.size() * sizeof(bf16), cudaMemcpyDeviceToHost,
+  CUDA_CHECK(cudaMemcpyAsync(logits_bf16_host_.get(), logits_.get(),
+                             size_t(rows * V_) * sizeof(bf16), cudaMemcpyDeviceToHost,
                              stream_.get()));
   stream_.sync();
   const int64_t n = rows * V_;
@@ -503,6 +517,7 @@ const float* EngineCuda::decode(const int32_t* tokens, const int32_t* pos, const
   h2d(pos_.get(), ps.data(), ps.size() * sizeof(int32_t), s);
   h2d(lens_.get(), ln.data(), ln.size() * sizeof(int32_t), s);
   h2d(table_.get(), tab.data(), tab.size() * sizeof(int32_t), s);
+  CUDA_CHECK(cudaEventRecord(step_begin_, s));
   if (!use_graphs_) {
     forward(B, true, max_blocks, max_blocks, 0);
   } else {
@@ -530,7 +545,11 @@ const float* EngineCuda::decode(const int32_t* tokens, const int32_t* pos, const
       ++graph_replays_;
     }
   }
+  CUDA_CHECK(cudaEventRecord(step_end_, s));
   wait_step();  // the host input vectors are read by the copies above
+  float ms = 0;
+  CUDA_CHECK(cudaEventElapsedTime(&ms, step_begin_, step_end_));
+  decode_device_s_ += double(ms) * 1e-3;
   return logits_to_host(B);
 }
 

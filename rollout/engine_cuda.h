@@ -107,6 +107,8 @@ class EngineCuda final : public EngineBackend {
   int64_t wake() override;
   /// decode() below over the batch; one row per sequence (rows == B).
   const float* decode(const DecodeBatch& batch) override;
+  /// GPU seconds of the decode forwards so far (events around each step's forward or replay).
+  double decode_device_seconds() const override { return decode_device_s_; }
 
   /// Prompt forward for positions [0, P) into the KV blocks `blocks` (host, ⌈P / block_size⌉
   /// ids); returns the last position's logits (V fp32, host, valid until the next call).
@@ -185,7 +187,9 @@ class EngineCuda final : public EngineBackend {
   DeviceArray<float> rstd_, qk_rstd_, lse_, attn_ws_;
   DeviceArray<int32_t> tokens_, pos_, lens_, table_, blocks_, blocks2_;
   std::vector<float> logits_host_;
-  std::vector<model::bf16> logits_bf16_host_;
+  PinnedArray<model::bf16> logits_bf16_host_;  // pinned: the copy runs at the link's speed
+  cudaEvent_t step_begin_ = nullptr, step_end_ = nullptr;  // timing of each decode forward
+  double decode_device_s_ = 0;
   std::vector<std::unique_ptr<Graph>> graphs_;  // by bucket index
   std::unique_ptr<EngineCudaTp> tp_;            // tensor parallel size > 1: the slices and NCCL
   bool staged_ = false;  // tensor parallel: full layer units handed out by device_units()

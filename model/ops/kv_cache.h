@@ -11,6 +11,16 @@
 namespace rlhf::model {
 
 #ifdef RLHF_CUDA
+/// One layer's paged KV cache as a writer of token rows sees it (kv_cache_write_cuda's
+/// arguments, for the kernels that write rows as they produce them: qkv_rope_split_cuda).
+struct KvCacheWrite {
+  bf16* k_cache = nullptr;  ///< (num_blocks, Hkv, block_size, D) bf16
+  bf16* v_cache = nullptr;
+  const int32_t* block_table = nullptr;  ///< row n's blocks at block_table + n·table_stride
+  int64_t table_stride = 0;
+  int64_t block_size = 0;
+};
+
 /// Scatters N rows of keys and values into one layer's cache: row n (k_rows, v_rows (N, Hkv, D)
 /// bf16) goes to position pos[n] of the sequence whose block list is block_table + n·table_stride
 /// (table_stride = max_blocks for one token per sequence, 0 for N positions of one sequence).

@@ -5,6 +5,7 @@
 
 #include "model/config.h"
 #include "model/ops/cuda_types.h"
+#include "model/ops/kv_cache.h"
 
 namespace rlhf::model {
 
@@ -57,11 +58,15 @@ void rope_backward_cuda(bf16* dx, const bf16* dout, const int32_t* pos, const fl
 /// weights, LayerParams::qkv_packed): qkv (N, (H + 2·Hkv)·D) bf16, each row [H q heads | Hkv k
 /// heads | Hkv v heads]. Writes q (N, H, D) and k (N, Hkv, D) rotated exactly as
 /// rope_forward_cuda rotates them (same rounding, bit-identical), and v (N, Hkv, D) copied: one
-/// pass over qkv instead of two rotations in place. pos, cos, sin as rope_forward_cuda. Throws
-/// rlhf::Error unless D is even and positive, N >= 0, H > 0, Hkv > 0.
+/// pass over qkv instead of two rotations in place. pos, cos, sin as rope_forward_cuda. With
+/// `cache` (the generation engine), the same k and v rows also go into the paged KV cache, as
+/// kv_cache_write_cuda with cache's arguments and pos would write them (one kernel fewer per
+/// layer). Throws rlhf::Error unless D is even and positive, N >= 0, H > 0, Hkv > 0, and a cache's
+/// block_size > 0.
 void qkv_rope_split_cuda(bf16* q, bf16* k, bf16* v, const bf16* qkv, const int32_t* pos,
                          const float* cos, const float* sin, int64_t N, int64_t H, int64_t Hkv,
-                         int64_t D, RopeStyle style, cudaStream_t stream);
+                         int64_t D, RopeStyle style, cudaStream_t stream,
+                         const KvCacheWrite* cache = nullptr);
 
 /// Backward of qkv_rope_split_cuda: dqkv rows = [Rᵀ·dq | Rᵀ·dk | dv] (assigned), the gradient of
 /// the packed QKV GEMM output. Shapes as the forward; dq, dk rotated back exactly as

@@ -120,6 +120,39 @@ void check_qkv_rope_cuda(int64_t N, int64_t H, int64_t Hkv, int64_t D, model::Ro
   CHECK(test::download_f32(d_dqkv) ==
         pack_qkv(test::download_f32(d_dq1), test::download_f32(d_dk1), dv, N, H, Hkv, D));
   test::check_guards(name, d_cos, d_sin, d_pos, d_qkv, d_q, d_k, d_v, d_dq, d_dk, d_dv, d_dqkv);
+
+  // The split writing the paged cache too (the engine's decode): the caches equal those
+  // kv_cache_write_cuda fills from the split's k and v, bit for bit; q, k, v unchanged. Each row
+  // is a sequence of its own (table_stride 2) at its position, blocks of 4 positions.
+  const int64_t bs = 4, blocks = N * 2;
+  std::vector<int32_t> table(size_t(N * 2));
+  for (int64_t n = 0; n < N; ++n) {  // the block holding pos[n], then an unused one
+    table[size_t(2 * n)] = int32_t(n);
+    table[size_t(2 * n + 1)] = int32_t(N + n);
+  }
+  std::vector<int32_t> pos_in_block(static_cast<size_t>(N));
+  for (int64_t n = 0; n < N; ++n) pos_in_block[size_t(n)] = pos[size_t(n)] % int32_t(bs);
+  test::DeviceBuffer<int32_t> d_table(table), d_pib(pos_in_block);
+  const int64_t cache_elems = blocks * Hkv * bs * D;
+  test::DeviceBuffer<test::bf16> kc(cache_elems), vc(cache_elems), kc2(cache_elems),
+      vc2(cache_elems), q2(Q), k2(KV), v2(KV);
+  for (auto* c : {&kc, &vc, &kc2, &vc2})
+    CUDA_CHECK(cudaMemsetAsync(c->get(), 0, size_t(cache_elems) * 2, s.get()));
+  // Positions inside block 0 of each row's table (pos % bs), so every slot exists.
+  const model::KvCacheWrite cache{kc.get(), vc.get(), d_table.get(), 2, bs};
+  model::qkv_rope_split_cuda(q2.get(), k2.get(), v2.get(), d_qkv.get(), d_pib.get(), d_cos.get(),
+                             d_sin.get(), N, H, Hkv, D, style, s.get(), &cache);
+  model::qkv_rope_split_cuda(d_q.get(), d_k.get(), d_v.get(), d_qkv.get(), d_pib.get(), d_cos.get(),
+                             d_sin.get(), N, H, Hkv, D, style, s.get());
+  model::kv_cache_write_cuda(kc2.get(), vc2.get(), d_k.get(), d_v.get(), d_table.get(), 2,
+                             d_pib.get(), N, Hkv, D, bs, s.get());
+  s.sync();
+  CHECK(test::download_f32(q2) == test::download_f32(d_q));
+  CHECK(test::download_f32(k2) == test::download_f32(d_k));
+  CHECK(test::download_f32(v2) == test::download_f32(d_v));
+  CHECK(test::download_f32(kc) == test::download_f32(kc2));
+  CHECK(test::download_f32(vc) == test::download_f32(vc2));
+  test::check_guards(name + " cache", kc, vc, kc2, vc2, q2, k2, v2, d_table, d_pib);
 }
 
 }  // namespace

@@ -64,6 +64,15 @@ __device__ __forceinline__ float block_max(float v, float* scratch) {
   return warp_max(v);
 }
 
+/// σ(x) and 1 − σ(x) from e = exp(−|x|) ∈ [0, 1] (as the CPU version): never forms exp(+large),
+/// and 1 − σ keeps full relative precision for large |x|. SwiGLU's (swiglu.cu, linear_skinny.cu).
+__device__ __forceinline__ void sigmoid2(float x, float* s, float* one_minus_s) {
+  const float e = expf(-fabsf(x));
+  const float r = 1.0f / (1.0f + e), er = e * r;
+  *s = x >= 0.0f ? r : er;
+  *one_minus_s = x >= 0.0f ? er : r;
+}
+
 /// ceil(a / b) for positive b.
 inline int64_t ceil_div(int64_t a, int64_t b) {
   return (a + b - 1) / b;

@@ -259,6 +259,8 @@ void linear_forward_cuda(bf16* y, const bf16* x, const bf16* w, const bf16* b, i
   NVTX_RANGE_FN();
   check_dims("linear_forward_cuda", N, IC, OC);
   if (N == 0) return;
+  if (linear_skinny_serves(x, w, N, IC))
+    return linear_forward_skinny_cuda(y, x, w, b, N, IC, OC, stream);
   Gemm g;
   g.trans_a = true;  // wᶜ (IC × OC) transposed
   g.trans_b = false;

@@ -50,12 +50,14 @@ __global__ void rope_kernel(bf16* out, const bf16* x, const int32_t* pos, const 
 // RoPE on a packed QKV row layout. Pair p of N·(H + 2·Hkv)·D/2: token n, head h of the packed
 // row [q heads | k heads | v heads], pair i. kSplit: reads the packed qkv, writes q, k rotated
 // (sign) and v copied into their own (N, heads, D) arrays. !kSplit: the reverse, reads q, k, v and
-// writes the packed row.
+// writes the packed row. kSplit with cache.k_cache: the k and v pairs also go to token n's slot
+// of the paged cache (kv_cache_write_kernel's addressing).
 template <bool kSplit>
 __global__ void qkv_rope_kernel(bf16* packed_out, const bf16* packed_in, bf16* q_out, bf16* k_out,
                                 bf16* v_out, const bf16* q_in, const bf16* k_in, const bf16* v_in,
                                 const int32_t* pos, const float* cos, const float* sin, int64_t N,
-                                int64_t H, int64_t Hkv, int64_t D, bool interleaved, float sign) {
+                                int64_t H, int64_t Hkv, int64_t D, bool interleaved, float sign,
+                                KvCacheWrite cache) {
   const int64_t half = D / 2, heads = H + 2 * Hkv;
   const int64_t pairs = N * heads * half;
   for (int64_t p = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; p < pairs;
@@ -91,6 +93,14 @@ __global__ void qkv_rope_kernel(bf16* packed_out, const bf16* packed_in, bf16* q
       out[ob] = in[ib];
     } else {
       rotate_pair(out, in, oa, ob, ia, ib, pos[n], i, half, cos, sin, sign);
+    }
+    if (kSplit && cache.k_cache != nullptr && h >= H) {
+      const int64_t g = (h - H) % Hkv, s = pos[n], bs = cache.block_size;
+      const int64_t blk = cache.block_table[n * cache.table_stride + s / bs];
+      const int64_t slot = ((blk * Hkv + g) * bs + s % bs) * D;
+      bf16* c = h < H + Hkv ? cache.k_cache : cache.v_cache;
+      c[slot + a] = out[oa];
+      c[slot + b] = out[ob];
     }
   }
 }
@@ -131,14 +141,19 @@ void rope_backward_cuda(bf16* dx, const bf16* dout, const int32_t* pos, const fl
 
 void qkv_rope_split_cuda(bf16* q, bf16* k, bf16* v, const bf16* qkv, const int32_t* pos,
                          const float* cos, const float* sin, int64_t N, int64_t H, int64_t Hkv,
-                         int64_t D, RopeStyle style, cudaStream_t stream) {
+                         int64_t D, RopeStyle style, cudaStream_t stream,
+                         const KvCacheWrite* cache) {
   NVTX_RANGE_FN();
   check_qkv("qkv_rope_split_cuda", N, H, Hkv, D);
+  RLHF_CHECK(cache == nullptr || (cache->k_cache && cache->v_cache && cache->block_table &&
+                                  cache->block_size > 0 && cache->table_stride >= 0),
+             "qkv_rope_split_cuda: a KV cache to write needs both caches, a block table, "
+             "block_size > 0 and table_stride >= 0");
   const int64_t pairs = N * (H + 2 * Hkv) * (D / 2);
   if (pairs == 0) return;
   qkv_rope_kernel<true><<<cuda::grid_for(pairs, 256), 256, 0, stream>>>(
       nullptr, qkv, q, k, v, nullptr, nullptr, nullptr, pos, cos, sin, N, H, Hkv, D,
-      style == RopeStyle::kInterleaved, 1.0f);
+      style == RopeStyle::kInterleaved, 1.0f, cache != nullptr ? *cache : KvCacheWrite{});
   CUDA_CHECK(cudaGetLastError());
 }
 
@@ -152,7 +167,7 @@ void qkv_rope_merge_backward_cuda(bf16* dqkv, const bf16* dq, const bf16* dk, co
   if (pairs == 0) return;
   qkv_rope_kernel<false><<<cuda::grid_for(pairs, 256), 256, 0, stream>>>(
       dqkv, nullptr, nullptr, nullptr, nullptr, dq, dk, dv, pos, cos, sin, N, H, Hkv, D,
-      style == RopeStyle::kInterleaved, -1.0f);
+      style == RopeStyle::kInterleaved, -1.0f, KvCacheWrite{});
   CUDA_CHECK(cudaGetLastError());
 }
 

@@ -4,19 +4,11 @@
 
 namespace rlhf::model {
 
+using cuda::sigmoid2;
 using cuda::to_bf16;
 using cuda::to_f32;
 
 namespace {
-
-// σ(x) and 1 − σ(x) from e = exp(−|x|) ∈ [0, 1] (as the CPU version): never forms exp(+large),
-// and 1 − σ keeps full relative precision for large |x|.
-__device__ __forceinline__ void sigmoid2(float x, float* s, float* one_minus_s) {
-  const float e = expf(-fabsf(x));
-  const float r = 1.0f / (1.0f + e), er = e * r;
-  *s = x >= 0.0f ? r : er;
-  *one_minus_s = x >= 0.0f ? er : r;
-}
 
 __global__ void swiglu_forward_kernel(bf16* h, const bf16* gate, const bf16* up, int64_t n) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
