@@ -231,6 +231,7 @@ int run_bench(const BenchArgs& args) {
     bench::BenchPartialOptions o;
     if (!args.model_config.empty()) o.config = io::load_model_config_file(args.model_config);
     o.seed = static_cast<uint64_t>(args.common.seed);
+    o.cuda = cuda;
     bench::run_bench_partial(o, [&](const nlohmann::json& row) {
       emit(row);
       LOG0_INFO(

@@ -17,6 +17,7 @@
 #include "core/device_memory.h"
 #include "model/flops.h"
 #include "model/init.h"
+#include "model/ops/attention.h"
 #include "model/ops/linear.h"
 #include "parallel/mpi_check.h"
 #include "parallel/topology.h"
@@ -213,28 +214,85 @@ void run_bench_train_cuda(const BenchTrainCudaOptions& opt, parallel::Comm& host
     const double tflops_gpu =
         model::training_flops_per_token(cfg, T) * tokens_per_step / step_s / 1e12 / N;
     const auto mem = m->store().memory();
-    emit({{"bench", "train"},
+    emit(
+        {{"bench", "train"},
+         {"device", "cuda"},
+         {"gpu", spec.name},
+         {"model", name},
+         {"model_params", layout.num_parameters()},
+         {"ranks", N},
+         {"adam_offload", opt.adam_offload},
+         {"attention", model::attention_impl() == model::AttentionImpl::kCudnn ? "cudnn" : "flash"},
+         {"tokens_per_step", tokens_per_step},
+         {"seq_len", T},
+         {"micro_batch", mb},
+         {"step_s", step_s},
+         {"tokens_per_s", tokens_per_step / step_s},
+         {"tflops_per_s_per_gpu", tflops_gpu},
+         {"peak_tflops", spec.bf16_tflops},
+         {"mfu_vs_peak", spec.bf16_tflops > 0 ? tflops_gpu / spec.bf16_tflops : 0.0},
+         {"gemm_tflops_per_s", gemm},
+         {"mfu_vs_gemm", tflops_gpu / gemm},
+         {"state_bytes_per_gpu",
+          mem.params_bytes + mem.grads_bytes + (mem.optimizer_on_host ? 0 : mem.optimizer_bytes)},
+         {"activation_bytes_per_gpu", m->activation_bytes()}});
+  }
+}
+
+namespace {
+
+// One engine's fixed-length runs at every batch of `batches` (the fastest of opt.repeats after a
+// warm-up that captures the graphs), a row each.
+void time_engine_batches(rollout::Engine& engine, const std::vector<int64_t>& batches,
+                         const model::ModelConfig& cfg, const std::string& name, bool skinny,
+                         const GpuSpec& spec, double copy, const BenchGenerateCudaOptions& opt,
+                         const Emit& emit) {
+  const double W = double(engine.weight_bytes_per_decode_step());
+  std::mt19937_64 rng(opt.seed);
+  std::uniform_int_distribution<int32_t> tok(0, int32_t(cfg.vocab_size - 1));
+  for (const int64_t batch : batches) {
+    std::vector<rollout::GenerationRequest> reqs;
+    for (int64_t i = 0; i < batch; ++i) {
+      rollout::GenerationRequest r;
+      r.id = uint64_t(i);
+      r.prompt.resize(size_t(opt.prompt_len));
+      for (auto& t : r.prompt) t = tok(rng);
+      r.max_new_tokens = opt.new_tokens;
+      r.sampling.temperature = 1.0;
+      r.sampling.seed = opt.seed;
+      reqs.push_back(r);
+    }
+    engine.generate(reqs);  // warm-up (captures the graphs)
+    rollout::EngineStats best;
+    best.decode_s = std::numeric_limits<double>::infinity();
+    for (int r = 0; r < opt.repeats; ++r) {
+      engine.generate(reqs);
+      if (engine.stats().decode_s < best.decode_s) best = engine.stats();
+    }
+    const double steps = double(best.decode_steps);
+    const double read = (W * steps + best.kv_bytes_read) / best.decode_s / 1e9;
+    emit({{"bench", "generate"},
           {"device", "cuda"},
           {"gpu", spec.name},
           {"model", name},
-          {"model_params", layout.num_parameters()},
-          {"ranks", N},
-          {"adam_offload", opt.adam_offload},
-          {"tokens_per_step", tokens_per_step},
-          {"seq_len", T},
-          {"micro_batch", mb},
-          {"step_s", step_s},
-          {"tokens_per_s", tokens_per_step / step_s},
-          {"tflops_per_s_per_gpu", tflops_gpu},
-          {"peak_tflops", spec.bf16_tflops},
-          {"mfu_vs_peak", spec.bf16_tflops > 0 ? tflops_gpu / spec.bf16_tflops : 0.0},
-          {"gemm_tflops_per_s", gemm},
-          {"mfu_vs_gemm", tflops_gpu / gemm},
-          {"state_bytes_per_gpu",
-           mem.params_bytes + mem.grads_bytes + (mem.optimizer_on_host ? 0 : mem.optimizer_bytes)},
-          {"activation_bytes_per_gpu", m->activation_bytes()}});
+          {"batch", batch},
+          {"new_tokens", opt.new_tokens},
+          {"graphs", opt.cuda_graphs},
+          {"skinny_gemm", skinny},
+          {"decode_tokens_per_s", double(best.decode_tokens) / best.decode_s},
+          {"step_ms", best.decode_s / steps * 1e3},
+          {"device_ms_per_step", best.decode_device_s / steps * 1e3},
+          {"host_ms_per_step", (best.decode_s - best.decode_device_s) / steps * 1e3},
+          {"weight_bytes_per_step", W},
+          {"read_GBps", read},
+          {"hbm_GBps", spec.hbm_GBps},
+          {"ratio_to_hbm", spec.hbm_GBps > 0 ? read / spec.hbm_GBps : 0.0},
+          {"copy_GBps", copy},
+          {"ratio_to_copy", copy > 0 ? read / copy : 0.0}});
   }
 }
+
+}  // namespace
 
 void run_bench_generate_cuda(const BenchGenerateCudaOptions& opt, const Emit& emit) {
   const GpuSpec spec = gpu_spec(device_name());
@@ -252,48 +310,28 @@ void run_bench_generate_cuda(const BenchGenerateCudaOptions& opt, const Emit& em
     eo.max_batch = max_batch;
     eo.ignore_eos = true;
     eo.cuda_graphs = opt.cuda_graphs;
-    rollout::Engine engine(layout, eo);
-    for (int u = 0; u < layout.num_units(); ++u)
-      model::init_unit_params(engine.unit_buffer(u), layout.unit(u), opt.seed);
-    const double W = double(engine.weight_bytes_per_decode_step());
-    std::mt19937_64 rng(opt.seed);
-    std::uniform_int_distribution<int32_t> tok(0, int32_t(cfg.vocab_size - 1));
-    for (const int64_t batch : opt.batches) {
-      std::vector<rollout::GenerationRequest> reqs;
-      for (int64_t i = 0; i < batch; ++i) {
-        rollout::GenerationRequest r;
-        r.id = uint64_t(i);
-        r.prompt.resize(size_t(opt.prompt_len));
-        for (auto& t : r.prompt) t = tok(rng);
-        r.max_new_tokens = opt.new_tokens;
-        r.sampling.temperature = 1.0;
-        r.sampling.seed = opt.seed;
-        reqs.push_back(r);
+    std::vector<int64_t> few;  // the batches the few-row kernel serves
+    for (const int64_t b : opt.batches)
+      if (b <= model::kSkinnyMaxRows) few.push_back(b);
+    {
+      rollout::Engine engine(layout, eo);
+      for (int u = 0; u < layout.num_units(); ++u)
+        model::init_unit_params(engine.unit_buffer(u), layout.unit(u), opt.seed);
+      time_engine_batches(engine, opt.batches, cfg, name, true, spec, copy, opt, emit);
+      if (few.empty()) continue;
+      // The same weights on a second engine whose graphs capture cuBLASLt's GEMMs instead.
+      eo.max_batch = *std::max_element(few.begin(), few.end());
+      rollout::Engine plain(layout, eo);
+      for (int u = 0; u < layout.num_units(); ++u)
+        std::copy_n(engine.unit_buffer(u), layout.unit(u).numel, plain.unit_buffer(u));
+      model::set_linear_skinny_enabled(false);
+      try {
+        time_engine_batches(plain, few, cfg, name, false, spec, copy, opt, emit);
+      } catch (...) {
+        model::set_linear_skinny_enabled(true);
+        throw;
       }
-      engine.generate(reqs);  // warm-up (captures the graphs)
-      rollout::EngineStats best;
-      best.decode_s = std::numeric_limits<double>::infinity();
-      for (int r = 0; r < opt.repeats; ++r) {
-        engine.generate(reqs);
-        if (engine.stats().decode_s < best.decode_s) best = engine.stats();
-      }
-      const double steps = double(best.decode_steps);
-      const double read = (W * steps + best.kv_bytes_read) / best.decode_s / 1e9;
-      emit({{"bench", "generate"},
-            {"device", "cuda"},
-            {"gpu", spec.name},
-            {"model", name},
-            {"batch", batch},
-            {"new_tokens", opt.new_tokens},
-            {"graphs", opt.cuda_graphs},
-            {"decode_tokens_per_s", double(best.decode_tokens) / best.decode_s},
-            {"step_ms", best.decode_s / steps * 1e3},
-            {"weight_bytes_per_step", W},
-            {"read_GBps", read},
-            {"hbm_GBps", spec.hbm_GBps},
-            {"ratio_to_hbm", spec.hbm_GBps > 0 ? read / spec.hbm_GBps : 0.0},
-            {"copy_GBps", copy},
-            {"ratio_to_copy", copy > 0 ? read / copy : 0.0}});
+      model::set_linear_skinny_enabled(true);
     }
   }
 }

@@ -53,7 +53,8 @@ struct BenchTrainCudaOptions {
 /// over host_comm; nccl: the NCCL communicator over the same ranks, nullptr on one rank) and emits
 /// {"bench":"train","device":"cuda","gpu":..,"model":..,"ranks":n,"step_s":..,"tokens_per_s":..,
 ///  "tflops_per_s_per_gpu":..,"peak_tflops":..,"mfu_vs_peak":..,"gemm_tflops_per_s":..,
-///  "mfu_vs_gemm":..,"memory_bytes_per_gpu":..}, after one {"bench":"gemm_cuda",...} row per GEMM
+///  "mfu_vs_gemm":..,"memory_bytes_per_gpu":..,"attention":"cudnn"|"flash"}, after one
+///  {"bench":"gemm_cuda",...} row per GEMM
 /// shape (the reference).
 void run_bench_train_cuda(const BenchTrainCudaOptions& opt, parallel::Comm& host_comm,
                           parallel::Comm* nccl, const Emit& emit);
@@ -71,7 +72,11 @@ struct BenchGenerateCudaOptions {
 /// One rank: per model and batch, the fastest of `repeats` fixed-length runs (after a warm-up) of
 /// the GPU engine; emits {"bench":"generate","device":"cuda","gpu":..,"model":..,"batch":..,
 /// "decode_tokens_per_s":..,"step_ms":..,"read_GBps":..,"hbm_GBps":..,"ratio_to_hbm":..,
-/// "copy_GBps":..,"ratio_to_copy":..,"graphs":..}.
+/// "copy_GBps":..,"ratio_to_copy":..,"graphs":..,"skinny_gemm":..,"device_ms_per_step":..,
+/// "host_ms_per_step":..} (device: the forwards' GPU time by CUDA events; host: the rest of the
+/// step — inputs, logits copy, sampling, scheduling). Batches of at most
+/// model::kSkinnyMaxRows run twice, on a second engine with the same weights: with the few-row
+/// linear kernel (the default) and with cuBLASLt's GEMMs ("skinny_gemm": false).
 void run_bench_generate_cuda(const BenchGenerateCudaOptions& opt, const Emit& emit);
 
 struct BenchSyncCudaOptions {

@@ -69,6 +69,7 @@ void run_bench_partial(const BenchPartialOptions& opt, const Emit& emit) {
   rollout::EngineOptions eo;
   eo.ignore_eos = true;
   eo.kv_cache_bytes = int64_t(2) << 30;
+  eo.cuda = opt.cuda;
   rollout::Engine engine(layout, eo);
   for (int u = 0; u < layout.num_units(); ++u)
     model::init_unit_params(engine.unit_buffer(u), layout.unit(u), opt.seed);
@@ -158,6 +159,7 @@ void run_bench_partial(const BenchPartialOptions& opt, const Emit& emit) {
   const double sw = median(sync_wall), pw = median(part_wall);
   const double sc = median(sync_cpu), pc = median(part_cpu);
   emit({{"bench", "partial"},
+        {"device", opt.cuda ? "cuda" : "cpu"},
         {"samples", opt.samples},
         {"short_tokens", opt.short_tokens},
         {"long_tokens", long_tokens},

@@ -24,6 +24,7 @@ struct BenchPartialOptions {
   /// each side's median over those steps is reported.
   int64_t steps = 8;
   int64_t max_staleness = 8;  ///< --max_staleness
+  bool cuda = false;          ///< --device cuda: the GPU engine (bf16, CUDA graphs)
   uint64_t seed = 42;
 };
 

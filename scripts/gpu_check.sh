@@ -9,16 +9,22 @@
 #   e2e    sft and grpo, --device cpu against --device cuda with the same seed (tiny model)
 #   bench  rlhf bench train (flash and cudnn attention)|generate|sync --device cuda (135M, ~1B)
 #   grpo135m  GRPO steps on the GPU at the SmolLM-135M shape (random weights): step time, phases
-#   profile   per-kernel GPU time (ncu) of a 1B training step (cuDNN attention) and of decode
-#             steps at batch 1 (not in the default list)
+#   partial   rlhf bench partial --device cuda: a partial-rollout step against a synchronous one
+#   grpo1b    GRPO steps at the ~1B shape (random weights, Llama 2's vocabulary): 64 prompts x 8
+#             samples x 512 new tokens, colocated, one GPU; phases from metrics.jsonl, the GPU's
+#             peak memory from nvidia-smi sampled every 200 ms (<out dir>/grpo1b_mem.csv)
+#   profile   per-kernel GPU time (ncu) of a 1B training step (profile_train; PROFILE_ATTN picks
+#             the attention, default cudnn) and of decode steps at batch 1 (profile_decode); not
+#             in the default list; ncu needs a Firecracker machine (gVisor has no counters)
 # Each step runs under its own time limit and writes <out dir>/<step>.log (grpo135m: e2e.log); the bench rows go to
-# <out dir>/bench.jsonl, the runs' metrics (with "run": name) to <out dir>/metrics.jsonl. One rank: Open MPI runs as a singleton (no mpirun, no daemon).
+# <out dir>/bench.jsonl, the runs' metrics (with "run": name) to <out dir>/metrics.jsonl. The
+# tokenizer.model the GRPO steps need (Llama 2's) lies beside the bundle. One rank: Open MPI runs as a singleton (no mpirun, no daemon).
 # Usage: scripts/gpu_check.sh <rlhf-gpu.tar.xz> <out dir> [step ...]   (default: all, in order)
 set -u
 TAR=$1
 OUT=$2
 shift 2
-STEPS=${*:-env tests attn mpi bench e2e grpo135m}
+STEPS=${*:-env tests attn mpi bench partial e2e grpo135m grpo1b}
 SRC=$(cd "$(dirname "$0")/.." && pwd)
 ROOT=/tmp/rlhf-gpu
 mkdir -p "$OUT"
@@ -61,6 +67,21 @@ run() {  # run <step> <seconds> <command...>: output to <out>/<step>.log and the
   echo "=== $step: rc $rc after $((SECONDS - t0))s" | tee -a "$OUT/$step.log"
   grep -v -e "^===" -e "\] | " -e "\] +--" "$OUT/$step.log" | tail -n 8 | cut -c1-300
   return $rc
+}
+
+write_m1b() {  # write_m1b <file> <vocab>: the ~1B shape (Llama-3.2-1B's body) as TOML
+  cat > "$1" << EOF
+model_type = "llama"
+vocab_size = $2
+hidden_size = 2048
+intermediate_size = 8192
+num_hidden_layers = 16
+num_attention_heads = 32
+num_key_value_heads = 8
+max_position_embeddings = 4096
+rope_theta = 500000.0
+tie_word_embeddings = true
+EOF
 }
 
 step_env() {
@@ -113,11 +134,11 @@ step_e2e() {
 
 step_bench() {
   local impl
-  for impl in flash cudnn; do
+  for impl in flash auto; do
     run bench 120 "$RLHF" bench train --device cuda --tokens_per_step 16384 --seq_len 1024 \
       --steps 3 --warmup 1 --attn_implementation "$impl" --output "$OUT/bench.jsonl"
   done
-  run bench 60 "$RLHF" bench generate --device cuda --output "$OUT/bench.jsonl"
+  run bench 90 "$RLHF" bench generate --device cuda --gen_batches 1,8,64 --output "$OUT/bench.jsonl"
   run bench 30 "$RLHF" bench sync --device cuda --output "$OUT/bench.jsonl"
 }
 
@@ -137,30 +158,57 @@ step_grpo135m() {  # SmolLM-135M's body with Llama 2's 32,000-token vocabulary (
   sed 's/^{/{"run":"grpo135m",/' "$TMP/g135/metrics.jsonl" >> "$OUT/metrics.jsonl" 2> /dev/null
 }
 
-step_profile() {  # per-kernel GPU time (Nsight Compute, one metric, no clock locking) of a
-  # training step at the ~1B shape and of the first decode steps at 135M and 1B, batch 1: the
-  # kernels' sum against the benchmark's wall-clock step shows the host's share.
-  cat > "$TMP/m1b.toml" << 'EOF'
-model_type = "llama"
-vocab_size = 128256
-hidden_size = 2048
-intermediate_size = 8192
-num_hidden_layers = 16
-num_attention_heads = 32
-num_key_value_heads = 8
-max_position_embeddings = 4096
-rope_theta = 500000.0
-tie_word_embeddings = true
-EOF
-  local NCU=(ncu --clock-control none --metrics gpu__time_duration.sum --print-summary per-kernel
-    --csv)
-  run profile 90 "${NCU[@]}" --launch-count 3000 "$RLHF" bench train --device cuda \
+step_partial() {  # --partial_rollout against the synchronous step on the GPU engine (one
+  # sample in 64 eight times longer; stories15M and SmolLM-135M shapes)
+  run partial 60 "$RLHF" bench partial --device cuda --output "$OUT/bench.jsonl"
+  run partial 60 "$RLHF" bench partial --device cuda \
+    --model_config "$SRC/examples/models/smollm-135M.toml" --output "$OUT/bench.jsonl"
+}
+
+step_grpo1b() {  # the issue's shape: 64 prompts x 8 samples x 512 new tokens, colocated, one GPU
+  write_m1b "$TMP/m1b32k.toml" 32000
+  nvidia-smi --query-gpu=timestamp,memory.used,utilization.gpu --format=csv,noheader -lms 200 \
+    > "$OUT/grpo1b_mem.csv" 2> /dev/null &
+  local smi=$!
+  run grpo1b 240 "$RLHF" grpo --model_config "$TMP/m1b32k.toml" \
+    --tokenizer "$(dirname "$TAR")/tokenizer.model" --prompt_data "$TASK" --input_key input \
+    --label_key label --reward math --n_samples_per_prompt 8 --rollout_batch_size 64 \
+    --train_batch_size 512 --micro_train_batch_size 16 --micro_rollout_batch_size 32 \
+    --generate_max_len 512 --max_steps 2 --seed 1 --device cuda --save_path "$TMP/g1b" \
+    ${GRPO1B_FLAGS:-}
+  kill "$smi" 2> /dev/null
+  sed 's/^{/{"run":"grpo1b",/' "$TMP/g1b/metrics.jsonl" >> "$OUT/metrics.jsonl" 2> /dev/null
+  awk -F', ' '{gsub(/ MiB/, "", $2); if ($2 + 0 > m) m = $2 + 0}
+    END {print "grpo1b peak GPU memory used:", m, "MiB"}' "$OUT/grpo1b_mem.csv" |
+    tee -a "$OUT/grpo1b.log"
+}
+
+ncu_cmd() {  # Nsight Compute: per-kernel GPU time, one metric, no clock locking
+  echo ncu --clock-control none --metrics gpu__time_duration.sum --print-summary per-kernel --csv
+}
+
+step_profile_train() {  # the kernels of one training step at the ~1B shape (PROFILE_ATTN)
+  write_m1b "$TMP/m1b.toml" 128256
+  run profile 90 $(ncu_cmd) --launch-count 3000 "$RLHF" bench train --device cuda \
     --model_config "$TMP/m1b.toml" --tokens_per_step 16384 --seq_len 1024 --steps 1 --warmup 1 \
-    --attn_implementation cudnn
-  run profile 60 "${NCU[@]}" --launch-count 1500 "$RLHF" bench generate --device cuda \
-    --model_config "$SRC/examples/models/smollm-135M.toml" --gen_batches 1
-  run profile 60 "${NCU[@]}" --launch-count 1500 "$RLHF" bench generate --device cuda \
-    --model_config "$TMP/m1b.toml" --gen_batches 1
+    --attn_implementation "${PROFILE_ATTN:-cudnn}"
+}
+
+step_profile_decode() {  # the kernels of the first decode steps at batch 1 (PROFILE_DECODE:
+  # "135m 1b" by default): their sum against the benchmark's wall-clock step shows the gaps' share
+  write_m1b "$TMP/m1b.toml" 128256
+  local m cfg
+  for m in ${PROFILE_DECODE:-135m 1b}; do
+    cfg=$TMP/m1b.toml
+    [ "$m" = 135m ] && cfg=$SRC/examples/models/smollm-135M.toml
+    run profile 60 $(ncu_cmd) --launch-count 1500 "$RLHF" bench generate --device cuda \
+      --model_config "$cfg" --gen_batches 1
+  done
+}
+
+step_profile() {  # per-kernel GPU time of a 1B training step and of batch-1 decode steps
+  step_profile_train
+  step_profile_decode
 }
 
 for s in $STEPS; do "step_$s"; done
