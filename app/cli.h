@@ -355,7 +355,7 @@ struct GenerationArgs {
   double vllm_gpu_memory_utilization = 0.95;
   bool enforce_eager = false;  ///< --enforce_eager: no CUDA graphs for GPU decode steps
   /// --env_command: multi-turn episodes with an environment program (JSON lines, one per
-  /// generation rank) or builtin:toy; "" = single-turn
+  /// engine, on its first rank) or builtin:toy; "" = single-turn
   std::string env_command;
   double env_timeout = 60;    ///< --env_timeout: seconds per batch of turn ends
   int64_t env_max_turns = 4;  ///< --env_max_turns: model turns per episode
@@ -364,8 +364,8 @@ struct GenerationArgs {
   std::string stop_strings;
 
   void bind(OptionSet& o);
-  /// Throws UsageError for environment flags that cannot work (--env_command with a
-  /// tensor-parallel engine, bad --stop_strings).
+  /// Throws UsageError for bad --stop_strings; warns when --env_command without --stop_strings
+  /// can only give one-turn episodes.
   void validate() const;
 };
 

@@ -405,9 +405,8 @@ void GenerationArgs::bind(OptionSet& o) {
   o.add("enforce_eager", enforce_eager,
         "GPU engines: launch every decode step's kernels instead of replaying CUDA graphs");
   o.add("env_command", env_command,
-        "Multi-turn episodes: environment program, one per generation rank, JSON lines on "
-        "stdin/stdout (docs/environments.md), or builtin:toy; CPU and GPU engines of tensor "
-        "parallel size 1");
+        "Multi-turn episodes: environment program, one per engine (on its first rank), JSON "
+        "lines on stdin/stdout (docs/environments.md), or builtin:toy");
   o.add("env_timeout", env_timeout, "Seconds the environment may take per batch of turn ends")
       .check(gt(0));
   o.add("env_max_turns", env_max_turns, "With --env_command: model turns per episode").check(ge(1));
@@ -424,11 +423,6 @@ void GenerationArgs::validate() const {
     usage_fail("{}", e.what());
   }
   if (env_command.empty()) return;
-  if (vllm_tensor_parallel_size > 1)
-    usage_fail(
-        "--env_command needs --vllm_tensor_parallel_size 1 (got {}): one environment "
-        "program per generation rank",
-        vllm_tensor_parallel_size);
   if (stop_strings.empty() && env_max_turns > 1)
     LOG0_WARN(
         "--env_command without --stop_strings: a turn ends only at EOS or --generate_max_len, "

@@ -143,11 +143,11 @@ int run_eval(const EvalArgs& args) {
                                cpu_bf16(args.parallel, device == parallel::Device::kCuda)));
     io::load_model_weights(src, layout, engine->unit_buffers());  // any --pretrain format
   }
-  // Multi-turn episodes (--env_command, --stop_strings): one environment per engine rank; its
-  // reward scores a sample where given, else --reward.
+  // Multi-turn episodes (--env_command, --stop_strings): one environment per engine (on its TP
+  // rank 0); its reward scores a sample where given, else --reward.
   std::unique_ptr<rl::Environment> env;
   if (engine && !args.gen.env_command.empty())
-    env = rl::make_environment(args.gen.env_command, args.gen.env_timeout);
+    env = rl::make_environment(args.gen.env_command, args.gen.env_timeout, engine->tp_rank());
   eo.episodes.env = env.get();
   eo.episodes.stop_strings = rl::parse_stop_strings(args.gen.stop_strings);
   eo.episodes.max_turns = args.gen.env_max_turns;

@@ -488,11 +488,12 @@ int run_generate(const GenerateArgs& args) {
         report(make_report(engine_id, false, done, my_total, st, bpb));
       }
     };
-    // Multi-turn episodes (--env_command, --stop_strings): one environment per engine rank.
+    // Multi-turn episodes (--env_command, --stop_strings): one environment per engine (on its TP
+    // rank 0).
     const std::unique_ptr<rl::Environment> env =
         args.gen.env_command.empty()
             ? nullptr
-            : rl::make_environment(args.gen.env_command, args.gen.env_timeout);
+            : rl::make_environment(args.gen.env_command, args.gen.env_timeout, engine.tp_rank());
     rl::EpisodeOptions episodes;
     episodes.env = env.get();
     episodes.stop_strings = rl::parse_stop_strings(args.gen.stop_strings);

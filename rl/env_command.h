@@ -1,4 +1,4 @@
-// `--env_command`: the environment as an external program, one per generation rank, started once
+// `--env_command`: the environment as an external program, one per generation engine, started once
 // and kept for the run, spoken to in JSON lines (rl/environment.h, docs/environments.md).
 #pragma once
 

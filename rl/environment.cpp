@@ -10,15 +10,38 @@
 
 namespace rlhf::rl {
 
-std::unique_ptr<Environment> make_environment(const std::string& spec, double timeout_s) {
+namespace {
+
+// The environment on a tensor-parallel engine's rank other than 0: rank 0 runs the real one and
+// sends its answers (rl/env_share.h), so this one is never asked.
+class TpPeerEnvironment : public Environment {
+ public:
+  explicit TpPeerEnvironment(std::string spec) : spec_(std::move(spec)) {}
+  std::string name() const override { return spec_; }
+  std::vector<EnvAnswer> step(const std::vector<EnvQuery>&) override {
+    RLHF_FAIL(
+        "internal error: --env_command '{}' asked on a tensor-parallel rank other than 0 (only "
+        "TP rank 0 runs the environment)",
+        spec_);
+  }
+
+ private:
+  std::string spec_;
+};
+
+}  // namespace
+
+std::unique_ptr<Environment> make_environment(const std::string& spec, double timeout_s,
+                                              int tp_rank) {
   RLHF_CHECK(!io::trim_whitespace(spec).empty(), "--env_command is empty");
-  if (spec.rfind("builtin:", 0) == 0) {
+  const bool builtin = spec.rfind("builtin:", 0) == 0;
+  if (builtin)
     RLHF_CHECK(spec == "builtin:toy",
                "--env_command {}: unknown built-in environment\nhint: the built-in one is "
                "builtin:toy; anything else is run as a program",
                spec);
-    return std::make_unique<ToyEnvironment>();
-  }
+  if (tp_rank != 0) return std::make_unique<TpPeerEnvironment>(spec);
+  if (builtin) return std::make_unique<ToyEnvironment>();
   return std::make_unique<CommandEnvironment>(spec, timeout_s);
 }
 

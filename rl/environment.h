@@ -52,9 +52,13 @@ inline constexpr size_t kEnvMaxOutputBytes = size_t(64) << 20;  // 64 MiB
 
 /// The environment of `spec` (--env_command): "builtin:toy" (ToyEnvironment), else a program run
 /// by `/bin/sh -c spec`, started now and kept for the run (CommandEnvironment) with a deadline of
-/// timeout_s per batch of turn ends (--env_timeout). Throws rlhf::Error for an unknown builtin
-/// name or a program that cannot start.
-std::unique_ptr<Environment> make_environment(const std::string& spec, double timeout_s);
+/// timeout_s per batch of turn ends (--env_timeout). tp_rank: this rank's place in its
+/// tensor-parallel engine; on a rank other than 0 nothing is started and the result is a stand-in
+/// whose step() throws (generate_episodes never calls it there: TP rank 0 asks the environment and
+/// sends its answers to the other ranks). Throws rlhf::Error for an empty spec, an unknown builtin
+/// name (on every rank) or a program that cannot start.
+std::unique_ptr<Environment> make_environment(const std::string& spec, double timeout_s,
+                                              int tp_rank = 0);
 
 /// The protocol's request line of a query (JSON, no newline): {"id", "turn", "prompt", "text",
 /// "action", "label", "eos"}; invalid UTF-8 in the texts becomes U+FFFD.

@@ -2,11 +2,15 @@
 
 #include <algorithm>
 #include <chrono>
+#include <exception>
 #include <map>
 #include <span>
 #include <utility>
 
 #include "core/error.h"
+#include "parallel/comm.h"
+#include "parallel/watchdog.h"
+#include "rl/env_share.h"
 
 namespace rlhf::rl {
 
@@ -61,7 +65,8 @@ struct Hooks {
   const io::Tokenizer& tok;
   const EpisodeOptions& opt;
   EpisodeStats& stats;
-  size_t window = 0;  // tokens decoded to look for a stop string (each gives >= 1 byte)
+  parallel::Comm* tp = nullptr;  // the engine's TP group (size > 1), else null
+  size_t window = 0;             // tokens decoded to look for a stop string (each gives >= 1 byte)
   std::map<std::pair<int64_t, int64_t>, double> rewards;  // (request, sample) → last reward
 
   // A stop string in the text of the turn's last `window` tokens: the turn ends here (a stop
@@ -77,8 +82,9 @@ struct Hooks {
     return false;
   }
 
-  void on_turn_end(std::vector<rollout::TurnEnd>& ends) {
-    const auto t0 = std::chrono::steady_clock::now();
+  // The environment's answers to `ends`, tokenized. Throws what the environment throws, and
+  // rlhf::Error for an answer count other than the queries'.
+  std::vector<TurnAnswer> ask(const std::vector<rollout::TurnEnd>& ends) const {
     std::vector<EnvQuery> queries(ends.size());
     for (size_t i = 0; i < ends.size(); ++i) {
       const rollout::TurnEnd& e = ends[i];
@@ -97,13 +103,63 @@ struct Hooks {
     const std::vector<EnvAnswer> answers = opt.env->step(queries);
     RLHF_CHECK(answers.size() == ends.size(), "environment {}: {} answers for {} turn ends",
                opt.env->name(), answers.size(), ends.size());
+    std::vector<TurnAnswer> out(ends.size());
+    for (size_t i = 0; i < ends.size(); ++i) {
+      const EnvAnswer& a = answers[i];
+      out[i].done = a.done;
+      if (!a.done && !ends[i].eos && !a.observation.empty())
+        out[i].observation = tok.encode(a.observation, false, false);
+      out[i].reward = a.reward;
+    }
+    return out;
+  }
+
+  // Tensor parallel: rank 0 asks the environment and sends the answers (or its error) to the
+  // other ranks of the engine, which take them instead of asking; every rank ends with the same
+  // answers, or throws the same error.
+  std::vector<TurnAnswer> ask_shared(const std::vector<rollout::TurnEnd>& ends) const {
+    SharedTurnAnswers shared;
+    for (const rollout::TurnEnd& e : ends)
+      shared.keys.insert(shared.keys.end(),
+                         {e.request_index, e.sample_index, int64_t(e.tokens->size())});
+    const MPI_Comm comm = tp->mpi_comm();
+    if (tp->rank() == 0) {
+      std::exception_ptr error;
+      try {
+        shared.answers = ask(ends);
+      } catch (const std::exception& e) {
+        shared.error = e.what();
+        error = std::current_exception();
+      } catch (...) {
+        shared.error = "the environment threw an unknown exception";
+        error = std::current_exception();
+      }
+      share_turn_answers(comm, tp->name(), shared);  // the error too: no peer waits for nothing
+      if (error) std::rethrow_exception(error);
+      return std::move(shared.answers);
+    }
+    SharedTurnAnswers got;
+    share_turn_answers(comm, tp->name(), got);
+    if (!got.error.empty())
+      throw Error(
+          fmt::format("{}\n(the environment runs on TP rank 0 of this engine, world rank {})",
+                      got.error, parallel::world_ranks_of(comm)[0]),
+          "rl/episodes.cpp");
+    RLHF_CHECK(got.keys == shared.keys && got.answers.size() == ends.size(),
+               "internal error: the ranks of a tensor-parallel engine disagree on the turns that "
+               "ended in one step ({} on TP rank 0, {} on TP rank {})",
+               got.keys.size() / 3, ends.size(), tp->rank());
+    return std::move(got.answers);
+  }
+
+  void on_turn_end(std::vector<rollout::TurnEnd>& ends) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const std::vector<TurnAnswer> answers = tp != nullptr ? ask_shared(ends) : ask(ends);
     for (size_t i = 0; i < ends.size(); ++i) {
       rollout::TurnEnd& e = ends[i];
-      const EnvAnswer& a = answers[i];
-      e.done = a.done;
-      if (!a.done && !e.eos && !a.observation.empty())
-        e.observation = tok.encode(a.observation, false, false);
-      if (a.reward) rewards[{e.request_index, e.sample_index}] = *a.reward;
+      e.done = answers[i].done;
+      e.observation = answers[i].observation;
+      if (answers[i].reward) rewards[{e.request_index, e.sample_index}] = *answers[i].reward;
     }
     stats.env_calls += int64_t(ends.size());
     stats.env_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -119,7 +175,8 @@ std::vector<rollout::Sample> generate_episodes(
   RLHF_CHECK(contexts.size() == requests.size(), "internal error: {} contexts for {} requests",
              contexts.size(), requests.size());
   EpisodeStats local_stats;
-  Hooks h{requests, contexts, tokenizer, options, stats ? *stats : local_stats, 0, {}};
+  parallel::Comm* tp = engine.tp_size() > 1 ? engine.options().tp_comm : nullptr;
+  Hooks h{requests, contexts, tokenizer, options, stats ? *stats : local_stats, tp, 0, {}};
   for (const std::string& s : options.stop_strings) h.window = std::max(h.window, s.size() + 1);
   rollout::TurnHooks hooks;
   if (!options.stop_strings.empty())

@@ -19,7 +19,10 @@ namespace rlhf::rl {
 
 /// Multi-turn settings (--env_command, --env_max_turns, --stop_strings).
 struct EpisodeOptions {
-  Environment* env = nullptr;  ///< null: single-turn (stop strings alone still end samples)
+  /// null: single-turn (stop strings alone still end samples). With a tensor-parallel engine
+  /// only TP rank 0's is asked; the other ranks' must be non-null too (make_environment's
+  /// stand-in for tp_rank > 0) and take rank 0's answers (rl/env_share.h).
+  Environment* env = nullptr;
   std::vector<std::string> stop_strings;  ///< a turn (or, without env, the sample) ends at one
   int64_t max_turns = 1;                  ///< --env_max_turns: model turns per episode (>= 1)
   /// Whether any of this is on: otherwise generation is the plain single-turn engine call.
@@ -28,7 +31,9 @@ struct EpisodeOptions {
 
 /// What the environment cost on this rank during one generate_episodes call.
 struct EpisodeStats {
-  double env_s = 0;       ///< wall time inside Environment::step (and its tokenization)
+  /// Wall time inside Environment::step and its tokenization (a tensor-parallel engine: on TP
+  /// rank 0 with the broadcast of its answers, on the other ranks the wait for them)
+  double env_s = 0;
   int64_t env_calls = 0;  ///< turn ends answered
 };
 
@@ -47,8 +52,12 @@ std::vector<std::string> parse_stop_strings(const std::string& spec);
 /// prompt id, "<id>-<sample>" for the environment) and returns them as Samples with prompt_pos =
 /// pos_offset + request_index, the action mask, turns, finish reason and the environment's last
 /// reward (Sample::has_env_reward). contexts: one per request (prompt text, label), used only with
-/// an environment. Samples are returned on every rank of a tensor-parallel engine. Throws what
-/// the engine and the environment throw; rlhf::Error when contexts has another size.
+/// an environment. Samples are returned on every rank of a tensor-parallel engine (collective
+/// over its group): after each engine step in which turns ended, TP rank 0 asks the environment
+/// and broadcasts the tokenized observations, done flags and rewards — or the environment's error,
+/// which every rank then throws — on the engine's TP communicator, so every rank feeds the same
+/// observation tokens at the same step. Throws what the engine and the environment throw;
+/// rlhf::Error when contexts has another size.
 std::vector<rollout::Sample> generate_episodes(
     rollout::Engine& engine, const std::vector<rollout::GenerationRequest>& requests,
     const std::vector<EpisodeContext>& contexts, int64_t pos_offset, const io::Tokenizer& tokenizer,

@@ -276,10 +276,10 @@ int run_rl(const RlRunConfig& c) {
     engine = std::make_unique<rollout::Engine>(layout, eo);
     if (c.zero.lora.enabled()) engine->set_lora(c.zero.lora);
   }
-  // Multi-turn episodes: one environment per generation rank (a program started now).
+  // Multi-turn episodes: one environment per engine (a program started now on its TP rank 0).
   std::unique_ptr<Environment> env;
   if (topo.generates() && !c.env_command.empty())
-    env = make_environment(c.env_command, c.env_timeout);
+    env = make_environment(c.env_command, c.env_timeout, engine->tp_rank());
   EpisodeOptions episodes;
   episodes.env = env.get();
   episodes.stop_strings = parse_stop_strings(c.stop_strings);

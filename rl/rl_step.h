@@ -98,9 +98,9 @@ struct RlStepParts {
   /// Puts the trainer's weights into every engine; collective over the world.
   std::function<parallel::SyncStats()> sync_weights;
   /// Multi-turn episodes (--env_command, --env_max_turns, --stop_strings): the environment on
-  /// ranks with an engine (one per generation rank). A sample's score is the environment's
-  /// reward when it gave one, else the rule reward (then plus the reward model and the overlong
-  /// shaping, as always).
+  /// ranks with an engine (one per engine, run by its TP rank 0). A sample's score is the
+  /// environment's reward when it gave one, else the rule reward (then plus the reward model and
+  /// the overlong shaping, as always).
   EpisodeOptions episodes;
   /// Receives the trained samples every --log_completions steps, on train rank 0 (may be empty).
   std::function<void(const StepSamples&)> log_samples;

@@ -1,5 +1,5 @@
 // The process plumbing of the external programs rlhf talks to (`--reward_command`, one process
-// per batch; `--env_command`, one long-lived process per generation rank): pipes, a child in a
+// per batch; `--env_command`, one long-lived process per generation engine): pipes, a child in a
 // process group of its own that is always killed and reaped, SIGPIPE kept from killing us, and the
 // quoting of a program's output in error messages.
 #pragma once

@@ -158,8 +158,10 @@ struct TurnHooks {
   std::function<bool(const std::vector<int32_t>& response, int64_t turn_begin)> ends_turn;
   /// Called after each engine step with every sample whose turn ended in it, ordered by
   /// (request_index, sample_index); fills each one's observation and done. Null: a stop string
-  /// ends the sample ("stop_string") and no observation is ever appended. Needs a CPU engine
-  /// with tensor parallel size 1 (rlhf::Error otherwise).
+  /// ends the sample ("stop_string") and no observation is ever appended. Tensor parallel: every
+  /// rank of the group calls it at the same step with the same turn ends, and it must answer the
+  /// same on every rank (rl::generate_episodes asks the environment on TP rank 0 and broadcasts
+  /// the answers), or the ranks' sequences diverge.
   std::function<void(std::vector<TurnEnd>& ends)> on_turn_end;
   int64_t max_turns = 1;  ///< a sample ends after this many model turns (>= 1)
 };

@@ -134,8 +134,10 @@ TEST_CASE("multi-turn flags: --env_command, --stop_strings and its OpenRLHF alia
   // GPU engines run environments too (observation tokens one decode step each).
   CHECK(std::get<app::GenerateArgs>(parse(with({"--env_command", "x", "--device", "cuda"})).args)
             .gen.env_command == "x");
-  CHECK(contains(usage_error(with({"--env_command", "x", "--vllm_tensor_parallel_size", "2"})),
-                 "--env_command"));
+  // Tensor-parallel engines too (TP rank 0 runs it and broadcasts its answers).
+  CHECK(std::get<app::GenerateArgs>(
+            parse(with({"--env_command", "x", "--vllm_tensor_parallel_size", "2"})).args)
+            .gen.vllm_tensor_parallel_size == 2);
   CHECK(contains(usage_error(with({"--env_max_turns", "0"})), "--env_max_turns"));
   // grpo without --reward is fine when an environment gives rewards.
   const ParsedCommand r = parse({"grpo", "--model_config", "m.toml", "--prompt_data", "p.jsonl",
