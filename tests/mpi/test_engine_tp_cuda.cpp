@@ -239,7 +239,8 @@ TEST_CASE("tensor-parallel GPU engine (device, NCCL): LoRA merged, then sliced, 
       double moved = 0;
       for (size_t i = 0; i < a.size(); ++i)
         moved = std::max(moved, double(std::fabs(a[i].logprobs[0] - plain[i].logprobs[0])));
-      CHECK_MESSAGE(moved > 2 * kLogprobTol, what << ": the adapters moved log-probs by " << moved);
+      if (rank == 0) MESSAGE(what, ": the adapters move the first log-probs by up to ", moved);
+      CHECK(moved > 2 * kLogprobTol);
       const uint64_t fp = test::results_fingerprint(b);
       uint64_t lo = 0, hi = 0;
       MPI_Allreduce(&fp, &lo, 1, MPI_UINT64_T, MPI_MIN, group_mpi);
