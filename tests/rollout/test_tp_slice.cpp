@@ -42,8 +42,9 @@ TEST_CASE("tp slice: merged LoRA slices equal the slices of the merged weight, b
   const int64_t r = 3;
   const float scale = 16.0f / 3.0f;
   for (const int T : {2, 4}) {
-    // qwen2: q/k/v biases; 4 KV heads so that 4 ranks split them.
-    model::ModelConfig cfg = test::tiny_engine_config("qwen2", 64, false, 4);
+    // llama with attention_bias: q/k/v (column) and o_proj (row) biases; 4 KV heads for 4 ranks.
+    model::ModelConfig cfg = test::tiny_engine_config("llama", 64, false, 4);
+    cfg.attention_bias = true;
     const model::LayerSpec full_spec = model::layer_spec(cfg);
     for (const model::ProjInfo& pi : model::kProjections) {
       const model::Projection full = model::projection(full_spec, pi.id);
@@ -86,6 +87,7 @@ TEST_CASE("tp slice: merged LoRA slices equal the slices of the merged weight, b
         CHECK(same_bits(sl.lora.A, block(A, full.in, 0, r, i0, p.in)));
         CHECK(same_bits(sl.lora.B, block(B, r, o0, p.out, 0, r)));
         // The bias: this rank's entries (column), or whole on rank 0 alone (row).
+        CHECK(p.bias == (pi.block == model::ProjBlock::kAttention));
         if (!p.bias)
           CHECK(sl.bias == nullptr);
         else if (column)
