@@ -74,29 +74,9 @@ std::optional<model::ModelConfig> peek_model_config(const PlacementUse& u) {
   return std::nullopt;
 }
 
-// LoRA runs on both backends, but a tensor-parallel engine does not apply adapters:
-// --lora_rank (or --lora_path) in grpo/ppo with --vllm_tensor_parallel_size > 1 is refused before
-// any weights load.
-void check_lora_engine(const CommandArgs& args) {
-  std::visit(
-      [](const auto& a) {
-        using A = std::decay_t<decltype(a)>;
-        if constexpr (std::is_base_of_v<PpoArgs, A>) {
-          if (a.lora.lora_rank <= 0 && a.lora.lora_path.empty()) return;
-          if (a.gen.vllm_tensor_parallel_size > 1)
-            throw UsageError(fmt::format(
-                "--lora_rank {} with --vllm_tensor_parallel_size {}: a tensor-parallel engine "
-                "does not apply LoRA adapters yet\nhint: use --vllm_tensor_parallel_size 1",
-                a.lora.lora_rank, a.gen.vllm_tensor_parallel_size));
-        }
-      },
-      args);
-}
-
 }  // namespace
 
 void check_usage(const CommandArgs& args, MPI_Comm world) {
-  check_lora_engine(args);
   const PlacementUse u = placement_use(args);
   if (!u.plans) return;
   parallel::Placement plan;

@@ -227,7 +227,30 @@ void lora_backward_cpu(T* dx, const T* dy, const T* x, const LoraProjView<T>& a,
 template <typename T>
 void lora_merge_cpu(T* w, const T* A, const T* B, T scale, int64_t r, int64_t in, int64_t out,
                     T sign) {
-  gemm_cpu<T>(false, false, out, in, r, sign * scale, B, r, A, in, T(1), w, in);
+  // Each element is w[o, i] + (sign·scale)·Σ_k B[o, k]·A[k, i], the sum over k = 0..r−1 in
+  // order: a function of its own row of B and column of A, whatever the matrix's shape, so a
+  // tensor-parallel slice (rollout/tp_slice.h: some rows of B, or some columns of A) merges to the
+  // slice of the merged weight bit for bit. Tiles of kRows rows x kCols columns (each A element
+  // loaded once per kRows rows): as fast as BLAS GEMM at r = 16 on the development machine.
+  constexpr int64_t kRows = 4, kCols = 256;
+  const T s = sign * scale;
+#pragma omp parallel for collapse(2) schedule(static) if (out * in > 65536)
+  for (int64_t o0 = 0; o0 < out; o0 += kRows)
+    for (int64_t i0 = 0; i0 < in; i0 += kCols) {
+      const int64_t no = std::min(kRows, out - o0), ni = std::min(kCols, in - i0);
+      T acc[kRows][kCols] = {};
+      for (int64_t k = 0; k < r; ++k) {
+        T b[kRows] = {};
+        for (int64_t j = 0; j < no; ++j) b[j] = B[(o0 + j) * r + k];
+        const T* a = A + k * in + i0;
+        for (int64_t i = 0; i < ni; ++i)
+          for (int64_t j = 0; j < kRows; ++j) acc[j][i] += b[j] * a[i];
+      }
+      for (int64_t j = 0; j < no; ++j) {
+        T* wr = w + (o0 + j) * in + i0;
+        for (int64_t i = 0; i < ni; ++i) wr[i] += s * acc[j][i];
+      }
+    }
 }
 
 #define RLHF_INSTANTIATE_LORA(T)                                                                 \

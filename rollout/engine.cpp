@@ -152,10 +152,6 @@ Engine::Engine(const model::ParamLayout& layout, const EngineOptions& options)
 Engine::~Engine() = default;
 
 void Engine::set_lora(const model::LoraConfig& cfg) {
-  RLHF_CHECK(tp_.size == 1,
-             "--lora_rank with --vllm_tensor_parallel_size {}: a tensor-parallel engine does not "
-             "apply LoRA adapters yet",
-             tp_.size);
   auto layout = std::make_unique<model::LoraLayout>(model::layer_spec(layout_.config()),
                                                     int(layout_.config().num_hidden_layers), cfg);
   lora_.assign(size_t(layout->numel()), 0.0f);

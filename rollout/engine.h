@@ -259,8 +259,12 @@ class Engine {
   /// LoRA (model/lora.h): the engine's model becomes the unit buffers' base weights with the
   /// adapters `cfg` lays out, held in lora_buffer() (zero, i.e. the base model, until written:
   /// WeightSync::sync_adapters). The CPU backend merges them into its packed decode weights at
-  /// every generate() and runs them unmerged beside the prefill GEMMs. Throws rlhf::Error on the
-  /// GPU or with tensor parallelism (not implemented) and from LoraLayout.
+  /// every generate() and runs them unmerged beside the prefill GEMMs; the GPU backend uploads
+  /// the base with them merged at every generate(). Under tensor parallelism every rank holds
+  /// the full adapters (what the sync writes) and applies its slice of them: the CPU backend
+  /// slices B's rows of a column-parallel projection and A's columns of a row-parallel one with
+  /// the weights (rollout/tp_slice.h), the GPU backend merges on the full weight and uploads its
+  /// slice. Throws rlhf::Error from LoraLayout.
   void set_lora(const model::LoraConfig& cfg);
   /// The adapters' flat buffer (LoraLayout::numel floats); nullptr before set_lora.
   float* lora_buffer() { return lora_.empty() ? nullptr : lora_.data(); }

@@ -124,14 +124,14 @@ class EngineBackend {
 
   /// LoRA (model/lora.h): from now on the model is the unit buffers' base weights with the
   /// adapters of `layout` in `adapters` (layout->numel() floats the engine owns, read at every
-  /// prepare_weights and prefill; nullptr layout: none). Both backends apply them (the CPU's
-  /// unmerged beside prefill and merged into its decode copies; EngineCuda merged into its device
-  /// weights at each prepare_weights); this default, for a backend without LoRA, throws
-  /// rlhf::Error.
+  /// prepare_weights and prefill; nullptr layout: none). Both backends apply them, tensor parallel
+  /// or not (the CPU's unmerged beside prefill and merged into its decode copies, each rank on its
+  /// slices; EngineCuda merged into its device weights, or their slices, at each
+  /// prepare_weights); this default, for a backend without LoRA, throws rlhf::Error.
   virtual void set_lora(const model::LoraLayout* layout, const float* adapters) {
     (void)adapters;
     RLHF_CHECK(layout == nullptr,
-               "--lora_rank: the GPU generation engine does not apply LoRA adapters yet");
+               "--lora_rank: this generation engine does not apply LoRA adapters");
   }
 
   /// The memory this backend holds once prepare_weights() has run (EngineMemoryPlan).

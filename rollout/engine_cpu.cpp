@@ -28,6 +28,7 @@
 #include "model/ops/rope.h"
 #include "rollout/engine.h"
 #include "rollout/engine_backend.h"
+#include "rollout/tp_slice.h"
 
 namespace rlhf::rollout {
 
@@ -53,23 +54,6 @@ int64_t free_vector(std::vector<T>& v) {
   const int64_t bytes = int64_t(v.capacity() * sizeof(T));
   std::vector<T>().swap(v);
   return bytes;
-}
-
-// Rows [r0, r0 + n) of a row-major (rows, cols) matrix.
-std::vector<float> copy_rows(const float* m, int64_t cols, int64_t r0, int64_t n) {
-  std::vector<float> out;
-  checked_resize(out, n * cols, "a tensor-parallel weight slice");
-  std::copy(m + r0 * cols, m + (r0 + n) * cols, out.begin());
-  return out;
-}
-
-// Columns [c0, c0 + n) of a row-major (rows, cols) matrix, as a (rows, n) matrix.
-std::vector<float> copy_cols(const float* m, int64_t rows, int64_t cols, int64_t c0, int64_t n) {
-  std::vector<float> out;
-  checked_resize(out, rows * n, "a tensor-parallel weight slice");
-  for (int64_t r = 0; r < rows; ++r)
-    std::copy(m + r * cols + c0, m + r * cols + c0 + n, out.begin() + r * n);
-  return out;
 }
 
 /// The activations of one forward over up to `rows` rows (one layer at a time), grown on demand
@@ -143,10 +127,6 @@ class EngineCpu final : public EngineBackend {
   }
 
   void set_lora(const model::LoraLayout* layout, const float* adapters) override {
-    RLHF_CHECK(layout == nullptr || tp_.size == 1,
-               "--lora_rank with --vllm_tensor_parallel_size {}: a tensor-parallel engine does not "
-               "apply LoRA adapters yet",
-               tp_.size);
     lora_views_.clear();
     if (layout == nullptr) return;
     for (int l = 0; l < layout->num_layers(); ++l)
@@ -170,10 +150,16 @@ class EngineCpu final : public EngineBackend {
   int64_t wake() override { return cache_.restore_storage(); }
 
  private:
-  /// A layer's weights with their linears replaced by copies (slices or packed panels).
+  /// A layer's weights with their linears replaced by packed panels.
   struct LayerCopy {
-    std::array<std::vector<float>, model::kNumProj> w, b;  // by Proj
+    std::array<std::vector<float>, model::kNumProj> w;  // by Proj
     LayerW view;  // the copies, with the source's other tensors
+  };
+  /// Tensor parallel: this rank's slices of a layer's linears and of their LoRA adapters.
+  struct LayerSlice {
+    std::array<TpProjSlice, model::kNumProj> proj;  // by Proj
+    model::LoraLayerView<float> lora;               // the adapters' slices (view.lora)
+    LayerW view;  // the slices, with the full buffer's norms; lora: the adapters' (or nullptr)
   };
   /// A layer's linears in bf16: plain (oneDNN, prefill) and packed (decode) copies, by Proj.
   struct LayerBf16Copy {
@@ -184,7 +170,8 @@ class EngineCpu final : public EngineBackend {
   void pack_weights();
   void convert_weights_bf16();
   // Layer l's weights as the unit buffer holds them (this rank's slices under TP), with its LoRA
-  // adapters (applied unmerged, beside the base GEMM: the prefill's path, and bf16 decode's).
+  // adapters (this rank's slices under TP; applied unmerged, beside the base GEMM: the prefill's
+  // path, and bf16 decode's).
   LayerW layer_weights(int l) const {
     if (tp_.size > 1) return sliced_[size_t(l)].view;
     const int u = layout_.layer_unit(l);
@@ -208,8 +195,8 @@ class EngineCpu final : public EngineBackend {
   std::vector<model::Projection> projections_;  // the layer's projections with spec_'s dims
   KvCache cache_;
   std::vector<float> rope_cos_, rope_sin_;
-  std::vector<LayerCopy> sliced_;  // TP > 1: this rank's slices
-  std::vector<LayerCopy> packed_;  // the decode copies (linear_decode_pack)
+  std::vector<LayerSlice> sliced_;  // TP > 1: this rank's slices
+  std::vector<LayerCopy> packed_;   // the decode copies (linear_decode_pack)
   std::vector<float> packed_head_;
   bool bf16_ = false;
   std::vector<LayerBf16Copy> bf16_layers_;               // bf16: each layer's linears
@@ -224,30 +211,26 @@ class EngineCpu final : public EngineBackend {
 
 void EngineCpu::slice_weights() {
   const model::ModelConfig& c = layout_.config();
-  const int64_t r = tp_.rank;
   sliced_.resize(size_t(c.num_hidden_layers));
   for (int l = 0; l < c.num_hidden_layers; ++l) {
     const int u = layout_.layer_unit(l);
     const LayerW full(layout_.unit(u), weights_.unit_buffer(u));
-    LayerCopy& t = sliced_[size_t(l)];
+    const model::LoraLayerView<float>* lora =
+        lora_views_.empty() ? nullptr : &lora_views_[size_t(l)];
+    LayerSlice& t = sliced_[size_t(l)];
     t.view = full;  // the norms stay the full buffers'
+    t.lora = model::LoraLayerView<float>{};
+    if (lora != nullptr) t.lora.scale = lora->scale;
     for (const model::Projection& p : projections_) {
       const size_t i = size_t(p.id());
-      const float* w = full.weight(p.id());
-      const float* b = full.bias(p.id());
-      if (p.split() == model::TpSplit::kColumn) {  // this rank's output rows, and their bias
-        t.w[i] = copy_rows(w, p.in, r * p.out, p.out);
-        if (b != nullptr) t.b[i] = copy_rows(b, 1, r * p.out, p.out);
-        t.view.weight(p.id()) = t.w[i].data();
-        t.view.bias(p.id()) = b != nullptr ? t.b[i].data() : nullptr;
-      } else {  // kRow: this rank's input columns; the bias added once to the sum
-        RLHF_CHECK(p.split() == model::TpSplit::kRow, "tensor-parallel engine: {} has no split",
-                   p.info->name);
-        t.w[i] = copy_cols(w, p.out, p.in * tp_.size, r * p.in, p.in);
-        t.view.weight(p.id()) = t.w[i].data();
-        t.view.bias(p.id()) = r == 0 ? b : nullptr;
-      }
+      TpProjSlice& sl = t.proj[i];
+      tp_slice_projection(p, tp_.size, tp_.rank, full.weight(p.id()), full.bias(p.id()),
+                          lora != nullptr ? (*lora)[p.id()] : model::LoraProjView<float>{}, sl);
+      t.view.weight(p.id()) = sl.weight;
+      t.view.bias(p.id()) = sl.bias;
+      t.lora.proj[i] = sl.lora;
     }
+    t.view.lora = lora != nullptr ? &t.lora : nullptr;
   }
 }
 
@@ -259,6 +242,13 @@ void EngineCpu::pack_weights() {
     model::linear_decode_pack(dst.data(), w, IC, OC);
     return static_cast<const float*>(dst.data());
   };
+  if (!lora_views_.empty()) {  // the merge scratch, sized once: the largest adapted weight
+    int64_t most = 0;
+    for (const model::Projection& pr : projections_)
+      for (const model::LoraLayerView<float>& v : lora_views_)
+        if (v[pr.id()].A != nullptr) most = std::max(most, pr.in * pr.out);
+    checked_resize(merged_, most, "the engine's merged LoRA weight");
+  }
   for (int l = 0; l < c.num_hidden_layers; ++l) {
     LayerCopy& p = packed_[size_t(l)];
     const LayerW w = layer_weights(l);
@@ -268,9 +258,7 @@ void EngineCpu::pack_weights() {
       const float* src = w.weight(pr.id());
       const model::LoraProjView<float>* a = w.lora != nullptr ? &(*w.lora)[pr.id()] : nullptr;
       if (a != nullptr && a->A != nullptr) {  // W' = W + (α/r)·B·A, then packed
-        const int64_t n = pr.in * pr.out;
-        checked_resize(merged_, n, "the engine's merged LoRA weight");
-        std::copy(src, src + n, merged_.begin());
+        std::copy(src, src + pr.in * pr.out, merged_.begin());
         model::lora_merge_cpu(merged_.data(), a->A, a->B, w.lora->scale, a->r, pr.in, pr.out);
         src = merged_.data();
       }
@@ -311,16 +299,19 @@ void EngineCpu::convert_weights_bf16() {
 
 EngineMemoryPlan EngineCpu::memory_plan() const {
   const model::ModelConfig& c = layout_.config();
-  int64_t weights = 0;
+  int64_t weights = 0, merge_scratch = 0;
   for (int l = 0; l < c.num_hidden_layers; ++l) {
     const int u = layout_.layer_unit(l);
     const LayerW full(layout_.unit(u), weights_.unit_buffer(u));
     for (const model::Projection& sl : projections_) {
-      if (tp_.size > 1) {  // slice_weights: the weight, and a column-parallel bias
-        weights += sl.in * sl.out * int64_t(sizeof(float));
-        if (sl.split() == model::TpSplit::kColumn && full.bias(sl.id()) != nullptr)
-          weights += sl.out * int64_t(sizeof(float));
-      }
+      const model::LoraProjView<float>* a =
+          lora_views_.empty() ? nullptr : &lora_views_[size_t(l)][sl.id()];
+      const int64_t lora_r = a != nullptr && a->A != nullptr ? a->r : 0;
+      if (tp_.size > 1)  // slice_weights: the weight, a column-parallel bias, the adapter's slice
+        weights += tp_slice_copied_floats(sl, full.bias(sl.id()) != nullptr, lora_r) *
+                   int64_t(sizeof(float));
+      if (lora_r > 0 && !bf16_)  // pack_weights' merge scratch: the largest adapted weight
+        merge_scratch = std::max(merge_scratch, sl.in * sl.out * int64_t(sizeof(float)));
       const int64_t packed = model::linear_decode_packed_size(sl.in, sl.out);
       weights += bf16_ ? (sl.in * sl.out + packed) * int64_t(sizeof(model::bfloat16))
                        : packed * int64_t(sizeof(float));
@@ -329,7 +320,7 @@ EngineMemoryPlan EngineCpu::memory_plan() const {
   weights += model::linear_decode_packed_size(c.hidden_size, c.vocab_size) *
              int64_t(bf16_ ? sizeof(model::bfloat16) : sizeof(float));
   EngineMemoryPlan p;
-  p.weights = weights;
+  p.weights = weights + merge_scratch;
   p.kv_cache = cache_.capacity_bytes();
   p.sleep_frees = p.weights + p.kv_cache;
   return p;
@@ -337,11 +328,13 @@ EngineMemoryPlan EngineCpu::memory_plan() const {
 
 int64_t EngineCpu::sleep() {
   int64_t freed = cache_.release_storage();
-  for (std::vector<LayerCopy>* copies : {&sliced_, &packed_}) {
-    for (LayerCopy& t : *copies)
-      for (size_t i = 0; i < t.w.size(); ++i) freed += free_vector(t.w[i]) + free_vector(t.b[i]);
-    std::vector<LayerCopy>().swap(*copies);
-  }
+  for (LayerSlice& t : sliced_)
+    for (TpProjSlice& p : t.proj)
+      freed += free_vector(p.w) + free_vector(p.b) + free_vector(p.lora_a) + free_vector(p.lora_b);
+  std::vector<LayerSlice>().swap(sliced_);
+  for (LayerCopy& t : packed_)
+    for (std::vector<float>& w : t.w) freed += free_vector(w);
+  std::vector<LayerCopy>().swap(packed_);
   for (LayerBf16Copy& t : bf16_layers_)
     for (size_t i = 0; i < t.plain.size(); ++i)
       freed += free_vector(t.plain[i]) + free_vector(t.packed[i]);

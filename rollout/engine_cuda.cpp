@@ -253,7 +253,10 @@ void EngineCuda::upload_merged() {
       }
       src = merged.data();
     }
-    upload_unit(size_t(u), src, unit.numel, tmp);
+    if (sliced_unit(u))
+      tp_->load_from_host(unit.layer, src, stream_.get());
+    else
+      upload_unit(size_t(u), src, unit.numel, tmp);
   }
 }
 
@@ -277,10 +280,7 @@ void EngineCuda::prepare_weights(bool device_current) {
     return;
   }
   RLHF_CHECK(host_ != nullptr, "GPU engine: no host weights to upload");
-  if (lora_layout_ != nullptr) {  // LoRA: base + (α/r)·B·A (never with tensor parallelism)
-    RLHF_CHECK(tp_ == nullptr, "GPU engine: LoRA adapters with a tensor-parallel engine");
-    return upload_merged();
-  }
+  if (lora_layout_ != nullptr) return upload_merged();  // LoRA: base + (α/r)·B·A
   std::vector<const float*> units;
   for (int u = 0; u < layout_.num_units(); ++u) units.push_back(host_->unit_buffer(u));
   upload_weights(units);  // the host buffers may have changed (loading, host sync)

@@ -83,8 +83,7 @@ class EngineCuda final : public EngineBackend {
   KvCache& kv_cache() override { return cache_; }
   /// Uploads the host weights given at construction unless device_current (tensor parallel and
   /// device_current: slices the layer units written since device_units()); with LoRA adapters
-  /// (set_lora; never with tensor parallelism) every adapted projection is uploaded merged
-  /// (upload_merged).
+  /// (set_lora) every adapted projection is uploaded merged (upload_merged).
   void prepare_weights(bool device_current) override;
   /// LoRA: from now on prepare_weights() uploads the host base weights with the adapters of
   /// `layout` in `adapters` (host fp32, the engine's, rewritten by each adapter sync) merged in.
@@ -161,7 +160,9 @@ class EngineCuda final : public EngineBackend {
   // Unit u from n host fp32 values, rounded to bf16 (staged in `tmp`; synchronises the stream).
   void upload_unit(size_t u, const float* src, int64_t n, std::vector<model::bf16>& tmp);
   // The host units with every adapter merged into a layer unit's weights: W + (α/r)·B·A in fp32
-  // from the host base (which stays as it is, so merges never accumulate), one bf16 rounding.
+  // from the host base (which stays as it is, so merges never accumulate), one bf16 rounding;
+  // tensor parallel: merged on the full layer unit, then this rank's slices of it uploaded
+  // (EngineCudaTp::load_from_host), so each rank holds the slice of the merged weight.
   void upload_merged();
 
   model::ParamLayout layout_;

@@ -195,10 +195,6 @@ mpi_usage usage_tp "--vllm_tensor_parallel_size" "${GRPO_ARGS[@]}" --gen_ranks_p
 sed 's/^num_key_value_heads = .*/num_key_value_heads = 1/' "$SRC/examples/models/tiny.toml" >"$TMP/tiny_mqa.toml"
 mpi_usage usage_tp_heads "the KV heads (1) and intermediate_size (352) of the model" \
   grpo --model_config "$TMP/tiny_mqa.toml" "${GRPO_ARGS[@]:3}" --vllm_tensor_parallel_size 2
-# LoRA with tensor-parallel engines (which do not apply adapters) is refused before any weights
-# load (exit 2).
-mpi_usage usage_lora_tp "--lora_rank 4 with --vllm_tensor_parallel_size 2" "${GRPO_ARGS[@]}" \
-  --lora_rank 4 --vllm_tensor_parallel_size 2
 mpi_usage usage_sft_gen "unknown option '--gen_ranks_per_node'" sft --dataset "$TMP/none.jsonl" \
   --pretrain "$TMP/none.h5" --gen_ranks_per_node 1
 mpi_usage usage_generate_placement "--gen_ranks_per_node" generate --pretrain "$TMP/none.h5" \

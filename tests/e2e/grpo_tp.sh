@@ -5,6 +5,8 @@
 #      end with the same weights fingerprint as the same run with TP 1 engines;
 #  (b) 4 ranks, disaggregated (one node of 4: 2 training ranks, one engine of 2): the same;
 #  (c) greedy PPO on 2 ranks (one engine of 2 ranks) == the same with TP 1;
+#  (e) LoRA (--lora_rank 8) with the disaggregated placement of (b): the adapters broadcast to
+#      both ranks of the TP 2 engine, each applying its slice; the same fingerprint as TP 1;
 #  (d) a TP size that cannot be placed (3 on nodes of 2) exits non-zero with a clear message on
 #      every rank, without hanging.
 # Usage: grpo_tp.sh <rlhf binary> <source dir>     (env MPIEXEC: mpiexec's path)
@@ -51,6 +53,27 @@ same "grpo disaggregated, 4 ranks" dis_tp2 dis_tp1
 run ppo_tp2 2 ppo --greedy --vllm_tensor_parallel_size 2
 run ppo_tp1 2 ppo --greedy --vllm_tensor_parallel_size 1
 same "greedy ppo, 2 ranks" ppo_tp2 ppo_tp1
+
+# (e) LoRA with a TP 2 engine (disaggregated: adapter-only sync over the intercommunicator). The
+# math reward is 0 on a random model (nothing trains in the runs above but PPO's); the keyword
+# reward (the share of 36 letters and digits in a completion) varies, so the adapters train: the
+# saved model (base + adapters merged) must be TP 1's, and at step 3 the policy has moved from the
+# base (kl > 1e-3) while the engines still agree with the trainer (mismatch kl < 1e-7, measured
+# ~1e-10: an engine that dropped its adapters' slices would show the policy's kl from the base).
+LORA=(--reward keyword --reward_keywords "a,b,c,d,e,f,g,h,i,j,k,l,m,n,o,p,q,r,s,t,u,v,w,x,y,z,0,1,2,3,4,5,6,7,8,9"
+      --actor_learning_rate 1e-2 --max_steps 3 --lora_rank 8 --ranks_per_node 4 --gen_ranks_per_node 2)
+for tp in 2 1; do
+  "${MPI[@]}" -np 4 "$RLHF" grpo "${RL[@]}" "${LORA[@]}" --vllm_tensor_parallel_size $tp \
+    --save_path "$W/lora_tp$tp" > "$W/lora_tp$tp.log" 2>&1 || { tail "$W/lora_tp$tp.log"; fail "lora_tp$tp exited"; }
+done
+grep -q "LoRA r=8" "$W/lora_tp2.log" || fail "lora_tp2: no LoRA recap"
+same "grpo LoRA disaggregated, 4 ranks" lora_tp2 lora_tp1
+python3 - "$W/lora_tp2/metrics.jsonl" <<'PY' || fail "lora_tp2: the engine does not follow the trained adapters"
+import json, sys
+last = [json.loads(l) for l in open(sys.argv[1])][-1]
+print(f"lora_tp2 step {last['step']}: kl {last['kl_mean']:.2e} (policy vs base), mismatch kl {last['mismatch_kl']:.2e}")
+assert last["step"] == 3 and last["kl_mean"] > 1e-3 and last["mismatch_kl"] < 1e-7
+PY
 
 # (d) TP 3 cannot be cut from nodes of 2 generation ranks: a clear refusal, every rank exits.
 "${MPI[@]}" -np 4 "$RLHF" grpo "${RL[@]}" --ranks_per_node 2 --vllm_tensor_parallel_size 3 \

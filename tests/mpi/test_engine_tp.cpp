@@ -1,17 +1,20 @@
 // Tensor-parallel engine (TP 2, Megatron-style split of heads and MLP columns, all-reduce on the
 // engine's comm): greedy tokens equal the TP 1 engine's on the same weights, log-probs agree to
 // fp32 summation order, both ranks of the engine return bit-identical results, its KV cache holds
-// half the KV heads, and a TP size that does not divide the heads is refused.
+// half the KV heads, and a TP size that does not divide the heads is refused; the same with LoRA
+// adapters (each rank applies its slice of them, unmerged in prefill, merged in decode).
 #include <doctest/doctest.h>
 #include <mpi.h>
 
 #include <algorithm>
 #include <cmath>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "core/error.h"
 #include "model/init.h"
+#include "model/lora.h"
 #include "parallel/comm.h"
 #include "parallel/mpi_check.h"
 #include "rollout/engine.h"
@@ -60,7 +63,73 @@ std::vector<rollout::GenerationRequest> requests(bool greedy) {
   return reqs;
 }
 
+// Largest |log-prob difference| over the results whose tokens are equal.
+double max_logprob_diff(const std::vector<rollout::GenerationResult>& a,
+                        const std::vector<rollout::GenerationResult>& b) {
+  double d = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (a[i].tokens != b[i].tokens) continue;
+    for (size_t t = 0; t < a[i].logprobs.size(); ++t)
+      d = std::max(d, double(std::fabs(a[i].logprobs[t] - b[i].logprobs[t])));
+  }
+  return d;
+}
+
 }  // namespace
+
+TEST_CASE("tensor-parallel engine (TP 2) with LoRA adapters: TP 1's tokens, every sync re-sliced") {
+  const int world = parallel::comm_size(MPI_COMM_WORLD);
+  const int rank = parallel::comm_rank(MPI_COMM_WORLD);
+  if (world % 2 != 0) return;
+  MPI_Comm pair_mpi = MPI_COMM_NULL;
+  MPI_Comm_split(MPI_COMM_WORLD, rank / 2, rank, &pair_mpi);
+  auto pair = parallel::make_comm(pair_mpi, "engine_comm");
+  for (const bool qwen2 : {false, true}) {  // qwen2: q/k/v biases
+    const auto cfg = tp_config(qwen2, 2);
+    auto base = make_engine(cfg, nullptr);  // the same weights without adapters
+    auto one = make_engine(cfg, nullptr);
+    auto two = make_engine(cfg, pair.get());
+    for (const uint64_t sync : {1, 2}) {  // a second adapter sync: sliced and merged afresh
+      test::set_random_adapters(*one, sync);
+      test::set_random_adapters(*two, sync);
+      for (const bool greedy : {true, false}) {
+        INFO(cfg.model_type, greedy ? " greedy" : " sampled", " sync ", sync);
+        const auto reqs = requests(greedy);
+        const auto a = one->generate(reqs);
+        const auto b = two->generate(reqs);
+        REQUIRE(a.size() == b.size());
+        size_t equal = 0;  // sampled too: log-probs 1e-6 apart pick the same tokens
+        for (size_t i = 0; i < a.size(); ++i) equal += a[i].tokens == b[i].tokens;
+        CHECK(equal == a.size());
+        const double tp_diff = max_logprob_diff(a, b);
+        CHECK(tp_diff < 1e-4);
+        // The adapters change the model: a sliced-away adapter would be the base model.
+        const auto c = base->generate(reqs);
+        int64_t differ = 0;
+        for (size_t i = 0; i < a.size(); ++i) differ += a[i].tokens != c[i].tokens;
+        if (rank == 0)
+          MESSAGE("TP 2 vs TP 1 max |d log-prob| ", tp_diff, "; adapters vs base: ", differ, " of ",
+                  a.size(), " results differ, max |d log-prob| ", max_logprob_diff(a, c));
+        CHECK((differ > 0 || max_logprob_diff(a, c) > 1e-2));
+        const uint64_t fp = test::results_fingerprint(b);
+        uint64_t lo = 0, hi = 0;
+        MPI_Allreduce(&fp, &lo, 1, MPI_UINT64_T, MPI_MIN, pair_mpi);
+        MPI_Allreduce(&fp, &hi, 1, MPI_UINT64_T, MPI_MAX, pair_mpi);
+        CHECK(lo == hi);
+      }
+    }
+    // Sleep frees the adapter slices and the merge scratch with the rest (the plan's count).
+    const rollout::Engine::MemoryPlan plan = two->memory_plan();
+    CHECK(two->sleep() == plan.backend.sleep_frees);
+    CHECK(two->wake() > 0);
+    const auto reqs = requests(true);
+    const auto a = one->generate(reqs);
+    const auto b = two->generate(reqs);
+    for (size_t i = 0; i < a.size(); ++i) CHECK(a[i].tokens == b[i].tokens);
+  }
+  pair.reset();
+  MPI_Comm_free(&pair_mpi);
+}
 
 TEST_CASE("tensor-parallel engine (TP 2): greedy tokens equal TP 1, ranks agree bit for bit") {
   const int world = parallel::comm_size(MPI_COMM_WORLD);

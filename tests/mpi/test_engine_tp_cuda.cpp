@@ -3,9 +3,10 @@
 // TP 4 give the TP 1 GPU engine's greedy tokens and log-probs on the same weights (within the bf16
 // tolerance stated at compare() below), the ranks of a group return bit-identical results, each
 // rank's KV cache holds its share of the KV heads, and weights written into the full device units
-// (a device weight sync) are sliced by the next generate(); on EngineCuda itself, the logits of a
-// prefill and of captured and replayed decode steps match TP 1's. Skipped without a CUDA device
-// per rank; CI runs it on the CUDA emulator.
+// (a device weight sync) are sliced by the next generate(); LoRA adapters, merged on the host into
+// the full weights and sliced, give the TP 1 engine's results too; on EngineCuda itself, the logits
+// of a prefill and of captured and replayed decode steps match TP 1's. Skipped without a CUDA
+// device per rank; CI runs it on the CUDA emulator.
 #include <doctest/doctest.h>
 #include <mpi.h>
 
@@ -204,6 +205,50 @@ TEST_CASE("tensor-parallel GPU engine (device, NCCL): TP 2 and 4 give TP 1's gre
       trio.reset();
       MPI_Comm_free(&trio_mpi);
     }
+  }
+#endif
+}
+
+TEST_CASE("tensor-parallel GPU engine (device, NCCL): LoRA merged, then sliced, gives TP 1's") {
+  if (!test::select_gpu_per_rank()) {
+    MESSAGE("skipped: needs a CUDA device per rank (and NCCL)");
+    return;
+  }
+#if defined(RLHF_CUDA) && defined(RLHF_NCCL)
+  const int world = parallel::comm_size(MPI_COMM_WORLD);
+  const int rank = parallel::comm_rank(MPI_COMM_WORLD);
+  for (const int T : {2, 4}) {
+    if (world % T != 0) continue;
+    MPI_Comm group_mpi = MPI_COMM_NULL;
+    MPI_Comm_split(MPI_COMM_WORLD, rank / T, rank, &group_mpi);
+    auto group = parallel::make_comm(group_mpi, "engine_comm");
+    const model::ModelConfig cfg = tp_config("qwen2");  // q/k/v biases
+    auto base = make_engine(cfg, nullptr, true);        // the same base without adapters
+    auto one = make_engine(cfg, nullptr, true);
+    auto tp = make_engine(cfg, group.get(), true);
+    const auto reqs = requests();
+    const auto plain = base->generate(reqs);
+    for (const uint64_t sync : {1, 2}) {  // a second adapter sync merges afresh from the base
+      const std::string what = fmt::format("LoRA TP {} sync {}", T, sync);
+      test::set_random_adapters(*one, sync);
+      test::set_random_adapters(*tp, sync);
+      const auto a = one->generate(reqs);
+      const auto b = tp->generate(reqs);
+      compare(a, b, what);
+      // The adapters change the model (first tokens' log-probs move by far more than kLogprobTol).
+      double moved = 0;
+      for (size_t i = 0; i < a.size(); ++i)
+        moved = std::max(moved, double(std::fabs(a[i].logprobs[0] - plain[i].logprobs[0])));
+      if (rank == 0) MESSAGE(what, ": the adapters move the first log-probs by up to ", moved);
+      CHECK(moved > 2 * kLogprobTol);
+      const uint64_t fp = test::results_fingerprint(b);
+      uint64_t lo = 0, hi = 0;
+      MPI_Allreduce(&fp, &lo, 1, MPI_UINT64_T, MPI_MIN, group_mpi);
+      MPI_Allreduce(&fp, &hi, 1, MPI_UINT64_T, MPI_MAX, group_mpi);
+      CHECK(lo == hi);
+    }
+    group.reset();
+    MPI_Comm_free(&group_mpi);
   }
 #endif
 }

@@ -4,7 +4,8 @@
 // same run with TP 1 engines (colocated on the test's simulated nodes of 2 ranks, and with 4 ranks
 // also disaggregated: 2 training ranks and one engine of 2 on a node of 4). The runs call the
 // command's entry point (app::run_command) in-process on every rank; the policy changes during
-// the run (checked against its initial weights), so equality is not vacuous.
+// the run (checked against its initial weights), so equality is not vacuous. The same with LoRA
+// (--lora_rank): the engines apply their slices of the synced adapters.
 #include <doctest/doctest.h>
 #include <mpi.h>
 
@@ -142,9 +143,14 @@ TEST_CASE("ppo/grpo with TP 2 engines give the same trainer weights as TP 1 engi
   const std::vector<std::string> colocated = {"--ranks_per_node", "2"};
   check_tp_equals_tp1("ppo", colocated, {"--greedy"});
   check_tp_equals_tp1("grpo", colocated, {});
+  // LoRA: every engine rank receives the full adapters (adapter-only sync) and applies its slice
+  // of them; the saved model is the merged one, so equal weights are equal trained adapters.
+  const std::vector<std::string> lora = {"--lora_rank", "8", "--lora_alpha", "16"};
+  check_tp_equals_tp1("grpo", colocated, lora);
   if (size == 4) {
     const std::vector<std::string> disagg = {"--ranks_per_node", "4", "--gen_ranks_per_node", "2"};
     check_tp_equals_tp1("grpo", disagg, {});
+    check_tp_equals_tp1("grpo", disagg, lora);  // the adapters broadcast to both engine ranks
   }
   rlhf::init_logging({});
 }

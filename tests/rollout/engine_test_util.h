@@ -1,13 +1,16 @@
-// What the engine tests share: the tiny decoder they generate with, and a fingerprint of what
-// they generated.
+// What the engine tests share: the tiny decoder they generate with, random LoRA adapters, and a
+// fingerprint of what they generated.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
 
 #include "model/config.h"
+#include "model/lora.h"
 #include "rollout/engine.h"
+#include "tests/test_util.h"
 
 namespace rlhf::test {
 
@@ -30,6 +33,25 @@ inline model::ModelConfig tiny_engine_config(const std::string& model_type, int6
   c.eos_token_id = 60;
   c.pad_token_id = 58;
   return c;
+}
+
+/// LoRA adapters of rank 4 (alpha 8) on every projection of engine e (Engine::set_lora), written
+/// into its adapter buffer as an adapter sync does: PEFT's init of A from `seed`, and B ~ U(-0.5,
+/// 0.5) (a fresh B = 0 would leave the base model).
+inline void set_random_adapters(rollout::Engine& e, uint64_t seed) {
+  model::LoraConfig lc;
+  lc.rank = 4;
+  lc.alpha = 8.0;
+  lc.targets = model::parse_target_modules("all-linear");
+  e.set_lora(lc);
+  const model::ModelConfig& c = e.layout().config();
+  const model::LoraLayout ll(model::layer_spec(c), int(c.num_hidden_layers), lc);
+  model::lora_init(ll, e.lora_buffer(), seed);
+  for (const model::TensorInfo& t : ll.tensors())
+    if (t.name.find("lora_B") != std::string::npos) {
+      const auto b = random_vec<float>(t.numel, seed + uint64_t(t.offset), -0.5, 0.5);
+      std::copy(b.begin(), b.end(), e.lora_buffer() + t.offset);
+    }
 }
 
 /// FNV-1a over the tokens and the log-probs' bits of every result: equal fingerprints = the same
