@@ -37,8 +37,10 @@ void rmsnorm_residual_forward_cuda(bf16* residual_out, bf16* y, float* rstd,
 
 /// CUDA backward: dx (N, C) bf16 += (residual stream), dw (C) fp32 += (parameter gradient, fp32),
 /// dy (N, C) bf16, x and w as forward, rstd (N) fp32 from forward. dx: one warp per row, fp32
-/// math, one bf16 rounding of the sum. dw: columns split over blocks, rows summed in a fixed order
-/// (deterministic, no atomics); skipped when dw is nullptr (a frozen weight).
+/// math, one bf16 rounding of the sum. dw: in two stages — blocks of 32 columns × 128 rows into
+/// a stream-ordered scratch (cudaMallocAsync), then each column's chunks in order — so the sum
+/// has a fixed order (deterministic, no atomics) and every SM a share of the rows; skipped when
+/// dw is nullptr (a frozen weight).
 void rmsnorm_backward_cuda(bf16* dx, float* dw, const bf16* dy, const bf16* x, const bf16* w,
                            const float* rstd, int64_t N, int64_t C, cudaStream_t stream);
 #endif

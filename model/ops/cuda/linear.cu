@@ -154,7 +154,9 @@ std::pair<DeviceHandles, void*> handles_for(cudaStream_t stream, int* device) {
 }
 
 // Runs g through cuBLASLt. Returns false (and launches nothing) if the heuristic offers no
-// algorithm for it; throws on any other failure.
+// algorithm for it, or if the algorithm it offered is refused at launch
+// (CUBLAS_STATUS_NOT_SUPPORTED from cublasLtMatmul: seen on an H200 with cuBLAS 13.1 for a 1-column
+// output of 8 rows, a value head); both are remembered for the shape. Throws on any other failure.
 bool lt_gemm(const Gemm& g, cudaStream_t stream) {
   int dev = 0;
   const std::pair<DeviceHandles, void*> hw = handles_for(stream, &dev);
@@ -208,8 +210,15 @@ bool lt_gemm(const Gemm& g, cudaStream_t stream) {
   }
   if (!found) return false;
   const float alpha = 1.0f, beta = g.beta;
-  CUBLAS_CHECK(cublasLtMatmul(h.lt, ds.op, &alpha, g.A, ds.a, g.B, ds.b, &beta, g.D, ds.d, g.D,
-                              ds.d, &algo, ws, kWorkspaceBytes, stream));
+  const cublasStatus_t st = cublasLtMatmul(h.lt, ds.op, &alpha, g.A, ds.a, g.B, ds.b, &beta, g.D,
+                                           ds.d, g.D, ds.d, &algo, ws, kWorkspaceBytes, stream);
+  if (st == CUBLAS_STATUS_NOT_SUPPORTED) {  // the offered algorithm does not run: fall back
+    Cache& c = cache();
+    std::lock_guard<std::mutex> lock(c.mu);
+    c.algos[key] = {false, algo};
+    return false;
+  }
+  CUBLAS_CHECK(st);
   return true;
 }
 

@@ -1,4 +1,6 @@
 // RMSNorm on the GPU: one warp per row for the row-wise passes, fixed-order column sums for dw.
+#include <algorithm>
+
 #include "model/ops/cuda/cuda_common.cuh"
 #include "model/ops/rmsnorm.h"
 
@@ -11,9 +13,10 @@ using cuda::warp_sum;
 
 namespace {
 
-constexpr int kRowsPerBlock = 8;  // one warp per row, 8 warps per block
-constexpr int kColTile = 32;      // dw: columns per block (one per lane)
-constexpr int kColRows = 16;      // dw: row groups per block (blockDim.y)
+constexpr int kRowsPerBlock = 8;       // one warp per row, 8 warps per block
+constexpr int kColTile = 32;           // dw: columns per block (one per lane)
+constexpr int kColRows = 16;           // dw: row groups per block (blockDim.y)
+constexpr int64_t kDwChunkRows = 128;  // dw: rows per block of the first stage (at least)
 
 // --- kernels ---------------------------------------------------------------------------------
 
@@ -82,9 +85,12 @@ __global__ void rmsnorm_forward_kernel(bf16* y, float* rstd, bf16* residual_out,
   }
 }
 
-// dx_c += r·w_c·dy_c − (r³/C)·x_c·Σ_k w_k·dy_k·x_k, one warp per row.
+// dx_c += r·w_c·dy_c − (r³/C)·x_c·Σ_k w_k·dy_k·x_k, one warp per row. Both passes go over the
+// row in chunks of kUnroll elements per lane with every load of a chunk issued before its math
+// (as the forward kernel), so a warp has kUnroll loads in flight instead of one.
 __global__ void rmsnorm_backward_dx_kernel(bf16* dx, const bf16* dy, const bf16* x, const bf16* w,
                                            const float* rstd, int64_t N, int64_t C) {
+  constexpr int kUnroll = 8;
   const int lane = threadIdx.x % kWarpSize;
   const int64_t n = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / kWarpSize;
   if (n >= N) return;
@@ -93,35 +99,70 @@ __global__ void rmsnorm_backward_dx_kernel(bf16* dx, const bf16* dy, const bf16*
   bf16* dxr = dx + n * C;
   const float r = rstd[n];
   float dot = 0.0f;
-  for (int64_t c = lane; c < C; c += kWarpSize)
-    dot += to_f32(w[c]) * to_f32(dyr[c]) * to_f32(xr[c]);
+  for (int64_t c0 = lane; c0 < C; c0 += kWarpSize * kUnroll) {
+    float a[kUnroll], b[kUnroll], e[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t c = c0 + int64_t{u} * kWarpSize;
+      a[u] = c < C ? to_f32(w[c]) : 0.0f;
+      b[u] = c < C ? to_f32(dyr[c]) : 0.0f;
+      e[u] = c < C ? to_f32(xr[c]) : 0.0f;
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) dot += a[u] * b[u] * e[u];
+  }
   dot = warp_sum(dot);
   const float k = r * r * r * dot / static_cast<float>(C);
-  for (int64_t c = lane; c < C; c += kWarpSize) {
-    const float g = r * to_f32(w[c]) * to_f32(dyr[c]) - k * to_f32(xr[c]);
-    dxr[c] = to_bf16(to_f32(dxr[c]) + g);
+  for (int64_t c0 = lane; c0 < C; c0 += kWarpSize * kUnroll) {
+    float a[kUnroll], b[kUnroll], e[kUnroll], d[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t c = c0 + int64_t{u} * kWarpSize;
+      a[u] = c < C ? to_f32(w[c]) : 0.0f;
+      b[u] = c < C ? to_f32(dyr[c]) : 0.0f;
+      e[u] = c < C ? to_f32(xr[c]) : 0.0f;
+      d[u] = c < C ? to_f32(dxr[c]) : 0.0f;
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t c = c0 + int64_t{u} * kWarpSize;
+      if (c < C) dxr[c] = to_bf16(d[u] + (r * a[u] * b[u] - k * e[u]));
+    }
   }
 }
 
-// dw_c += Σ_n dy[n,c]·x[n,c]·rstd[n]. Block (32, 16): column c = blockIdx.x·32 + threadIdx.x;
-// thread row ty sums rows ty, ty+16, ... in order; then thread ty = 0 adds the 16 partials in
-// order. Fixed order everywhere: deterministic.
-__global__ void rmsnorm_backward_dw_kernel(float* dw, const bf16* dy, const bf16* x,
-                                           const float* rstd, int64_t N, int64_t C) {
-  __shared__ float part[kColRows][kColTile];
+// dw_c += Σ_n dy[n,c]·x[n,c]·rstd[n] in two fixed-order stages (deterministic). Stage 1, block
+// (32, 16) of grid (column tiles, row chunks): column c = blockIdx.x·32 + threadIdx.x; thread row
+// ty sums the chunk's rows ty, ty+16, ... in order, then thread ty = 0 adds the 16 partials in
+// order into part[chunk, c]. Stage 2 adds the chunks' partials in chunk order into dw.
+__global__ void rmsnorm_backward_dw_partial_kernel(float* part, const bf16* dy, const bf16* x,
+                                                   const float* rstd, int64_t N, int64_t C,
+                                                   int64_t chunk_rows) {
+  __shared__ float sums[kColRows][kColTile];
   const int64_t c = static_cast<int64_t>(blockIdx.x) * kColTile + threadIdx.x;
+  const int64_t n0 = static_cast<int64_t>(blockIdx.y) * chunk_rows;
+  const int64_t n1 = n0 + chunk_rows < N ? n0 + chunk_rows : N;
   float acc = 0.0f;
   if (c < C) {
-    for (int64_t n = threadIdx.y; n < N; n += kColRows)
+    for (int64_t n = n0 + threadIdx.y; n < n1; n += kColRows)
       acc += to_f32(dy[n * C + c]) * to_f32(x[n * C + c]) * rstd[n];
   }
-  part[threadIdx.y][threadIdx.x] = acc;
+  sums[threadIdx.y][threadIdx.x] = acc;
   __syncthreads();
   if (threadIdx.y == 0 && c < C) {
     float s = 0.0f;
-    for (int i = 0; i < kColRows; ++i) s += part[i][threadIdx.x];
-    dw[c] += s;
+    for (int i = 0; i < kColRows; ++i) s += sums[i][threadIdx.x];
+    part[blockIdx.y * C + c] = s;
   }
+}
+
+__global__ void rmsnorm_backward_dw_sum_kernel(float* dw, const float* part, int64_t chunks,
+                                               int64_t C) {
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (c >= C) return;
+  float s = 0.0f;
+  for (int64_t i = 0; i < chunks; ++i) s += part[i * C + c];
+  dw[c] += s;
 }
 
 void check_dims(const char* op, int64_t N, int64_t C) {
@@ -168,10 +209,24 @@ void rmsnorm_backward_cuda(bf16* dx, float* dw, const bf16* dy, const bf16* x, c
                                                                                     rstd, N, C);
   CUDA_CHECK(cudaGetLastError());
   if (dw == nullptr) return;  // a frozen weight (LoRA's base)
+  // Stage 1 over (column tiles, row chunks) into a stream-ordered scratch, stage 2 per column.
+  const int64_t chunk_rows = std::max(kDwChunkRows, cuda::ceil_div(N, 65535));  // grid.y limit
+  const int64_t chunks = cuda::ceil_div(N, chunk_rows);
+  float* part = nullptr;
+  CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&part),
+                             static_cast<size_t>(chunks * C) * sizeof(float), stream));
   const dim3 block(kColTile, kColRows);
-  rmsnorm_backward_dw_kernel<<<static_cast<unsigned>(cuda::ceil_div(C, kColTile)), block, 0,
-                               stream>>>(dw, dy, x, rstd, N, C);
-  CUDA_CHECK(cudaGetLastError());
+  const dim3 grid(static_cast<unsigned>(cuda::ceil_div(C, kColTile)),
+                  static_cast<unsigned>(chunks));
+  rmsnorm_backward_dw_partial_kernel<<<grid, block, 0, stream>>>(part, dy, x, rstd, N, C,
+                                                                 chunk_rows);
+  const cudaError_t launched = cudaGetLastError();
+  if (launched == cudaSuccess)
+    rmsnorm_backward_dw_sum_kernel<<<static_cast<unsigned>(cuda::ceil_div(C, 256)), 256, 0,
+                                     stream>>>(dw, part, chunks, C);
+  const cudaError_t summed = launched == cudaSuccess ? cudaGetLastError() : launched;
+  CUDA_CHECK(cudaFreeAsync(part, stream));
+  CUDA_CHECK(summed);
 }
 
 }  // namespace rlhf::model
