@@ -7,7 +7,8 @@
 #          shape with the max differences (out, lse, dq, dk, dv) and forward/backward times
 #   mpi    the NCCL, device-store, weight-sync and GPU RL-step tests of rlhf_mpi_tests (1 rank)
 #   e2e    sft and grpo, --device cpu against --device cuda with the same seed (tiny model)
-#   bench  rlhf bench train (flash and cudnn attention)|generate|sync --device cuda (135M, ~1B)
+#   bench  rlhf bench train (flash and auto attention)|generate|sync --device cuda (135M, ~1B);
+#          also one at a time: train, generate, sync
 #   grpo135m  GRPO steps on the GPU at the SmolLM-135M shape (random weights): step time, phases
 #   partial   rlhf bench partial --device cuda: a partial-rollout step against a synchronous one
 #   grpo1b    GRPO steps at the ~1B shape (random weights, Llama 2's vocabulary): 64 prompts x 8
@@ -132,14 +133,27 @@ step_e2e() {
   done
 }
 
-step_bench() {
+step_train() {  # training MFU with the flash kernels and with the default (auto: cuDNN); TRAIN_IMPLS
+  # picks (default "flash auto")
   local impl
-  for impl in flash auto; do
+  for impl in ${TRAIN_IMPLS:-flash auto}; do
     run bench 120 "$RLHF" bench train --device cuda --tokens_per_step 16384 --seq_len 1024 \
       --steps 3 --warmup 1 --attn_implementation "$impl" --output "$OUT/bench.jsonl"
   done
+}
+
+step_generate() {  # decode at batch 1, 8, 64 (and 1 with cuBLASLt for the few-row kernel)
   run bench 90 "$RLHF" bench generate --device cuda --gen_batches 1,8,64 --output "$OUT/bench.jsonl"
+}
+
+step_sync() {
   run bench 30 "$RLHF" bench sync --device cuda --output "$OUT/bench.jsonl"
+}
+
+step_bench() {
+  step_train
+  step_generate
+  step_sync
 }
 
 step_grpo135m() {  # SmolLM-135M's body with Llama 2's 32,000-token vocabulary (tokenizer.model
@@ -187,10 +201,13 @@ ncu_cmd() {  # Nsight Compute: per-kernel GPU time, one metric, no clock locking
   echo ncu --clock-control none --metrics gpu__time_duration.sum --print-summary per-kernel --csv
 }
 
-step_profile_train() {  # the kernels of one training step at the ~1B shape (PROFILE_ATTN)
+step_profile_train() {  # the kernels of one training step (PROFILE_TRAIN: 1b by default, or
+  # 135m; PROFILE_ATTN: cudnn by default)
   write_m1b "$TMP/m1b.toml" 128256
-  run profile 90 $(ncu_cmd) --launch-count 3000 "$RLHF" bench train --device cuda \
-    --model_config "$TMP/m1b.toml" --tokens_per_step 16384 --seq_len 1024 --steps 1 --warmup 1 \
+  local cfg=$TMP/m1b.toml
+  [ "${PROFILE_TRAIN:-1b}" = 135m ] && cfg=$SRC/examples/models/smollm-135M.toml
+  run profile 120 $(ncu_cmd) --launch-count 3000 "$RLHF" bench train --device cuda \
+    --model_config "$cfg" --tokens_per_step 16384 --seq_len 1024 --steps 1 --warmup 1 \
     --attn_implementation "${PROFILE_ATTN:-cudnn}"
 }
 
@@ -201,7 +218,7 @@ step_profile_decode() {  # the kernels of the first decode steps at batch 1 (PRO
   for m in ${PROFILE_DECODE:-135m 1b}; do
     cfg=$TMP/m1b.toml
     [ "$m" = 135m ] && cfg=$SRC/examples/models/smollm-135M.toml
-    run profile 60 $(ncu_cmd) --launch-count 1500 "$RLHF" bench generate --device cuda \
+    run profile 150 $(ncu_cmd) --launch-count 1500 "$RLHF" bench generate --device cuda \
       --model_config "$cfg" --gen_batches 1
   done
 }
