@@ -20,7 +20,12 @@
 #  (f) LoRA (--lora_rank 8) with colocated TP 2 engines (adapter-only host sync, each rank merging
 #      on the full layer and uploading its slice) against TP 1, 3 steps: completions and rewards
 #      as TP 1's within the bounds stated there, and by the last step the policy has moved from
-#      the base while the TP 2 engine still agrees with the trainer.
+#      the base while the TP 2 engine still agrees with the trainer;
+#  (g) an environment program (builtin:toy, multi-turn: a turn ends at a digit, the environment
+#      answers with an observation) with TP 2 GPU engines on the 2 simulated nodes, disaggregated
+#      (8 ranks) and colocated (4 ranks): the engines' TP rank 0 runs the environment and
+#      broadcasts its answers; each run against its TP 1 run as in (a)/(b), and the episodes are
+#      multi-turn (observation tokens fed).
 # Exit 77 (skipped) when rlhf_emu was not built.
 # Usage: cuda_emu_tp.sh <rlhf binary> <source dir>
 set -u
@@ -191,4 +196,24 @@ for x, y in zip(m1, m2):
 assert len(m2) == 3 and m2[-1]["kl_mean"] > 1e-3, "the adapters did not train"
 PY
 echo "ok: LoRA with colocated TP 2 GPU engines (merged, then sliced) == TP 1"
+
+# (g) an environment program with TP 2 GPU engines, disaggregated and colocated.
+ENV=(--env_command builtin:toy --stop_strings "0,1,2,3,4,5,6,7,8,9" --env_max_turns 3
+  --generate_max_len 8)
+run env_dis_tp2 8 --ranks_per_node 4 --gen_ranks_per_node 2 --vllm_tensor_parallel_size 2 "${ENV[@]}"
+node_local env_dis_tp2 2
+run env_dis_tp1 8 --ranks_per_node 4 --gen_ranks_per_node 2 --vllm_tensor_parallel_size 1 "${ENV[@]}"
+same env_dis_tp1 env_dis_tp2
+run env_col_tp2 4 --ranks_per_node 2 --vllm_tensor_parallel_size 2 "${ENV[@]}"
+node_local env_col_tp2 2
+run env_col_tp1 4 --ranks_per_node 2 --vllm_tensor_parallel_size 1 "${ENV[@]}"
+same env_col_tp1 env_col_tp2
+python3 - "$W"/env_*_tp2/metrics.jsonl <<'PY' || fail "(g): the episodes are not multi-turn"
+import json, sys
+for f in sys.argv[1:]:
+    obs = sum(json.loads(l)["env_observation_tokens"] for l in open(f))
+    print(f"{f.split('/')[-2]}: {obs} observation tokens over 2 steps")
+    assert obs > 0
+PY
+echo "ok: an environment program with TP 2 GPU engines, disaggregated and colocated, == TP 1"
 echo "PASS"

@@ -18,11 +18,18 @@ SRC=$2
 # shellcheck source=lib/resume.sh
 . "$SRC/tests/e2e/lib/resume.sh"
 MPI=(timeout 300 "$MPIEXEC" --oversubscribe --bind-to none)
+# The keyword reward (the share of 36 letters and digits a completion contains) varies between a
+# random model's completions, so the advantages are not zero and every run trains (the math reward
+# is 0 on a random model: runs that do not train would all end at the initial weights).
 RL=(--model_config "$SRC/examples/models/tiny.toml" --prompt_data "builtin:addition?n=64&digits=1&seed=1"
-    --input_key input --label_key label --reward math --n_samples_per_prompt 4 --rollout_batch_size 8
+    --input_key input --label_key label --reward keyword
+    --reward_keywords "a,b,c,d,e,f,g,h,i,j,k,l,m,n,o,p,q,r,s,t,u,v,w,x,y,z,0,1,2,3,4,5,6,7,8,9"
+    --n_samples_per_prompt 4 --rollout_batch_size 8
     --train_batch_size 32 --micro_train_batch_size 4 --generate_max_len 6 --actor_learning_rate 1e-3
     --max_steps 2 --seed 1 --threads 1)
-# run <name> <np> <command> <args...>: runs, checks the exit status and 2 metrics records.
+# run <name> <np> <command> <args...>: runs, checks the exit status, 2 metrics records, and that
+# the policy trains: step 2 (the first with a learning rate above 0 after warm-up) has rewards that
+# differ within the batch and a gradient, so the saved weights are not the initial ones.
 run() {
   local name=$1 np=$2 cmd=$3
   shift 3
@@ -30,6 +37,11 @@ run() {
     --ckpt_path "$W/$name/ckpt" > "$W/$name.log" 2>&1 || { tail "$W/$name.log"; fail "$name exited"; }
   [ "$(wc -l < "$W/$name/metrics.jsonl")" -eq 2 ] || fail "$name: metrics.jsonl does not have 2 records"
   [ -n "$(fp "$W/$name.log")" ] || fail "$name: no weights fingerprint in the log"
+  python3 - "$W/$name/metrics.jsonl" <<'PY' || fail "$name: the policy did not train"
+import json, sys
+last = [json.loads(l) for l in open(sys.argv[1])][-1]
+assert last["reward_std"] > 0 and last["actor_lr"] > 0 and last["actor_grad_norm"] > 0, last
+PY
 }
 same() {  # same <what> <run a> <run b>
   [ "$(fp "$W/$2.log")" = "$(fp "$W/$3.log")" ] \
