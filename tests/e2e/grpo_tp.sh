@@ -28,8 +28,9 @@ RL=(--model_config "$SRC/examples/models/tiny.toml" --prompt_data "builtin:addit
     --train_batch_size 32 --micro_train_batch_size 4 --generate_max_len 6 --actor_learning_rate 1e-3
     --max_steps 2 --seed 1 --threads 1)
 # run <name> <np> <command> <args...>: runs, checks the exit status, 2 metrics records, and that
-# the policy trains: step 2 (the first with a learning rate above 0 after warm-up) has rewards that
-# differ within the batch and a gradient, so the saved weights are not the initial ones.
+# the policy trains: step 2 (the first with a learning rate above 0 after warm-up) has a policy
+# gradient (measured: GRPO ~1.9, greedy PPO ~4.9; the math reward's zero advantages give 0), so
+# the saved weights are not the initial ones.
 run() {
   local name=$1 np=$2 cmd=$3
   shift 3
@@ -40,7 +41,7 @@ run() {
   python3 - "$W/$name/metrics.jsonl" <<'PY' || fail "$name: the policy did not train"
 import json, sys
 last = [json.loads(l) for l in open(sys.argv[1])][-1]
-assert last["reward_std"] > 0 and last["actor_lr"] > 0 and last["actor_grad_norm"] > 0, last
+assert last["actor_lr"] > 0 and last["actor_grad_norm"] > 1e-3, last
 PY
 }
 same() {  # same <what> <run a> <run b>
