@@ -191,6 +191,7 @@ int run_bench(const BenchArgs& args) {
     bench::BenchSyncOptions o;
     o.seed = static_cast<uint64_t>(args.common.seed);
     o.comm_kind = parallel::comm_kind_from_name(args.parallel.comm_backend);
+    o.bf16 = cpu_bf16(args.parallel, false);  // bf16 transfers, as a bf16 run's sync
     bench::run_bench_sync(o, [&](const nlohmann::json& row) {
       emit(row);
       LOG0_INFO("bench sync: {}", bench::bench_sync_row_text(row));

@@ -11,6 +11,7 @@
 
 #include "core/error.h"
 #include "model/layout.h"
+#include "model/ops/half.h"
 #include "parallel/mpi_check.h"
 #include "parallel/param_store.h"
 #include "parallel/topology.h"
@@ -86,14 +87,19 @@ class ShardStore : public parallel::ParamStore {
 
 // Elements of the engine buffers that differ from weight_value (padding included: the trainer's
 // parts cover the padded unit).
+// Engine elements that differ from the weights (bf16: from their bf16 rounding, what a bf16 sync
+// delivers).
 int64_t count_wrong(const model::ParamLayout& layout, const std::vector<std::vector<float>>& units,
-                    uint64_t seed) {
+                    uint64_t seed, bool bf16) {
   int64_t wrong = 0;
   for (int u = 0; u < layout.num_units(); ++u) {
     const std::vector<float>& d = units[size_t(u)];
     const int64_t n = int64_t(d.size());
 #pragma omp parallel for schedule(static) reduction(+ : wrong)
-    for (int64_t j = 0; j < n; ++j) wrong += d[size_t(j)] != weight_value(seed, u, j);
+    for (int64_t j = 0; j < n; ++j) {
+      const float w = weight_value(seed, u, j);
+      wrong += d[size_t(j)] != (bf16 ? model::round_to_bf16(w) : w);
+    }
   }
   return wrong;
 }
@@ -162,7 +168,7 @@ void run_bench_sync(const BenchSyncOptions& opts, const Emit& emit_row) {
           units.emplace_back(size_t(room[size_t(u)]), std::numeric_limits<float>::quiet_NaN());
           ptrs.push_back(units.back().data());
         }
-      parallel::WeightSync sync(topo, train_comm.get(), layout, opts.bucket_bytes);
+      parallel::WeightSync sync(topo, train_comm.get(), layout, opts.bucket_bytes, opts.bf16);
       parallel::SyncStats best = sync.sync(store.get(), ptrs);  // untimed warm-up
       best.seconds = std::numeric_limits<double>::infinity();
       for (int i = 0; i < opts.iters; ++i) {
@@ -171,7 +177,7 @@ void run_bench_sync(const BenchSyncOptions& opts, const Emit& emit_row) {
         if (st.seconds < best.seconds) best = st;
       }
       const double ref_s = sync.reference_all_gather_seconds(opts.iters);
-      int64_t wrong = topo.generates() ? count_wrong(layout, units, opts.seed) : 0;
+      int64_t wrong = topo.generates() ? count_wrong(layout, units, opts.seed, opts.bf16) : 0;
       MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &wrong, 1, MPI_INT64_T, MPI_SUM, topo.world()));
       const double factor = G == 0 ? double(n_train - 1) / double(n_train) : 1.0;
       const double ref_busbw = double(best.bytes) / ref_s / 1e9 * factor;
@@ -184,6 +190,7 @@ void run_bench_sync(const BenchSyncOptions& opts, const Emit& emit_row) {
                   {"engines", pl.num_engines()},
                   {"comm",
                    G == 0 ? parallel::comm_kind_name(parallel::CommKind(kind)) : "mpi-intercomm"},
+                  {"dtype", opts.bf16 ? "bf16" : "fp32"},
                   {"bucket_bytes", opts.bucket_bytes},
                   {"buckets", best.buckets},
                   {"bytes", best.bytes},

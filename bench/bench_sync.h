@@ -42,13 +42,16 @@ struct BenchSyncOptions {
   /// Empty = {0, ranks / 2} (just {0} on one rank).
   std::vector<int> gen_ranks = {};
   parallel::CommKind comm_kind = parallel::CommKind::kAuto;  ///< train_comm's implementation
+  /// --param_dtype bf16 on the CPU: the weights travel as bf16 (WeightSync's bf16 mode, half the
+  /// bytes) and "wrong" counts engine elements that differ from the bf16 rounding of the weights.
+  bool bf16 = false;
   uint64_t seed = 42;
 };
 
 /// Runs the benchmark; collective over MPI_COMM_WORLD (builds a Topology per mode). Calls
 /// emit_row on world rank 0 once per (mode, model) with
 /// {"bench":"sync","model":"135M","mode":"colocated","ranks":n,"train_ranks":t,"engines":e,
-///  "comm":"shm","bucket_bytes":B,"buckets":k,"bytes":S,"params":P,"iters":i,
+///  "comm":"shm","dtype":"fp32"|"bf16","bucket_bytes":B,"buckets":k,"bytes":S,"params":P,"iters":i,
 ///  "sync_s":..,"sync_algbw_GBps":..,"sync_busbw_GBps":..,"allgather_s":..,
 ///  "allgather_busbw_GBps":..,"ratio":..,"wrong":0}, or {"bench":"sync","mode":..,"skipped":why}.
 /// Throws rlhf::Error on invalid options (same on every rank).

@@ -242,8 +242,10 @@ SyncStats WeightSync::sync_adapters(const float* src, float* dst, int64_t n) {
 }
 
 double WeightSync::reference_all_gather_seconds(int iters) {
-  const int64_t total = shard_layout_.total_padded();
-  const int64_t per_rank = total / n_train_;
+  // The sync's bytes: fp32 elements, or in bf16 mode half as many 4-byte words.
+  const int64_t per_rank = bf16_ ? (shard_layout_.total_padded() / n_train_ + 1) / 2
+                                 : shard_layout_.total_padded() / n_train_;
+  const int64_t total = per_rank * n_train_;
   std::vector<float> send(static_cast<size_t>(per_rank), 1.0f);
   double best = std::numeric_limits<double>::infinity();
   if (colocated_) {

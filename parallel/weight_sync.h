@@ -132,7 +132,8 @@ class WeightSync {
   SyncStats sync_adapters(const float* src, float* dst, int64_t n);
 
   /// The plain-collective reference for the benchmark: one all-gather of the same total bytes on
-  /// the same communicator (train_comm, or the intercommunicator): one untimed call (it touches
+  /// the same communicator (train_comm, or the intercommunicator; bf16 mode: half the fp32
+  /// bytes, as the sync moves): one untimed call (it touches
   /// the receive buffer, as the engine buffers are touched), then the fastest of `iters` timed
   /// calls, each the slowest rank's seconds. Collective.
   double reference_all_gather_seconds(int iters = 3);

@@ -50,3 +50,32 @@ TEST_CASE("bench sync: tiny model, colocated and disaggregated, engines hold the
     CHECK(!bench::bench_sync_row_text(r).empty());
   }
 }
+
+TEST_CASE("bench sync: bf16 mode moves half the bytes and delivers the bf16 rounding") {
+  using namespace rlhf;
+  const int me = parallel::comm_rank(MPI_COMM_WORLD);
+  const int n = parallel::comm_size(MPI_COMM_WORLD);
+  bench::BenchSyncOptions o;
+  const model::ModelConfig cfg = test::small_config(true);
+  o.models = {{"small", cfg}};
+  o.bucket_bytes = 1024;
+  o.iters = 1;
+  o.gen_ranks = {0, n / 2};
+  o.bf16 = true;
+  std::vector<nlohmann::json> rows;
+  bench::run_bench_sync(o, [&](const nlohmann::json& r) { rows.push_back(r); });
+  if (me != 0) return;
+  REQUIRE(rows.size() == 2);
+  for (int k = 0; k < 2; ++k) {
+    const nlohmann::json& r = rows[size_t(k)];
+    INFO(r.dump());
+    if (r.contains("skipped")) continue;  // one rank: no disaggregated placement
+    const int n_train = r["train_ranks"].get<int>();
+    const parallel::ShardLayout layout(model::ParamLayout(cfg, model::HeadKind::kLM), n_train);
+    CHECK(r["dtype"] == "bf16");
+    // Every engine element is the bf16 rounding of its weight (count_wrong compares against it;
+    // an fp32 transfer would leave the unrounded values and count nearly every element).
+    CHECK(r["wrong"] == 0);
+    CHECK(r["bytes"] == layout.total_padded() * 2);
+  }
+}
