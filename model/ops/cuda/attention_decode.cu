@@ -9,6 +9,7 @@
 
 namespace rlhf::model {
 
+using cuda::bf16_pair_to_f32;
 using cuda::kWarpSize;
 using cuda::to_bf16;
 using cuda::to_f32;
@@ -36,15 +37,6 @@ __device__ __forceinline__ int64_t kv_offset(const KvAddr& a, int b, int g, int 
     row = s % a.block_size;
   }
   return blk * a.blk_stride + static_cast<int64_t>(g) * a.head_stride + row * a.row_stride;
-}
-
-// Element `hi` (0: low half, 1: high half) of two packed bf16 (little-endian) as fp32: the bf16
-// bits are the float's upper 16 bits, so this equals to_f32 of that element; bits 0 give 0.0f.
-__device__ __forceinline__ float bf16_pair_to_f32(uint32_t pair, int hi) {
-  const uint32_t bits = hi ? (pair & 0xffff0000u) : (pair << 16);
-  float f;
-  memcpy(&f, &bits, sizeof(f));
-  return f;
 }
 
 // Loads positions [s0, s0 + kBc) of (b, g) from both caches into (kBc, D + 1) fp32 shared tiles;

@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cstring>
 
 #include "core/cuda_check.h"
 #include "core/error.h"
@@ -24,6 +25,25 @@ __device__ __forceinline__ float to_f32(bf16 x) {
 /// fp32 -> bf16, round to nearest even.
 __device__ __forceinline__ bf16 to_bf16(float x) {
   return __float2bfloat16_rn(x);
+}
+
+/// Element `hi` (0: low half, 1: high half) of two packed bf16 (little-endian; a 16-byte load
+/// seen as uint32 words) as fp32: the bf16 bits are the float's upper 16 bits, so this equals
+/// to_f32 of that element; bits 0 give 0.0f.
+__device__ __forceinline__ float bf16_pair_to_f32(uint32_t pair, int hi) {
+  const uint32_t bits = hi ? (pair & 0xffff0000u) : (pair << 16);
+  float f;
+  memcpy(&f, &bits, sizeof(f));
+  return f;
+}
+
+/// Element offset of position s, KV head g, dimension 0 in a paged KV cache (num_blocks, Hkv,
+/// block_size, D) (vLLM's head-major blocks), for a sequence whose block ids start at `table`.
+/// Neither the block id nor s is validated.
+__device__ __forceinline__ int64_t paged_kv_row(const int32_t* table, int64_t s, int64_t g,
+                                                int64_t Hkv, int64_t block_size, int64_t D) {
+  const int64_t blk = table[s / block_size];
+  return ((blk * Hkv + g) * block_size + s % block_size) * D;
 }
 
 /// Sum over the 32 lanes of a warp (butterfly: every lane gets the total). All lanes must call it.

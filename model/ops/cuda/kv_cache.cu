@@ -15,9 +15,7 @@ __global__ void kv_cache_write_kernel(bf16* k_cache, bf16* v_cache, const bf16* 
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t d = i % D, g = (i / D) % Hkv, n = i / (D * Hkv);
-    const int64_t s = pos[n];
-    const int64_t blk = table[n * table_stride + s / bs];
-    const int64_t dst = ((blk * Hkv + g) * bs + s % bs) * D + d;
+    const int64_t dst = cuda::paged_kv_row(table + n * table_stride, pos[n], g, Hkv, bs, D) + d;
     k_cache[dst] = k_rows[i];
     v_cache[dst] = v_rows[i];
   }

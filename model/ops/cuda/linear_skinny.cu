@@ -13,7 +13,6 @@
 // (linear_swiglu_skinny_cuda) reads the gate's and the up projection's rows together and writes
 // SwiGLU of the two rounded results: the MLP's first half of a decode step in one kernel.
 #include <atomic>
-#include <cstring>
 
 #include "model/ops/cuda/cuda_common.cuh"
 #include "model/ops/linear.h"
@@ -30,17 +29,12 @@ constexpr int kUnroll = 4;     // 16-byte weight loads in flight per lane
 
 std::atomic<bool> g_skinny_enabled{true};
 
-// The two bf16 halves of a 32-bit word as fp32 (exact).
-__device__ __forceinline__ float bits_f32(uint32_t bits) {
-  float f;
-  memcpy(&f, &bits, sizeof(f));
-  return f;
-}
+// The low and the high bf16 of a 32-bit word as fp32 (exact).
 __device__ __forceinline__ float lo_f32(uint32_t pair) {
-  return bits_f32(pair << 16);
+  return cuda::bf16_pair_to_f32(pair, 0);
 }
 __device__ __forceinline__ float hi_f32(uint32_t pair) {
-  return bits_f32(pair & 0xffff0000u);
+  return cuda::bf16_pair_to_f32(pair, 1);
 }
 
 // acc += Σ_e a[e]·b[e] over the 8 bf16 of two 16-byte vectors, in a fixed order.

@@ -95,9 +95,8 @@ __global__ void qkv_rope_kernel(bf16* packed_out, const bf16* packed_in, bf16* q
       rotate_pair(out, in, oa, ob, ia, ib, pos[n], i, half, cos, sin, sign);
     }
     if (kSplit && cache.k_cache != nullptr && h >= H) {
-      const int64_t g = (h - H) % Hkv, s = pos[n], bs = cache.block_size;
-      const int64_t blk = cache.block_table[n * cache.table_stride + s / bs];
-      const int64_t slot = ((blk * Hkv + g) * bs + s % bs) * D;
+      const int64_t slot = cuda::paged_kv_row(cache.block_table + n * cache.table_stride, pos[n],
+                                              (h - H) % Hkv, Hkv, cache.block_size, D);
       bf16* c = h < H + Hkv ? cache.k_cache : cache.v_cache;
       c[slot + a] = out[oa];
       c[slot + b] = out[ob];
