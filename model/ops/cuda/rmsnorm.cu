@@ -18,7 +18,20 @@ constexpr int kColTile = 32;           // dw: columns per block (one per lane)
 constexpr int kColRows = 16;           // dw: row groups per block (blockDim.y)
 constexpr int64_t kDwChunkRows = 128;  // dw: rows per block of the first stage (at least)
 
+constexpr int kUnroll = 8;  // row passes: elements per lane whose loads are issued together
+
 // --- kernels ---------------------------------------------------------------------------------
+
+// One lane's chunk of a row: out[u] = row[c0 + u·32] as fp32 for u < kUnroll (0 past C), every
+// load issued before any is used.
+__device__ __forceinline__ void load_lane_chunk(float (&out)[kUnroll], const bf16* row, int64_t c0,
+                                                int64_t C) {
+#pragma unroll
+  for (int u = 0; u < kUnroll; ++u) {
+    const int64_t c = c0 + int64_t{u} * kWarpSize;
+    out[u] = c < C ? to_f32(row[c]) : 0.0f;
+  }
+}
 
 // Row n = blockIdx.x·8 + warp. With residual_in != nullptr the row is first formed as
 // residual_out = bf16(residual_in + x) (stored), and normalised as rounded; else residual_out is
@@ -35,19 +48,14 @@ __global__ void rmsnorm_forward_kernel(bf16* y, float* rstd, bf16* residual_out,
   // Chunks of kUnroll elements per lane: every load of a chunk is issued before its stores (ro
   // may alias rr, so without the chunking each store would wait on the previous load). The sum
   // of squares still runs over c in increasing order per lane.
-  constexpr int kUnroll = 8;
   float ss = 0.0f;
   if (residual_in != nullptr) {
     const bf16* rr = residual_in + n * C;
     bf16* ro = residual_out + n * C;
     for (int64_t c0 = lane; c0 < C; c0 += kWarpSize * kUnroll) {
       float a[kUnroll], b[kUnroll];
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        const int64_t c = c0 + int64_t{u} * kWarpSize;
-        a[u] = c < C ? to_f32(rr[c]) : 0.0f;
-        b[u] = c < C ? to_f32(xr[c]) : 0.0f;
-      }
+      load_lane_chunk(a, rr, c0, C);
+      load_lane_chunk(b, xr, c0, C);
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
         const int64_t c = c0 + int64_t{u} * kWarpSize;
@@ -71,12 +79,8 @@ __global__ void rmsnorm_forward_kernel(bf16* y, float* rstd, bf16* residual_out,
   // src[c] for this lane's c was written (fused case) by this same lane above: visible to it.
   for (int64_t c0 = lane; c0 < C; c0 += kWarpSize * kUnroll) {
     float v[kUnroll], wv[kUnroll];
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int64_t c = c0 + int64_t{u} * kWarpSize;
-      v[u] = c < C ? to_f32(src[c]) : 0.0f;
-      wv[u] = c < C ? to_f32(w[c]) : 0.0f;
-    }
+    load_lane_chunk(v, src, c0, C);
+    load_lane_chunk(wv, w, c0, C);
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int64_t c = c0 + int64_t{u} * kWarpSize;
@@ -90,7 +94,6 @@ __global__ void rmsnorm_forward_kernel(bf16* y, float* rstd, bf16* residual_out,
 // (as the forward kernel), so a warp has kUnroll loads in flight instead of one.
 __global__ void rmsnorm_backward_dx_kernel(bf16* dx, const bf16* dy, const bf16* x, const bf16* w,
                                            const float* rstd, int64_t N, int64_t C) {
-  constexpr int kUnroll = 8;
   const int lane = threadIdx.x % kWarpSize;
   const int64_t n = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / kWarpSize;
   if (n >= N) return;
@@ -101,13 +104,9 @@ __global__ void rmsnorm_backward_dx_kernel(bf16* dx, const bf16* dy, const bf16*
   float dot = 0.0f;
   for (int64_t c0 = lane; c0 < C; c0 += kWarpSize * kUnroll) {
     float a[kUnroll], b[kUnroll], e[kUnroll];
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int64_t c = c0 + int64_t{u} * kWarpSize;
-      a[u] = c < C ? to_f32(w[c]) : 0.0f;
-      b[u] = c < C ? to_f32(dyr[c]) : 0.0f;
-      e[u] = c < C ? to_f32(xr[c]) : 0.0f;
-    }
+    load_lane_chunk(a, w, c0, C);
+    load_lane_chunk(b, dyr, c0, C);
+    load_lane_chunk(e, xr, c0, C);
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) dot += a[u] * b[u] * e[u];
   }
@@ -115,14 +114,10 @@ __global__ void rmsnorm_backward_dx_kernel(bf16* dx, const bf16* dy, const bf16*
   const float k = r * r * r * dot / static_cast<float>(C);
   for (int64_t c0 = lane; c0 < C; c0 += kWarpSize * kUnroll) {
     float a[kUnroll], b[kUnroll], e[kUnroll], d[kUnroll];
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int64_t c = c0 + int64_t{u} * kWarpSize;
-      a[u] = c < C ? to_f32(w[c]) : 0.0f;
-      b[u] = c < C ? to_f32(dyr[c]) : 0.0f;
-      e[u] = c < C ? to_f32(xr[c]) : 0.0f;
-      d[u] = c < C ? to_f32(dxr[c]) : 0.0f;
-    }
+    load_lane_chunk(a, w, c0, C);
+    load_lane_chunk(b, dyr, c0, C);
+    load_lane_chunk(e, xr, c0, C);
+    load_lane_chunk(d, dxr, c0, C);
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int64_t c = c0 + int64_t{u} * kWarpSize;
