@@ -152,6 +152,28 @@ std::unique_ptr<TrainModel> make_cuda_train_model(std::unique_ptr<Zero3StoreCuda
 }
 #endif
 
+#ifdef RLHF_CUDA
+namespace {
+
+// The device ZeRO-3 store of a model (frozen: bf16 weights only; else with fp32 masters, gradients
+// and AdamW moments, on the host with --adam_offload). Throws rlhf::Error for a ZeRO stage other
+// than 3, which the GPU path does not have.
+std::unique_ptr<Zero3StoreCuda> make_cuda_store(const model::ParamLayout& layout, TrainRuntime& rt,
+                                                const ZeroOptions& z, bool frozen) {
+  RLHF_CHECK(z.zero_stage == 3,
+             "--zero_stage {} with --device cuda: the GPU path shards with ZeRO-3 (--zero_stage "
+             "3); the replicated ZeRO-0 baseline runs on the CPU only",
+             z.zero_stage);
+  Zero3OptionsCuda o;
+  o.adam_offload = z.adam_offload && !frozen;
+  o.frozen = frozen;
+  o.keep_params_for_backward = z.zero_keep_params;
+  return std::make_unique<Zero3StoreCuda>(layout, rt.device_comm.get(), o);
+}
+
+}  // namespace
+#endif
+
 std::unique_ptr<TrainModel> make_train_model(const model::ParamLayout& layout, TrainRuntime& rt,
                                              const ZeroOptions& z, bool frozen) {
   RLHF_ASSERT(rt.train_comm != nullptr);
@@ -159,16 +181,8 @@ std::unique_ptr<TrainModel> make_train_model(const model::ParamLayout& layout, T
   const bool checkpointing = z.gradient_checkpointing && !frozen;
   if (rt.device == Device::kCuda) {
 #ifdef RLHF_CUDA
-    RLHF_CHECK(z.zero_stage == 3,
-               "--zero_stage {} with --device cuda: the GPU path shards with ZeRO-3 (--zero_stage "
-               "3); the replicated ZeRO-0 baseline runs on the CPU only",
-               z.zero_stage);
-    Zero3OptionsCuda o;
-    o.adam_offload = z.adam_offload && !frozen;
-    o.frozen = frozen;
-    o.keep_params_for_backward = z.zero_keep_params;
-    return make_cuda_train_model(std::make_unique<Zero3StoreCuda>(layout, rt.device_comm.get(), o),
-                                 checkpointing, rt.train_comm.get());
+    return make_cuda_train_model(make_cuda_store(layout, rt, z, frozen), checkpointing,
+                                 rt.train_comm.get());
 #endif
   }
   std::unique_ptr<ParamStore> store;
@@ -192,14 +206,7 @@ std::unique_ptr<TrainModel> make_lora_train_model(const model::ParamLayout& layo
   cfg.save_score = layout.head() != model::HeadKind::kLM;  // PEFT's modules_to_save (SEQ_CLS)
   if (rt.device == Device::kCuda) {
 #ifdef RLHF_CUDA
-    RLHF_CHECK(z.zero_stage == 3,
-               "--zero_stage {} with --device cuda: the GPU path shards with ZeRO-3 (--zero_stage "
-               "3); the replicated ZeRO-0 baseline runs on the CPU only",
-               z.zero_stage);
-    Zero3OptionsCuda o;
-    o.frozen = true;
-    o.keep_params_for_backward = z.zero_keep_params;
-    auto base = std::make_unique<Zero3StoreCuda>(layout, rt.device_comm.get(), o);
+    auto base = make_cuda_store(layout, rt, z, true);  // the frozen base
     return make_lora_cuda_model(
         std::make_unique<LoraStore>(std::move(base), cfg, *rt.train_comm, seed, false),
         z.gradient_checkpointing, rt.train_comm.get());
