@@ -12,18 +12,30 @@
 #include "parallel/shard_layout.h"
 #include "tests/mpi/train_util.h"
 
+namespace {
+
+// The rows run_bench_sync emits on this rank for the small model, buckets of 1 KiB (many
+// buckets, slices of units), one timed round, the given placements.
+std::vector<nlohmann::json> bench_rows(const std::vector<int>& gen_ranks, bool bf16) {
+  rlhf::bench::BenchSyncOptions o;
+  o.models = {{"small", rlhf::test::small_config(true)}};
+  o.bucket_bytes = 1024;
+  o.iters = 1;
+  o.gen_ranks = gen_ranks;
+  o.bf16 = bf16;
+  std::vector<nlohmann::json> rows;
+  rlhf::bench::run_bench_sync(o, [&](const nlohmann::json& r) { rows.push_back(r); });
+  return rows;
+}
+
+}  // namespace
+
 TEST_CASE("bench sync: tiny model, colocated and disaggregated, engines hold the weights") {
   using namespace rlhf;
   const int me = parallel::comm_rank(MPI_COMM_WORLD);
   const int n = parallel::comm_size(MPI_COMM_WORLD);
-  bench::BenchSyncOptions o;
   const model::ModelConfig cfg = test::small_config(true);
-  o.models = {{"small", cfg}};
-  o.bucket_bytes = 1024;  // many buckets, slices of units
-  o.iters = 1;
-  o.gen_ranks = {0, n / 2, n};  // n: no training rank → skipped
-  std::vector<nlohmann::json> rows;
-  bench::run_bench_sync(o, [&](const nlohmann::json& r) { rows.push_back(r); });
+  const std::vector<nlohmann::json> rows = bench_rows({0, n / 2, n}, false);  // n: skipped
   if (me != 0) {
     CHECK(rows.empty());
     return;
@@ -55,15 +67,8 @@ TEST_CASE("bench sync: bf16 mode moves half the bytes and delivers the bf16 roun
   using namespace rlhf;
   const int me = parallel::comm_rank(MPI_COMM_WORLD);
   const int n = parallel::comm_size(MPI_COMM_WORLD);
-  bench::BenchSyncOptions o;
   const model::ModelConfig cfg = test::small_config(true);
-  o.models = {{"small", cfg}};
-  o.bucket_bytes = 1024;
-  o.iters = 1;
-  o.gen_ranks = {0, n / 2};
-  o.bf16 = true;
-  std::vector<nlohmann::json> rows;
-  bench::run_bench_sync(o, [&](const nlohmann::json& r) { rows.push_back(r); });
+  const std::vector<nlohmann::json> rows = bench_rows({0, n / 2}, true);
   if (me != 0) return;
   REQUIRE(rows.size() == 2);
   for (int k = 0; k < 2; ++k) {

@@ -18,6 +18,7 @@
 #include "parallel/comm.h"
 #include "parallel/mpi_check.h"
 #include "rollout/engine.h"
+#include "tests/mpi/train_util.h"
 #include "tests/rollout/engine_test_util.h"
 #include "tests/test_util.h"
 
@@ -111,11 +112,7 @@ TEST_CASE("tensor-parallel engine (TP 2) with LoRA adapters: TP 1's tokens, ever
           MESSAGE("TP 2 vs TP 1 max |d log-prob| ", tp_diff, "; adapters vs base: ", differ, " of ",
                   a.size(), " results differ, max |d log-prob| ", max_logprob_diff(a, c));
         CHECK((differ > 0 || max_logprob_diff(a, c) > 1e-2));
-        const uint64_t fp = test::results_fingerprint(b);
-        uint64_t lo = 0, hi = 0;
-        MPI_Allreduce(&fp, &lo, 1, MPI_UINT64_T, MPI_MIN, pair_mpi);
-        MPI_Allreduce(&fp, &hi, 1, MPI_UINT64_T, MPI_MAX, pair_mpi);
-        CHECK(lo == hi);
+        CHECK(test::same_on_all_ranks(test::results_fingerprint(b), pair_mpi));
       }
     }
     // Sleep frees the adapter slices and the merge scratch with the rest (the plan's count).
@@ -161,11 +158,7 @@ TEST_CASE("tensor-parallel engine (TP 2): greedy tokens equal TP 1, ranks agree 
       }
       CHECK(max_diff < 1e-4);
       // Both ranks of the engine return the same results, bit for bit.
-      const uint64_t fp = test::results_fingerprint(b);
-      uint64_t lo = 0, hi = 0;
-      MPI_Allreduce(&fp, &lo, 1, MPI_UINT64_T, MPI_MIN, pair_mpi);
-      MPI_Allreduce(&fp, &hi, 1, MPI_UINT64_T, MPI_MAX, pair_mpi);
-      CHECK(lo == hi);
+      CHECK(test::same_on_all_ranks(test::results_fingerprint(b), pair_mpi));
     }
   }
   // Weights changed after construction (as weight sync does) are sliced again by generate().

@@ -165,11 +165,7 @@ TEST_CASE("tensor-parallel GPU engine (device, NCCL): TP 2 and 4 give TP 1's gre
         const auto b = tp->generate(reqs);
         compare(a, b, what);
         // Every rank of the group returns the same results, bit for bit.
-        const uint64_t fp = test::results_fingerprint(b);
-        uint64_t lo = 0, hi = 0;
-        MPI_Allreduce(&fp, &lo, 1, MPI_UINT64_T, MPI_MIN, group_mpi);
-        MPI_Allreduce(&fp, &hi, 1, MPI_UINT64_T, MPI_MAX, group_mpi);
-        CHECK(lo == hi);
+        CHECK(test::same_on_all_ranks(test::results_fingerprint(b), group_mpi));
         if (!graphs) continue;
         // A device weight sync: new weights written into the full device units of both engines
         // (from the TP 1 engine's upload of new host weights); the TP engine slices them.
@@ -241,11 +237,7 @@ TEST_CASE("tensor-parallel GPU engine (device, NCCL): LoRA merged, then sliced, 
         moved = std::max(moved, double(std::fabs(a[i].logprobs[0] - plain[i].logprobs[0])));
       if (rank == 0) MESSAGE(what, ": the adapters move the first log-probs by up to ", moved);
       CHECK(moved > 2 * kLogprobTol);
-      const uint64_t fp = test::results_fingerprint(b);
-      uint64_t lo = 0, hi = 0;
-      MPI_Allreduce(&fp, &lo, 1, MPI_UINT64_T, MPI_MIN, group_mpi);
-      MPI_Allreduce(&fp, &hi, 1, MPI_UINT64_T, MPI_MAX, group_mpi);
-      CHECK(lo == hi);
+      CHECK(test::same_on_all_ranks(test::results_fingerprint(b), group_mpi));
     }
     group.reset();
     MPI_Comm_free(&group_mpi);

@@ -130,11 +130,7 @@ uint64_t fingerprint(const std::vector<rollout::Sample>& v) {
 
 // Every rank of `comm` holds the same samples, bit for bit.
 bool group_agrees(const std::vector<rollout::Sample>& v, MPI_Comm comm) {
-  const uint64_t fp = fingerprint(v);
-  uint64_t lo = 0, hi = 0;
-  MPI_Allreduce(&fp, &lo, 1, MPI_UINT64_T, MPI_MIN, comm);
-  MPI_Allreduce(&fp, &hi, 1, MPI_UINT64_T, MPI_MAX, comm);
-  return lo == hi;
+  return test::same_on_all_ranks(fingerprint(v), comm);
 }
 
 // The toy environment, counting the turn ends it answered.

@@ -2,6 +2,7 @@
 // ParamStore, consolidated weights, deterministic init.
 #pragma once
 
+#include <cstdint>
 #include <functional>
 #include <vector>
 
@@ -19,6 +20,15 @@
 #include "tests/test_util.h"
 
 namespace rlhf::test {
+
+/// Whether every rank of `comm` holds the same 64-bit fingerprint (e.g. results_fingerprint of
+/// what a tensor-parallel engine returned on each of its ranks). Collective over comm.
+inline bool same_on_all_ranks(uint64_t fp, MPI_Comm comm) {
+  uint64_t lo = 0, hi = 0;
+  MPI_Allreduce(&fp, &lo, 1, MPI_UINT64_T, MPI_MIN, comm);
+  MPI_Allreduce(&fp, &hi, 1, MPI_UINT64_T, MPI_MAX, comm);
+  return lo == hi;
+}
 
 inline model::ModelConfig small_config(bool tied) {
   model::ModelConfig c;
