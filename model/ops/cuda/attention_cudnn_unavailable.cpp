@@ -15,7 +15,9 @@ bool attention_cudnn_available(int64_t, int64_t, int64_t, int64_t, int64_t) noex
   return false;
 }
 
-int64_t attention_cudnn_runtime_version() noexcept { return 0; }
+int64_t attention_cudnn_runtime_version() noexcept {
+  return 0;
+}
 
 bool attention_forward_cudnn(bf16*, float*, const bf16*, const bf16*, const bf16*, int64_t B,
                              int64_t T_, int64_t H, int64_t Hkv, int64_t D, cudaStream_t) {
