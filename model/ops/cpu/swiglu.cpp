@@ -57,30 +57,45 @@ inline Sigmoid<T> sigmoid(T x) {
   return {pos ? r : er, pos ? er : r};
 }
 
+// Elements per parallel chunk; threads only from kParallelElems elements on.
+constexpr int64_t kChunk = 4096, kParallelElems = 32768;
+
+// body(i0, i1) over [0, n) in chunks of kChunk, the chunks shared by the threads. The element loop
+// goes inside body as a plain `omp simd` loop: GCC 12 left these loops scalar under a combined
+// `parallel for simd` (7.4 ns an element in the engine's decode step, 4 % of it).
+template <typename Body>
+void parallel_chunks(int64_t n, const Body& body) {
+  const int64_t chunks = (n + kChunk - 1) / kChunk;
+#pragma omp parallel for schedule(static) if (n >= kParallelElems)
+  for (int64_t c = 0; c < chunks; ++c) body(c * kChunk, std::min(n, (c + 1) * kChunk));
+}
+
 }  // namespace
 
 template <typename T>
 void swiglu_forward_cpu(T* h, const T* gate, const T* up, int64_t N, int64_t F) {
-  const int64_t n = N * F;
-#pragma omp parallel for simd schedule(static) if (n >= 32768)
-  for (int64_t i = 0; i < n; ++i) {
-    const T g = gate[i];
-    h[i] = g * sigmoid(g).s * up[i];
-  }
+  parallel_chunks(N * F, [=](int64_t i0, int64_t i1) {
+#pragma omp simd
+    for (int64_t i = i0; i < i1; ++i) {
+      const T g = gate[i];
+      h[i] = g * sigmoid(g).s * up[i];
+    }
+  });
 }
 
 // silu(g) = g σ(g);  silu'(g) = σ(g) + g σ(g)(1 − σ(g)) = σ(g) (1 + g (1 − σ(g))).
 template <typename T>
 void swiglu_backward_cpu(T* dgate, T* dup, const T* dh, const T* gate, const T* up, int64_t N,
                          int64_t F) {
-  const int64_t n = N * F;
-#pragma omp parallel for simd schedule(static) if (n >= 32768)
-  for (int64_t i = 0; i < n; ++i) {
-    const T g = gate[i], d = dh[i];
-    const Sigmoid<T> sg = sigmoid(g);
-    dgate[i] = d * up[i] * sg.s * (T(1) + g * sg.one_minus_s);
-    dup[i] = d * g * sg.s;
-  }
+  parallel_chunks(N * F, [=](int64_t i0, int64_t i1) {
+#pragma omp simd
+    for (int64_t i = i0; i < i1; ++i) {
+      const T g = gate[i], d = dh[i];
+      const Sigmoid<T> sg = sigmoid(g);
+      dgate[i] = d * up[i] * sg.s * (T(1) + g * sg.one_minus_s);
+      dup[i] = d * g * sg.s;
+    }
+  });
 }
 
 template void swiglu_forward_cpu<float>(float*, const float*, const float*, int64_t, int64_t);
