@@ -41,10 +41,12 @@ inline __m512 load16(const bfloat16* w) {
 }
 
 // Rows [0, MR) of x against NP (1 or 2) consecutive panels starting at wp (stride IC·16 between
-// panels): y[i·ldy + 16·p + l] for l < valid[p]. W: float or bfloat16 weights.
+// panels): y[i·ldy + 16·p + l] for l < valid[p]. W: float or bfloat16 weights. pf: NP panels to
+// prefetch into L2 while this block computes (the next task's, so that its first block does not
+// wait on memory), or nullptr.
 template <int MR, int NP, typename W>
 inline void block(float* y, int64_t ldy, const float* x, const W* wp, const float* b, int64_t IC,
-                  const int64_t* valid) {
+                  const int64_t* valid, const W* pf) {
   __m512 acc[MR][NP];
   const int64_t pstride = IC * kDecodePanel;
   // k = 0: the product alone (fma(x0, w0, 0) rounds the same as x0·w0).
@@ -60,6 +62,12 @@ inline void block(float* y, int64_t ldy, const float* x, const W* wp, const floa
     }
   }
   for (int64_t k = 1; k < IC; ++k) {
+    if (pf != nullptr) {
+#pragma GCC unroll 2
+      for (int p = 0; p < NP; ++p)
+        _mm_prefetch(reinterpret_cast<const char*>(pf + p * pstride + k * kDecodePanel),
+                     _MM_HINT_T1);
+    }
     __m512 wv[NP];
 #pragma GCC unroll 2
     for (int p = 0; p < NP; ++p) wv[p] = load16(wp + p * pstride + k * kDecodePanel);
@@ -81,29 +89,31 @@ inline void block(float* y, int64_t ldy, const float* x, const W* wp, const floa
   }
 }
 
-// Every row of x against NP panels: blocks of 8 rows, then the 1–7 left.
+// Every row of x against NP panels: blocks of 8 rows, then the 1–7 left. pf: the panels the
+// first block prefetches (block's pf).
 template <int NP, typename W>
 inline void panels(float* y, int64_t ldy, const float* x, const W* wp, const float* b, int64_t M,
-                   int64_t IC, const int64_t* valid) {
+                   int64_t IC, const int64_t* valid, const W* pf) {
   int64_t m = 0;
-  for (; m + kMR <= M; m += kMR) block<8, NP>(y + m * ldy, ldy, x + m * IC, wp, b, IC, valid);
+  for (; m + kMR <= M; m += kMR, pf = nullptr)
+    block<8, NP>(y + m * ldy, ldy, x + m * IC, wp, b, IC, valid, pf);
   float* ym = y + m * ldy;
   const float* xm = x + m * IC;
   switch (M - m) {
     case 7:
-      return block<7, NP>(ym, ldy, xm, wp, b, IC, valid);
+      return block<7, NP>(ym, ldy, xm, wp, b, IC, valid, pf);
     case 6:
-      return block<6, NP>(ym, ldy, xm, wp, b, IC, valid);
+      return block<6, NP>(ym, ldy, xm, wp, b, IC, valid, pf);
     case 5:
-      return block<5, NP>(ym, ldy, xm, wp, b, IC, valid);
+      return block<5, NP>(ym, ldy, xm, wp, b, IC, valid, pf);
     case 4:
-      return block<4, NP>(ym, ldy, xm, wp, b, IC, valid);
+      return block<4, NP>(ym, ldy, xm, wp, b, IC, valid, pf);
     case 3:
-      return block<3, NP>(ym, ldy, xm, wp, b, IC, valid);
+      return block<3, NP>(ym, ldy, xm, wp, b, IC, valid, pf);
     case 2:
-      return block<2, NP>(ym, ldy, xm, wp, b, IC, valid);
+      return block<2, NP>(ym, ldy, xm, wp, b, IC, valid, pf);
     case 1:
-      return block<1, NP>(ym, ldy, xm, wp, b, IC, valid);
+      return block<1, NP>(ym, ldy, xm, wp, b, IC, valid, pf);
     default:
       return;
   }
@@ -168,10 +178,12 @@ void packed(const char* what, float* y, const float* x, const W* wp, const float
     const W* wt = wp + p0 * IC * kDecodePanel;
     const float* bt = b != nullptr ? b + p0 * kDecodePanel : nullptr;
 #if defined(__AVX512F__)
+    // The next task's two panels (the last task prefetches nothing).
+    const W* pf = p0 + 2 < np ? wt + 2 * IC * kDecodePanel : nullptr;
     if (n == 2)
-      panels<2>(yt, OC, x, wt, bt, M, IC, valid);
+      panels<2>(yt, OC, x, wt, bt, M, IC, valid, pf);
     else
-      panels<1>(yt, OC, x, wt, bt, M, IC, valid);
+      panels<1>(yt, OC, x, wt, bt, M, IC, valid, pf);
 #else
     panels_portable(yt, OC, x, wt, bt, M, IC, n, valid);
 #endif
