@@ -110,6 +110,35 @@ RLHF_AVX512_DIAGNOSTICS_PUSH
 #define RLHF_ATT_DECODE_F16_AVX512 1
 #endif
 
+// Software prefetch of the rows a pass will read kPrefetchRows positions from now, into L1. One
+// core here reads ~10 GB/s from memory (the limit of its outstanding misses); the hardware
+// prefetcher stops at 4 KiB pages and restarts at every scattered block, so the passes stalled on
+// loads. Measured on a 2-core Xeon (Cascade Lake), fp16 cache, batch 16 x 1088 positions: 11.2 →
+// 13.0 GB/s at GQA 9:3, D 64; 14.1 → 16.5 GB/s at 6:6, D 48 (the prefetch of a whole block at each
+// block start it replaces gained nothing).
+constexpr int64_t kPrefetchRows = 32;
+
+// Walks the rows of a sequence kPrefetchRows ahead of a pass, prefetching each row's cache lines.
+template <typename KV>
+struct RowPrefetcher {
+  const KV* base;  // a.k or a.v
+  RowCursor ahead;
+  int64_t n, D, s = 0;  // s: the next position to prefetch
+  RowPrefetcher(const KV* base_, const RowCursor& start, int64_t n_, int64_t D_)
+      : base(base_), ahead(start), n(n_), D(D_) {
+    for (int64_t i = 0; i < kPrefetchRows; ++i) next();
+  }
+  // Prefetches the next row (if any) and moves past it: call once per row the pass reads.
+  void next() {
+    if (s >= n) return;
+    const char* p = reinterpret_cast<const char*>(base + ahead.offset());
+    for (int64_t off = 0; off < D * int64_t(sizeof(KV)); off += 64)
+      _mm_prefetch(p + off, _MM_HINT_T0);
+    ahead.next();
+    ++s;
+  }
+};
+
 // Chunk c (16 lanes, the last one masked by `tail`) of a row of D values, widened to fp32.
 template <int NV>
 inline __m512 load_chunk(const float* p, int c, __mmask16 tail) {
@@ -134,18 +163,19 @@ constexpr int64_t heads_per_pass() {
 // out_j = (Σ_s e[j, s] · V[s]) / Z_j for the GB heads j0 .. j0 + GB − 1 of a group, reading each
 // cached V row once for all of them. Even and odd positions go to two accumulator sets (two
 // independent FMA chains per lane), added at the end: the order is fixed by the position alone.
-template <int NV, int GB, typename KV, typename Prefetch>
-void value_pass(const Group<float, KV>& a, const float* S, const float* inv, int64_t j0,
-                const Prefetch& prefetch_block) {
+template <int NV, int GB, typename KV>
+void value_pass(const Group<float, KV>& a, const float* S, const float* inv, int64_t j0) {
   const int64_t n = a.n, D = a.D;
   const __mmask16 tail = first_lanes(D - 16 * (NV - 1));
   __m512 acc0[GB][NV], acc1[GB][NV];
   for (int h = 0; h < GB; ++h)
     for (int c = 0; c < NV; ++c) acc0[h][c] = acc1[h][c] = _mm512_setzero_ps();
   RowCursor cur{a.table, a.bs, a.block_stride, a.D};
+  RowPrefetcher<KV> pf(a.v, cur, n, D);
   int64_t s = 0;
   for (; s + 1 < n; s += 2) {
-    if (cur.r == 0 && j0 == 0) prefetch_block(a.v, cur.blk + 1);
+    pf.next();
+    pf.next();
     const KV* v0 = a.v + cur.offset();
     cur.next();
     const KV* v1 = a.v + cur.offset();
@@ -192,22 +222,13 @@ void group_f32(const Group<float, KV>& a, float* S, float* inv) {
   const __mmask16 tail = first_lanes(D - 16 * (NV - 1));
   auto load = [tail](const auto* p, int c) { return load_chunk<NV>(p, c, tail); };
   const __m512 scale = _mm512_set1_ps(a.sc);
-  // One head's rows of a block are contiguous (bs·D floats), but blocks are scattered: prefetch
-  // block i + 1 when block i starts, so the hardware prefetcher's ramp-up is not paid per block.
-  const int64_t nblk = (n + a.bs - 1) / a.bs, span = a.bs * D;
-  auto prefetch_block = [&](const KV* base, int64_t i) {
-    if (i >= nblk) return;
-    const char* p = reinterpret_cast<const char*>(base + int64_t(a.table[i]) * a.block_stride);
-    for (int64_t off = 0; off < span * int64_t(sizeof(KV)); off += 64)
-      _mm_prefetch(p + off, _MM_HINT_T0);
-  };
-  prefetch_block(a.k, 0);
   RowCursor cur{a.table, a.bs, a.block_stride, a.D};
+  RowPrefetcher<KV> pf(a.k, cur, n, D);
   for (int64_t s0 = 0; s0 < n; s0 += 16) {
     const int64_t rows = std::min<int64_t>(16, n - s0);
     const KV* kr[16];
     for (int64_t i = 0; i < rows; ++i, cur.next()) {
-      if (cur.r == 0) prefetch_block(a.k, cur.blk + 1);
+      pf.next();
       kr[i] = a.k + cur.offset();
     }
     for (int64_t j = 0; j < G; ++j) {
@@ -227,7 +248,6 @@ void group_f32(const Group<float, KV>& a, float* S, float* inv) {
                             _mm512_mul_ps(hsum16_f32(acc), scale));
     }
   }
-  prefetch_block(a.v, 0);
   softmax_rows(S, inv, G, n);
   // Heads in chunks of up to heads_per_pass<NV>() (their 2·NV accumulators each stay in
   // registers): each chunk reads every cached V row once.
@@ -235,16 +255,16 @@ void group_f32(const Group<float, KV>& a, float* S, float* inv) {
     const int64_t gb = std::min<int64_t>(G - j, heads_per_pass<NV>());
     switch (gb) {
       case 4:
-        value_pass<NV, 4>(a, S, inv, j, prefetch_block);
+        value_pass<NV, 4>(a, S, inv, j);
         break;
       case 3:
-        value_pass<NV, 3>(a, S, inv, j, prefetch_block);
+        value_pass<NV, 3>(a, S, inv, j);
         break;
       case 2:
-        value_pass<NV, 2>(a, S, inv, j, prefetch_block);
+        value_pass<NV, 2>(a, S, inv, j);
         break;
       default:
-        value_pass<NV, 1>(a, S, inv, j, prefetch_block);
+        value_pass<NV, 1>(a, S, inv, j);
         break;
     }
     j += gb;
