@@ -299,9 +299,10 @@ GenerateBench::GenerateBench(const BenchGenerateOptions& opt, const Emit& emit)
   triad_ = bench_triad(opt.triad_mb << 20, 5, emit);
   // The ragged run's batch only when it runs (the decode-GEMM rows at 64 rows take minutes on a
   // loaded machine).
+  // The fixed-length 1024-token run's batch too: the engine's slots bound every run's batch.
   const int64_t gemm_rows = std::max<int64_t>(
-      opt.long_requests > 0 ? opt.long_batch : 1,
-      opt.batches.empty() ? 1 : *std::max_element(opt.batches.begin(), opt.batches.end()));
+      {opt.long_requests > 0 ? opt.long_batch : 1, opt.long_fixed_batch,
+       opt.batches.empty() ? 1 : *std::max_element(opt.batches.begin(), opt.batches.end())});
   sgemm_ = bench_sgemm_decode_shapes(cfg_, gemm_rows, emit, &kernel_gflops_);
 
   // One engine for every run: slots and KV blocks for the largest batch at the longest length.
