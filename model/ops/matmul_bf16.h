@@ -33,14 +33,25 @@ std::string onednn_version_string();
 /// Throws rlhf::Error when oneDNN refuses the shape.
 std::string onednn_matmul_impl(bool bf16, int64_t M, int64_t N, int64_t K);
 
+/// Primitives the cache holds at most by default. Ragged micro-batches (--packing_samples,
+/// --use_dynamic_batch) give a new M, hence a new primitive, at nearly every step; the least
+/// recently used ones go past this bound, so the cache stays bounded over a long run.
+inline constexpr int64_t kDefaultMatmulCacheCapacity = 256;
+
 /// The oneDNN primitive cache of the GEMMs here (one primitive per shape: operand type,
 /// transposes, M, N, K, leading dimensions, accumulation and omp_get_max_threads(), so a change of
-/// --threads creates new primitives sized for it): entries held, and lookups that found an entry
-/// (hits) or created one (misses) since the process started. All zero without oneDNN.
+/// --threads creates new primitives sized for it; least recently used ones evicted past
+/// `capacity`): entries held, and lookups that found an entry (hits) or created one (misses) and
+/// entries dropped (evictions) since the process started. Counts zero without oneDNN.
 struct MatmulCacheStats {
-  int64_t entries = 0, hits = 0, misses = 0;
+  int64_t entries = 0, hits = 0, misses = 0, evictions = 0;
+  int64_t capacity = kDefaultMatmulCacheCapacity;
 };
 MatmulCacheStats onednn_matmul_cache_stats();
+
+/// Sets the cache's bound (entries, >= 1), evicting the least recently used entries past it, and
+/// returns the previous bound (for tests). Throws rlhf::Error when capacity < 1.
+int64_t set_onednn_matmul_cache_capacity(int64_t capacity);
 
 /// C (M, N) fp32 = op(A) · op(B), or += when accumulate, with bf16 operands and fp32 accumulation.
 /// Row-major: op(A) is (M, K) — A is (M, K) with leading dimension lda, or (K, M) when trans_a;

@@ -301,6 +301,41 @@ TEST_CASE("matmul bf16: one primitive per shape and thread count, reused on ever
   CHECK(s3.misses == s2.misses + 2);
 }
 
+TEST_CASE("matmul bf16: the primitive cache stays within its capacity, least recently used out") {
+  if (!model::onednn_available()) return;
+  // Shapes no other test uses; a capacity of 3 for the test, restored after it.
+  const int64_t IC = 41, OC = 23, rows_max = 12;
+  const auto x = to_bf16(test::random_vec<float>(rows_max * IC, 83));
+  const auto w = to_bf16(test::random_vec<float>(OC * IC, 84));
+  std::vector<float> y(size_t(rows_max * OC));
+  auto forward = [&](int64_t rows) {
+    model::linear_forward_bf16(y.data(), x.data(), w.data(), nullptr, rows, IC, OC);
+    return std::vector<float>(y.begin(), y.begin() + rows * OC);
+  };
+  const auto first = forward(rows_max);  // computed before the bound: the reference
+  const int64_t old = model::set_onednn_matmul_cache_capacity(3);
+  CHECK(model::onednn_matmul_cache_stats().entries <= 3);
+  const auto s0 = model::onednn_matmul_cache_stats();
+  CHECK(s0.capacity == 3);
+  for (int64_t rows = 1; rows <= 6; ++rows) forward(rows);  // six new shapes through three places
+  const auto s1 = model::onednn_matmul_cache_stats();
+  CHECK(s1.entries == 3);
+  CHECK(s1.misses == s0.misses + 6);
+  CHECK(s1.evictions >= s0.evictions + 6);  // rows_max's entry and rows 1..3 went out
+  forward(6);                               // the most recent: still held
+  CHECK(model::onednn_matmul_cache_stats().misses == s1.misses);
+  forward(4);  // third most recent: held, and now the most recent
+  CHECK(model::onednn_matmul_cache_stats().misses == s1.misses);
+  forward(1);  // evicted long ago: created again, evicting the least recent (5)
+  CHECK(model::onednn_matmul_cache_stats().misses == s1.misses + 1);
+  forward(5);
+  CHECK(model::onednn_matmul_cache_stats().misses == s1.misses + 2);
+  CHECK(forward(rows_max) == first);  // a re-created primitive computes the same
+  CHECK(model::onednn_matmul_cache_stats().entries == 3);
+  model::set_onednn_matmul_cache_capacity(old);
+  CHECK_THROWS_AS(model::set_onednn_matmul_cache_capacity(0), rlhf::Error);
+}
+
 TEST_CASE("matmul bf16: bad arguments throw") {
   std::vector<bfloat16> a(64), b(64);
   std::vector<float> c(64);

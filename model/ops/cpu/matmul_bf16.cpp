@@ -14,7 +14,9 @@
 #ifdef RLHF_ONEDNN
 #include <oneapi/dnnl/dnnl.hpp>
 
+#include <list>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <tuple>
 #endif
@@ -71,19 +73,33 @@ struct Cached {
   std::string impl;
 };
 
+// Least recently used first: `order` holds the keys, each map entry its place in it. An entry is
+// shared, so one evicted while another thread still runs it stays alive until that run ends.
 struct Cache {
   std::mutex mu;
-  std::map<Key, Cached> map;
-  int64_t hits = 0, misses = 0;
+  std::list<Key> order;
+  std::map<Key, std::pair<std::shared_ptr<const Cached>, std::list<Key>::iterator>> map;
+  int64_t capacity = kDefaultMatmulCacheCapacity;
+  int64_t hits = 0, misses = 0, evictions = 0;
 };
 Cache& cache() {
   static Cache c;
   return c;
 }
 
+// Drops least recently used entries until at most cc.capacity remain. Caller holds cc.mu.
+void evict_to_capacity(Cache& cc) {
+  while (int64_t(cc.map.size()) > cc.capacity) {
+    cc.map.erase(cc.order.back());
+    cc.order.pop_back();
+    ++cc.evictions;
+  }
+}
+
 // The primitive for C (M, N) = op(A) · op(B) [+ C] with operands of type dt, created on first use.
-const Cached& get_matmul(memory::data_type dt, bool trans_a, bool trans_b, int64_t M, int64_t N,
-                         int64_t K, int64_t lda, int64_t ldb, int64_t ldc, bool accumulate) {
+std::shared_ptr<const Cached> get_matmul(memory::data_type dt, bool trans_a, bool trans_b,
+                                         int64_t M, int64_t N, int64_t K, int64_t lda, int64_t ldb,
+                                         int64_t ldc, bool accumulate) {
   Cache& cc = cache();
   const Key key{dt == memory::data_type::bf16, trans_a, trans_b, M, N, K, lda, ldb, ldc, accumulate,
                 omp_get_max_threads()};
@@ -91,7 +107,8 @@ const Cached& get_matmul(memory::data_type dt, bool trans_a, bool trans_b, int64
   auto it = cc.map.find(key);
   if (it != cc.map.end()) {
     ++cc.hits;
-    return it->second;
+    cc.order.splice(cc.order.begin(), cc.order, it->second.second);  // most recent
+    return it->second.first;
   }
   ++cc.misses;
   // Row-major operands as strided descriptors: a transpose is a swap of strides.
@@ -106,8 +123,12 @@ const Cached& get_matmul(memory::data_type dt, bool trans_a, bool trans_b, int64
   }
   try {
     const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, b, c), attr, cpu_engine());
-    Cached entry{dnnl::matmul(pd), a, b, c, pd.impl_info_str()};
-    return cc.map.emplace(key, std::move(entry)).first->second;
+    auto entry =
+        std::make_shared<const Cached>(Cached{dnnl::matmul(pd), a, b, c, pd.impl_info_str()});
+    cc.order.push_front(key);
+    cc.map.emplace(key, std::make_pair(entry, cc.order.begin()));
+    evict_to_capacity(cc);
+    return entry;
   } catch (const dnnl::error& e) {
     RLHF_FAIL("oneDNN matmul ({}, M={} N={} K={} trans_a={} trans_b={}) refused: {} (status {})",
               dt == memory::data_type::bf16 ? "bf16" : "fp32", M, N, K, trans_a, trans_b, e.what(),
@@ -118,7 +139,9 @@ const Cached& get_matmul(memory::data_type dt, bool trans_a, bool trans_b, int64
 void run_matmul(memory::data_type dt, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
                 const void* A, int64_t lda, const void* B, int64_t ldb, float* C, int64_t ldc,
                 bool accumulate) {
-  const Cached& m = get_matmul(dt, trans_a, trans_b, M, N, K, lda, ldb, ldc, accumulate);
+  const std::shared_ptr<const Cached> p =
+      get_matmul(dt, trans_a, trans_b, M, N, K, lda, ldb, ldc, accumulate);
+  const Cached& m = *p;
   thread_local dnnl::stream stream(cpu_engine());
   memory ma(m.a, cpu_engine(), const_cast<void*>(A)), mb(m.b, cpu_engine(), const_cast<void*>(B)),
       mc(m.c, cpu_engine(), C);
@@ -208,8 +231,24 @@ MatmulCacheStats onednn_matmul_cache_stats() {
   s.entries = int64_t(cc.map.size());
   s.hits = cc.hits;
   s.misses = cc.misses;
+  s.evictions = cc.evictions;
+  s.capacity = cc.capacity;
 #endif
   return s;
+}
+
+int64_t set_onednn_matmul_cache_capacity(int64_t capacity) {
+  RLHF_CHECK(capacity >= 1, "oneDNN matmul cache capacity must be >= 1, got {}", capacity);
+#ifdef RLHF_ONEDNN
+  Cache& cc = cache();
+  std::lock_guard<std::mutex> lock(cc.mu);
+  const int64_t old = cc.capacity;
+  cc.capacity = capacity;
+  evict_to_capacity(cc);
+  return old;
+#else
+  return kDefaultMatmulCacheCapacity;
+#endif
 }
 
 std::string onednn_matmul_impl(bool bf16, int64_t M, int64_t N, int64_t K) {
@@ -217,7 +256,7 @@ std::string onednn_matmul_impl(bool bf16, int64_t M, int64_t N, int64_t K) {
   RLHF_CHECK(M > 0 && N > 0 && K > 0, "onednn_matmul_impl: M={} N={} K={} must be > 0", M, N, K);
   return get_matmul(bf16 ? memory::data_type::bf16 : memory::data_type::f32, false, true, M, N, K,
                     K, K, N, false)
-      .impl;
+      ->impl;
 #else
   (void)bf16, (void)M, (void)N, (void)K;
   return kNoOnednn;
