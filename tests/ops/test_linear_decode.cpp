@@ -56,7 +56,7 @@ TEST_CASE("linear_decode_packed equals the fma chain in k order, bit for bit, on
     auto w = test::random_vec<float>(OC * IC, 2 + OC, -1, 1);
     auto b = test::random_vec<float>(OC, 3, -1, 1);
     const auto wp = pack(w, IC, OC);
-    for (int64_t M : {1, 2, 3, 7, 8, 9, 16, 17, 64}) {
+    for (int64_t M : {1, 2, 3, 7, 8, 9, 12, 16, 17, 64}) {
       if (IC * OC > 100000 && M != 1 && M != 9 && M != 64) continue;
       auto x = test::random_vec<float>(M * IC, 1 + M, -1, 1);
       for (bool bias : {false, true}) {
