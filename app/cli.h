@@ -607,6 +607,10 @@ struct BenchArgs {
   std::string gen_batches = "1,8,64";  ///< --gen_batches: generate, the fixed runs' batch sizes
   int64_t gen_long_requests = 256;     ///< --gen_long_requests: generate, ragged run (0 = skip)
   int64_t gen_long_fixed_batch = 8;    ///< --gen_long_fixed_batch: generate, long run (0 = skip)
+  int64_t rl_new_tokens = 128;         ///< --generate_max_len: rl, new tokens per sample
+  int64_t rl_prompts = 8;              ///< --rollout_batch_size: rl, prompts per step
+  int64_t rl_samples_per_prompt = 8;   ///< --n_samples_per_prompt: rl, completions per prompt
+  int64_t rl_steps = 10;               ///< --max_steps: rl, GRPO steps
   int64_t packing_bench_samples = 32;  ///< --packing_bench_samples: packing, the global batch
   /// --packing_bench_lengths: packing, lo hi of the uniform sample lengths (tokens)
   std::array<double, 2> packing_bench_len = {64, 1024};

@@ -255,9 +255,20 @@ int run_bench(const BenchArgs& args) {
     bench::BenchRlOptions o;
     if (!args.model_config.empty()) o.config = io::load_model_config_file(args.model_config);
     o.seed = static_cast<uint64_t>(args.common.seed);
+    o.new_tokens = args.rl_new_tokens;
+    o.prompts_per_step = args.rl_prompts;
+    o.samples_per_prompt = args.rl_samples_per_prompt;
+    o.steps = args.rl_steps;
     bench::run_bench_rl(o, [&](const nlohmann::json& row) {
       emit(row);
-      if (row["bench"] == "rl_phase")
+      if (row["bench"] == "rl_decode")
+        LOG0_INFO(
+            "bench rl: decode {:.2f} ms a step ({:.0f} steps a rollout), {:.1f} MB read a step "
+            "at {:.1f} GB/s = {:.2f}x the bytes model (triad {:.1f} GB/s)",
+            row["step_ms"].get<double>(), row["decode_steps"].get<double>(),
+            row["read_bytes_per_step"].get<double>() / 1e6, row["read_GBps"].get<double>(),
+            row["ratio_to_bytes_model"].get<double>(), row["triad_GBps"].get<double>());
+      else if (row["bench"] == "rl_phase")
         LOG0_INFO("bench rl: {:8s} {:7.3f}s {:5.1f}% (comm {:.3f}s) | {:.2f} GFLOP/s per rank",
                   row["phase"].get<std::string>(), row["seconds"].get<double>(),
                   100 * row["share"].get<double>(), row["comm_s"].get<double>(),

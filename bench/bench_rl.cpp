@@ -7,6 +7,7 @@
 #include <fstream>
 #include <vector>
 
+#include "bench/bench_generate.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "io/hdf5_ckpt.h"
@@ -119,6 +120,8 @@ void bench_filtering(const BenchRlOptions& opt, const std::string& dir, parallel
     a.step.n_samples_per_prompt = 8;
     a.step.generate_max_len = 8;
     a.step.sampling.seed = opt.seed;
+  // `rlhf grpo`'s --kv_cache_dtype auto: an fp16 cache on a CPU engine (GPU engines keep bf16).
+  a.engine.kv_cache_dtype = rollout::KvDtype::kFloat16;
     a.step.dynamic_filtering = filter;
     a.max_steps = opt.filter_steps;
     a.actor_adam.lr = 3e-4;
@@ -232,7 +235,10 @@ void bench_async(const BenchRlOptions& opt, const rl::RlRunConfig& base, const c
 void run_bench_rl(const BenchRlOptions& opt, const Emit& emit) {
   const auto comm = parallel::make_comm(MPI_COMM_WORLD, "bench_world");
   const int rank = comm->rank(), world = comm->size();
-  const model::ModelConfig& cfg = opt.config;
+  // Room for the prompt and every new token (stories15M's shape has 256 positions; the weights
+  // are random, so positions past the model's own are as good as any).
+  model::ModelConfig cfg = opt.config;
+  cfg.max_position_embeddings = std::max(cfg.max_position_embeddings, 16 + opt.new_tokens);
   const std::string dir = shared_temp_dir(opt.work_dir, *comm);
   const std::string config_path = (fs::path(dir) / "config.json").string();
   const std::string rm_path = (fs::path(dir) / "reward_model.h5").string();
@@ -250,6 +256,11 @@ void run_bench_rl(const BenchRlOptions& opt, const Emit& emit) {
   double sgemm = 0;
   comm->all_reduce(&sgemm_local, &sgemm, 1);
   sgemm /= world;
+  // The bytes model's bandwidth: the triad on every rank at once, summed (the node's, on one node).
+  comm->barrier();
+  const double triad_local = bench_triad(int64_t(256) << 20, 5, Emit([](const nlohmann::json&) {}));
+  double triad = 0;
+  comm->all_reduce(&triad_local, &triad, 1);
 
   // `rlhf grpo`'s defaults and presets (group_norm advantages, KL as a loss with k3).
   rl::RlRunConfig a;
@@ -271,6 +282,8 @@ void run_bench_rl(const BenchRlOptions& opt, const Emit& emit) {
   a.step.n_samples_per_prompt = opt.samples_per_prompt;
   a.step.generate_max_len = opt.new_tokens;
   a.step.sampling.seed = opt.seed;
+  // `rlhf grpo`'s --kv_cache_dtype auto: an fp16 cache on a CPU engine (GPU engines keep bf16).
+  a.engine.kv_cache_dtype = rollout::KvDtype::kFloat16;
   a.max_steps = opt.steps;
   a.actor_adam.lr = 1e-5;
   a.critic_adam.lr = 9e-6;
@@ -327,6 +340,20 @@ void run_bench_rl(const BenchRlOptions& opt, const Emit& emit) {
           {"comm_s", mean("gen_comm_s") + mean("reward_comm_s") + mean("logprob_comm_s") +
                          mean("train_comm_s") + mean("sync_comm_s")},
           {"gflops_per_s_per_rank", flop / step_s / 1e9 / world}});
+    // Generation against its bytes model: a decode step reads the weights and the K/V cache; at
+    // the triad's bandwidth that takes bytes / triad (docs/benchmarks.md).
+    const double dec_s = mean("gen_decode_s"), dec_steps = mean("gen_decode_steps");
+    const double dec_bytes = mean("gen_decode_read_bytes");
+    const double model_s = dec_bytes / (triad * 1e9);
+    emit({{"bench", "rl_decode"},
+          {"new_tokens", opt.new_tokens},
+          {"decode_steps", dec_steps},
+          {"step_ms", dec_s / std::max(dec_steps, 1.0) * 1e3},
+          {"read_bytes_per_step", dec_bytes / std::max(dec_steps, 1.0)},
+          {"read_GBps", dec_bytes / std::max(dec_s, 1e-12) / 1e9},
+          {"triad_GBps", triad},
+          {"bytes_model_step_ms", model_s / std::max(dec_steps, 1.0) * 1e3},
+          {"ratio_to_bytes_model", dec_s / std::max(model_s, 1e-12)}});
     const double tps_first = recs.front().value("gen_tokens_per_s", 0.0);
     const double tps_last = recs.back().value("gen_tokens_per_s", 0.0);
     emit({{"bench", "rl"},

@@ -59,6 +59,33 @@ void add(nlohmann::json& rec, const char* key, double x) {
 
 }  // namespace
 
+void RlStep::add_decode_stats(nlohmann::json& totals, bool generated) {
+  double bytes = 0, seconds = 0, steps = 0;
+  if (generated && p_.engine) {
+    const rollout::EngineStats& st = p_.engine->stats();
+    bytes = double(st.decode_steps) * double(p_.engine->weight_bytes_per_decode_step()) +
+            st.kv_bytes_read;
+    seconds = st.decode_s;
+    steps = double(st.decode_steps);
+  }
+  p_.world->all_reduce(&bytes, &bytes, 1, parallel::ReduceOp::kSum);
+  p_.world->all_reduce(&seconds, &seconds, 1, parallel::ReduceOp::kMax);
+  p_.world->all_reduce(&steps, &steps, 1, parallel::ReduceOp::kMax);
+  add(totals, "gen_decode_s", seconds);
+  add(totals, "gen_decode_steps", steps);
+  add(totals, "gen_decode_read_bytes", bytes);
+}
+
+void RlStep::finish_gen_metrics(nlohmann::json& rec) {
+  rec["gen_tokens_per_s"] =
+      rec["gen_tokens"].get<double>() / std::max(rec["gen_compute_s"].get<double>(), 1e-9);
+  rec["gen_decode_read_GBps"] = rec.value("gen_decode_read_bytes", 0.0) /
+                                std::max(rec.value("gen_decode_s", 0.0), 1e-9) / 1e9;
+  for (const char* k : {"gen_tokens", "gen_comm_bytes", "reward_comm_bytes", "gen_decode_steps",
+                        "gen_decode_read_bytes"})
+    if (rec.contains(k)) rec[k] = int64_t(rec[k].get<double>());
+}
+
 std::vector<rollout::Sample> RlStep::generate(int64_t round, nlohmann::json& totals) {
   const auto t = Clock::now();
   std::vector<rollout::Sample> local;
@@ -113,6 +140,7 @@ std::vector<rollout::Sample> RlStep::generate(int64_t round, nlohmann::json& tot
                                                           p_.episodes, progress, &env_stats);
     if (p_.engine->tp_rank() == 0) local = std::move(mine);
   }
+  add_decode_stats(totals, p_.engine != nullptr);
   const parallel::CommStats c0 = p_.world->stats();
   // The engines' generation time: the slowest rank's (a rank without an engine spends none).
   const double local_s = since(t);
@@ -224,10 +252,7 @@ void RlStep::collect(std::vector<rollout::Sample>& kept, std::vector<double>& ke
     p_.world->broadcast(&need_more, 1, train_root);
     if (!need_more) break;
   }
-  rec["gen_tokens_per_s"] =
-      rec["gen_tokens"].get<double>() / std::max(rec["gen_compute_s"].get<double>(), 1e-9);
-  for (const char* k : {"gen_tokens", "gen_comm_bytes", "reward_comm_bytes"})
-    if (rec.contains(k)) rec[k] = int64_t(rec[k].get<double>());
+  finish_gen_metrics(rec);
   if (!trains) return;
   const double B = double(all_scores.size());
   const auto [mean, sd] = score_mean_std(all_scores);

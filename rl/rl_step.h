@@ -173,6 +173,14 @@ class RlStep {
                        nlohmann::json& rec);
   // One partial round: this engine's pending groups with their quota, gathered into the pool.
   void generate_partial(int64_t quota, nlohmann::json& totals, PartialStats& st);
+  // After a round's generate() on every rank (collective over world): adds the engines' decode
+  // steps to totals — gen_decode_s (slowest rank), gen_decode_steps (most on a rank) and
+  // gen_decode_read_bytes (Σ over ranks of the weight bytes each decode step reads plus the K/V
+  // bytes attention read: the bytes model of a decode step). generated: this rank's engine ran.
+  void add_decode_stats(nlohmann::json& totals, bool generated);
+  // The round totals' rates: gen_tokens_per_s, gen_decode_read_GBps (gen_decode_read_bytes over
+  // gen_decode_s, GB = 1e9: compare with the machine's memory bandwidth), integer counts.
+  static void finish_gen_metrics(nlohmann::json& rec);
   // Phases 1–2 until the step has its groups (one round without dynamic filtering): the kept
   // samples (renumbered 0..K−1 by group) and their scores, on training ranks.
   void collect(std::vector<rollout::Sample>& kept, std::vector<double>& kept_scores,

@@ -25,6 +25,7 @@ void RlStep::generate_partial(int64_t quota, nlohmann::json& totals, PartialStat
   const auto t = Clock::now();
   const std::vector<int64_t> pending = pool_.pending_groups();
   std::vector<rollout::Sample> local;
+  bool generated = false;  // this rank's engine ran a generate() this round
   if (p_.engine) {
     // Pending group k goes to engine k mod E (carried groups spread over the engines), each with
     // its share of the quota; an engine with no share generates nothing this round.
@@ -42,8 +43,10 @@ void RlStep::generate_partial(int64_t quota, nlohmann::json& totals, PartialStat
       std::vector<rollout::GenerationResult> res =
           p_.engine->generate(reqs, {}, nullptr, q[size_t(e)]);
       if (p_.engine->tp_rank() == 0) local = pool_.to_samples(reqs, std::move(res), pending, step_);
+      generated = true;
     }
   }
+  add_decode_stats(totals, generated);
   const parallel::CommStats c0 = p_.world->stats();
   const double local_s = since(t);
   double compute_s = 0;
@@ -71,7 +74,8 @@ void RlStep::collect_partial(std::vector<rollout::Sample>& kept, std::vector<dou
   PartialStats st;
   st.dropped = pool_.drop_stale(version);
   int64_t rounds = 0;
-  for (const char* k : {"gen_s", "gen_compute_s", "gen_comm_s", "gen_comm_bytes", "gen_tokens"})
+  for (const char* k : {"gen_s", "gen_compute_s", "gen_comm_s", "gen_comm_bytes", "gen_tokens",
+                        "gen_decode_s", "gen_decode_steps", "gen_decode_read_bytes"})
     rec[k] = 0.0;
   // Groups that finished beyond an earlier step's quota are taken first; a round runs when they
   // are too few: fresh prompts top the groups to generate up to the quota plus a margin
@@ -91,9 +95,7 @@ void RlStep::collect_partial(std::vector<rollout::Sample>& kept, std::vector<dou
     generate_partial(RB - pool_.complete_groups(), rec, st);
   }
   std::vector<rollout::Sample> taken = pool_.take(RB, version, st);
-  rec["gen_tokens_per_s"] =
-      rec["gen_tokens"].get<double>() / std::max(rec["gen_compute_s"].get<double>(), 1e-9);
-  for (const char* k : {"gen_tokens", "gen_comm_bytes"}) rec[k] = int64_t(rec[k].get<double>());
+  finish_gen_metrics(rec);
   rec.update(st.to_json());
   rec["partial_rounds"] = rounds;
   if (!p_.topology->trains()) return;

@@ -55,12 +55,23 @@ need = ["step", "reward_mean", "reward_std", "response_length_mean", "response_l
         "actor_grad_norm", "actor_lr", "gen_s", "gen_comm_s", "gen_comm_bytes", "reward_s",
         "reward_comm_s", "reward_comm_bytes", "logprob_s", "logprob_comm_s", "logprob_comm_bytes", "logprob_old_skipped",
         "train_s", "train_comm_s", "train_comm_bytes", "sync_s", "sync_comm_s", "sync_bytes",
-        "gen_tokens_per_s", "train_tokens_per_s", "step_s"]
+        "gen_tokens_per_s", "train_tokens_per_s", "step_s",
+        "gen_decode_s", "gen_decode_steps", "gen_decode_read_bytes", "gen_decode_read_GBps"]
 for i, l in enumerate(open(sys.argv[1])):
     r = json.loads(l)
     miss = [k for k in need if k not in r]
     if miss:
         print(f"record {i + 1} misses {miss}")
+        sys.exit(1)
+    # The decode steps: the longest sample's (its first token comes from the prefill), and the
+    # bytes they read at the rate the record gives.
+    if r["gen_decode_steps"] < r["response_length_max"] - 1 or r["gen_decode_read_bytes"] <= 0:
+        print(f"record {i + 1}: {r['gen_decode_steps']} decode steps, "
+              f"{r['gen_decode_read_bytes']} bytes, longest response {r['response_length_max']}")
+        sys.exit(1)
+    rate = r["gen_decode_read_bytes"] / r["gen_decode_s"] / 1e9
+    if abs(rate - r["gen_decode_read_GBps"]) > 1e-6 * rate:
+        print(f"record {i + 1}: gen_decode_read_GBps {r['gen_decode_read_GBps']} != {rate}")
         sys.exit(1)
 EOF
 echo "ok: every metrics.jsonl record has the metrics, phase timings and communication"
