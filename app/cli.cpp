@@ -26,11 +26,6 @@ namespace rlhf::app {
 
 namespace {
 
-template <class... Args>
-[[noreturn]] void usage_fail(fmt::format_string<Args...> f, Args&&... args) {
-  throw UsageError(fmt::format(f, std::forward<Args>(args)...));
-}
-
 /// The numbers inside a value (one for scalars, two for adam_betas, none for strings/bools).
 std::vector<double> numbers_of(const OptionValue& v) {
   return std::visit(

@@ -15,6 +15,7 @@
 #include <deque>
 #include <functional>
 #include <string>
+#include <utility>
 #include <variant>
 #include <vector>
 
@@ -33,6 +34,12 @@ class UsageError : public Error {
  public:
   explicit UsageError(std::string message) : Error(std::move(message), "") {}
 };
+
+/// Throws UsageError with the formatted message (a bad flag or flag combination: exit 2).
+template <class... Args>
+[[noreturn]] void usage_fail(fmt::format_string<Args...> f, Args&&... args) {
+  throw UsageError(fmt::format(f, std::forward<Args>(args)...));
+}
 
 // -------------------------------------------------------------------------------------------------
 // Option registry

@@ -13,15 +13,6 @@
 
 namespace rlhf::app {
 
-namespace {
-
-template <class... Args>
-[[noreturn]] void usage_fail(fmt::format_string<Args...> f, Args&&... args) {
-  throw UsageError(fmt::format(f, std::forward<Args>(args)...));
-}
-
-}  // namespace
-
 // -------------------------------------------------------------------------------------------------
 // Option groups: one line per option.
 

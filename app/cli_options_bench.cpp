@@ -9,15 +9,6 @@
 
 namespace rlhf::app {
 
-namespace {
-
-template <class... Args>
-[[noreturn]] void usage_fail(fmt::format_string<Args...> f, Args&&... args) {
-  throw UsageError(fmt::format(f, std::forward<Args>(args)...));
-}
-
-}  // namespace
-
 void BenchArgs::bind(OptionSet& o) {
   common.bind(o);
   o.app()
