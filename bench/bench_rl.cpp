@@ -120,8 +120,6 @@ void bench_filtering(const BenchRlOptions& opt, const std::string& dir, parallel
     a.step.n_samples_per_prompt = 8;
     a.step.generate_max_len = 8;
     a.step.sampling.seed = opt.seed;
-  // `rlhf grpo`'s --kv_cache_dtype auto: an fp16 cache on a CPU engine (GPU engines keep bf16).
-  a.engine.kv_cache_dtype = rollout::KvDtype::kFloat16;
     a.step.dynamic_filtering = filter;
     a.max_steps = opt.filter_steps;
     a.actor_adam.lr = 3e-4;

@@ -60,19 +60,18 @@ void add(nlohmann::json& rec, const char* key, double x) {
 }  // namespace
 
 void RlStep::add_decode_stats(nlohmann::json& totals, bool generated) {
-  double bytes = 0, seconds = 0, steps = 0;
+  double bytes = 0, slowest[2] = {0, 0};  // slowest: decode seconds, decode steps
   if (generated && p_.engine) {
     const rollout::EngineStats& st = p_.engine->stats();
     bytes = double(st.decode_steps) * double(p_.engine->weight_bytes_per_decode_step()) +
             st.kv_bytes_read;
-    seconds = st.decode_s;
-    steps = double(st.decode_steps);
+    slowest[0] = st.decode_s;
+    slowest[1] = double(st.decode_steps);
   }
   p_.world->all_reduce(&bytes, &bytes, 1, parallel::ReduceOp::kSum);
-  p_.world->all_reduce(&seconds, &seconds, 1, parallel::ReduceOp::kMax);
-  p_.world->all_reduce(&steps, &steps, 1, parallel::ReduceOp::kMax);
-  add(totals, "gen_decode_s", seconds);
-  add(totals, "gen_decode_steps", steps);
+  p_.world->all_reduce(slowest, slowest, 2, parallel::ReduceOp::kMax);
+  add(totals, "gen_decode_s", slowest[0]);
+  add(totals, "gen_decode_steps", slowest[1]);
   add(totals, "gen_decode_read_bytes", bytes);
 }
 

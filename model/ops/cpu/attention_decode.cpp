@@ -113,9 +113,9 @@ RLHF_AVX512_DIAGNOSTICS_PUSH
 // Software prefetch of the rows a pass will read kPrefetchRows positions from now, into L1. One
 // core here reads ~10 GB/s from memory (the limit of its outstanding misses); the hardware
 // prefetcher stops at 4 KiB pages and restarts at every scattered block, so the passes stalled on
-// loads. Measured on a 2-core Xeon (Cascade Lake), fp16 cache, batch 16 x 1088 positions: 11.2 →
-// 13.0 GB/s at GQA 9:3, D 64; 14.1 → 16.5 GB/s at 6:6, D 48 (the prefetch of a whole block at each
-// block start it replaces gained nothing).
+// loads. Measured on a 2-core Xeon (Cascade Lake), idle, fp16 cache, batch 16 x 1088 positions:
+// 13.0 → 14.1 GB/s at GQA 9:3, D 64; 15.7 → 18.0 GB/s at 6:6, D 48 (the prefetch of a whole block
+// at each block start it replaces gained nothing).
 constexpr int64_t kPrefetchRows = 32;
 
 // Walks the rows of a sequence kPrefetchRows ahead of a pass, prefetching each row's cache lines.
