@@ -73,6 +73,17 @@ float* EngineWeights::acquire_grads(int u) {
 // ---------------------------------------------------------------------------------------------
 // Backends
 
+const float* EngineBackend::prefill_batch(const PrefillBatch& b) {
+  const int64_t V = b.vocab_size;
+  checked_grow(batch_logits_, b.G * V, "the engine's prefill logits");
+  for (int64_t g = 0; g < b.G; ++g) {
+    const float* logits =
+        prefill(b.tokens + b.offsets[g], b.offsets[g + 1] - b.offsets[g], b.blocks[g]);
+    std::copy_n(logits, V, batch_logits_.begin() + g * V);
+  }
+  return batch_logits_.data();
+}
+
 TpGroup tp_group(parallel::Comm* tp_comm) {
   TpGroup g;
   if (tp_comm != nullptr && tp_comm->size() > 1) {
@@ -301,71 +312,107 @@ Engine::Plan Engine::validate(const std::vector<GenerationRequest>& requests) co
 
 void Engine::admit(const std::vector<GenerationRequest>& requests, Run& run) {
   const KvCache& kv = backend_->kv_cache();
+  std::vector<Admission> batch;
+  int64_t slots = opt_.max_batch - static_cast<int64_t>(run.active.size());
+  int64_t free_blocks = kv.free_blocks(), tokens = 0;
   while (!run.pending.empty()) {
     Run::Pending& pr = run.pending.front();
     const int64_t per = run.plan.blocks_per[size_t(pr.index)];
     const int64_t group_max = std::min(opt_.max_batch, kv.num_blocks() / per);
     const int64_t want = std::min(pr.remaining, group_max);
-    const int64_t slots = opt_.max_batch - static_cast<int64_t>(run.active.size());
-    if (want > slots || want * per > kv.free_blocks()) {
+    if (want > slots || want * per > free_blocks) {
       if (!run.waiting) ++stats_.admission_waits;
       run.waiting = true;
-      return;
+      break;
     }
     run.waiting = false;
-    start_group(requests, pr.index, pr.next_sample, want, run);
+    const GenerationRequest& r = requests[size_t(pr.index)];
+    const int64_t P = static_cast<int64_t>(r.prompt.size() + r.prefix.size());
+    if (!batch.empty() && tokens + P > opt_.prefill_batch_tokens) {  // this forward is full
+      start_groups(requests, batch, run);
+      batch.clear();
+      tokens = 0;
+      slots = opt_.max_batch - static_cast<int64_t>(run.active.size());
+      free_blocks = kv.free_blocks();
+      continue;
+    }
+    batch.push_back({pr.index, pr.next_sample, want});
+    tokens += P;
+    slots -= want;
+    free_blocks -= want * per;
     pr.next_sample += want;
     pr.remaining -= want;
     if (pr.remaining == 0) run.pending.pop_front();
   }
+  if (!batch.empty()) start_groups(requests, batch, run);
 }
 
-void Engine::start_group(const std::vector<GenerationRequest>& requests, int64_t index,
-                         int64_t first, int64_t n, Run& run) {
+void Engine::start_groups(const std::vector<GenerationRequest>& requests,
+                          const std::vector<Admission>& groups, Run& run) {
   const auto t_prefill = Clock::now();
-  const GenerationRequest& r = requests[size_t(index)];
   KvCache& kv = backend_->kv_cache();
-  std::vector<std::unique_ptr<Seq>> group;
-  const ReleaseOnExit group_guard{kv, group};  // until each is active or finished
-  for (int64_t j = 0; j < n; ++j) {
-    auto s = std::make_unique<Seq>();
-    const bool allocated = kv.allocate(run.plan.blocks_per[size_t(index)], s->blocks);
-    RLHF_ASSERT(allocated);
-    s->request_index = index;
-    s->request_id = r.id;
-    s->sample_index = r.first_sample_index + first + j;
-    s->sampling = &r.sampling;
-    s->len = static_cast<int64_t>(r.prompt.size() + r.prefix.size());
-    s->max_new = run.plan.max_new[size_t(index)];
-    s->result.request_index = index;
-    s->result.request_id = r.id;
-    s->result.sample_index = s->sample_index;
-    // A continuation's response opens with its prefix (log-probs as given, else zeros).
-    s->result.tokens = r.prefix;
-    s->result.logprobs = r.prefix_logprobs;
-    s->result.logprobs.resize(r.prefix.size(), 0.0f);
-    group.push_back(std::move(s));
+  const int64_t G = static_cast<int64_t>(groups.size());
+  std::vector<std::unique_ptr<Seq>> seqs;    // group g's samples from seqs[start[g]]
+  const ReleaseOnExit seqs_guard{kv, seqs};  // until each is active or finished
+  std::vector<int64_t> start(size_t(G) + 1, 0), offsets(size_t(G) + 1, 0);
+  std::vector<int32_t> tokens;  // the prompts, each with a continuation's prefix after it
+  for (int64_t g = 0; g < G; ++g) {
+    const Admission& ad = groups[size_t(g)];
+    const GenerationRequest& r = requests[size_t(ad.index)];
+    for (int64_t j = 0; j < ad.n; ++j) {
+      auto s = std::make_unique<Seq>();
+      const bool allocated = kv.allocate(run.plan.blocks_per[size_t(ad.index)], s->blocks);
+      RLHF_ASSERT(allocated);
+      s->request_index = ad.index;
+      s->request_id = r.id;
+      s->sample_index = r.first_sample_index + ad.first + j;
+      s->sampling = &r.sampling;
+      s->len = static_cast<int64_t>(r.prompt.size() + r.prefix.size());
+      s->max_new = run.plan.max_new[size_t(ad.index)];
+      s->result.request_index = ad.index;
+      s->result.request_id = r.id;
+      s->result.sample_index = s->sample_index;
+      // A continuation's response opens with its prefix (log-probs as given, else zeros).
+      s->result.tokens = r.prefix;
+      s->result.logprobs = r.prefix_logprobs;
+      s->result.logprobs.resize(r.prefix.size(), 0.0f);
+      seqs.push_back(std::move(s));
+    }
+    start[size_t(g) + 1] = static_cast<int64_t>(seqs.size());
+    tokens.insert(tokens.end(), r.prompt.begin(), r.prompt.end());
+    tokens.insert(tokens.end(), r.prefix.begin(), r.prefix.end());
+    offsets[size_t(g) + 1] = static_cast<int64_t>(tokens.size());
   }
-  // The prompt, and a continuation's prefix after it: one prefill under the current weights.
-  std::vector<int32_t> joined;
-  const int32_t* tokens = r.prompt.data();
-  if (!r.prefix.empty()) {
-    joined = r.prompt;
-    joined.insert(joined.end(), r.prefix.begin(), r.prefix.end());
-    tokens = joined.data();
+  // Each prompt (and a continuation's prefix after it) once under the current weights, all in one
+  // backend call; then copied to the group's other samples.
+  std::vector<const int32_t*> blocks(static_cast<size_t>(G));
+  for (int64_t g = 0; g < G; ++g) blocks[size_t(g)] = seqs[size_t(start[size_t(g)])]->blocks.data();
+  PrefillBatch pb;
+  pb.G = G;
+  pb.tokens = tokens.data();
+  pb.offsets = offsets.data();
+  pb.blocks = blocks.data();
+  pb.vocab_size = layout_.config().vocab_size;
+  const float* logits = backend_->prefill_batch(pb);
+  ++stats_.prefill_batches;
+  for (int64_t g = 0; g < G; ++g) {
+    const int64_t P = offsets[size_t(g) + 1] - offsets[size_t(g)];
+    for (int64_t i = start[size_t(g)] + 1; i < start[size_t(g) + 1]; ++i)
+      backend_->copy_prefix(blocks[size_t(g)], seqs[size_t(i)]->blocks.data(), P);
+    ++stats_.prefills;
+    stats_.prefill_tokens += P;
   }
-  const int64_t P = static_cast<int64_t>(r.prompt.size() + r.prefix.size());
-  const float* logits = backend_->prefill(tokens, P, group[0]->blocks.data());
-  for (int64_t j = 1; j < n; ++j)
-    backend_->copy_prefix(group[0]->blocks.data(), group[size_t(j)]->blocks.data(), P);
-  ++stats_.prefills;
-  stats_.prefill_tokens += P;
-  for (auto& s : group) {
-    const double u = counter_uniform(r.sampling.seed, r.id, uint64_t(s->sample_index),
-                                     uint64_t(r.prefix.size()));
-    const Run::Outcome o = run.append(*s, work_->samplers[0].sample(logits, r.sampling, u));
-    if (o == Run::Outcome::kGoing) run.active.push_back(std::move(s));
-    if (o == Run::Outcome::kTurnEnd) run.turning.push_back(std::move(s));
+  for (int64_t g = 0; g < G; ++g) {
+    const GenerationRequest& r = requests[size_t(groups[size_t(g)].index)];
+    for (int64_t i = start[size_t(g)]; i < start[size_t(g) + 1]; ++i) {
+      std::unique_ptr<Seq>& s = seqs[size_t(i)];
+      const double u = counter_uniform(r.sampling.seed, r.id, uint64_t(s->sample_index),
+                                       uint64_t(r.prefix.size()));
+      const Run::Outcome o =
+          run.append(*s, work_->samplers[0].sample(logits + g * pb.vocab_size, r.sampling, u));
+      if (o == Run::Outcome::kGoing) run.active.push_back(std::move(s));
+      if (o == Run::Outcome::kTurnEnd) run.turning.push_back(std::move(s));
+    }
   }
   stats_.prefill_s += since(t_prefill);
 }

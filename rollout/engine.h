@@ -52,7 +52,11 @@ struct EngineOptions {
   /// Positions per KV block (--kv_block_size); 0 = the device's default, kCpuKvBlockSize or
   /// kGpuKvBlockSize (resolved_block_size()).
   int64_t block_size = 0;
-  int64_t max_batch = 256;    ///< most sequences decoded at once (vLLM max_num_seqs)
+  int64_t max_batch = 256;  ///< most sequences decoded at once (vLLM max_num_seqs)
+  /// Most prompt tokens one prefill forward takes (vLLM max_num_batched_tokens): the groups
+  /// admitted at a step are prefilled together up to this many tokens (a longer prompt alone).
+  /// Only the batch's size and the activation memory depend on it, never a token or log-prob.
+  int64_t prefill_batch_tokens = 2048;
   int32_t eos_token_id = -1;  ///< stop token; -1 = the model config's eos_token_id
   bool ignore_eos = false;    ///< never stop on EOS (benchmarks)
   /// Multi-turn: feed a turn's observation tokens one decode step each (one row per sequence),
@@ -169,7 +173,8 @@ struct TurnHooks {
 /// Counters of one generate() call.
 struct EngineStats {
   int64_t requests = 0, samples = 0;
-  int64_t prefills = 0;          ///< prompt forwards run (one per admitted group of samples)
+  int64_t prefills = 0;          ///< prompts prefilled (one per admitted group of samples)
+  int64_t prefill_batches = 0;   ///< prefill forwards (backend calls), each of >= 1 prompts
   int64_t prefill_tokens = 0;    ///< prompt tokens run through those forwards
   int64_t generated_tokens = 0;  ///< sampled tokens (first tokens from prefill + decode tokens)
   int64_t decode_tokens = 0;     ///< tokens produced by decode steps (Σ batch over steps)
@@ -290,7 +295,9 @@ class Engine {
   /// samples start when a decode slot and the KV blocks for their worst case — prompt +
   /// max_new_tokens − 1 positions each — are free; until then it waits for running sequences to
   /// finish. All samples of a request start together after one prefill when they can ever fit
-  /// together, else in the largest groups that fit (each group prefills again).
+  /// together, else in the largest groups that fit (each group prefills again). The groups
+  /// admitted at one step are prefilled in one backend call (EngineBackend::prefill_batch, up to
+  /// EngineOptions::prefill_batch_tokens).
   /// A sample's tokens depend only on its weights, prompt, sampling parameters, request id and
   /// sample index — not on the other requests, the order or the batch (decode is batch-invariant).
   /// Throws rlhf::Error on an empty prompt, a token outside the vocabulary, a prompt that leaves
@@ -355,12 +362,18 @@ class Engine {
   // Validates the requests (the errors generate() documents) and works out each one's capped
   // max_new_tokens and KV blocks per sample.
   Plan validate(const std::vector<GenerationRequest>& requests) const;
-  // Admits waiting requests, first come first served, while decode slots and KV blocks allow.
+  // Admits waiting requests, first come first served, while decode slots and KV blocks allow;
+  // the groups admitted together are prefilled together, up to prefill_batch_tokens a forward.
   void admit(const std::vector<GenerationRequest>& requests, Run& run);
-  // Samples [first, first + n) of request `index`: allocates their KV blocks, prefills the prompt
-  // once (copying it to the others' blocks) and samples each one's first token.
-  void start_group(const std::vector<GenerationRequest>& requests, int64_t index, int64_t first,
-                   int64_t n, Run& run);
+  /// Samples [first, first + n) of request `index`, admitted to start.
+  struct Admission {
+    int64_t index = 0, first = 0, n = 0;
+  };
+  // Each admitted group: allocates its samples' KV blocks, prefills its prompt once (all the
+  // groups' prompts in one backend call, copied to each group's other samples) and samples each
+  // one's first token.
+  void start_groups(const std::vector<GenerationRequest>& requests,
+                    const std::vector<Admission>& groups, Run& run);
   // The decode inputs (tokens, positions, lengths, block table) of the active sequences: one row
   // per token to feed (the last sampled token, then any observation tokens).
   /// Whether observation tokens go one decode step each (EngineOptions::observations_row_by_row,

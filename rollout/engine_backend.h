@@ -67,6 +67,17 @@ struct DecodeBatch {
   const int64_t* last_row = nullptr;  ///< (B) each sequence's last row (whose logits are sampled)
 };
 
+/// Several prompts to prefill in one forward (EngineBackend::prefill_batch): prompt g is
+/// tokens[offsets[g], offsets[g + 1]), at positions [0, P_g), into the KV blocks blocks[g]
+/// (⌈P_g / block_size⌉ ids, host). Host arrays the scheduler owns during the call.
+struct PrefillBatch {
+  int64_t G = 0;                           ///< prompts (>= 1)
+  const int32_t* tokens = nullptr;         ///< (offsets[G]) the prompts, concatenated
+  const int64_t* offsets = nullptr;        ///< (G + 1) offsets[0] = 0, each prompt >= 1 token
+  const int32_t* const* blocks = nullptr;  ///< (G) each prompt's block-table row
+  int64_t vocab_size = 0;                  ///< V, the logits' row length
+};
+
 /// An engine rank's memory, in bytes of the memory its backend computes in: host memory for the
 /// CPU backend, device memory for a GPU one (the engine's fp32 host unit buffers are counted
 /// apart, by Engine::memory_plan).
@@ -98,6 +109,13 @@ class EngineBackend {
   /// writes their K/V; returns the last position's logits (V fp32, host, valid until the next
   /// call).
   virtual const float* prefill(const int32_t* prompt, int64_t P, const int32_t* blocks) = 0;
+
+  /// prefill() of every prompt of `batch`, in one forward where the backend can (the CPU's fp32
+  /// path: the prompts' rows through each linear together, attention within each prompt) and one
+  /// prompt at a time otherwise (this default). Returns the last position's logits of each
+  /// prompt, (G, V) fp32 host, valid until the next call. Row-invariant: prompt g's K/V and
+  /// logits are bitwise what prefill() of it alone gives, whatever else is in the batch.
+  virtual const float* prefill_batch(const PrefillBatch& batch);
 
   /// Copies positions [0, n) of every layer from the sequence with blocks `src` to the one with
   /// blocks `dst` (n samples of one prompt: prefill once, copy its rows).
@@ -154,6 +172,9 @@ class EngineBackend {
     return {};
   }
 #endif
+
+ private:
+  std::vector<float> batch_logits_;  // the default prefill_batch's (G, V) logits
 };
 
 /// The CPU backend (rollout/engine_cpu.cpp): reads the host unit buffers of `weights` (which must

@@ -141,6 +141,7 @@ class EngineCpu final : public EngineBackend {
       pack_weights();
   }
   const float* prefill(const int32_t* prompt, int64_t P, const int32_t* blocks) override;
+  const float* prefill_batch(const PrefillBatch& batch) override;
   void copy_prefix(const int32_t* src, const int32_t* dst, int64_t n) override {
     cache_.copy_prefix(src, dst, n);
   }
@@ -187,6 +188,12 @@ class EngineCpu final : public EngineBackend {
   void attend_cached(float* out, const float* q, int l, const int32_t* table, const int32_t* lens,
                      int64_t B, int64_t max_blocks) const;
   const float* head_logits(const float* x, int64_t N, Rows& r, float* logits);
+  // The prompts' forward (fp32: all in one; bf16: G = 1) into their KV blocks; (G, V) logits.
+  const float* forward_prompts(const PrefillBatch& b);
+  // Layer l's causal attention of one prompt (P rows of q, k, v; this rank's heads) into atty,
+  // after writing its K/V into the blocks `blocks`.
+  void attend_prompt(float* atty, const float* q, const float* k, const float* v, int l,
+                     const int32_t* blocks, int64_t P);
 
   const model::ParamLayout& layout_;
   const EngineWeights& weights_;
@@ -391,48 +398,80 @@ const float* EngineCpu::head_logits(const float* x, int64_t N, Rows& r, float* l
 }
 
 const float* EngineCpu::prefill(const int32_t* prompt, int64_t P, const int32_t* blocks) {
-  const model::ModelConfig& c = layout_.config();
-  const int64_t C = c.hidden_size, H = spec_.H, Hkv = spec_.Hkv, D = spec_.D, V = c.vocab_size;
-  Rows& r = prefill_rows_;
-  Acts& a = r.acts(P, spec_);
-  grow(plogits_, V, "the engine's prefill logits");
-  const bool att_direct = H * P * P <= kMaxPrefillAttFloats;
-  if (att_direct) grow(patt_, H * P * P, "the engine's prefill attention probabilities");
-  ppos_.resize(static_cast<size_t>(P));
-  for (int64_t t = 0; t < P; ++t) ppos_[size_t(t)] = int32_t(t);
-  const int64_t nb = cache_.blocks_for(P);
-  if (!att_direct) {  // every query row t reads positions [0, t] through the same block list
-    plens_.resize(static_cast<size_t>(P));
-    ptable_.resize(static_cast<size_t>(P * nb));
-    for (int64_t t = 0; t < P; ++t) {
-      plens_[size_t(t)] = int32_t(t + 1);
-      std::copy(blocks, blocks + nb, ptable_.begin() + t * nb);
-    }
+  const int64_t offsets[2] = {0, P};
+  PrefillBatch b;
+  b.G = 1;
+  b.tokens = prompt;
+  b.offsets = offsets;
+  b.blocks = &blocks;
+  b.vocab_size = layout_.config().vocab_size;
+  return forward_prompts(b);
+}
+
+const float* EngineCpu::prefill_batch(const PrefillBatch& b) {
+  // oneDNN's bf16 matmul is not row-invariant (its blocking follows M): one prompt at a time.
+  return bf16_ ? EngineBackend::prefill_batch(b) : forward_prompts(b);
+}
+
+void EngineCpu::attend_prompt(float* atty, const float* q, const float* k, const float* v, int l,
+                              const int32_t* blocks, int64_t P) {
+  const int64_t H = spec_.H, Hkv = spec_.Hkv, D = spec_.D;
+  cache_.write(l, blocks, 0, P, k, v);
+  if (H * P * P <= kMaxPrefillAttFloats) {
+    grow(patt_, H * P * P, "the engine's prefill attention probabilities");
+    model::attention_forward_cpu(atty, patt_.data(), q, k, v, int64_t(1), P, H, Hkv, D);
+    return;
   }
+  // Every query row t reads positions [0, t] through the prompt's block list.
+  const int64_t nb = cache_.blocks_for(P);
+  plens_.resize(static_cast<size_t>(P));
+  ptable_.resize(static_cast<size_t>(P * nb));
+  for (int64_t t = 0; t < P; ++t) {
+    plens_[size_t(t)] = int32_t(t + 1);
+    std::copy(blocks, blocks + nb, ptable_.begin() + t * nb);
+  }
+  attend_cached(atty, q, l, ptable_.data(), plens_.data(), P, nb);
+}
+
+const float* EngineCpu::forward_prompts(const PrefillBatch& b) {
+  const model::ModelConfig& c = layout_.config();
+  const int64_t C = c.hidden_size, V = c.vocab_size, G = b.G, R = b.offsets[G];
+  const int64_t Q = spec_.q_dim(), KV = spec_.kv_dim();
+  RLHF_CHECK(!bf16_ || G == 1, "a bf16 CPU engine prefills one prompt at a time, got {}", G);
+  Rows& r = prefill_rows_;
+  Acts& a = r.acts(R, spec_);
+  grow(plogits_, G * V, "the engine's prefill logits");
+  ppos_.resize(static_cast<size_t>(R));
+  for (int64_t g = 0; g < G; ++g)  // positions restart at each prompt
+    for (int64_t t = b.offsets[g]; t < b.offsets[g + 1]; ++t)
+      ppos_[size_t(t)] = int32_t(t - b.offsets[g]);
   model::embedding_forward_cpu(
-      r.x.data(), prompt, unit_tensor(layout_.embedding_unit(), "embed_tokens.weight"), P, C, V);
-  // The prompt's rows through the packed decode kernel, as the decode steps (row-invariant: a row's
-  // result does not depend on the other rows). At the 30–64 rows of a prompt it outruns BLAS
-  // sgemm here: 16 prompts of 64 tokens 0.153 → 0.129 s, the partial bench's re-prefill of 1,616
-  // tokens on 1 thread 0.748 → 0.571 s (2-core Xeon, Cascade Lake). bf16: oneDNN on the plain
-  // bf16 copies.
-  model::LayerRun<float> run = bf16_ ? layer_run(P, ppos_.data(), &model::linear_forward_cpu<float>)
-                                     : layer_run(P, ppos_.data(), &model::linear_decode_packed_cpu);
+      r.x.data(), b.tokens, unit_tensor(layout_.embedding_unit(), "embed_tokens.weight"), R, C, V);
+  // Every prompt's rows through the packed decode kernel together, as the decode steps
+  // (row-invariant: a row's result does not depend on the other rows, so a prompt's K/V and logits
+  // are the same alone or with others). At a prompt's 30–64 rows it already outran BLAS sgemm here
+  // (16 prompts of 64 tokens 0.153 → 0.129 s, 2-core Xeon, Cascade Lake); prompts together also
+  // read each weight once for all of them. bf16: oneDNN on the plain bf16 copies, one prompt.
+  model::LayerRun<float> run = bf16_ ? layer_run(R, ppos_.data(), &model::linear_forward_cpu<float>)
+                                     : layer_run(R, ppos_.data(), &model::linear_decode_packed_cpu);
   for (int l = 0; l < c.num_hidden_layers; ++l) {
     if (bf16_) run.bf16 = &bf16_layers_[size_t(l)].plain_view;
-    // The prompt attends to itself causally; its K/V go to the cache for the decode steps.
+    // Each prompt attends to itself causally; its K/V go to the cache for the decode steps.
     run.attention = [&, l](float* atty, const float* q, const float* k, const float* v) {
-      cache_.write(l, blocks, 0, P, k, v);
-      if (att_direct)
-        model::attention_forward_cpu(atty, patt_.data(), q, k, v, int64_t(1), P, H, Hkv, D);
-      else
-        attend_cached(atty, q, l, ptable_.data(), plens_.data(), P, nb);
+      for (int64_t g = 0; g < G; ++g) {
+        const int64_t o = b.offsets[g];
+        attend_prompt(atty + o * Q, q + o * Q, k + o * KV, v + o * KV, l, b.blocks[g],
+                      b.offsets[g + 1] - o);
+      }
     };
     model::decoder_layer_forward_cpu(
         r.x.data(), a, r.x.data(), bf16_ ? layer_weights(l) : packed_[size_t(l)].view, spec_, run);
   }
-  // Only the last position's logits are needed (the first generated token).
-  return head_logits(r.x.data() + (P - 1) * C, 1, r, plogits_.data());
+  // Only each prompt's last position's logits are needed (its first generated token): those rows
+  // to the front (the last row of prompt g is at or after row g).
+  for (int64_t g = 0; g < G; ++g)
+    std::copy_n(r.x.data() + (b.offsets[g + 1] - 1) * C, C, r.x.data() + g * C);
+  return head_logits(r.x.data(), G, r, plogits_.data());
 }
 
 const float* EngineCpu::decode(const DecodeBatch& d) {

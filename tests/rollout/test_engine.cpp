@@ -280,6 +280,20 @@ TEST_CASE("continuous batching: each request's completion is its own whatever th
                "KV blocks of " + std::to_string(bs) + " positions");
   }
 
+  // The prompts admitted together go through one prefill forward; a smaller prefill budget splits
+  // them (1 token: one prompt a forward), never changing a bit.
+  CHECK(engine->stats().prefills == 6);
+  CHECK(engine->stats().prefill_batches == 1);
+  for (const int64_t budget : {20, 1}) {
+    EngineOptions other;
+    other.prefill_batch_tokens = budget;
+    auto e = make_engine(cfg, other);
+    check_same(together, by_key(e->generate(reqs)),
+               "prefill forwards of at most " + std::to_string(budget) + " tokens");
+    CHECK(e->stats().prefills == 6);
+    CHECK(e->stats().prefill_batches == (budget == 1 ? 6 : 4));  // 3+17, 1+9, 25, 6 at 20
+  }
+
   EngineOptions two_slots;
   two_slots.max_batch = 2;
   auto narrow = make_engine(cfg, two_slots);
