@@ -369,7 +369,9 @@ void EngineCuda::layer_forward(int l, int64_t N, const bf16* x_in, bf16* x_out, 
   const int64_t plane = (num_blocks_ + 1) * Hkv_ * block_size_ * D_;
   bf16* kc = kv_.get() + (2 * l) * plane;
   bf16* vc = kv_.get() + (2 * l + 1) * plane;
-  const int32_t* table = decode ? table_.get() : blocks_.get();
+  // A batch of prompts (prefill_batch) has a block-table row per row, like decode.
+  const bool prompts = !decode && table_stride > 0;
+  const int32_t* table = decode || prompts ? table_.get() : blocks_.get();
   model::LayerActsCuda a = layer_acts(N);
   model::LayerScratchCuda scratch{proj_.get(), fused_qkv_ ? qkv_.get() : nullptr};
   model::LayerRunCuda run;
@@ -396,6 +398,9 @@ void EngineCuda::layer_forward(int l, int64_t N, const bf16* x_in, bf16* x_out, 
     if (decode)
       model::attention_decode_paged_cuda(atty, attn_ws_.get(), q, kc, vc, table, lens_.get(), N, H_,
                                          Hkv_, D_, num_blocks_ + 1, block_size_, max_blocks, st);
+    else if (prompts)  // each prompt attends to itself causally (positions restart at each)
+      model::attention_forward_varlen_cuda(atty, lse_.get(), q, k, v, pos_.get(), N, H_, Hkv_, D_,
+                                           st);
     else  // the prompt attends to itself causally (the rows just written to the cache); always
           // the flash kernels: a cuDNN plan per prompt length would compile at every new length
       model::attention_forward_cuda(atty, lse_.get(), q, k, v, 1, N, H_, Hkv_, D_, st,
@@ -456,6 +461,49 @@ const float* EngineCuda::prefill(const int32_t* prompt, int64_t P, const int32_t
   return logits_to_host(1);
 }
 
+const float* EngineCuda::prefill_batch(const PrefillBatch& b) {
+  if (b.G == 1) return prefill(b.tokens, b.offsets[1], b.blocks[0]);
+  const cudaStream_t s = stream_.get();
+  checked_grow(batch_logits_, b.G * V_, "the engine's prefill logits");
+  // Consecutive prompts in forwards that fit the buffers: rows (and lse) up to max_position_
+  // embeddings, a block-table row per row within the decode table, a logits row per prompt.
+  for (int64_t g0 = 0; g0 < b.G;) {
+    int64_t g1 = g0, nb = 0;
+    while (g1 < b.G) {
+      const int64_t R = b.offsets[g1 + 1] - b.offsets[g0];
+      const int64_t nbg =
+          std::max(nb, (b.offsets[g1 + 1] - b.offsets[g1] + block_size_ - 1) / block_size_);
+      if (g1 > g0 &&
+          (R > max_pos_ || R * nbg > max_batch_ * max_blocks_cap_ || g1 - g0 >= max_batch_))
+        break;
+      nb = nbg;
+      ++g1;
+    }
+    const int64_t R = b.offsets[g1] - b.offsets[g0];
+    RLHF_CHECK(R <= max_pos_, "engine prefill: {} positions (max {})", R, max_pos_);
+    std::vector<int32_t> pos(static_cast<size_t>(R)), table(static_cast<size_t>(R * nb), 0);
+    std::vector<int64_t> last(static_cast<size_t>(g1 - g0));
+    for (int64_t g = g0; g < g1; ++g) {
+      const int64_t o = b.offsets[g] - b.offsets[g0], P = b.offsets[g + 1] - b.offsets[g];
+      const int64_t nbg = (P + block_size_ - 1) / block_size_;
+      for (int64_t t = 0; t < P; ++t) {
+        pos[size_t(o + t)] = static_cast<int32_t>(t);
+        std::copy(b.blocks[g], b.blocks[g] + nbg, table.begin() + (o + t) * nb);
+      }
+      last[size_t(g - g0)] = o + P - 1;
+    }
+    h2d(tokens_.get(), b.tokens + b.offsets[g0], size_t(R) * sizeof(int32_t), s);
+    h2d(pos_.get(), pos.data(), pos.size() * sizeof(int32_t), s);
+    h2d(table_.get(), table.data(), table.size() * sizeof(int32_t), s);
+    forward(R, false, nb, nb, 0, &last);
+    wait_step();  // `pos` and `table` are read by the copies above
+    const float* lg = logits_to_host(g1 - g0);
+    std::copy_n(lg, (g1 - g0) * V_, batch_logits_.begin() + g0 * V_);
+    g0 = g1;
+  }
+  return batch_logits_.data();
+}
+
 void EngineCuda::copy_prefix(const int32_t* src, const int32_t* dst, int64_t n) {
   const int64_t nb = (n + block_size_ - 1) / block_size_;
   h2d(blocks_.get(), src, size_t(nb) * sizeof(int32_t), stream_.get());
@@ -466,7 +514,7 @@ void EngineCuda::copy_prefix(const int32_t* src, const int32_t* dst, int64_t n) 
 }
 
 void EngineCuda::forward(int64_t N, bool decode, int64_t table_stride, int64_t max_blocks,
-                         int64_t first_out) {
+                         int64_t first_out, const std::vector<int64_t>* out_rows) {
   const cudaStream_t s = stream_.get();
   const int eu = layout_.embedding_unit(), hu = layout_.head_unit();
   model::embedding_forward_cuda(
@@ -477,9 +525,17 @@ void EngineCuda::forward(int64_t N, bool decode, int64_t table_stride, int64_t m
     layer_forward(l, N, a, b, decode, table_stride, max_blocks);
     std::swap(a, b);
   }
-  const int64_t out = N - first_out;
+  int64_t out = N - first_out;
+  const bf16* head_in = a + first_out * C_;
+  if (out_rows != nullptr) {  // the rows wanted, gathered into the free buffer
+    out = int64_t(out_rows->size());
+    for (int64_t i = 0; i < out; ++i)
+      CUDA_CHECK(cudaMemcpyAsync(b + i * C_, a + (*out_rows)[size_t(i)] * C_,
+                                 size_t(C_) * sizeof(bf16), cudaMemcpyDeviceToDevice, s));
+    head_in = b;
+  }
   model::rmsnorm_forward_cuda(
-      ln_.get(), rstd_.get(), a + first_out * C_,
+      ln_.get(), rstd_.get(), head_in,
       units_[size_t(hu)].get() + layout_.unit(hu).at("model.norm.weight").offset, out, C_,
       layout_.config().rms_norm_eps, s);
   model::linear_forward_cuda(logits_.get(), ln_.get(), lm_weight(layout_, units_), nullptr, out, C_,

@@ -112,6 +112,13 @@ class EngineCuda final : public EngineBackend {
   /// Prompt forward for positions [0, P) into the KV blocks `blocks` (host, ⌈P / block_size⌉
   /// ids); returns the last position's logits (V fp32, host, valid until the next call).
   const float* prefill(const int32_t* prompt, int64_t P, const int32_t* blocks) override;
+  /// Several prompts in one forward (as many as fit max_position_embeddings rows, the decode
+  /// block table and max_batch logits rows; more in several): their rows through each GEMM
+  /// together, attention block-diagonal causal (attention_forward_varlen_cuda), each prompt's K/V
+  /// into its blocks. Returns (G, V) fp32 host logits, valid until the next call. Within bf16
+  /// tolerance of prefill() one prompt at a time (GEMMs of another M, the flash kernels' tiles),
+  /// not bitwise.
+  const float* prefill_batch(const PrefillBatch& batch) override;
 
   /// Copies positions [0, n) of every layer from blocks src to blocks dst (host id lists).
   void copy_prefix(const int32_t* src, const int32_t* dst, int64_t n) override;
@@ -145,7 +152,11 @@ class EngineCuda final : public EngineBackend {
   // Embedding, the layers and the head over N rows (tokens_, pos_ on the device): the logits of
   // rows [first_out, N) into logits_. decode: attention over the block table table_ (row stride
   // table_stride), else causal over the rows themselves (a prompt in blocks_).
-  void forward(int64_t N, bool decode, int64_t table_stride, int64_t max_blocks, int64_t first_out);
+  // out_rows (optional): the logits of these rows instead, in this order (a batch of prompts'
+  // last rows); table_stride > 0 without decode: a batch of prompts (pos_ restarting at each,
+  // table_ a block-table row per row).
+  void forward(int64_t N, bool decode, int64_t table_stride, int64_t max_blocks, int64_t first_out,
+               const std::vector<int64_t>* out_rows = nullptr);
   const float* logits_to_host(int64_t rows);
   // Waits for a prefill's or decode step's work on the stream. A tensor-parallel engine's step
   // ends in its peers' all-reduces, so its wait is watched (parallel/watchdog.h, --comm_timeout):
@@ -188,6 +199,7 @@ class EngineCuda final : public EngineBackend {
   DeviceArray<float> rstd_, qk_rstd_, lse_, attn_ws_;
   DeviceArray<int32_t> tokens_, pos_, lens_, table_, blocks_, blocks2_;
   std::vector<float> logits_host_;
+  std::vector<float> batch_logits_;            // prefill_batch's (G, V) logits
   PinnedArray<model::bf16> logits_bf16_host_;  // pinned: the copy runs at the link's speed
   cudaEvent_t step_begin_ = nullptr, step_end_ = nullptr;  // timing of each decode forward
   double decode_device_s_ = 0;

@@ -95,7 +95,11 @@ TEST_CASE("engine cuda: prefill and batched decode logits match the CPU model") 
     const std::vector<std::vector<int32_t>> seqs = {test::random_tokens(11, V, 1),
                                                     test::random_tokens(15, V, 2)};
     const std::vector<int64_t> prompt_len = {5, 9};
-    for (bool graphs : {false, true}) {
+    // batched: both prompts through prefill_batch, one forward (varlen attention, a block-table
+    // row per row), within the same bounds.
+    const std::vector<std::pair<bool, bool>> modes = {{false, false}, {true, false}, {false, true}};
+    for (const auto& [graphs, batched] : modes) {
+      INFO("graphs ", graphs, ", batched ", batched);
       rollout::KvCache kv(cfg, 64 * 2 * 2 * 2 * 2 * bs * 32, bs, 2, false);
       rollout::EngineCuda e(layout, std::move(kv), 8, graphs);
       e.upload_weights(units_of(P));
@@ -103,10 +107,25 @@ TEST_CASE("engine cuda: prefill and batched decode logits match the CPU model") 
       const int64_t nb = 4;  // 16 positions each
       std::vector<std::vector<int32_t>> blocks = {{1, 3, 5, 7}, {0, 2, 4, 6}, {9, 11, 13, 15}};
       std::vector<std::vector<float>> got(3);  // logits rows per sequence, from its prompt end on
-      for (int s = 0; s < 2; ++s) {
-        const float* lg =
-            e.prefill(seqs[size_t(s)].data(), prompt_len[size_t(s)], blocks[size_t(s)].data());
-        got[size_t(s)].assign(lg, lg + V);
+      if (batched) {
+        std::vector<int32_t> tokens(seqs[0].begin(), seqs[0].begin() + prompt_len[0]);
+        tokens.insert(tokens.end(), seqs[1].begin(), seqs[1].begin() + prompt_len[1]);
+        const int64_t offsets[3] = {0, prompt_len[0], prompt_len[0] + prompt_len[1]};
+        const int32_t* rows[2] = {blocks[0].data(), blocks[1].data()};
+        rollout::PrefillBatch pb;
+        pb.G = 2;
+        pb.tokens = tokens.data();
+        pb.offsets = offsets;
+        pb.blocks = rows;
+        pb.vocab_size = V;
+        const float* lg = e.prefill_batch(pb);
+        for (int s = 0; s < 2; ++s) got[size_t(s)].assign(lg + s * V, lg + (s + 1) * V);
+      } else {
+        for (int s = 0; s < 2; ++s) {
+          const float* lg =
+              e.prefill(seqs[size_t(s)].data(), prompt_len[size_t(s)], blocks[size_t(s)].data());
+          got[size_t(s)].assign(lg, lg + V);
+        }
       }
       e.copy_prefix(blocks[0].data(), blocks[2].data(), prompt_len[0]);
       got[2] = got[0];
@@ -135,10 +154,12 @@ TEST_CASE("engine cuda: prefill and batched decode logits match the CPU model") 
         const auto cpu_all = cpu_logits(layout, P, whole), gpu_all = gpu_logits(layout, P, whole);
         const std::vector<float> cpu(cpu_all.begin() + (p0 - 1) * V, cpu_all.end());
         const std::vector<float> gpu(gpu_all.begin() + (p0 - 1) * V, gpu_all.end());
-        test::check_nmse(fmt::format("engine cuda logits seq {} graphs={} vs cpu", b, graphs),
+        test::check_nmse(fmt::format("engine cuda logits seq {} graphs={} batched={} vs cpu", b,
+                                     graphs, batched),
                          got[size_t(b)], cpu, kNmseLogitsCpu);
         test::check_nmse(
-            fmt::format("engine cuda logits seq {} graphs={} vs gpu forward", b, graphs),
+            fmt::format("engine cuda logits seq {} graphs={} batched={} vs gpu forward", b, graphs,
+                        batched),
             got[size_t(b)], gpu, kNmseLogitsGpu);
       }
     }
