@@ -479,8 +479,14 @@ const float* EngineCuda::prefill_batch(const PrefillBatch& b) {
       nb = nbg;
       ++g1;
     }
+    if (g1 - g0 == 1) {  // one prompt (alone it may need more table than a row per row fits)
+      const float* lg =
+          prefill(b.tokens + b.offsets[g0], b.offsets[g1] - b.offsets[g0], b.blocks[g0]);
+      std::copy_n(lg, V_, batch_logits_.begin() + g0 * V_);
+      g0 = g1;
+      continue;
+    }
     const int64_t R = b.offsets[g1] - b.offsets[g0];
-    RLHF_CHECK(R <= max_pos_, "engine prefill: {} positions (max {})", R, max_pos_);
     std::vector<int32_t> pos(static_cast<size_t>(R)), table(static_cast<size_t>(R * nb), 0);
     std::vector<int64_t> last(static_cast<size_t>(g1 - g0));
     for (int64_t g = g0; g < g1; ++g) {
