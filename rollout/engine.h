@@ -55,7 +55,8 @@ struct EngineOptions {
   int64_t max_batch = 256;  ///< most sequences decoded at once (vLLM max_num_seqs)
   /// Most prompt tokens one prefill forward takes (vLLM max_num_batched_tokens): the groups
   /// admitted at a step are prefilled together up to this many tokens (a longer prompt alone).
-  /// Only the batch's size and the activation memory depend on it, never a token or log-prob.
+  /// On the CPU only the batch's size and the activation memory depend on it, never a token or
+  /// log-prob; on a GPU the logits move within bf16 tolerance (EngineCuda::prefill_batch).
   int64_t prefill_batch_tokens = 2048;
   int32_t eos_token_id = -1;  ///< stop token; -1 = the model config's eos_token_id
   bool ignore_eos = false;    ///< never stop on EOS (benchmarks)

@@ -113,8 +113,9 @@ class EngineBackend {
   /// prefill() of every prompt of `batch`, in one forward where the backend can (the CPU's fp32
   /// path: the prompts' rows through each linear together, attention within each prompt) and one
   /// prompt at a time otherwise (this default). Returns the last position's logits of each
-  /// prompt, (G, V) fp32 host, valid until the next call. Row-invariant: prompt g's K/V and
-  /// logits are bitwise what prefill() of it alone gives, whatever else is in the batch.
+  /// prompt, (G, V) fp32 host, valid until the next call. The CPU's is row-invariant: prompt g's
+  /// K/V and logits are bitwise what prefill() of it alone gives, whatever else is in the batch;
+  /// the GPU's is within bf16 tolerance of it (EngineCuda::prefill_batch).
   virtual const float* prefill_batch(const PrefillBatch& batch);
 
   /// Copies positions [0, n) of every layer from the sequence with blocks `src` to the one with
