@@ -73,15 +73,20 @@ float* EngineWeights::acquire_grads(int u) {
 // ---------------------------------------------------------------------------------------------
 // Backends
 
+float* EngineBackend::batch_logits(int64_t G, int64_t V) {
+  checked_grow(batch_logits_, G * V, "the engine's prefill logits");
+  return batch_logits_.data();
+}
+
 const float* EngineBackend::prefill_batch(const PrefillBatch& b) {
   const int64_t V = b.vocab_size;
-  checked_grow(batch_logits_, b.G * V, "the engine's prefill logits");
+  float* out = batch_logits(b.G, V);
   for (int64_t g = 0; g < b.G; ++g) {
     const float* logits =
         prefill(b.tokens + b.offsets[g], b.offsets[g + 1] - b.offsets[g], b.blocks[g]);
-    std::copy_n(logits, V, batch_logits_.begin() + g * V);
+    std::copy_n(logits, V, out + g * V);
   }
-  return batch_logits_.data();
+  return out;
 }
 
 TpGroup tp_group(parallel::Comm* tp_comm) {

@@ -174,8 +174,13 @@ class EngineBackend {
   }
 #endif
 
+ protected:
+  /// The host buffer prefill_batch returns its (G, V) fp32 logits in, grown to at least G·V
+  /// floats (checked_grow: contents not kept). Throws rlhf::Error when the allocation fails.
+  float* batch_logits(int64_t G, int64_t V);
+
  private:
-  std::vector<float> batch_logits_;  // the default prefill_batch's (G, V) logits
+  std::vector<float> batch_logits_;  // batch_logits()
 };
 
 /// The CPU backend (rollout/engine_cpu.cpp): reads the host unit buffers of `weights` (which must

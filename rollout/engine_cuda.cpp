@@ -462,9 +462,8 @@ const float* EngineCuda::prefill(const int32_t* prompt, int64_t P, const int32_t
 }
 
 const float* EngineCuda::prefill_batch(const PrefillBatch& b) {
-  if (b.G == 1) return prefill(b.tokens, b.offsets[1], b.blocks[0]);
   const cudaStream_t s = stream_.get();
-  checked_grow(batch_logits_, b.G * V_, "the engine's prefill logits");
+  float* out = batch_logits(b.G, V_);
   // Consecutive prompts in forwards that fit the buffers: rows (and lse) up to max_position_
   // embeddings, a block-table row per row within the decode table, a logits row per prompt.
   for (int64_t g0 = 0; g0 < b.G;) {
@@ -482,7 +481,7 @@ const float* EngineCuda::prefill_batch(const PrefillBatch& b) {
     if (g1 - g0 == 1) {  // one prompt (alone it may need more table than a row per row fits)
       const float* lg =
           prefill(b.tokens + b.offsets[g0], b.offsets[g1] - b.offsets[g0], b.blocks[g0]);
-      std::copy_n(lg, V_, batch_logits_.begin() + g0 * V_);
+      std::copy_n(lg, V_, out + g0 * V_);
       g0 = g1;
       continue;
     }
@@ -504,10 +503,10 @@ const float* EngineCuda::prefill_batch(const PrefillBatch& b) {
     forward(R, false, nb, nb, 0, &last);
     wait_step();  // `pos` and `table` are read by the copies above
     const float* lg = logits_to_host(g1 - g0);
-    std::copy_n(lg, (g1 - g0) * V_, batch_logits_.begin() + g0 * V_);
+    std::copy_n(lg, (g1 - g0) * V_, out + g0 * V_);
     g0 = g1;
   }
-  return batch_logits_.data();
+  return out;
 }
 
 void EngineCuda::copy_prefix(const int32_t* src, const int32_t* dst, int64_t n) {

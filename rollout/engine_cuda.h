@@ -199,7 +199,6 @@ class EngineCuda final : public EngineBackend {
   DeviceArray<float> rstd_, qk_rstd_, lse_, attn_ws_;
   DeviceArray<int32_t> tokens_, pos_, lens_, table_, blocks_, blocks2_;
   std::vector<float> logits_host_;
-  std::vector<float> batch_logits_;            // prefill_batch's (G, V) logits
   PinnedArray<model::bf16> logits_bf16_host_;  // pinned: the copy runs at the link's speed
   cudaEvent_t step_begin_ = nullptr, step_end_ = nullptr;  // timing of each decode forward
   double decode_device_s_ = 0;
