@@ -280,6 +280,7 @@ void time_engine_batches(rollout::Engine& engine, const std::vector<int64_t>& ba
           {"new_tokens", opt.new_tokens},
           {"graphs", opt.cuda_graphs},
           {"skinny_gemm", skinny},
+          {"sampling", engine.device_sampling() ? "device" : "host"},
           {"decode_tokens_per_s", double(best.decode_tokens) / best.decode_s},
           {"step_ms", best.decode_s / steps * 1e3},
           {"device_ms_per_step", best.decode_device_s / steps * 1e3},
@@ -319,6 +320,10 @@ void run_bench_generate_cuda(const BenchGenerateCudaOptions& opt, const Emit& em
       for (int u = 0; u < layout.num_units(); ++u)
         model::init_unit_params(engine.unit_buffer(u), layout.unit(u), opt.seed);
       time_engine_batches(engine, opt.batches, cfg, name, true, spec, copy, opt, emit);
+      // The largest batch again with every row's logits copied to the host and sampled there.
+      engine.set_device_sampling(false);
+      time_engine_batches(engine, {max_batch}, cfg, name, true, spec, copy, opt, emit);
+      engine.set_device_sampling(true);
       if (few.empty()) continue;
       // The same weights on a second engine whose graphs capture cuBLASLt's GEMMs instead.
       eo.max_batch = *std::max_element(few.begin(), few.end());

@@ -73,8 +73,10 @@ struct BenchGenerateCudaOptions {
 /// the GPU engine; emits {"bench":"generate","device":"cuda","gpu":..,"model":..,"batch":..,
 /// "decode_tokens_per_s":..,"step_ms":..,"read_GBps":..,"hbm_GBps":..,"ratio_to_hbm":..,
 /// "copy_GBps":..,"ratio_to_copy":..,"graphs":..,"skinny_gemm":..,"device_ms_per_step":..,
-/// "host_ms_per_step":..} (device: the forwards' GPU time by CUDA events; host: the rest of the
-/// step — inputs, logits copy, sampling, scheduling). Batches of at most
+/// "host_ms_per_step":..,"sampling":"device"|"host"} (device: the forwards' GPU time by CUDA
+/// events; host: the rest of the step — inputs, sampling or the logits copy and host sampling,
+/// scheduling). The largest batch runs a second time with the host sampler ("sampling": "host":
+/// every row's logits copied to the host), the others sample on the device. Batches of at most
 /// model::kSkinnyMaxRows run twice, on a second engine with the same weights: with the few-row
 /// linear kernel (the default) and with cuBLASLt's GEMMs ("skinny_gemm": false).
 void run_bench_generate_cuda(const BenchGenerateCudaOptions& opt, const Emit& emit);

@@ -142,10 +142,12 @@ model::ModelConfig tp_kv_config(const model::ModelConfig& c, const TpGroup& tp) 
 /// The scheduler's buffers: a decode step's host inputs, and the samplers.
 struct Engine::Work {
   std::vector<int32_t> tokens, pos, lens, table;
-  std::vector<int64_t> last_row;      // per sequence: its last row (whose logits are sampled)
-  std::vector<Sampler> samplers;      // one per OpenMP thread
-  std::vector<Seq*> batch;            // the sequences of a decode step
-  std::vector<SampledToken> sampled;  // their sampled tokens
+  std::vector<int64_t> last_row;       // per sequence: its last row (whose logits are sampled)
+  std::vector<Sampler> samplers;       // one per OpenMP thread
+  std::vector<Seq*> batch;             // the sequences of a decode step
+  std::vector<SampledToken> sampled;   // their sampled tokens
+  std::vector<float> inv_temperature;  // device sampling's inputs: per sequence 1/T (0 = greedy)
+  std::vector<double> draws;           // and its uniform draw
 };
 
 Engine::Engine(const model::ParamLayout& layout, const EngineOptions& options)
@@ -467,38 +469,63 @@ DecodeBatch Engine::prepare_decode(const std::vector<Seq*>& active) {
   return d;
 }
 
-void Engine::decode_and_sample(Run& run) {
-  const auto t_step = Clock::now();
+void Engine::decode_step(const std::vector<Seq*>& batch, bool by_row) {
   Work& w = *work_;
-  const int64_t V = layout_.config().vocab_size;
-  std::vector<std::unique_ptr<Seq>>& active = run.active;
-  std::vector<Seq*>& batch = w.batch;
-  batch.clear();
-  for (auto& s : active) batch.push_back(s.get());
   const int64_t B = static_cast<int64_t>(batch.size());
-  const float* logits = backend_->decode(prepare_decode(batch));
-  // Row by row, a sequence still feeding its observation samples nothing this step.
-  const bool by_row = observations_row_by_row();
-  auto samples_now = [&](const Seq& s) {
-    return !by_row || s.fed == static_cast<int64_t>(s.extra.size());
-  };
+  const int64_t V = layout_.config().vocab_size;
+  const DecodeBatch d = prepare_decode(batch);
   w.sampled.resize(static_cast<size_t>(B));
+  bool on_device = opt_.device_sampling;
+  for (const Seq* s : batch) on_device = on_device && backend_->samples_on_device(*s->sampling);
+  if (on_device) {
+    w.inv_temperature.resize(static_cast<size_t>(B));
+    w.draws.resize(static_cast<size_t>(B));
+    for (int64_t b = 0; b < B; ++b) {
+      const Seq& s = *batch[size_t(b)];
+      w.inv_temperature[size_t(b)] =
+          s.sampling->is_greedy() ? 0.0f : static_cast<float>(1.0 / s.sampling->temperature);
+      w.draws[size_t(b)] = s.next_draw();
+    }
+    const SampledToken* t =
+        backend_->decode_sampled(d, DeviceSampling{w.inv_temperature.data(), w.draws.data()});
+    for (int64_t b = 0; b < B; ++b) {
+      const Seq& s = *batch[size_t(b)];
+      RLHF_CHECK(!s.samples_now(by_row) || t[b].token >= 0,
+                 "sampling: the logits of request id {} (sample {}) are not finite on the "
+                 "device\nhint: the weights or the activations overflowed",
+                 s.request_id, s.sample_index);
+      w.sampled[size_t(b)] = t[b];
+    }
+    ++stats_.device_sampled_steps;
+    return;
+  }
+  const float* logits = backend_->decode(d);
   std::exception_ptr error;
 #pragma omp parallel for schedule(dynamic, 1)
   for (int64_t b = 0; b < B; ++b) {
     try {
       const Seq& s = *batch[size_t(b)];
-      if (!samples_now(s)) continue;
-      const double u = counter_uniform(s.sampling->seed, s.request_id, uint64_t(s.sample_index),
-                                       uint64_t(s.result.tokens.size()));
-      w.sampled[size_t(b)] =
-          w.samplers[size_t(omp_get_thread_num())].sample(logits + b * V, *s.sampling, u);
+      if (!s.samples_now(by_row)) continue;
+      w.sampled[size_t(b)] = w.samplers[size_t(omp_get_thread_num())].sample(
+          logits + b * V, *s.sampling, s.next_draw());
     } catch (...) {
 #pragma omp critical(rlhf_engine_error)
       if (!error) error = std::current_exception();
     }
   }
   if (error) std::rethrow_exception(error);
+}
+
+void Engine::decode_and_sample(Run& run) {
+  const auto t_step = Clock::now();
+  Work& w = *work_;
+  std::vector<std::unique_ptr<Seq>>& active = run.active;
+  std::vector<Seq*>& batch = w.batch;
+  batch.clear();
+  for (auto& s : active) batch.push_back(s.get());
+  const int64_t B = static_cast<int64_t>(batch.size());
+  const bool by_row = observations_row_by_row();
+  decode_step(batch, by_row);
   ++stats_.decode_steps;
   stats_.decode_tokens += B;
   stats_.max_active = std::max(stats_.max_active, B);
@@ -507,7 +534,7 @@ void Engine::decode_and_sample(Run& run) {
   size_t kept = 0;
   for (int64_t b = 0; b < B; ++b) {
     Seq& s = *active[size_t(b)];
-    const bool sampled = samples_now(s);
+    const bool sampled = s.samples_now(by_row);
     s.len += by_row ? 1 : 1 + static_cast<int64_t>(s.extra.size());  // the rows fed are cached
     if (!sampled) {
       ++s.fed;

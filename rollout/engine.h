@@ -73,6 +73,11 @@ struct EngineOptions {
   double gpu_memory_utilization = 0.95;
   /// Decode steps replay CUDA graphs captured per batch bucket (--enforce_eager turns this off).
   bool cuda_graphs = true;
+  /// A backend that can (a GPU engine) draws each decode step's tokens on the device when every
+  /// sequence of the step samples without top-k / top-p (or greedily): B tokens and log-probs
+  /// cross to the host instead of (B, V) logits. Within exp's last bits of the host Sampler
+  /// (sample_rows_cuda). false: always the host Sampler (benchmarks compare the two).
+  bool device_sampling = true;
   /// Tensor-parallel group of this engine (Topology::engine_comm, e.g. through make_comm: a
   /// shared-memory comm inside the node, whose all-reduce is bit-identical on every rank). nullptr
   /// or size 1: TP 1, the fast path. Size T > 1: every rank of the group builds the engine with the
@@ -180,6 +185,8 @@ struct EngineStats {
   int64_t generated_tokens = 0;  ///< sampled tokens (first tokens from prefill + decode tokens)
   int64_t decode_tokens = 0;     ///< tokens produced by decode steps (Σ batch over steps)
   int64_t decode_steps = 0;
+  /// decode steps whose tokens the backend drew on the device (EngineOptions::device_sampling)
+  int64_t device_sampled_steps = 0;
   int64_t max_active = 0;          ///< largest decode batch
   int64_t admission_waits = 0;     ///< times the next request had to wait for KV blocks / a slot
   int64_t peak_kv_blocks = 0;      ///< most KV blocks in use at once
@@ -350,6 +357,14 @@ class Engine {
   /// `sleep`, what sleep() frees while the trainer trains.
   static std::string describe(const MemoryPlan& plan, bool sleep);
 
+  /// EngineOptions::device_sampling from the next generate() on (benchmarks time both ways).
+  void set_device_sampling(bool on) {
+    opt_.device_sampling = on;
+  }
+  bool device_sampling() const {
+    return opt_.device_sampling;
+  }
+
   /// Counters of the last generate() call.
   const EngineStats& stats() const {
     return stats_;
@@ -381,6 +396,12 @@ class Engine {
   /// or a backend that takes one row per sequence).
   bool observations_row_by_row() const;
   DecodeBatch prepare_decode(const std::vector<Seq*>& active);
+  // One decode step over `batch` (the active sequences), each one's next token into
+  // work_->sampled: drawn on the device when the backend can for all of them
+  // (EngineOptions::device_sampling), else by the host Sampler from the step's logits. by_row:
+  // observations_row_by_row() (a sequence still feeding one samples nothing). Throws
+  // rlhf::Error when a sampling sequence's logits are not finite.
+  void decode_step(const std::vector<Seq*>& batch, bool by_row);
   // One decode step over run.active, then a token sampled for each and routed (Run::append):
   // finished ones leave, those whose turn ended move to run.turning.
   void decode_and_sample(Run& run);

@@ -22,6 +22,7 @@
 #include "model/ops/cuda_types.h"
 #include "parallel/comm.h"
 #include "rollout/kv_cache.h"
+#include "rollout/sampling.h"
 
 namespace rlhf::rollout {
 
@@ -78,6 +79,14 @@ struct PrefillBatch {
   int64_t vocab_size = 0;                  ///< V, the logits' row length
 };
 
+/// A decode step's sampling inputs when the backend samples on the device
+/// (EngineBackend::decode_sampled): host arrays of B values, one per sequence, that the scheduler
+/// owns during the call.
+struct DeviceSampling {
+  const float* inv_temperature = nullptr;  ///< (B) float(1/T); 0 = greedy
+  const double* u = nullptr;  ///< (B) the sequences' counter_uniform draws (ignored when greedy)
+};
+
 /// An engine rank's memory, in bytes of the memory its backend computes in: host memory for the
 /// CPU backend, device memory for a GPU one (the engine's fp32 host unit buffers are counted
 /// apart, by Engine::memory_plan).
@@ -127,6 +136,24 @@ class EngineBackend {
   /// (B, V) fp32 host, valid until the next call. Batch-invariant: a row's logits do not depend on
   /// the other rows.
   virtual const float* decode(const DecodeBatch& batch) = 0;
+
+  /// Whether decode_sampled() can draw tokens with these parameters on the device; false (this
+  /// default): the engine copies decode()'s logits to the host and samples there.
+  virtual bool samples_on_device(const SamplingParams& p) const {
+    (void)p;
+    return false;
+  }
+
+  /// decode() with each sequence's next token drawn on the device from its last row's logits
+  /// (the host Sampler's rule, sample_rows_cuda), so only B tokens and log-probs come back:
+  /// (B) host, valid until the next call. A sequence whose logits are not finite comes back with
+  /// token −1. For batches whose every sequence's parameters samples_on_device() accepts; this
+  /// default throws rlhf::Error.
+  virtual const SampledToken* decode_sampled(const DecodeBatch& batch, const DeviceSampling& s) {
+    (void)batch;
+    (void)s;
+    RLHF_FAIL("this generation engine backend does not sample on the device");
+  }
 
   /// Seconds the device spent in decode() forwards since the backend was made (CUDA events around
   /// each step's forward or graph replay); 0 for a backend without a device (the CPU). The rest

@@ -107,6 +107,11 @@ void EngineCuda::for_each_buffer(EngineCuda* self, const Dims& d, Fn&& fn) {
   fn(at(&EngineCuda::table_), d.max_batch * d.max_blocks, "device array");
   for (auto m : {&EngineCuda::blocks_, &EngineCuda::blocks2_})
     fn(at(m), d.max_blocks, "device array");
+  // Sampling on the device (decode_sampled): per sequence in and out.
+  for (auto m : {&EngineCuda::sample_inv_t_, &EngineCuda::sample_logprob_})
+    fn(at(m), d.max_batch, "device array");
+  fn(at(&EngineCuda::sample_u_), d.max_batch, "device array");
+  fn(at(&EngineCuda::sample_token_), d.max_batch, "device array");
 }
 
 int64_t EngineCuda::buffer_bytes(const model::ParamLayout& layout, int64_t max_batch,
@@ -557,7 +562,7 @@ const float* EngineCuda::decode(const DecodeBatch& d) {
   return decode(d.tokens, d.pos, d.lens, d.table, d.B, d.max_blocks);
 }
 
-const float* EngineCuda::decode(const int32_t* tokens, const int32_t* pos, const int32_t* lens,
+void EngineCuda::decode_forward(const int32_t* tokens, const int32_t* pos, const int32_t* lens,
                                 const int32_t* table, int64_t B, int64_t max_blocks) {
   RLHF_CHECK(B >= 1 && B <= max_batch_ && max_blocks >= 1 && max_blocks <= max_blocks_cap_,
              "engine decode: batch {} (max {}) with {} blocks per sequence (max {})", B, max_batch_,
@@ -607,11 +612,50 @@ const float* EngineCuda::decode(const int32_t* tokens, const int32_t* pos, const
     }
   }
   CUDA_CHECK(cudaEventRecord(step_end_, s));
-  wait_step();  // the host input vectors are read by the copies above
+  // The host vectors above may go now: a copy from pageable memory is staged before it returns.
+}
+
+void EngineCuda::add_step_time() {
   float ms = 0;
   CUDA_CHECK(cudaEventElapsedTime(&ms, step_begin_, step_end_));
   decode_device_s_ += double(ms) * 1e-3;
-  return logits_to_host(B);
+}
+
+const float* EngineCuda::decode(const int32_t* tokens, const int32_t* pos, const int32_t* lens,
+                                const int32_t* table, int64_t B, int64_t max_blocks) {
+  decode_forward(tokens, pos, lens, table, B, max_blocks);
+  wait_step();
+  add_step_time();
+  return logits_to_host(B);  // (B, V) bf16 copied and widened: the host samples
+}
+
+const SampledToken* EngineCuda::decode_sampled(const DecodeBatch& d, const DeviceSampling& in) {
+  RLHF_ASSERT(d.rows == d.B);  // the engine feeds no observation rows to a GPU backend
+  const int64_t B = d.B;
+  const cudaStream_t s = stream_.get();
+  if (sample_token_host_.size() < max_batch_) {
+    sample_inv_t_host_ = PinnedArray<float>(max_batch_, "the engine's sampling inputs (pinned)");
+    sample_u_host_ = PinnedArray<double>(max_batch_, "the engine's sampling inputs (pinned)");
+    sample_logprob_host_ = PinnedArray<float>(max_batch_, "the engine's sampled tokens (pinned)");
+    sample_token_host_ = PinnedArray<int32_t>(max_batch_, "the engine's sampled tokens (pinned)");
+  }
+  std::copy(in.inv_temperature, in.inv_temperature + B, sample_inv_t_host_.get());
+  std::copy(in.u, in.u + B, sample_u_host_.get());
+  decode_forward(d.tokens, d.pos, d.lens, d.table, B, d.max_blocks);
+  h2d(sample_inv_t_.get(), sample_inv_t_host_.get(), size_t(B) * sizeof(float), s);
+  h2d(sample_u_.get(), sample_u_host_.get(), size_t(B) * sizeof(double), s);
+  sample_rows_cuda(sample_token_.get(), sample_logprob_.get(), logits_.get(), B, V_,
+                   sample_inv_t_.get(), sample_u_.get(), s);
+  CUDA_CHECK(cudaMemcpyAsync(sample_token_host_.get(), sample_token_.get(),
+                             size_t(B) * sizeof(int32_t), cudaMemcpyDeviceToHost, s));
+  CUDA_CHECK(cudaMemcpyAsync(sample_logprob_host_.get(), sample_logprob_.get(),
+                             size_t(B) * sizeof(float), cudaMemcpyDeviceToHost, s));
+  wait_step();
+  add_step_time();
+  sampled_.resize(size_t(B));
+  for (int64_t b = 0; b < B; ++b)
+    sampled_[size_t(b)] = {sample_token_host_[size_t(b)], sample_logprob_host_[size_t(b)]};
+  return sampled_.data();
 }
 
 std::unique_ptr<EngineBackend> make_cuda_backend(const model::ParamLayout& layout,

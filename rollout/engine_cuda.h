@@ -1,6 +1,7 @@
 // The GPU backend of the generation engine (rollout/engine_backend.h): bf16 weights and a bf16
-// paged KV cache in device memory, prefill and batched decode on the CUDA ops, logits back to the
-// host for the engine's sampler; tensor parallel over an NCCL communicator
+// paged KV cache in device memory, prefill and batched decode on the CUDA ops, decode steps'
+// tokens sampled on the device (untruncated and greedy sampling; logits back to the host for the
+// engine's sampler otherwise); tensor parallel over an NCCL communicator
 // (rollout/engine_cuda_tp.h). The engine keeps the scheduling (admission, continuous batching, KV
 // block bookkeeping in a KvCache without storage) exactly as on the CPU, so a sample's random
 // stream and the order of results do not depend on the device.
@@ -106,6 +107,13 @@ class EngineCuda final : public EngineBackend {
   int64_t wake() override;
   /// decode() below over the batch; one row per sequence (rows == B).
   const float* decode(const DecodeBatch& batch) override;
+  /// Untruncated sampling and greedy (sample_rows_cuda); top-k / top-p go through the host.
+  bool samples_on_device(const SamplingParams& p) const override {
+    return p.is_greedy() || !p.truncates(V_);
+  }
+  /// The decode step, then sample_rows_cuda over its logits on the engine's stream: B tokens and
+  /// log-probs come back instead of (B, V) logits.
+  const SampledToken* decode_sampled(const DecodeBatch& batch, const DeviceSampling& s) override;
   /// GPU seconds of the decode forwards so far (events around each step's forward or replay).
   double decode_device_seconds() const override { return decode_device_s_; }
 
@@ -158,6 +166,12 @@ class EngineCuda final : public EngineBackend {
   void forward(int64_t N, bool decode, int64_t table_stride, int64_t max_blocks, int64_t first_out,
                const std::vector<int64_t>* out_rows = nullptr);
   const float* logits_to_host(int64_t rows);
+  // A decode step's inputs uploaded and its forward (or graph replay) enqueued, between the
+  // timing events; the caller waits (wait_step) and calls add_step_time().
+  void decode_forward(const int32_t* tokens, const int32_t* pos, const int32_t* lens,
+                      const int32_t* table, int64_t B, int64_t max_blocks);
+  // Adds the last decode forward's GPU time (its events) to decode_device_s_.
+  void add_step_time();
   // Waits for a prefill's or decode step's work on the stream. A tensor-parallel engine's step
   // ends in its peers' all-reduces, so its wait is watched (parallel/watchdog.h, --comm_timeout):
   // a peer that never reaches its all-reduce ends the job with the watchdog's message.
@@ -198,6 +212,16 @@ class EngineCuda final : public EngineBackend {
   DeviceArray<model::bf16> qkv_;  // (rows, q + 2·kv) packed QKV output when fused_qkv_
   DeviceArray<float> rstd_, qk_rstd_, lse_, attn_ws_;
   DeviceArray<int32_t> tokens_, pos_, lens_, table_, blocks_, blocks2_;
+  // decode_sampled: per sequence 1/T and u in, token and log-prob out (max_batch each).
+  DeviceArray<float> sample_inv_t_, sample_logprob_;
+  DeviceArray<double> sample_u_;
+  DeviceArray<int32_t> sample_token_;
+  // Their pinned host sides (max_batch each, made at the first decode_sampled): the copies stay
+  // asynchronous, so the step's one wait is wait_step's (watched under tensor parallelism).
+  PinnedArray<float> sample_inv_t_host_, sample_logprob_host_;
+  PinnedArray<double> sample_u_host_;
+  PinnedArray<int32_t> sample_token_host_;
+  std::vector<SampledToken> sampled_;
   std::vector<float> logits_host_;
   PinnedArray<model::bf16> logits_bf16_host_;  // pinned: the copy runs at the link's speed
   cudaEvent_t step_begin_ = nullptr, step_end_ = nullptr;  // timing of each decode forward

@@ -32,6 +32,18 @@ struct Engine::Seq {
   int64_t turn_begin = 0;  // response position where the current turn began
   bool eos = false;        // the turn that ended last ended with EOS
   GenerationResult result;
+
+  /// Whether it samples a token at this decode step: fed row by row (by_row), a sequence still
+  /// feeding its observation samples nothing.
+  bool samples_now(bool by_row) const {
+    return !by_row || fed == static_cast<int64_t>(extra.size());
+  }
+  /// The uniform draw of its next token: its random stream (seed, request id, sample index) at
+  /// the index of that token in the response.
+  double next_draw() const {
+    return counter_uniform(sampling->seed, request_id, uint64_t(sample_index),
+                           uint64_t(result.tokens.size()));
+  }
 };
 
 /// Per request of a validated generate() call (Engine::validate).

@@ -140,9 +140,8 @@ SampledToken Sampler::sample(const float* logits, const SamplingParams& p, doubl
   }
   const double inv_t = 1.0 / p.temperature;
   const double lse = prepare(logits, inv_t);
-  const bool truncated = (p.top_k > 0 && p.top_k < V_) || p.top_p < 1.0;
   int32_t tok = -1;
-  if (!truncated) {
+  if (!p.truncates(V_)) {
     // Inverse CDF in id order: find the block, then the token inside it.
     const double target = u * sum_e_;
     double cum = 0;
@@ -184,7 +183,7 @@ std::vector<int32_t> Sampler::support(const float* logits, const SamplingParams&
     return {best};
   }
   prepare(logits, 1.0 / p.temperature);
-  if ((p.top_k > 0 && p.top_k < V_) || p.top_p < 1.0) {
+  if (p.truncates(V_)) {
     truncate(logits, p);
     return kept_;
   }

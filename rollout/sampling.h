@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "model/ops/cuda_types.h"
+
 namespace rlhf::rollout {
 
 /// How the next token is chosen (OpenRLHF / vLLM names and defaults).
@@ -17,6 +19,8 @@ struct SamplingParams {
   uint64_t seed = 42;        ///< per-request seed of the random stream
 
   bool is_greedy() const { return greedy || temperature == 0.0; }
+  /// Whether top-k or top-p cut the distribution over a vocabulary of V tokens (greedy aside).
+  bool truncates(int64_t V) const { return (top_k > 0 && top_k < V) || top_p < 1.0; }
   /// Throws rlhf::Error naming the field when a value is out of range (temperature < 0 or not
   /// finite, top_p outside (0, 1], top_k < -1).
   void validate() const;
@@ -74,5 +78,23 @@ class Sampler {
   std::vector<int32_t> kept_;   // the kept set, descending
   double sum_e_ = 0;            // Σ e_ over the vocabulary
 };
+
+#ifdef RLHF_CUDA
+/// Sampler::sample of B rows on the device, for the parameters that cut nothing
+/// (!SamplingParams::truncates) and for greedy: one block per row reads its V bf16 logits (as
+/// fp32) twice — max z (and the greedy argmax, lowest id on ties), then Σ exp(z − max z) in
+/// blocks of 256 tokens — and one thread inverts the CDF in id order at u[b]·Σ, the host
+/// Sampler's walk. Results: token (B) int32 and logprob (B) fp32 = z[token] − lse, device
+/// arrays; a row whose logits are not finite (NaN, +inf, all −inf) gets token −1 and logprob NaN.
+/// logits: (B, V) bf16 device; inv_temperature: (B) fp32 device, float(1/T), 0 = greedy (z = the
+/// logits); u: (B) fp64 device, counter_uniform draws (ignored when greedy). Within exp's last
+/// bits of the host Sampler on the same values (expf against exp_fast): the same token unless u
+/// falls within ~1e-6 of a CDF boundary, the log-prob within 1e-5. A row's result does not
+/// depend on the other rows. Throws rlhf::Error if B < 0, V <= 0, or V > 3,145,728 (the block
+/// sums' shared memory).
+void sample_rows_cuda(int32_t* token, float* logprob, const model::bf16* logits, int64_t B,
+                      int64_t V, const float* inv_temperature, const double* u,
+                      cudaStream_t stream);
+#endif
 
 }  // namespace rlhf::rollout

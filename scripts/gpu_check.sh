@@ -142,7 +142,7 @@ step_train() {  # training MFU with the flash kernels and with the default (auto
   done
 }
 
-step_generate() {  # decode at batch 1, 8, 64 (and 1 with cuBLASLt for the few-row kernel)
+step_generate() {  # decode at batch 1, 8, 64 (1 with cuBLASLt, 64 with host sampling)
   run bench 90 "$RLHF" bench generate --device cuda --gen_batches 1,8,64 --output "$OUT/bench.jsonl"
 }
 

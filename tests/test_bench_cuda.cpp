@@ -46,7 +46,7 @@ TEST_CASE("bench cuda: train and generate rows on a tiny model") {
   g.repeats = 1;
   g.copy_bytes = 1 << 20;
   bench::run_bench_generate_cuda(g, emit);
-  int train = 0, gemm = 0, generate = 0, cublas_rows = 0;
+  int train = 0, gemm = 0, generate = 0, cublas_rows = 0, host_sampling = 0;
   for (const auto& r : rows) {
     const std::string b = r["bench"];
     if (b == "train") {
@@ -59,6 +59,7 @@ TEST_CASE("bench cuda: train and generate rows on a tiny model") {
     if (b == "generate") {
       ++generate;
       cublas_rows += !r["skinny_gemm"].get<bool>();
+      host_sampling += r["sampling"].get<std::string>() == "host";
       CHECK(r["decode_tokens_per_s"].get<double>() > 0);
       CHECK(r["read_GBps"].get<double>() > 0);
       // The forwards' device time is part of the step, the host's the rest.
@@ -69,8 +70,10 @@ TEST_CASE("bench cuda: train and generate rows on a tiny model") {
   CHECK(train == 1);
   // Five GEMM shapes (q/o_proj are both 64 x 64 here), three GEMMs each.
   CHECK(gemm == 5 * 3);
-  // Batches 1 and 3, each also timed with cuBLASLt in place of the few-row kernel.
-  CHECK(generate == 4);
+  // Batches 1 and 3, each also timed with cuBLASLt in place of the few-row kernel, and batch 3
+  // with the host sampler.
+  CHECK(generate == 5);
   CHECK(cublas_rows == 2);
+  CHECK(host_sampling == 1);
 #endif
 }

@@ -250,6 +250,68 @@ TEST_CASE("engine cuda: generate() on the GPU completes every sample like the CP
 #endif
 }
 
+TEST_CASE("engine cuda: tokens drawn on the device are the host sampler's") {
+  RLHF_SKIP_WITHOUT_CUDA_DEVICE();
+#ifdef RLHF_CUDA
+  const auto cfg = engine_config();
+  const model::ParamLayout layout(cfg, model::HeadKind::kLM);
+  model::LocalParams<float> P(layout);
+  init_bf16(P);
+  // Sampling at two temperatures and greedy; with_top_k adds a top-k request, whose decode steps
+  // (those it shares) go through the host sampler.
+  auto requests = [&](bool with_top_k) {
+    std::vector<rollout::GenerationRequest> reqs;
+    for (int i = 0; i < 6; ++i) {
+      rollout::GenerationRequest r;
+      r.id = uint64_t(i);
+      r.prompt = test::random_tokens(2 + i, cfg.vocab_size, 60 + uint64_t(i));
+      r.n_samples = 1 + i % 2;
+      r.max_new_tokens = 6 + 2 * i;
+      r.sampling.temperature = i % 3 == 0 ? 0.0 : i % 3 == 1 ? 0.8 : 1.3;
+      r.sampling.seed = 17;
+      if (with_top_k && i == 5) r.sampling.top_k = 5;
+      reqs.push_back(r);
+    }
+    return reqs;
+  };
+  for (bool with_top_k : {false, true}) {
+    CAPTURE(with_top_k);
+    std::vector<std::vector<rollout::GenerationResult>> results;
+    std::vector<rollout::EngineStats> stats;
+    for (bool device_sampling : {false, true}) {
+      rollout::EngineOptions o;
+      o.cuda = true;
+      o.device_sampling = device_sampling;
+      o.gpu_memory_utilization = 0.5;
+      o.max_batch = 4;
+      o.ignore_eos = true;
+      rollout::Engine e(layout, o);
+      load_weights(e, P);
+      results.push_back(e.generate(requests(with_top_k)));
+      stats.push_back(e.stats());
+    }
+    CHECK(stats[0].device_sampled_steps == 0);
+    if (with_top_k) {
+      CHECK(stats[1].device_sampled_steps > 0);
+      CHECK(stats[1].device_sampled_steps < stats[1].decode_steps);
+    } else {
+      CHECK(stats[1].device_sampled_steps == stats[1].decode_steps);
+    }
+    // Same logits (the same bf16 forwards), the same draws: the same tokens, and log-probs
+    // within expf against the host's exp_fast.
+    REQUIRE(results[0].size() == results[1].size());
+    for (size_t i = 0; i < results[0].size(); ++i) {
+      CAPTURE(i);
+      const auto &h = results[0][i], &d = results[1][i];
+      CHECK(d.tokens == h.tokens);
+      REQUIRE(d.logprobs.size() == h.logprobs.size());
+      for (size_t t = 0; t < h.logprobs.size(); ++t)
+        CHECK(std::fabs(d.logprobs[t] - h.logprobs[t]) <= 1e-5f);
+    }
+  }
+#endif
+}
+
 TEST_CASE("engine cuda: multi-turn episodes on the GPU engine score like the whole sequence") {
   RLHF_SKIP_WITHOUT_CUDA_DEVICE();
 #ifdef RLHF_CUDA
