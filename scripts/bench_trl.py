@@ -44,8 +44,9 @@ bf16 (issue 24): --trl_bf16 runs TRL with bf16=True (the Trainer's CPU autocast:
 over fp32 master weights; generation in the same autocast) and rlhf with --param_dtype bf16 (bf16
 GEMMs through oneDNN with fp32 master weights, gradients and AdamW; a bf16 engine; weight sync in
 bf16). Without it both run fp32 (rlhf --param_dtype fp32, so a CPU with AMX does not silently pick
-bf16 under auto). Name the CPU and its ISA with the figures: without AVX512-BF16 / AMX, bf16
-arithmetic is emulated on both sides.
+bf16 under auto). --rlhf_param_dtype sets rlhf's side alone: `--trl_bf16 --rlhf_param_dtype auto`
+puts TRL bf16=True against what rlhf picks on the CPU at hand. Name the CPU and its ISA with the
+figures: without AVX512-BF16 / AMX, bf16 arithmetic is emulated on both sides.
 
 How it is timed:
   * rlhf: <save_path>/metrics.jsonl, one record per step: step_s and the phases gen_s, reward_s,
@@ -100,6 +101,11 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 BENCH = "trl_side_by_side"
 
 
+def rlhf_param_dtype(a):
+    """rlhf's --param_dtype: --rlhf_param_dtype, else TRL's precision (bf16 or fp32)."""
+    return a.rlhf_param_dtype or ("bf16" if a.trl_bf16 else "fp32")
+
+
 def parse_args():
     p = argparse.ArgumentParser(
         description=__doc__.split("\n")[0],
@@ -129,6 +135,10 @@ def parse_args():
                         "--init_kl_coef with --use_kl_loss and k3")
     p.add_argument("--trl_bf16", action="store_true",
                    help="TRL bf16=True and rlhf --param_dtype bf16 (default: fp32 on both)")
+    p.add_argument("--rlhf_param_dtype", choices=["auto", "bf16", "fp32"],
+                   help="rlhf's --param_dtype (default: bf16 with --trl_bf16, else fp32); auto "
+                        "= what rlhf picks on this CPU (bf16 only with AMX / AVX512-BF16), e.g. "
+                        "against TRL bf16=True on a CPU without them")
     p.add_argument("--threads", type=int, default=2,
                    help="threads for each system (default 2); rlhf ranks share them")
     p.add_argument("--rlhf_ranks", default="1",
@@ -491,7 +501,7 @@ def rlhf_cmd(a, ranks, prompts, save):
            "--threads", str(threads), "--device", "cpu", "--seed", str(a.seed),
            "--save_path", save, "--ckpt_path", os.path.join(save, "ckpt"),
            "--log_completions", "1", "--disable_progress",
-           "--param_dtype", "bf16" if a.trl_bf16 else "fp32"]
+           "--param_dtype", rlhf_param_dtype(a)]
     if ranks > 1:
         launcher = [a.mpirun, "--oversubscribe", "--bind-to", "none", "-np", str(ranks)]
         if os.geteuid() == 0:
@@ -650,7 +660,7 @@ def main():
            "samples": a.samples, "max_new_tokens": a.max_new_tokens,
            "micro_batch": a.micro_batch, "lr": a.lr, "beta": a.beta,
            "kv_cache_dtype": a.kv_cache_dtype, "seed": a.seed,
-           "precision": "bf16" if a.trl_bf16 else "fp32"}
+           "precision": "bf16" if a.trl_bf16 else "fp32", "rlhf_param_dtype": rlhf_param_dtype(a)}
     emit({"row": "env", **env})
     paths, per_step = prepare_prompts(a, work)
     hf_model = os.path.join(work, "hf_model")
