@@ -413,10 +413,8 @@ void Engine::start_groups(const std::vector<GenerationRequest>& requests,
     const GenerationRequest& r = requests[size_t(groups[size_t(g)].index)];
     for (int64_t i = start[size_t(g)]; i < start[size_t(g) + 1]; ++i) {
       std::unique_ptr<Seq>& s = seqs[size_t(i)];
-      const double u = counter_uniform(r.sampling.seed, r.id, uint64_t(s->sample_index),
-                                       uint64_t(r.prefix.size()));
-      const Run::Outcome o =
-          run.append(*s, work_->samplers[0].sample(logits + g * pb.vocab_size, r.sampling, u));
+      const Run::Outcome o = run.append(
+          *s, work_->samplers[0].sample(logits + g * pb.vocab_size, r.sampling, s->next_draw()));
       if (o == Run::Outcome::kGoing) run.active.push_back(std::move(s));
       if (o == Run::Outcome::kTurnEnd) run.turning.push_back(std::move(s));
     }
