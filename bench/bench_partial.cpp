@@ -88,6 +88,11 @@ void run_bench_partial(const BenchPartialOptions& opt, const Emit& emit) {
   double part_prefill_s = 0, sync_prefill_s = 0;
   int64_t carried = 0, interrupted = 0, dropped = 0, part_tokens = 0, sync_tokens = 0;
   int64_t part_prefill_tokens = 0;
+  int64_t decode_steps = 0, device_sampled_steps = 0;  // every generate() call's
+  const auto count_steps = [&](const rollout::EngineStats& s) {
+    decode_steps += s.decode_steps;
+    device_sampled_steps += s.device_sampled_steps;
+  };
   for (int64_t step = 0; step < opt.steps; ++step) {
     // Partial: the pool topped up, one round to the quota, the step's groups taken.
     auto t = Clock::now();
@@ -108,6 +113,7 @@ void run_bench_partial(const BenchPartialOptions& opt, const Emit& emit) {
       auto reqs = pool.requests(pending, 0, 1, sp, max_new);
       auto res = engine.generate(reqs, {}, nullptr, opt.samples - pool.complete_groups());
       tokens += engine.stats().generated_tokens;
+      count_steps(engine.stats());
       prefill_tokens += engine.stats().prefill_tokens;
       prefill_s += engine.stats().prefill_s;
       cut += pool.merge(pool.to_samples(reqs, std::move(res), pending, step), pending);
@@ -153,6 +159,7 @@ void run_bench_partial(const BenchPartialOptions& opt, const Emit& emit) {
     sync_wall.push_back(since(t));
     sync_cpu.push_back(cpu_seconds() - c);
     sync_tokens += engine.stats().generated_tokens;
+    count_steps(engine.stats());
     sync_prefill_s += engine.stats().prefill_s;
   }
   const double n = double(opt.steps - 1);
@@ -179,7 +186,9 @@ void run_bench_partial(const BenchPartialOptions& opt, const Emit& emit) {
         {"interrupted_mean", double(interrupted) / n},
         {"dropped", dropped},
         {"gen_tokens_sync", int64_t(double(sync_tokens) / n)},
-        {"gen_tokens_partial", int64_t(double(part_tokens) / n)}});
+        {"gen_tokens_partial", int64_t(double(part_tokens) / n)},
+        {"device_sampled_share",
+         decode_steps > 0 ? double(device_sampled_steps) / double(decode_steps) : 0.0}});
 }
 
 }  // namespace rlhf::bench

@@ -32,7 +32,7 @@ struct BenchPartialOptions {
 ///   {"bench":"partial", samples, short_tokens, long_tokens, steps, sync_step_s, partial_step_s,
 ///    ratio, sync_tail_s, ratio_no_tail, sync_step_cpu_s, partial_step_cpu_s, ratio_cpu,
 ///    sync_prefill_s, partial_prefill_s, partial_prefill_tokens, carried_mean, interrupted_mean,
-///    dropped, gen_tokens_sync, gen_tokens_partial}
+///    dropped, gen_tokens_sync, gen_tokens_partial, device_sampled_share}
 /// where a step is its generation phase (what partial rollouts change; the trainer's phases cost
 /// the same per trained sample): a synchronous step generates `samples` fresh groups to the end;
 /// a partial step tops the pool up, runs one round to the quota (interrupting the rest) and takes
@@ -45,6 +45,8 @@ struct BenchPartialOptions {
 /// *_prefill_s: the engines' prefill time per step (a partial step's includes re-prefilling the
 /// carried samples' tokens). The weight version advances every partial step (staleness and
 /// versions are real; the weights themselves are left unchanged, which does not change the cost).
+/// device_sampled_share: the share of decode steps whose tokens were drawn on the device (a GPU
+/// engine: 1; the CPU: 0).
 void run_bench_partial(const BenchPartialOptions& opt, const Emit& emit);
 
 }  // namespace rlhf::bench
