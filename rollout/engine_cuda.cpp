@@ -634,16 +634,13 @@ const SampledToken* EngineCuda::decode_sampled(const DecodeBatch& d, const Devic
   const int64_t B = d.B;
   const cudaStream_t s = stream_.get();
   if (sample_token_host_.size() < max_batch_) {
-    sample_inv_t_host_ = PinnedArray<float>(max_batch_, "the engine's sampling inputs (pinned)");
-    sample_u_host_ = PinnedArray<double>(max_batch_, "the engine's sampling inputs (pinned)");
     sample_logprob_host_ = PinnedArray<float>(max_batch_, "the engine's sampled tokens (pinned)");
     sample_token_host_ = PinnedArray<int32_t>(max_batch_, "the engine's sampled tokens (pinned)");
   }
-  std::copy(in.inv_temperature, in.inv_temperature + B, sample_inv_t_host_.get());
-  std::copy(in.u, in.u + B, sample_u_host_.get());
+  // The inputs from the caller's (pageable) arrays, staged at the call like decode_forward's.
+  h2d(sample_inv_t_.get(), in.inv_temperature, size_t(B) * sizeof(float), s);
+  h2d(sample_u_.get(), in.u, size_t(B) * sizeof(double), s);
   decode_forward(d.tokens, d.pos, d.lens, d.table, B, d.max_blocks);
-  h2d(sample_inv_t_.get(), sample_inv_t_host_.get(), size_t(B) * sizeof(float), s);
-  h2d(sample_u_.get(), sample_u_host_.get(), size_t(B) * sizeof(double), s);
   sample_rows_cuda(sample_token_.get(), sample_logprob_.get(), logits_.get(), B, V_,
                    sample_inv_t_.get(), sample_u_.get(), s);
   CUDA_CHECK(cudaMemcpyAsync(sample_token_host_.get(), sample_token_.get(),

@@ -216,10 +216,9 @@ class EngineCuda final : public EngineBackend {
   DeviceArray<float> sample_inv_t_, sample_logprob_;
   DeviceArray<double> sample_u_;
   DeviceArray<int32_t> sample_token_;
-  // Their pinned host sides (max_batch each, made at the first decode_sampled): the copies stay
-  // asynchronous, so the step's one wait is wait_step's (watched under tensor parallelism).
-  PinnedArray<float> sample_inv_t_host_, sample_logprob_host_;
-  PinnedArray<double> sample_u_host_;
+  // The outputs' pinned host side (max_batch each, made at the first decode_sampled): their copies
+  // stay asynchronous, so the step's one wait is wait_step's (watched under tensor parallelism).
+  PinnedArray<float> sample_logprob_host_;
   PinnedArray<int32_t> sample_token_host_;
   std::vector<SampledToken> sampled_;
   std::vector<float> logits_host_;
