@@ -190,9 +190,10 @@ void ParallelArgs::bind(OptionSet& o) {
   o.add("param_dtype", param_dtype,
         "Compute precision of the models' GEMMs: bf16 (bf16 weights and activations, fp32 "
         "accumulation, fp32 master weights, gradients and AdamW moments), fp32, or auto = bf16 on "
-        "GPUs and on CPUs with AMX or AVX512-BF16 (oneDNN), fp32 elsewhere; bf16 on a CPU without "
-        "them runs emulated by oneDNN (slower than fp32); a build without oneDNN refuses bf16 on "
-        "the CPU")
+        "GPUs and on CPUs whose bf16 GEMMs beat fp32 (AMX, or AVX512-BF16 off Intel; oneDNN), "
+        "fp32 elsewhere; bf16 on a CPU without them runs slower than fp32 (emulated by oneDNN, or "
+        "AVX512-BF16 on an Intel core without AMX); a build without oneDNN refuses bf16 on the "
+        "CPU")
       .check(one_of({"auto", "bf16", "fp32"}));
   o.add("bf16", bf16, "Same as --param_dtype bf16 (OpenRLHF's switch)");
   o.add("comm_timeout", comm_timeout,

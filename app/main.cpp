@@ -26,6 +26,7 @@
 #include "app/usage_checks.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "core/openblas_core.h"
 #include "parallel/comm_nccl.h"
 #include "parallel/preemption.h"
 #include "parallel/watchdog.h"
@@ -68,6 +69,8 @@ void finalize_watched() {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Before MPI and any thread: OpenBLAS's kernels are chosen as it loads (core/openblas_core.h).
+  rlhf::reexec_for_openblas_core(argv);
   int provided = 0;
   if (MPI_Init_thread(&argc, &argv, MPI_THREAD_SERIALIZED, &provided) != MPI_SUCCESS) {
     std::cerr << "error: MPI_Init_thread failed\n";
@@ -105,6 +108,12 @@ int main(int argc, char** argv) {
     LOG_DEBUG("rank {} of {} on host {}", rank, world_size, host);
     rlhf::app::print_resolved_config(cmd);
     for (const std::string& notice : cmd.notices) LOG0_WARN("{}", notice);
+    if (const rlhf::OpenblasCoreNote blas = rlhf::openblas_core_note(); !blas.text.empty()) {
+      if (blas.warn)
+        LOG0_WARN("{}", blas.text);
+      else
+        LOG0_INFO("{}", blas.text);
+    }
     // A SIGTERM/SIGUSR1 names the rank and phase before ending the process; training commands
     // replace these with their preemption handlers (stop after the step, checkpoint, exit 3).
     rlhf::parallel::install_fault_note_handlers();

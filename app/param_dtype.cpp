@@ -13,8 +13,7 @@ const char* param_dtype_name(ParamDtype d) {
 }
 
 ParamDtypeChoice resolve_param_dtype(const std::string& flag, bool bf16_alias, bool gpu,
-                                     bool cpu_native_bf16, bool cpu_bf16_ready,
-                                     const std::string& isa) {
+                                     CpuBf16 cpu, bool cpu_bf16_ready, const std::string& isa) {
   if (bf16_alias && flag == "fp32")
     throw UsageError("--bf16 and --param_dtype fp32 contradict each other: give one of them");
   if (flag != "auto" && flag != "bf16" && flag != "fp32")
@@ -38,19 +37,30 @@ ParamDtypeChoice resolve_param_dtype(const std::string& flag, bool bf16_alias, b
           "computes in fp32\nhint: --param_dtype fp32 (or auto), or install libdnnl-dev "
           "(scripts/install-deps.sh) and rebuild, or --device cuda",
           given, isa));
-    return {ParamDtype::kBf16, cpu_native_bf16
-                                   ? "asked"
-                                   : fmt::format("asked; CPU {} has neither AMX nor "
-                                                 "AVX512-BF16, so oneDNN emulates bf16 (slower "
-                                                 "than fp32)",
-                                                 isa)};
+    if (cpu == CpuBf16::kEmulated)
+      return {ParamDtype::kBf16, fmt::format("asked; CPU {} has neither AMX nor AVX512-BF16, so "
+                                             "oneDNN emulates bf16 (slower than fp32)",
+                                             isa)};
+    if (cpu == CpuBf16::kNoFaster)
+      return {ParamDtype::kBf16,
+              fmt::format("asked; CPU {} is an Intel core without usable AMX, where bf16 GEMMs "
+                          "run slower than fp32 ones (bf16 weights still halve decode's bytes)",
+                          isa)};
+    return {ParamDtype::kBf16, "asked"};
   }
-  if (!cpu_native_bf16)
+  if (cpu == CpuBf16::kEmulated)
     return {ParamDtype::kFp32, fmt::format("auto: CPU {} has neither AMX nor AVX512-BF16", isa)};
+  if (cpu == CpuBf16::kNoFaster)
+    return {ParamDtype::kFp32,
+            fmt::format("auto: CPU {} has AVX512-BF16 but no usable AMX, and on an Intel core "
+                        "its bf16 GEMMs are no faster than fp32 ones",
+                        isa)};
   if (!cpu_bf16_ready)
     return {ParamDtype::kFp32,
-            fmt::format("auto: CPU {} computes bf16 natively, but this build has no oneDNN", isa)};
-  return {ParamDtype::kBf16, fmt::format("auto: CPU {} computes bf16 natively", isa)};
+            fmt::format("auto: CPU {} computes bf16 faster than fp32, but this build has no "
+                        "oneDNN",
+                        isa)};
+  return {ParamDtype::kBf16, fmt::format("auto: CPU {} computes bf16 faster than fp32", isa)};
 }
 
 namespace {
@@ -58,7 +68,7 @@ namespace {
 ParamDtypeChoice resolve_here(const ParallelArgs& args, bool gpu) {
   const CpuFeatures& f = cpu_features();
   const bool ready = kCpuBf16Wired && model::onednn_available();
-  return resolve_param_dtype(args.param_dtype, args.bf16, gpu, cpu_has_native_bf16(f), ready,
+  return resolve_param_dtype(args.param_dtype, args.bf16, gpu, cpu_bf16_class(f), ready,
                              cpu_isa_string(f));
 }
 

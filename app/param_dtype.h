@@ -5,6 +5,7 @@
 #include <string>
 
 #include "app/cli.h"
+#include "core/cpu_features.h"
 
 namespace rlhf::app {
 
@@ -30,13 +31,14 @@ struct ParamDtypeChoice {
 
 /// The rule of --param_dtype: `flag` "bf16" | "fp32" | "auto" (bf16_alias: --bf16 was given, which
 /// means bf16 and contradicts an explicit fp32). On a GPU: bf16 (the CUDA backend computes in bf16
-/// only; fp32 is refused). On the CPU: fp32 as asked; auto = bf16 when cpu_native_bf16 (AMX or
-/// AVX512-BF16, core/cpu_features.h) and cpu_bf16_ready (oneDNN in the build and kCpuBf16Wired),
-/// else fp32; bf16 needs cpu_bf16_ready (not the native ISA: oneDNN emulates it, slowly).
-/// `isa` names the CPU in the reasons. Throws UsageError (exit status 2) for a refused choice.
+/// only; fp32 is refused). On the CPU: fp32 as asked; auto = bf16 when `cpu` is CpuBf16::kFaster
+/// (usable AMX, or AVX512-BF16 off Intel: core/cpu_features.h) and cpu_bf16_ready (oneDNN in the
+/// build and kCpuBf16Wired), else fp32 (on kNoFaster too: Intel AVX512-BF16 without AMX, where
+/// oneDNN's bf16 matmul is slower than fp32); bf16 needs cpu_bf16_ready only (oneDNN emulates it
+/// where the CPU has no bf16 instructions, slowly). `isa` names the CPU in the reasons. Throws
+/// UsageError (exit status 2) for a refused choice.
 ParamDtypeChoice resolve_param_dtype(const std::string& flag, bool bf16_alias, bool gpu,
-                                     bool cpu_native_bf16, bool cpu_bf16_ready,
-                                     const std::string& isa);
+                                     CpuBf16 cpu, bool cpu_bf16_ready, const std::string& isa);
 
 /// Whether a command's CPU models (trainer, experience passes, scorer, CPU engine) compute in bf16:
 /// resolve_param_dtype with this process's CPU features and build, without the log; false when

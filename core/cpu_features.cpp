@@ -42,7 +42,13 @@ bool request_amx_permission() {
 CpuFeatures detect() {
   CpuFeatures f;
   unsigned a = 0, b = 0, c = 0, d = 0;
+  if (!__get_cpuid(0, &a, &b, &c, &d)) return f;
+  f.intel = b == 0x756e6547u && d == 0x49656e69u && c == 0x6c65746eu;  // "Genu" "ineI" "ntel"
   if (!__get_cpuid(1, &a, &b, &c, &d)) return f;
+  const int base_family = int((a >> 8) & 0xF), base_model = int((a >> 4) & 0xF);
+  f.family = base_family == 0xF ? base_family + int((a >> 20) & 0xFF) : base_family;
+  f.model = (base_family == 0x6 || base_family == 0xF) ? (int((a >> 16) & 0xF) << 4) + base_model
+                                                       : base_model;
   const bool osxsave = (c >> 27) & 1u, fma = (c >> 12) & 1u;
   if (!osxsave) return f;
   const uint64_t xcr0 = read_xcr0();
@@ -93,8 +99,10 @@ std::string cpu_isa_string() {
   return cpu_isa_string(cpu_features());
 }
 
-bool cpu_has_native_bf16(const CpuFeatures& f) {
-  return (f.amx_bf16 && f.amx_permitted) || f.avx512_bf16;
+CpuBf16 cpu_bf16_class(const CpuFeatures& f) {
+  if (f.amx_bf16 && f.amx_permitted) return CpuBf16::kFaster;
+  if (!f.avx512_bf16) return CpuBf16::kEmulated;
+  return f.intel ? CpuBf16::kNoFaster : CpuBf16::kFaster;
 }
 
 }  // namespace rlhf

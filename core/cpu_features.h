@@ -21,6 +21,9 @@ struct CpuFeatures {
   /// ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA), without which the first tile instruction faults.
   /// Requested once, on first detection, when amx_bf16 is set.
   bool amx_permitted = false;
+  bool intel = false;  ///< vendor GenuineIntel (cpuid leaf 0)
+  int family = 0;      ///< display family (cpuid leaf 1, with the extended family)
+  int model = 0;       ///< display model (with the extended model), e.g. 207 = Emerald Rapids
 };
 
 /// The features of this CPU, detected on first call (thread-safe) and cached. Never throws.
@@ -34,8 +37,22 @@ std::string cpu_isa_string(const CpuFeatures& f);
 /// cpu_isa_string(cpu_features()).
 std::string cpu_isa_string();
 
-/// True when the CPU computes bf16 products natively: usable AMX-BF16 or AVX512-BF16 (what
-/// `--param_dtype auto` asks of a CPU before choosing bf16).
-bool cpu_has_native_bf16(const CpuFeatures& f);
+/// How oneDNN's bf16 matmul on a CPU compares with fp32 at the model's shapes: what
+/// `--param_dtype auto` asks of a CPU before choosing bf16.
+enum class CpuBf16 {
+  /// Neither AMX-BF16 nor AVX512-BF16: oneDNN emulates bf16 (0.13x sgemm on Cascade Lake).
+  kEmulated,
+  /// AVX512-BF16 on an Intel core without usable AMX (Cooper Lake; Sapphire/Emerald Rapids whose
+  /// hypervisor hides AMX): vdpbf16ps does no more multiply-adds a cycle than the two FMA ports
+  /// do in fp32, and the operands' rounding and packing cost extra: oneDNN's bf16 matmul ran at
+  /// 0.56x its fp32 one on an Emerald Rapids VM (docs/benchmarks.md).
+  kNoFaster,
+  /// Usable AMX-BF16 (oneDNN's bf16 matmul 6-7x its fp32 one), or AVX512-BF16 on a non-Intel core
+  /// (AMD Zen 4/5, where vdpbf16ps has the FMA's rate at twice the products; unmeasured here).
+  kFaster,
+};
+
+/// The class of `f`'s bf16 GEMMs (see CpuBf16).
+CpuBf16 cpu_bf16_class(const CpuFeatures& f);
 
 }  // namespace rlhf

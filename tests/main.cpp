@@ -4,6 +4,7 @@
 
 #include <filesystem>
 
+#include "core/openblas_core.h"
 #include "tests/test_guard.h"
 #include "tests/test_util.h"
 
@@ -16,7 +17,8 @@ std::string shared_data_dir() {
 }  // namespace rlhf::test
 
 int main(int argc, char** argv) {
-  rlhf::test::guard::install();  // fail, never hang (tests/test_guard.h)
+  rlhf::reexec_for_openblas_core(argv);  // OpenBLAS's own kernels for this CPU, as `rlhf` runs
+  rlhf::test::guard::install();          // fail, never hang (tests/test_guard.h)
   doctest::Context ctx;
   ctx.applyCommandLine(argc, argv);
   return ctx.run();

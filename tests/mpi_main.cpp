@@ -12,6 +12,7 @@
 #include <string>
 
 #include "core/error.h"
+#include "core/openblas_core.h"
 #include "tests/test_guard.h"
 
 namespace rlhf::test {
@@ -23,6 +24,7 @@ std::string shared_data_dir() {  // declared in tests/test_util.h
 }  // namespace rlhf::test
 
 int main(int argc, char** argv) {
+  rlhf::reexec_for_openblas_core(argv);  // OpenBLAS's own kernels for this CPU, as `rlhf` runs
   int provided = 0;
   if (MPI_Init_thread(&argc, &argv, MPI_THREAD_SERIALIZED, &provided) != MPI_SUCCESS) return 2;
   MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);

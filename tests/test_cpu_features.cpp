@@ -32,8 +32,36 @@ TEST_CASE("cpu features agree with /proc/cpuinfo") {
   CHECK(f.avx512_bf16 == (flags.count("avx512_bf16") == 1));
   CHECK(f.amx_bf16 == (flags.count("amx_bf16") == 1 && flags.count("amx_tile") == 1));
   CHECK(f.avx2 == (flags.count("avx2") == 1 && flags.count("fma") == 1));
-  CHECK(rlhf::cpu_has_native_bf16(f) == (f.avx512_bf16 || (f.amx_bf16 && f.amx_permitted)));
   CHECK(&rlhf::cpu_features() == &f);  // detected once
+  // The vendor, family and model the kernel read from the same cpuid leaves.
+  in.clear();
+  in.seekg(0);
+  std::string vendor;
+  int family = -1, model = -1;
+  while (std::getline(in, line) && (vendor.empty() || family < 0 || model < 0)) {
+    const std::string value = line.substr(line.find(':') + 1);
+    if (line.rfind("vendor_id", 0) == 0) std::istringstream(value) >> vendor;
+    if (line.rfind("cpu family", 0) == 0) std::istringstream(value) >> family;
+    if (line.rfind("model\t", 0) == 0) std::istringstream(value) >> model;
+  }
+  CHECK(f.intel == (vendor == "GenuineIntel"));
+  CHECK(f.family == family);
+  CHECK(f.model == model);
+}
+
+TEST_CASE("cpu bf16 class: AMX anywhere, AVX512-BF16 off Intel") {
+  using rlhf::CpuBf16;
+  rlhf::CpuFeatures f;
+  f.avx2 = f.avx512f = f.avx512_vnni = true;
+  CHECK(rlhf::cpu_bf16_class(f) == CpuBf16::kEmulated);
+  f.avx512_bf16 = true;  // AMD Zen 4/5
+  CHECK(rlhf::cpu_bf16_class(f) == CpuBf16::kFaster);
+  f.intel = true;  // Cooper Lake, or Sapphire/Emerald Rapids with AMX hidden
+  CHECK(rlhf::cpu_bf16_class(f) == CpuBf16::kNoFaster);
+  f.amx_bf16 = true;  // reported, but the kernel did not grant the tile state
+  CHECK(rlhf::cpu_bf16_class(f) == CpuBf16::kNoFaster);
+  f.amx_permitted = true;
+  CHECK(rlhf::cpu_bf16_class(f) == CpuBf16::kFaster);
 }
 
 TEST_CASE("cpu ISA string: the best feature wins") {
@@ -46,16 +74,13 @@ TEST_CASE("cpu ISA string: the best feature wins") {
   CHECK(rlhf::cpu_isa_string(f) == "avx512_core");
   f.avx512_vnni = true;
   CHECK(rlhf::cpu_isa_string(f) == "avx512_core_vnni");
-  CHECK_FALSE(rlhf::cpu_has_native_bf16(f));
   f.avx512_bf16 = true;
   CHECK(rlhf::cpu_isa_string(f) == "avx512_core_bf16");
-  CHECK(rlhf::cpu_has_native_bf16(f));
   f.amx_bf16 = true;  // without the kernel's permission AMX is not usable
   CHECK(rlhf::cpu_isa_string(f) == "avx512_core_bf16");
   f.amx_permitted = true;
   CHECK(rlhf::cpu_isa_string(f) == "avx512_core_amx");
   f.avx512_bf16 = false;
-  CHECK(rlhf::cpu_has_native_bf16(f));
 #else
   CHECK(rlhf::cpu_isa_string(f) == "non-x86");
 #endif

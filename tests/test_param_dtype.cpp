@@ -8,21 +8,25 @@
 using namespace rlhf;
 using app::ParamDtype;
 using cli_test::contains;
+using rlhf::CpuBf16;
 
 namespace {
 
 // The message of the UsageError that resolving throws ("" when it does not throw).
-std::string refusal(const std::string& flag, bool alias, bool gpu, bool native, bool ready) {
+constexpr CpuBf16 kEmu = CpuBf16::kEmulated, kNoFaster = CpuBf16::kNoFaster,
+                  kFaster = CpuBf16::kFaster;
+
+std::string refusal(const std::string& flag, bool alias, bool gpu, CpuBf16 cpu, bool ready) {
   try {
-    app::resolve_param_dtype(flag, alias, gpu, native, ready, "avx512_core_vnni");
+    app::resolve_param_dtype(flag, alias, gpu, cpu, ready, "avx512_core_vnni");
   } catch (const app::UsageError& e) {
     return e.what();
   }
   return "";
 }
 
-ParamDtype resolved(const std::string& flag, bool alias, bool gpu, bool native, bool ready) {
-  return app::resolve_param_dtype(flag, alias, gpu, native, ready, "isa").dtype;
+ParamDtype resolved(const std::string& flag, bool alias, bool gpu, CpuBf16 cpu, bool ready) {
+  return app::resolve_param_dtype(flag, alias, gpu, cpu, ready, "isa").dtype;
 }
 
 }  // namespace
@@ -47,28 +51,35 @@ TEST_CASE("param_dtype: flags on every computing command") {
 
 TEST_CASE("param_dtype: the auto rule and the refusals") {
   // GPU: always bf16; fp32 is refused.
-  CHECK(resolved("auto", false, true, false, false) == ParamDtype::kBf16);
-  CHECK(resolved("bf16", false, true, false, false) == ParamDtype::kBf16);
-  CHECK(resolved("auto", true, true, false, false) == ParamDtype::kBf16);
-  CHECK(contains(refusal("fp32", false, true, true, true), "GPU backend computes in bf16 only"));
-  // CPU without native bf16: auto = fp32 even when the bf16 path is ready.
-  CHECK(resolved("auto", false, false, false, true) == ParamDtype::kFp32);
-  CHECK(resolved("fp32", false, false, true, true) == ParamDtype::kFp32);
-  // CPU with AMX / AVX512-BF16: auto = bf16 once the path is ready, fp32 until then.
-  CHECK(resolved("auto", false, false, true, true) == ParamDtype::kBf16);
-  CHECK(resolved("auto", false, false, true, false) == ParamDtype::kFp32);
+  CHECK(resolved("auto", false, true, kEmu, false) == ParamDtype::kBf16);
+  CHECK(resolved("bf16", false, true, kEmu, false) == ParamDtype::kBf16);
+  CHECK(resolved("auto", true, true, kEmu, false) == ParamDtype::kBf16);
+  CHECK(contains(refusal("fp32", false, true, kFaster, true), "GPU backend computes in bf16 only"));
+  // CPU without bf16 instructions: auto = fp32 even when the bf16 path is ready.
+  CHECK(resolved("auto", false, false, kEmu, true) == ParamDtype::kFp32);
+  CHECK(resolved("fp32", false, false, kFaster, true) == ParamDtype::kFp32);
+  // Intel AVX512-BF16 without AMX: bf16 GEMMs are slower there, so auto = fp32; bf16 when asked.
+  CHECK(resolved("auto", false, false, kNoFaster, true) == ParamDtype::kFp32);
+  CHECK(contains(app::resolve_param_dtype("auto", false, false, kNoFaster, true, "x").reason,
+                 "no faster than fp32"));
+  CHECK(resolved("bf16", false, false, kNoFaster, true) == ParamDtype::kBf16);
+  CHECK(contains(app::resolve_param_dtype("bf16", false, false, kNoFaster, true, "x").reason,
+                 "slower than fp32"));
+  // CPU with AMX (or AVX512-BF16 off Intel): auto = bf16 once the path is ready, fp32 until then.
+  CHECK(resolved("auto", false, false, kFaster, true) == ParamDtype::kBf16);
+  CHECK(resolved("auto", false, false, kFaster, false) == ParamDtype::kFp32);
   CHECK(contains(
-      app::resolve_param_dtype("auto", false, false, true, false, "avx512_core_amx").reason,
+      app::resolve_param_dtype("auto", false, false, kFaster, false, "avx512_core_amx").reason,
       "this build has no oneDNN"));
-  // Explicit bf16 on the CPU: refused until the path is ready (native or not), then accepted.
-  const std::string no = refusal("bf16", false, false, true, false);
+  // Explicit bf16 on the CPU: refused until the path is ready (whatever the CPU), then accepted.
+  const std::string no = refusal("bf16", false, false, kFaster, false);
   CHECK(contains(no, "--param_dtype bf16: bf16 compute on the CPU needs oneDNN"));
-  CHECK(contains(refusal("auto", true, false, false, false), "--bf16: bf16 compute on the CPU"));
-  CHECK(resolved("bf16", false, false, false, true) == ParamDtype::kBf16);
-  CHECK(contains(app::resolve_param_dtype("bf16", false, false, false, true, "avx512_core").reason,
+  CHECK(contains(refusal("auto", true, false, kEmu, false), "--bf16: bf16 compute on the CPU"));
+  CHECK(resolved("bf16", false, false, kEmu, true) == ParamDtype::kBf16);
+  CHECK(contains(app::resolve_param_dtype("bf16", false, false, kEmu, true, "avx512_core").reason,
                  "emulates"));
   // --bf16 with an explicit fp32 contradicts it.
-  CHECK(contains(refusal("fp32", true, false, true, true), "contradict"));
+  CHECK(contains(refusal("fp32", true, false, kFaster, true), "contradict"));
   // The CPU model computes in bf16 (model/layer_bf16.h); whether a build can is onednn_available.
   CHECK(app::kCpuBf16Wired);
 }
