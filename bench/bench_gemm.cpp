@@ -12,6 +12,7 @@
 
 #include "core/cpu_features.h"
 #include "core/log.h"
+#include "core/openblas_core.h"
 #include "model/ops/half.h"
 #include "model/ops/linear_decode.h"
 #include "model/ops/matmul_bf16.h"
@@ -214,6 +215,7 @@ void run_bench_gemm(const BenchGemmOptions& opt, const Emit& emit) {
           {"ratio_to_sgemm", g / sgemm},
           {"isa", isa},
           {"threads", threads},
+          {"openblas_core", openblas_core_name()},
           {"onednn_version", model::onednn_version_string()}});
     LOG0_INFO("bench gemm: {:14s} {:7.1f} GFLOP/s over the shapes = {:.2f}x sgemm", impl, g,
               g / sgemm);

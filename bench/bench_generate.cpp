@@ -19,6 +19,7 @@
 #include "core/cpu_features.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "core/openblas_core.h"
 #include "io/model_source.h"
 #include "model/init.h"
 #include "model/ops/attention_decode.h"
@@ -417,6 +418,7 @@ void GenerateBench::report(const char* kind, int64_t batch, int64_t requests, in
                         {"sgemm_gflops_per_s", sgemm},
                         {"decode_kernel_gflops_per_s", kernel_gflops_},
                         {"ratio_to_sgemm", gflops / sgemm},
+                        {"openblas_core", openblas_core_name()},
                         {"threads", omp_get_max_threads()},
                         {"kv_cache_dtype", rollout::to_string(eng.kv_cache().dtype())}};
   if (extra_ratio > 0) row["ratio_to_fixed"] = extra_ratio;

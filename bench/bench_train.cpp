@@ -16,6 +16,7 @@
 #include "core/cpu_features.h"
 #include "core/error.h"
 #include "core/memory.h"
+#include "core/openblas_core.h"
 #include "model/flops.h"
 #include "model/init.h"
 #include "model/ops/matmul_bf16.h"
@@ -234,6 +235,7 @@ nlohmann::json bench_train_variant(const BenchTrainOptions& opt, parallel::Comm&
           {"gflops_per_s_per_rank", gflops / N},
           {"sgemm_gflops_per_s", sgemm},
           {"ratio_to_sgemm", gflops / N / sgemm},
+          {"openblas_core", openblas_core_name()},
           {"sharded_state_bytes_per_rank", bytes_max[0]},
           {"gather_buffer_bytes_per_rank", bytes_max[1]},
           {"activation_bytes_per_rank", bytes_max[2]},

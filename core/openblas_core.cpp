@@ -28,6 +28,11 @@ std::string env_or_empty(const char* name) {
 
 }  // namespace
 
+std::string openblas_core_name() {
+  const char* name = openblas_get_corename();
+  return name != nullptr ? name : "";
+}
+
 bool openblas_core_pre_avx2(const std::string& core) {
   // OpenBLAS's x86 core names (driver/others/dynamic.c) whose kernels stop before AVX2.
   static const char* const kPre[] = {"katmai",  "coppermine", "northwood",    "prescott",
@@ -49,8 +54,7 @@ std::string openblas_better_core(const std::string& core, const CpuFeatures& f) 
 
 void reexec_for_openblas_core(char** argv) {
   if (std::getenv("OPENBLAS_CORETYPE") != nullptr || std::getenv(kPickedEnv) != nullptr) return;
-  const char* name = openblas_get_corename();
-  const std::string picked = name != nullptr ? name : "";
+  const std::string picked = openblas_core_name();
   const std::string better = openblas_better_core(picked, cpu_features());
   if (better.empty()) return;
   setenv("OPENBLAS_CORETYPE", better.c_str(), 1);
@@ -62,8 +66,7 @@ void reexec_for_openblas_core(char** argv) {
 
 OpenblasCoreNote openblas_core_note() {
   const CpuFeatures& f = cpu_features();
-  const char* name = openblas_get_corename();
-  const std::string now = name != nullptr ? name : "";
+  const std::string now = openblas_core_name();
   const std::string picked = env_or_empty(kPickedEnv);
   const std::string cpu = fmt::format("{} family {} model {}, {}", f.intel ? "Intel" : "x86",
                                       f.family, f.model, cpu_isa_string(f));

@@ -13,6 +13,10 @@
 
 namespace rlhf {
 
+/// OpenBLAS's name for the kernel set it runs in this process (openblas_get_corename(), e.g.
+/// "Cooperlake"): benchmark rows carry it next to every sgemm reference rate.
+std::string openblas_core_name();
+
 /// True when `core` (OpenBLAS's name for its kernel set, openblas_get_corename(), any case) is
 /// one of its pre-AVX2 x86 kernel sets (Prescott, Core2, Penryn, Dunnington, Nehalem, Atom,
 /// Sandybridge, the 32-bit and pre-Zen AMD ones): what it falls back to on a CPU it does not know.
