@@ -68,6 +68,8 @@ OpenblasCoreNote openblas_core_note() {
   const CpuFeatures& f = cpu_features();
   const std::string now = openblas_core_name();
   const std::string picked = env_or_empty(kPickedEnv);
+  const bool warn = openblas_core_pre_avx2(now) && f.avx2;
+  if (!warn && picked.empty()) return {};
   const std::string cpu = fmt::format("{} family {} model {}, {}", f.intel ? "Intel" : "x86",
                                       f.family, f.model, cpu_isa_string(f));
   // "OpenBLAS 0.3.21 NO_LAPACKE DYNAMIC_ARCH ...": its first two words.
@@ -75,19 +77,17 @@ OpenblasCoreNote openblas_core_note() {
   std::string version = config != nullptr ? config : "OpenBLAS";
   const size_t second = version.find(' ', version.find(' ') + 1);
   if (second != std::string::npos) version.resize(second);
-  if (openblas_core_pre_avx2(now) && f.avx2)
+  if (warn)
     return {true, fmt::format("{} runs its pre-AVX2 {} kernels on this CPU ({}){}: fp32 GEMMs run "
                               "several times slower than the CPU allows; set OPENBLAS_CORETYPE={} "
                               "(or unset it), or install an OpenBLAS that knows this CPU",
                               version, now, cpu,
                               picked.empty() ? "" : fmt::format(" (it had picked {})", picked),
                               openblas_better_core(now, f))};
-  if (!picked.empty())
-    return {false,
-            fmt::format("{} did not know this CPU ({}) and picked its {} kernels; rlhf restarted "
-                        "itself with OPENBLAS_CORETYPE={}: it runs {} now",
-                        version, cpu, picked, env_or_empty("OPENBLAS_CORETYPE"), now)};
-  return {};
+  return {false,
+          fmt::format("{} did not know this CPU ({}) and picked its {} kernels; rlhf restarted "
+                      "itself with OPENBLAS_CORETYPE={}: it runs {} now",
+                      version, cpu, picked, env_or_empty("OPENBLAS_CORETYPE"), now)};
 }
 
 }  // namespace rlhf

@@ -33,7 +33,8 @@ std::string openblas_better_core(const std::string& core, const CpuFeatures& f);
 /// RLHF_OPENBLAS_PICKED is set, sets OPENBLAS_CORETYPE to the better one, RLHF_OPENBLAS_PICKED to
 /// what OpenBLAS had picked, and executes /proc/self/exe with the same `argv` (same process id, so
 /// mpirun and srun see the same rank). Returns when there is nothing to do, and when the exec
-/// fails (the environment is restored; openblas_core_note then warns).
+/// fails (OPENBLAS_CORETYPE is unset again and RLHF_OPENBLAS_PICKED says the exec failed, so that
+/// openblas_core_note warns and names it).
 void reexec_for_openblas_core(char** argv);
 
 /// What reexec_for_openblas_core did, for the start-up log: `warn` false with a line saying which

@@ -1,8 +1,6 @@
 // OpenBLAS's kernel choice against the CPU (core/openblas_core.h): the rule on made-up CPUs, and
 // this process after main()'s re-exec: OpenBLAS never runs pre-AVX2 kernels on an AVX2 CPU unless
 // OPENBLAS_CORETYPE was set by hand.
-#include <cblas.h>
-
 #include <cstdlib>
 #include <string>
 
@@ -32,7 +30,7 @@ TEST_CASE("openblas core: a pre-AVX2 fallback on a newer CPU is replaced") {
 }
 
 TEST_CASE("openblas core: this process runs kernels that suit its CPU") {
-  const std::string core = openblas_get_corename();
+  const std::string core = rlhf::openblas_core_name();
   const rlhf::CpuFeatures& f = rlhf::cpu_features();
   const char* picked = std::getenv("RLHF_OPENBLAS_PICKED");
   MESSAGE("OpenBLAS core " << core << " (had picked: " << std::string(picked ? picked : "-")
