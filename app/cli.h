@@ -459,8 +459,11 @@ struct PpoArgs {
   bool eval_before_training = false;      ///< --eval_before_training: also at step 0
   bool async_train = false;               ///< --async_train: generate ahead while training
   int64_t async_queue_size = 1;           ///< --async_queue_size: most steps a rollout waits
-  bool partial_rollout = false;    ///< --partial_rollout: stop a step's generation at its quota
-  int64_t max_staleness = 8;       ///< --max_staleness (AReaL: max_head_offpolicyness)
+  bool partial_rollout = false;  ///< --partial_rollout: stop a step's generation at its quota
+  int64_t max_staleness = 8;     ///< --max_staleness (AReaL: max_head_offpolicyness)
+  /// --partial_rollout_kv keep | recompute: whether a carried sample continues from the KV its
+  /// engine kept, or is prefilled again under the new weights
+  std::string partial_rollout_kv = "keep";
   bool vllm_enable_sleep = false;  ///< --vllm_enable_sleep: colocated engines sleep while training
   int64_t log_completions = 0;     ///< --log_completions N: samples.jsonl every N steps (0 = off)
   OptimArgs optim;                 ///< schedule, betas, l2, max_norm (not learning_rate)

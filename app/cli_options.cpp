@@ -546,6 +546,11 @@ void PpoArgs::bind(OptionSet& o) {
         "versions old is dropped and generated again")
       .check(ge(0))
       .alias("max_head_offpolicyness");
+  o.add("partial_rollout_kv", partial_rollout_kv,
+        "With --partial_rollout: keep = a carried sample continues from the KV blocks its engine "
+        "kept (computed under the weights that sampled its tokens, as a vLLM engine paused across "
+        "a weight update); recompute = it is prefilled again under the new weights (AReaL)")
+      .check(one_of({"keep", "recompute"}));
   o.add("vllm_enable_sleep", vllm_enable_sleep,
         "Colocated engines free their KV cache and weight copies after generating and take them "
         "back before the weight sync (no effect with --gen_ranks_per_node >= 1)");
@@ -631,6 +636,8 @@ void PpoArgs::validate() {
     usage_fail(
         "--partial_rollout with --env_command: multi-turn episodes are not interrupted and "
         "continued; drop one of them");
+  if (!partial_rollout && partial_rollout_kv != "keep")
+    usage_fail("--partial_rollout_kv {} needs --partial_rollout", partial_rollout_kv);
   if (!partial_rollout && max_staleness != 8)
     usage_fail("--max_staleness {} needs --partial_rollout (it bounds the age of carried samples)",
                max_staleness);

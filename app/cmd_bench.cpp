@@ -237,18 +237,24 @@ int run_bench(const BenchArgs& args) {
       emit(row);
       LOG0_INFO(
           "bench partial: {} samples, one of {} new tokens among {} | synchronous {:.3f}s/step "
-          "(cpu {:.3f}s) | --partial_rollout {:.3f}s/step (cpu {:.3f}s, re-prefill {:.3f}s of "
-          "{} tokens) = {:.2f}x wall, {:.2f}x cpu (the straggler's tail alone is {:.3f}s: "
-          "{:.2f}x without it) | {:.1f} samples carried, {:.1f} interrupted a step, {} dropped "
-          "as stale",
+          "(cpu {:.3f}s) | --partial_rollout {:.3f}s/step (cpu {:.3f}s; prefill {:.3f}s of {} "
+          "tokens, {:.1f} samples continued on kept KV) = {:.2f}x wall, {:.2f}x cpu | "
+          "--partial_rollout_kv recompute {:.3f}s/step (prefill {:.3f}s of {} tokens) = {:.2f}x "
+          "wall, {:.2f}x cpu | the straggler's tail alone is {:.3f}s: {:.2f}x without it | {:.1f} "
+          "samples carried, {:.1f} interrupted a step, {} dropped as stale",
           row["samples"].get<int64_t>(), row["long_tokens"].get<int64_t>(),
           row["short_tokens"].get<int64_t>(), row["sync_step_s"].get<double>(),
           row["sync_step_cpu_s"].get<double>(), row["partial_step_s"].get<double>(),
           row["partial_step_cpu_s"].get<double>(), row["partial_prefill_s"].get<double>(),
-          row["partial_prefill_tokens"].get<int64_t>(), row["ratio"].get<double>(),
-          row["ratio_cpu"].get<double>(), row["sync_tail_s"].get<double>(),
-          row["ratio_no_tail"].get<double>(), row["carried_mean"].get<double>(),
-          row["interrupted_mean"].get<double>(), row["dropped"].get<int64_t>());
+          row["partial_prefill_tokens"].get<int64_t>(),
+          row["partial_kv_resumed_mean"].get<double>(), row["ratio"].get<double>(),
+          row["ratio_cpu"].get<double>(), row["partial_recompute_step_s"].get<double>(),
+          row["partial_recompute_prefill_s"].get<double>(),
+          row["partial_recompute_prefill_tokens"].get<int64_t>(),
+          row["ratio_recompute"].get<double>(), row["ratio_recompute_cpu"].get<double>(),
+          row["sync_tail_s"].get<double>(), row["ratio_no_tail"].get<double>(),
+          row["carried_mean"].get<double>(), row["interrupted_mean"].get<double>(),
+          row["dropped"].get<int64_t>());
     });
   }
   if (std::find(args.suites.begin(), args.suites.end(), "rl") != args.suites.end()) {

@@ -108,6 +108,7 @@ rl::RlRunConfig rl_run_config(const PpoArgs& a, const char* cmd) {
   c.lr_scheduler = a.optim.lr_scheduler;
   c.lr_warmup_ratio = a.optim.lr_warmup_ratio;
   c.engine = engine_options(a.gen, parallel::Device::kCpu, nullptr, -1, c.runtime.bf16);
+  c.engine.keep_interrupted_kv = a.partial_rollout && a.partial_rollout_kv == "keep";
   c.sync_bucket_mb = a.sync_bucket_mb;
   c.eval_dataset = a.eval_dataset;
   c.eval_steps = a.eval_steps;

@@ -70,9 +70,17 @@ void run_bench_partial(const BenchPartialOptions& opt, const Emit& emit) {
   eo.ignore_eos = true;
   eo.kv_cache_bytes = int64_t(2) << 30;
   eo.cuda = opt.cuda;
-  rollout::Engine engine(layout, eo);
-  for (int u = 0; u < layout.num_units(); ++u)
-    model::init_unit_params(engine.unit_buffer(u), layout.unit(u), opt.seed);
+  // Three engines with the same weights: partial steps keeping the interrupted samples' KV,
+  // partial steps prefilling them again, and synchronous steps (a generate() call on an engine
+  // that kept samples would free them).
+  std::unique_ptr<rollout::Engine> engines[3];
+  for (int i = 0; i < 3; ++i) {
+    eo.keep_interrupted_kv = i == 0;
+    engines[i] = std::make_unique<rollout::Engine>(layout, eo);
+    for (int u = 0; u < layout.num_units(); ++u)
+      model::init_unit_params(engines[i]->unit_buffer(u), layout.unit(u), opt.seed);
+  }
+  rollout::Engine& engine = *engines[2];
   const auto max_new = [&](const std::vector<int32_t>& p) {
     return p[1] == 1 ? long_tokens : opt.short_tokens;
   };
@@ -80,24 +88,32 @@ void run_bench_partial(const BenchPartialOptions& opt, const Emit& emit) {
   sp.seed = opt.seed;
   sp.temperature = 1.0;
 
-  // Steps alternate — a partial-rollout step, then (from the second on) a synchronous one — so
-  // that a shared machine's load weighs on both alike; each side's median is reported, in wall
-  // time and in process CPU time.
-  rl::PartialPool pool(1, opt.max_staleness);
-  std::vector<double> sync_wall, sync_cpu, sync_tail, part_wall, part_cpu;
-  double part_prefill_s = 0, sync_prefill_s = 0;
-  int64_t carried = 0, interrupted = 0, dropped = 0, part_tokens = 0, sync_tokens = 0;
-  int64_t part_prefill_tokens = 0;
+  // Steps alternate — a partial-rollout step of each kind, then (from the second on) a
+  // synchronous one — so that a shared machine's load weighs on all alike; each side's median is
+  // reported, in wall time and in process CPU time.
+  struct Side {  // one kind of partial step: its pool and what its steps measured
+    explicit Side(int64_t max_staleness) : pool(1, max_staleness) {}
+    rl::PartialPool pool;
+    std::vector<double> wall, cpu;
+    double prefill_s = 0;
+    int64_t carried = 0, interrupted = 0, dropped = 0, tokens = 0, prefill_tokens = 0;
+    int64_t resumed = 0;
+  };
+  Side sides[2] = {Side(opt.max_staleness), Side(opt.max_staleness)};
+  std::vector<double> sync_wall, sync_cpu, sync_tail;
+  double sync_prefill_s = 0;
+  int64_t sync_tokens = 0;
   int64_t decode_steps = 0, device_sampled_steps = 0;  // every generate() call's
   const auto count_steps = [&](const rollout::EngineStats& s) {
     decode_steps += s.decode_steps;
     device_sampled_steps += s.device_sampled_steps;
   };
-  for (int64_t step = 0; step < opt.steps; ++step) {
-    // Partial: the pool topped up, one round to the quota, the step's groups taken.
-    auto t = Clock::now();
-    double c = cpu_seconds();
-    dropped += pool.drop_stale(step);
+  // Partial: the pool topped up, one round to the quota, the step's groups taken.
+  const auto partial_step = [&](rollout::Engine& e, Side& side, int64_t step) {
+    rl::PartialPool& pool = side.pool;
+    const auto t = Clock::now();
+    const double c = cpu_seconds();
+    const int64_t dropped = pool.drop_stale(step);
     std::vector<int64_t> pos;
     std::vector<std::vector<int32_t>> prompts;
     for (int64_t k = pool.fresh_needed(opt.samples); k > 0; --k, ++pool.drawn) {
@@ -105,32 +121,40 @@ void run_bench_partial(const BenchPartialOptions& opt, const Emit& emit) {
       prompts.push_back(prompt_of(opt, pool.drawn));
     }
     pool.add_fresh(pos, prompts);
-    int64_t tokens = 0, prefill_tokens = 0;
+    int64_t tokens = 0, prefill_tokens = 0, cut = 0, resumed = 0;
     double prefill_s = 0;
-    int64_t cut = 0;
     while (pool.complete_groups() < opt.samples) {
+      pool.deal(1);
       const std::vector<int64_t> pending = pool.pending_groups();
-      auto reqs = pool.requests(pending, 0, 1, sp, max_new);
-      auto res = engine.generate(reqs, {}, nullptr, opt.samples - pool.complete_groups());
-      tokens += engine.stats().generated_tokens;
-      count_steps(engine.stats());
-      prefill_tokens += engine.stats().prefill_tokens;
-      prefill_s += engine.stats().prefill_s;
+      auto reqs = pool.requests(pending, 0, sp, max_new);
+      auto res = e.generate(reqs, {}, nullptr, opt.samples - pool.complete_groups());
+      tokens += e.stats().generated_tokens;
+      count_steps(e.stats());
+      prefill_tokens += e.stats().prefill_tokens;
+      prefill_s += e.stats().prefill_s;
+      resumed += e.stats().resumed;
       cut += pool.merge(pool.to_samples(reqs, std::move(res), pending, step), pending);
     }
     rl::PartialStats st;
     (void)pool.take(opt.samples, step, st);
     const double wall = since(t), cpu = cpu_seconds() - c;
-    LOG_DEBUG("bench partial: step {} {:.3f}s | {} carried | age max {}", step + 1, wall,
-              st.carried, st.age_max);
-    if (step == 0) continue;  // nothing carried yet
-    part_wall.push_back(wall);
-    part_cpu.push_back(cpu);
-    carried += st.carried;
-    interrupted += cut;
-    part_tokens += tokens;
-    part_prefill_tokens += prefill_tokens;
-    part_prefill_s += prefill_s;
+    LOG_DEBUG("bench partial: step {} {:.3f}s | {} carried | age max {} | {} resumed", step + 1,
+              wall, st.carried, st.age_max, resumed);
+    if (step == 0) return;  // nothing carried yet
+    side.wall.push_back(wall);
+    side.cpu.push_back(cpu);
+    side.carried += st.carried;
+    side.interrupted += cut;
+    side.dropped += dropped;
+    side.tokens += tokens;
+    side.prefill_tokens += prefill_tokens;
+    side.prefill_s += prefill_s;
+    side.resumed += resumed;
+  };
+  for (int64_t step = 0; step < opt.steps; ++step) {
+    partial_step(*engines[0], sides[0], step);
+    partial_step(*engines[1], sides[1], step);
+    if (step == 0) continue;
     // Synchronous: the same shape of step generated to the end (the straggler holds it).
     std::vector<rollout::GenerationRequest> reqs;
     for (int64_t i = 0; i < opt.samples; ++i) {
@@ -142,8 +166,8 @@ void run_bench_partial(const BenchPartialOptions& opt, const Emit& emit) {
       r.sampling = sp;
       reqs.push_back(std::move(r));
     }
-    t = Clock::now();
-    c = cpu_seconds();
+    const auto t = Clock::now();
+    const double c = cpu_seconds();
     // When every sample but the straggler has finished: the rest of the step is its tail.
     Clock::time_point others_done = Clock::now();
     bool seen = false;
@@ -163,8 +187,10 @@ void run_bench_partial(const BenchPartialOptions& opt, const Emit& emit) {
     sync_prefill_s += engine.stats().prefill_s;
   }
   const double n = double(opt.steps - 1);
-  const double sw = median(sync_wall), pw = median(part_wall);
-  const double sc = median(sync_cpu), pc = median(part_cpu);
+  const double sw = median(sync_wall), sc = median(sync_cpu);
+  const Side& keep = sides[0];
+  const Side& re = sides[1];
+  const double pw = median(keep.wall), pc = median(keep.cpu), rw = median(re.wall);
   emit({{"bench", "partial"},
         {"device", opt.cuda ? "cuda" : "cpu"},
         {"samples", opt.samples},
@@ -174,19 +200,25 @@ void run_bench_partial(const BenchPartialOptions& opt, const Emit& emit) {
         {"sync_step_s", sw},
         {"partial_step_s", pw},
         {"ratio", pw / sw},
+        {"partial_recompute_step_s", rw},
+        {"ratio_recompute", rw / sw},
         {"sync_tail_s", median(sync_tail)},
         {"ratio_no_tail", (sw - median(sync_tail)) / sw},
         {"sync_step_cpu_s", sc},
         {"partial_step_cpu_s", pc},
         {"ratio_cpu", pc / sc},
+        {"ratio_recompute_cpu", median(re.cpu) / sc},
         {"sync_prefill_s", sync_prefill_s / n},
-        {"partial_prefill_s", part_prefill_s / n},
-        {"partial_prefill_tokens", int64_t(double(part_prefill_tokens) / n)},
-        {"carried_mean", double(carried) / n},
-        {"interrupted_mean", double(interrupted) / n},
-        {"dropped", dropped},
+        {"partial_prefill_s", keep.prefill_s / n},
+        {"partial_prefill_tokens", int64_t(double(keep.prefill_tokens) / n)},
+        {"partial_kv_resumed_mean", double(keep.resumed) / n},
+        {"partial_recompute_prefill_s", re.prefill_s / n},
+        {"partial_recompute_prefill_tokens", int64_t(double(re.prefill_tokens) / n)},
+        {"carried_mean", double(keep.carried) / n},
+        {"interrupted_mean", double(keep.interrupted) / n},
+        {"dropped", keep.dropped},
         {"gen_tokens_sync", int64_t(double(sync_tokens) / n)},
-        {"gen_tokens_partial", int64_t(double(part_tokens) / n)},
+        {"gen_tokens_partial", int64_t(double(keep.tokens) / n)},
         {"device_sampled_share",
          decode_steps > 0 ? double(device_sampled_steps) / double(decode_steps) : 0.0}});
 }

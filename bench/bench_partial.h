@@ -30,23 +30,28 @@ struct BenchPartialOptions {
 
 /// Rank 0 only (others return). Emits one row
 ///   {"bench":"partial", samples, short_tokens, long_tokens, steps, sync_step_s, partial_step_s,
-///    ratio, sync_tail_s, ratio_no_tail, sync_step_cpu_s, partial_step_cpu_s, ratio_cpu,
-///    sync_prefill_s, partial_prefill_s, partial_prefill_tokens, carried_mean, interrupted_mean,
-///    dropped, gen_tokens_sync, gen_tokens_partial, device_sampled_share}
+///    ratio, partial_recompute_step_s, ratio_recompute, sync_tail_s, ratio_no_tail,
+///    sync_step_cpu_s, partial_step_cpu_s, ratio_cpu, ratio_recompute_cpu, sync_prefill_s,
+///    partial_prefill_s, partial_prefill_tokens, partial_kv_resumed_mean,
+///    partial_recompute_prefill_s, partial_recompute_prefill_tokens, carried_mean,
+///    interrupted_mean, dropped, gen_tokens_sync, gen_tokens_partial, device_sampled_share}
 /// where a step is its generation phase (what partial rollouts change; the trainer's phases cost
 /// the same per trained sample): a synchronous step generates `samples` fresh groups to the end;
 /// a partial step tops the pool up, runs one round to the quota (interrupting the rest) and takes
-/// the step's groups. Steps alternate (partial, synchronous, partial, ...; the first partial step,
-/// with nothing carried yet, is not timed) and each side's median is reported, as wall time and
-/// as process CPU time (user + system: steadier on a shared machine); ratio = partial / sync.
+/// the step's groups. Partial steps come in two kinds, each on its own engine and pool: carried
+/// samples continue from the KV blocks their engine kept (--partial_rollout_kv keep: partial_*,
+/// ratio) or are prefilled again (recompute: partial_recompute_*, ratio_recompute). Steps
+/// alternate (keep, recompute, synchronous, keep, ...; the first partial steps, with nothing
+/// carried yet, are not timed) and each side's median is reported, as wall time and as process
+/// CPU time (user + system: steadier on a shared machine); ratio = partial / sync.
 /// sync_tail_s: the synchronous step's time after every sample but the straggler finished (the
 /// straggler decoding alone); ratio_no_tail = (sync_step_s − sync_tail_s) / sync_step_s, what
 /// removing the tail at no cost would give — the bound for the ratio on this machine and shape.
-/// *_prefill_s: the engines' prefill time per step (a partial step's includes re-prefilling the
-/// carried samples' tokens). The weight version advances every partial step (staleness and
-/// versions are real; the weights themselves are left unchanged, which does not change the cost).
-/// device_sampled_share: the share of decode steps whose tokens were drawn on the device (a GPU
-/// engine: 1; the CPU: 0).
+/// *_prefill_s: the engines' prefill time per step (a recompute step's includes re-prefilling the
+/// carried samples' tokens); partial_kv_resumed_mean: samples a keep step continued on kept KV. The
+/// weight version advances every partial step (staleness and versions are real; the weights
+/// themselves are left unchanged, which does not change the cost). device_sampled_share: the share
+/// of decode steps whose tokens were drawn on the device (a GPU engine: 1; the CPU: 0).
 void run_bench_partial(const BenchPartialOptions& opt, const Emit& emit);
 
 }  // namespace rlhf::bench

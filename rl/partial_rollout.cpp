@@ -19,7 +19,10 @@ nlohmann::json PartialStats::to_json() const {
           {"partial_trained_carried_samples", trained_carried},
           {"partial_age_mean", age_mean},
           {"partial_age_max", age_max},
-          {"partial_old_token_fraction", old_token_fraction}};
+          {"partial_old_token_fraction", old_token_fraction},
+          {"partial_kv_resumed_samples", kv_resumed},
+          {"partial_kv_resumed_tokens", kv_resumed_positions},
+          {"partial_reprefilled_samples", reprefilled}};
 }
 
 int64_t oldest_version(const rollout::Sample& s, int64_t none) {
@@ -88,25 +91,54 @@ std::vector<int64_t> PartialPool::pending_groups() const {
   return out;
 }
 
-std::vector<int64_t> PartialPool::engine_quotas(int64_t pending, int64_t quota, int E) {
-  std::vector<int64_t> q(size_t(E), 0), have(size_t(E), 0);
-  for (int64_t k = 0; k < pending; ++k) ++have[size_t(k % E)];
+void PartialPool::deal(int E) {
+  RLHF_CHECK(E >= 1, "internal error: dealing groups to {} engines", E);
+  std::vector<int64_t> have(size_t(E), 0);
+  const std::vector<int64_t> pending = pending_groups();
+  for (int64_t k : pending) {
+    const int e = groups_[size_t(k)].engine;
+    if (e >= 0 && e < E) ++have[size_t(e)];
+  }
+  for (int64_t k : pending) {
+    PartialGroup& g = groups_[size_t(k)];
+    if (g.engine >= 0 && g.engine < E) continue;
+    g.engine = int(std::min_element(have.begin(), have.end()) - have.begin());
+    ++have[size_t(g.engine)];
+  }
+}
+
+std::vector<int64_t> PartialPool::engine_quotas(int64_t quota, int E) const {
+  std::vector<int64_t> have(size_t(E), 0);
+  for (int64_t k : pending_groups()) {
+    const int e = groups_[size_t(k)].engine;
+    RLHF_CHECK(e >= 0 && e < E, "internal error: pending group {} is on engine {} of {}", k, e, E);
+    ++have[size_t(e)];
+  }
+  return engine_quotas(have, quota);
+}
+
+std::vector<int64_t> PartialPool::engine_quotas(const std::vector<int64_t>& have, int64_t quota) {
+  const size_t E = have.size();
+  std::vector<int64_t> q(E, 0);
+  int64_t pending = 0;
+  for (int64_t h : have) pending += h;
   int64_t left = std::min(quota, pending);
   // Deal one group of the quota to each engine in turn that still has groups not in its quota.
-  for (int e = 0; left > 0; e = (e + 1) % E)
-    if (q[size_t(e)] < have[size_t(e)]) {
-      ++q[size_t(e)];
+  for (size_t e = 0; left > 0; e = (e + 1) % E)
+    if (q[e] < have[e]) {
+      ++q[e];
       --left;
     }
   return q;
 }
 
 std::vector<rollout::GenerationRequest> PartialPool::requests(
-    const std::vector<int64_t>& pending, int e, int E, const rollout::SamplingParams& sampling,
+    const std::vector<int64_t>& pending, int e, const rollout::SamplingParams& sampling,
     const std::function<int64_t(const std::vector<int32_t>&)>& max_new) const {
   std::vector<rollout::GenerationRequest> out;
-  for (size_t k = size_t(e); k < pending.size(); k += size_t(E)) {
+  for (size_t k = 0; k < pending.size(); ++k) {
     const PartialGroup& g = groups_[size_t(pending[k])];
+    if (g.engine != e) continue;
     rollout::GenerationRequest r;
     r.id = uint64_t(g.pos);
     r.prompt = g.samples[0].prompt;
@@ -214,10 +246,15 @@ int64_t PartialPool::samples() const {
 
 nlohmann::json PartialPool::to_json() const {
   std::vector<rollout::Sample> all;
-  for (const PartialGroup& g : groups_)
+  std::vector<int> engines;
+  for (const PartialGroup& g : groups_) {
+    engines.push_back(g.engine);
     for (const rollout::Sample& s : g.samples) all.push_back(s);
-  return {
-      {"n_samples_per_prompt", n_}, {"drawn", drawn}, {"samples", rollout::serialize_samples(all)}};
+  }
+  return {{"n_samples_per_prompt", n_},
+          {"drawn", drawn},
+          {"engines", engines},
+          {"samples", rollout::serialize_samples(all)}};
 }
 
 void PartialPool::from_json(const nlohmann::json& j) {
@@ -229,10 +266,15 @@ void PartialPool::from_json(const nlohmann::json& j) {
   std::vector<rollout::Sample> all = rollout::deserialize_samples(bytes.data(), bytes.size());
   RLHF_CHECK(int64_t(all.size()) % n_ == 0,
              "the checkpoint's partial rollouts hold {} samples, not groups of {}", all.size(), n_);
+  const std::vector<int> engines = j.value("engines", std::vector<int>());
+  RLHF_CHECK(engines.empty() || engines.size() * size_t(n_) == all.size(),
+             "the checkpoint's partial rollouts name engines for {} groups, and hold {}",
+             engines.size(), all.size() / size_t(n_));
   groups_.clear();
   for (size_t i = 0; i < all.size(); i += size_t(n_)) {
     PartialGroup g;
     g.pos = all[i].prompt_pos;
+    if (!engines.empty()) g.engine = engines[i / size_t(n_)];
     for (int64_t j = 0; j < n_; ++j) g.samples.push_back(std::move(all[i + size_t(j)]));
     groups_.push_back(std::move(g));
   }

@@ -6,9 +6,14 @@
 // dropped and generated again from its prompt. This file holds the pool of groups in flight and
 // how a round's engine requests, quotas and results map onto it; rl/rl_step.cpp drives it.
 //
-// Continuations are prefilled again under the new weights (the prompt and the tokens kept, one
-// prefill): no KV block outlives an engine call, so weight sync never has to reconcile a cache
-// computed with older weights, and the checkpoint holds only tokens.
+// A continuation goes on from the KV blocks its engine kept when the quota interrupted it
+// (--partial_rollout_kv keep, the default: rollout::EngineOptions::keep_interrupted_kv — the keys
+// and values of its earlier tokens stay those of the weights that sampled them, as in a vLLM
+// engine paused across a weight update), or is prefilled again under the new weights
+// (--partial_rollout_kv recompute, AReaL's choice: one prefill of the prompt and the tokens kept).
+// A group stays on the engine that first generated for it, so its samples find their blocks. The
+// checkpoint holds only tokens: the step after a checkpoint recomputes (RlStep::release_kept_kv),
+// so a resumed run continues exactly as the uninterrupted one.
 #pragma once
 
 #include <nlohmann/json.hpp>
@@ -26,6 +31,9 @@ namespace rlhf::rl {
 /// interrupted = true has not finished (its response may be empty: nothing generated yet).
 struct PartialGroup {
   int64_t pos = 0;  ///< the prompt's global position (PromptSource::at; the random stream's key)
+  /// The engine that generates it (PartialPool::deal): fixed once dealt, so a sample continues
+  /// where its kept KV blocks are. −1: not dealt yet.
+  int engine = -1;
   std::vector<rollout::Sample> samples;
   /// Whether every sample finished.
   bool complete() const;
@@ -40,6 +48,10 @@ struct PartialStats {
   double age_mean = 0;            ///< taken samples: mean of version − min_t v_t
   int64_t age_max = 0;            ///< taken samples: max of version − min_t v_t
   double old_token_fraction = 0;  ///< taken samples' response tokens with v_t < version
+  /// continuations that went on from the KV blocks their engine kept (no prefill), and the
+  /// cached positions they did not prefill again
+  int64_t kv_resumed = 0, kv_resumed_positions = 0;
+  int64_t reprefilled = 0;  ///< continuations prefilled again (recompute, or no kept KV)
   /// The metrics record's fields.
   nlohmann::json to_json() const;
 };
@@ -70,17 +82,22 @@ class PartialPool {
   /// Indices (into groups()) of the groups with a sample still to generate, in pool order.
   std::vector<int64_t> pending_groups() const;
 
-  /// The quota of each of E engines, summing to min(quota, pending groups), when pending group
-  /// k goes to engine k mod E: dealt one at a time, never more than an engine's groups.
-  static std::vector<int64_t> engine_quotas(int64_t pending, int64_t quota, int E);
+  /// Gives every pending group without an engine of [0, E) one: in pool order, each to the engine
+  /// with the fewest pending groups (the lowest index on a tie). A group keeps its engine after.
+  void deal(int E);
+  /// The quota of each of E engines for the pending groups (after deal(E)), summing to
+  /// min(quota, pending groups): dealt one at a time, never more than an engine's groups.
+  std::vector<int64_t> engine_quotas(int64_t quota, int E) const;
+  /// The same from each engine's pending group count `have`.
+  static std::vector<int64_t> engine_quotas(const std::vector<int64_t>& have, int64_t quota);
 
-  /// Engine e's requests (of E) for the pending groups `pending` (pending_groups()): pending
-  /// group k (k mod E = e) asks for its unfinished samples — one request of n samples when none
-  /// has a token, else one continuation request per unfinished sample (GenerationRequest::prefix,
-  /// its engine log-probs). Each request has id = the group's position, group = k, the sampling
-  /// parameters given and max_new_tokens = max_new(prompt).
+  /// Engine e's requests for the pending groups `pending` (pending_groups(), after deal()):
+  /// pending group k dealt to e asks for its unfinished samples — one request of n samples when
+  /// none has a token, else one continuation request per unfinished sample
+  /// (GenerationRequest::prefix, its engine log-probs). Each request has id = the group's
+  /// position, group = k, the sampling parameters given and max_new_tokens = max_new(prompt).
   std::vector<rollout::GenerationRequest> requests(
-      const std::vector<int64_t>& pending, int e, int E, const rollout::SamplingParams& sampling,
+      const std::vector<int64_t>& pending, int e, const rollout::SamplingParams& sampling,
       const std::function<int64_t(const std::vector<int32_t>&)>& max_new) const;
   /// The engine's results as samples with prompt_pos = the request's group key (k), for
   /// gather_samples; versions: the prefix's, then `version` for every new token.
@@ -102,9 +119,10 @@ class PartialPool {
   /// Samples in the pool (finished or not).
   int64_t samples() const;
 
-  /// The pool for a checkpoint: the samples' bytes (serialize_samples, prompt_pos = position)
-  /// and `drawn` — a group is n consecutive samples. from_json inverts it; throws
-  /// rlhf::Error when the sample count is not a multiple of n.
+  /// The pool for a checkpoint: the samples' bytes (serialize_samples, prompt_pos = position),
+  /// each group's engine and `drawn` — a group is n consecutive samples. from_json inverts it
+  /// (a checkpoint without engines leaves the groups to deal); throws rlhf::Error when the
+  /// sample count is not a multiple of n.
   nlohmann::json to_json() const;
   void from_json(const nlohmann::json& j);
 

@@ -500,7 +500,9 @@ int run_rl(const RlRunConfig& c) {
     // SIGTERM/SIGUSR1 on any rank: every rank stops after this step, with a checkpoint.
     const int signal = parallel::agree_preemption(*world);
     const bool stop = signal != 0 && done < total_steps;
-    if (trains && ((c.save_steps > 0 && done % c.save_steps == 0) || stop)) {
+    const bool checkpoint = (c.save_steps > 0 && done % c.save_steps == 0) || stop;
+    if (checkpoint) step.release_kept_kv();  // the resumed run continues from the same state
+    if (trains && checkpoint) {
       nlohmann::json state = step.state();
       state["seed"] = c.seed;
       state["train_ranks"] = n_train;

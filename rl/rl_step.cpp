@@ -429,6 +429,10 @@ nlohmann::json RlStep::step() {
   return rec;
 }
 
+void RlStep::release_kept_kv() {
+  if (p_.engine) p_.engine->release_kept();
+}
+
 nlohmann::json RlStep::state() const {
   nlohmann::json st = {{"step", step_},
                        {"rounds", round_},

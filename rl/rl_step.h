@@ -134,6 +134,10 @@ class RlStep {
   /// Restores state(): every rank passes the same record (from train rank 0). Throws rlhf::Error
   /// naming a missing key.
   void load_state(const nlohmann::json& state);
+  /// At a checkpoint (every rank): this rank's engine frees the KV blocks it kept for carried
+  /// samples (rollout::EngineOptions::keep_interrupted_kv), so the next step prefills them again
+  /// as a run resumed from the checkpoint (which has no KV cache to continue from) does.
+  void release_kept_kv();
 
   /// Broadcasts a JSON value from rank `root` of `comm` to every rank (a value or a record).
   static nlohmann::json broadcast_json(const nlohmann::json& j, int root, parallel::Comm& comm);

@@ -23,12 +23,17 @@ void add(nlohmann::json& rec, const char* key, double x) {
 
 void RlStep::generate_partial(int64_t quota, nlohmann::json& totals, PartialStats& st) {
   const auto t = Clock::now();
+  // Every rank deals the pending groups alike (the pool is the same everywhere, and a checkpoint
+  // from any rank keeps each group's engine).
+  pool_.deal(p_.topology->placement().num_engines());
   const std::vector<int64_t> pending = pool_.pending_groups();
   std::vector<rollout::Sample> local;
+  // This engine's continuations: resumed on kept KV blocks, their cached positions, all of them.
+  double continued[3] = {0, 0, 0};
   bool generated = false;  // this rank's engine ran a generate() this round
   if (p_.engine) {
-    // Pending group k goes to engine k mod E (carried groups spread over the engines), each with
-    // its share of the quota; an engine with no share generates nothing this round.
+    // Each pending group goes to its engine (where its kept KV blocks are), each engine with its
+    // share of the quota; an engine with no share generates nothing this round.
     const int e = p_.topology->me().engine, E = p_.topology->placement().num_engines();
     const int64_t max_pos = p_.engine->layout().config().max_position_embeddings;
     const auto max_new = [&](const std::vector<int32_t>& prompt) {
@@ -36,16 +41,27 @@ void RlStep::generate_partial(int64_t quota, nlohmann::json& totals, PartialStat
       if (opt_.max_len > 0) m = std::min<int64_t>(m, opt_.max_len - int64_t(prompt.size()));
       return m;
     };
-    const std::vector<int64_t> q = PartialPool::engine_quotas(int64_t(pending.size()), quota, E);
+    const std::vector<int64_t> q = pool_.engine_quotas(quota, E);
     if (q[size_t(e)] > 0) {
       std::vector<rollout::GenerationRequest> reqs =
-          pool_.requests(pending, e, E, opt_.sampling, max_new);
+          pool_.requests(pending, e, opt_.sampling, max_new);
       std::vector<rollout::GenerationResult> res =
           p_.engine->generate(reqs, {}, nullptr, q[size_t(e)]);
-      if (p_.engine->tp_rank() == 0) local = pool_.to_samples(reqs, std::move(res), pending, step_);
+      if (p_.engine->tp_rank() == 0) {
+        local = pool_.to_samples(reqs, std::move(res), pending, step_);
+        const rollout::EngineStats& es = p_.engine->stats();
+        continued[0] = double(es.resumed);
+        continued[1] = double(es.resumed_positions);
+        for (const rollout::GenerationRequest& r : reqs)
+          if (!r.prefix.empty()) ++continued[2];
+      }
       generated = true;
     }
   }
+  p_.world->all_reduce(continued, continued, 3, parallel::ReduceOp::kSum);
+  st.kv_resumed += int64_t(continued[0]);
+  st.kv_resumed_positions += int64_t(continued[1]);
+  st.reprefilled += int64_t(continued[2] - continued[0]);
   add_decode_stats(totals, generated);
   const parallel::CommStats c0 = p_.world->stats();
   const double local_s = since(t);

@@ -179,6 +179,7 @@ void Engine::set_lora(const model::LoraConfig& cfg) {
 
 int64_t Engine::sleep() {
   if (sleeping_) return 0;
+  if (!generating_) release_kept();  // the cache goes: no sample can continue from it
   const int64_t busy = backend_->kv_cache().used_blocks();
   RLHF_CHECK(!generating_ && busy == 0,
              "engine sleep (--vllm_enable_sleep): sequences are in flight (a generate() call "
@@ -593,6 +594,7 @@ std::vector<GenerationResult> Engine::generate(const std::vector<GenerationReque
   Run run(requests, validate(requests), kv, stats_, hooks, eos, opt_.ignore_eos, V);
   stats_.requests = static_cast<int64_t>(requests.size());
   stats_.samples = run.plan.samples_total;
+  resume_kept(requests, run);  // before admission: kept samples already hold their blocks
 
   const int threads = omp_get_max_threads();
   std::vector<Sampler>& samplers = work_->samplers;
@@ -609,8 +611,9 @@ std::vector<GenerationResult> Engine::generate(const std::vector<GenerationReque
     if (!run.turning.empty()) run.resolve_turns(run.turning, run.active);  // the env's answers
     if (progress) progress(stats_, run.samples_done, run.plan.samples_total);
     if (quota_groups > 0 && run.busy() && run.quota_reached(requests, quota_groups))
-      run.interrupt_all(requests);
+      run.interrupt_all(requests, opt_.keep_interrupted_kv ? &kept_ : nullptr);
   }
+  stats_.kept = kept_sequences();
   stats_.peak_kv_blocks = kv.peak_used_blocks();
   stats_.decode_device_s = backend_->decode_device_seconds() - device_s0;
   stats_.total_s = since(t_start);

@@ -78,6 +78,15 @@ struct EngineOptions {
   /// cross to the host instead of (B, V) logits. Within exp's last bits of the host Sampler
   /// (sample_rows_cuda). false: always the host Sampler (benchmarks compare the two).
   bool device_sampling = true;
+  /// A sample interrupted by a generation quota (generate's quota_groups) keeps its KV blocks in
+  /// the engine (kept_sequences()) instead of returning them, and the next generate() continues it
+  /// from them when asked for its continuation (GenerationRequest::prefix: the same id, sample
+  /// index, prompt and prefix), with no prefill — the cache then holds keys and values computed
+  /// under the weights of the call that interrupted it, as a vLLM engine paused across a weight
+  /// update keeps its requests. A kept sample the next call does not ask for is freed at its
+  /// start; release_kept() and sleep() free them all. false: every continuation is prefilled
+  /// again under the current weights (AReaL's recompute).
+  bool keep_interrupted_kv = false;
   /// Tensor-parallel group of this engine (Topology::engine_comm, e.g. through make_comm: a
   /// shared-memory comm inside the node, whose all-reduce is bit-identical on every rank). nullptr
   /// or size 1: TP 1, the fast path. Size T > 1: every rank of the group builds the engine with the
@@ -110,11 +119,12 @@ struct GenerationRequest {
   /// group by its index.
   int64_t first_sample_index = 0;
   /// A partial rollout's continuation: response tokens generated earlier (under older weights).
-  /// They are prefilled after the prompt under the current weights (the cache is rebuilt, no KV
-  /// block is kept between calls), count against max_new_tokens, open the result's tokens, and
-  /// the random stream continues at token index prefix.size() — so with unchanged weights the
-  /// continued sample has the tokens the uninterrupted one has. Empty: a fresh sample. Needs
-  /// prefix.size() < max_new_tokens and no turn hooks.
+  /// They are prefilled after the prompt under the current weights — unless the engine kept the
+  /// sample's KV blocks from the call that interrupted it (EngineOptions::keep_interrupted_kv;
+  /// then decoding goes on from them) — count against max_new_tokens, open the result's tokens,
+  /// and the random stream continues at token index prefix.size(), so with unchanged weights the
+  /// continued sample has the tokens the uninterrupted one has either way. Empty: a fresh sample.
+  /// Needs prefix.size() < max_new_tokens and no turn hooks.
   std::vector<int32_t> prefix;
   /// The engine log-probs of the prefix tokens (copied into the result); empty = zeros.
   std::vector<float> prefix_logprobs;
@@ -187,9 +197,14 @@ struct EngineStats {
   int64_t decode_steps = 0;
   /// decode steps whose tokens the backend drew on the device (EngineOptions::device_sampling)
   int64_t device_sampled_steps = 0;
-  int64_t max_active = 0;          ///< largest decode batch
-  int64_t admission_waits = 0;     ///< times the next request had to wait for KV blocks / a slot
-  int64_t peak_kv_blocks = 0;      ///< most KV blocks in use at once
+  int64_t max_active = 0;       ///< largest decode batch
+  int64_t admission_waits = 0;  ///< times the next request had to wait for KV blocks / a slot
+  int64_t peak_kv_blocks = 0;   ///< most KV blocks in use at once
+  /// continuations that went on from the KV blocks kept since the call that interrupted them
+  /// (EngineOptions::keep_interrupted_kv), without a prefill
+  int64_t resumed = 0;
+  int64_t resumed_positions = 0;   ///< the cached positions those continuations did not prefill
+  int64_t kept = 0;                ///< samples this call interrupted and kept, with their blocks
   int64_t turn_ends = 0;           ///< turns that ended and went to TurnHooks::on_turn_end
   int64_t observation_tokens = 0;  ///< observation tokens appended (and prefilled, when fed)
   double turn_hook_s = 0;          ///< wall time inside TurnHooks::on_turn_end
@@ -370,6 +385,15 @@ class Engine {
     return stats_;
   }
 
+  /// Samples kept with their KV blocks since the last generate() interrupted them
+  /// (EngineOptions::keep_interrupted_kv).
+  int64_t kept_sequences() const {
+    return int64_t(kept_.size());
+  }
+  /// Frees every kept sample's KV blocks (their continuations will be prefilled again: e.g. at a
+  /// checkpoint, whose resumed run has no KV cache to continue from). Returns how many.
+  int64_t release_kept();
+
  private:
   struct Seq;
   struct Run;   // one generate() call's bookkeeping (rollout/engine_run.h)
@@ -405,6 +429,9 @@ class Engine {
   // One decode step over run.active, then a token sampled for each and routed (Run::append):
   // finished ones leave, those whose turn ended move to run.turning.
   void decode_and_sample(Run& run);
+  // Continuations that match a kept sample (rollout/engine_kept.cpp) go straight to run.active on
+  // its blocks and leave run.pending; kept samples no request asks for are freed.
+  void resume_kept(const std::vector<GenerationRequest>& requests, Run& run);
 
   model::ParamLayout layout_;
   EngineOptions opt_;
@@ -418,6 +445,9 @@ class Engine {
   EngineStats stats_;
   bool sleeping_ = false;    // sleep() without wake()
   bool generating_ = false;  // inside generate(): sleep() refuses
+  /// Samples interrupted with EngineOptions::keep_interrupted_kv, holding their KV blocks
+  /// (Seq::prompt set) until the next generate().
+  std::vector<std::unique_ptr<Seq>> kept_;
 };
 
 }  // namespace rlhf::rollout

@@ -158,10 +158,24 @@ bool Engine::Run::quota_reached(const std::vector<GenerationRequest>& requests,
   return complete >= quota_groups;
 }
 
-void Engine::Run::interrupt_all(const std::vector<GenerationRequest>& requests) {
+void Engine::Run::interrupt_all(const std::vector<GenerationRequest>& requests,
+                                std::vector<std::unique_ptr<Seq>>* keep) {
   for (auto& s : active) {
     s->result.interrupted = true;
-    finish(*s, FinishReason::kLength);
+    if (keep == nullptr) {
+      finish(*s, FinishReason::kLength);
+      continue;
+    }
+    // Its result is a copy: the sequence keeps its tokens (and blocks) to be recognised later.
+    const size_t ri = size_t(s->request_index);
+    GenerationResult& out = results_[ri][size_t(s->sample_index - first_[ri])];
+    out = s->result;
+    out.finish = FinishReason::kLength;
+    ++finished_[ri];
+    ++samples_done;
+    s->prompt = requests[ri].prompt;
+    s->sampling = nullptr;  // it pointed into this call's requests
+    keep->push_back(std::move(s));
   }
   active.clear();
   for (const Pending& pr : pending) {

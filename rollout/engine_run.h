@@ -32,6 +32,9 @@ struct Engine::Seq {
   int64_t turn_begin = 0;  // response position where the current turn began
   bool eos = false;        // the turn that ended last ended with EOS
   GenerationResult result;
+  /// While kept between generate() calls (Engine::kept_): its prompt, which with result.tokens
+  /// identifies the continuation that may resume it.
+  std::vector<int32_t> prompt;
 
   /// Whether it samples a token at this decode step: fed row by row (by_row), a sequence still
   /// feeding its observation samples nothing.
@@ -92,8 +95,10 @@ struct Engine::Run {
   /// every sample finished.
   bool quota_reached(const std::vector<GenerationRequest>& requests, int64_t quota_groups) const;
   /// Ends generation at the quota: every active sequence and every sample never admitted
-  /// returns interrupted with its tokens so far.
-  void interrupt_all(const std::vector<GenerationRequest>& requests);
+  /// returns interrupted with its tokens so far. keep (EngineOptions::keep_interrupted_kv): the
+  /// active sequences move there with their KV blocks (prompt set) instead of releasing them.
+  void interrupt_all(const std::vector<GenerationRequest>& requests,
+                     std::vector<std::unique_ptr<Seq>>* keep);
 
   Plan plan;
   std::deque<Pending> pending;

@@ -7,7 +7,8 @@ engine/trainer mismatch (every metric whose name contains "mismatch", starts wit
 "tis_": the log-probability gap between the generation engines and the trainer and its
 importance-sampling correction), staleness (rollout_staleness and, with --partial_rollout, the
 age of the trained samples in weight versions and the share of their tokens from older weights)
-and the partial-rollout sample counts (carried, interrupted, dropped as stale). SFT/RM runs: loss, learning rate, grad norm, tokens/s.
+and the partial-rollout sample counts (carried, interrupted, dropped as stale, continued on
+kept KV or prefilled again). SFT/RM runs: loss, learning rate, grad norm, tokens/s.
 
 Usage: scripts/plot_metrics.py METRICS_JSONL [OUT_PNG]
 Needs matplotlib (pip install matplotlib); prints a short text summary either way.
@@ -80,7 +81,8 @@ def main():
         "staleness": ["rollout_staleness", "partial_age_mean", "partial_age_max",
                       "partial_old_token_fraction"],
         "partial": ["partial_carried_samples", "partial_interrupted_samples",
-                    "partial_dropped_samples", "partial_trained_carried_samples"],
+                    "partial_dropped_samples", "partial_trained_carried_samples",
+                    "partial_kv_resumed_samples", "partial_reprefilled_samples"],
     }
     for ax, (key, title) in zip(axes.flat, panels):
         if key in groups:

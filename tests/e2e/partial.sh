@@ -14,7 +14,12 @@
 #  (g) carried tokens keep their engine log-probs from the older weights: the engine/trainer
 #      mismatch is ~0 on steps without older tokens (fp32 KV cache) and positive on steps with
 #      them, where --use_decoupled_loss weights them;
-#  (h) colocated engines that sleep between steps (--vllm_enable_sleep) give the same steps;
+#  (h) colocated engines that sleep between steps (--vllm_enable_sleep) free their kept KV and
+#      give the steps of --partial_rollout_kv recompute;
+#  (i) --partial_rollout_kv keep continues carried samples on the engine's kept KV blocks (not in
+#      the step after a checkpoint), recompute prefills them again;
+#  (j) with two engines each group stays on its engine (kept KV found), and a resumed run equals
+#      the straight one;
 #  (f) nonsense combinations are usage errors (exit 2) with one clear message.
 # Usage: partial.sh <rlhf binary> <source dir>     (env MPIEXEC: mpiexec's path)
 set -u
@@ -141,15 +146,65 @@ print("mismatch max, fresh steps:", [r["mismatch_abs_logp_max"] for r in fresh],
 PYEOF
 echo "ok: carried tokens keep their older engine log-probs (decoupled PPO weights them)"
 
-# (h) Colocated engines that sleep while the trainer trains (--vllm_enable_sleep) continue the
-# carried samples the same: 3 steps with and without sleep, one rank doing both.
-run colo 1 --gen_ranks_per_node 0 --max_steps 3
+# (h) Colocated engines that sleep while the trainer trains (--vllm_enable_sleep) free the KV they
+# kept, so they continue the carried samples as engines that recompute them: 3 steps with sleep
+# and without it under --partial_rollout_kv recompute, one rank doing both.
+run colo 1 --gen_ranks_per_node 0 --max_steps 3 --partial_rollout_kv recompute
 run colo_sleep 1 --gen_ranks_per_node 0 --max_steps 3 --vllm_enable_sleep
 grep -q '"sleep_freed_bytes"' "$W/colo_sleep/metrics.jsonl" || fail "the colocated engine did not sleep"
 same_metrics "$W/colo/metrics.jsonl" "$W/colo_sleep/metrics.jsonl" \
-  || fail "--partial_rollout with --vllm_enable_sleep differs from without"
+  || fail "--partial_rollout with --vllm_enable_sleep differs from recompute without sleep"
 [ "$(fp "$W/colo.log")" = "$(fp "$W/colo_sleep.log")" ] || fail "sleep changed the weights"
-echo "ok: --partial_rollout with sleeping colocated engines == without sleep"
+echo "ok: --partial_rollout with sleeping colocated engines == recompute without sleep"
+
+# (i) --partial_rollout_kv: keep (the default, the 8-step run above) continues carried samples on
+# the KV blocks the engine kept, except in the step after a checkpoint (step 5: the checkpoint of
+# step 4 released them, as the resumed run has none); recompute prefills every one again.
+run recompute 2 --max_steps 8 --partial_rollout_kv recompute
+python3 - "$W/straight_sync/metrics.jsonl" "$W/recompute/metrics.jsonl" <<'PYEOF' || fail "--partial_rollout_kv"
+import json, sys
+keep = [json.loads(l) for l in open(sys.argv[1])]
+rec = [json.loads(l) for l in open(sys.argv[2])]
+assert sum(r["partial_kv_resumed_samples"] for r in keep) > 0, "keep: nothing resumed"
+assert keep[4]["partial_kv_resumed_samples"] == 0, "resumed on KV released at the checkpoint"
+assert any(r["partial_kv_resumed_tokens"] > 0 for r in keep)
+assert all(r["partial_kv_resumed_samples"] == 0 for r in rec), "recompute resumed on kept KV"
+assert sum(r["partial_reprefilled_samples"] for r in rec) > 0, "recompute: nothing prefilled again"
+# Rounds inside a step share the weights, so keep and recompute agree until the first step
+# that continues a sample on KV from older weights: step 1 is the same.
+assert keep[0]["reward_mean"] == rec[0]["reward_mean"], (keep[0], rec[0])
+print("resumed on kept KV per step:", [r["partial_kv_resumed_samples"] for r in keep],
+      "prefilled again (recompute):", [r["partial_reprefilled_samples"] for r in rec])
+PYEOF
+# A checkpoint every step releases the kept KV every step: every continuation is prefilled
+# again, and the steps are those of recompute.
+run save1 2 --max_steps 8 --save_steps 1
+python3 - "$W/save1/metrics.jsonl" "$W/recompute/metrics.jsonl" <<'PYEOF' || fail "kept KV at checkpoints"
+import json, sys
+s1 = [json.loads(l) for l in open(sys.argv[1])]
+rec = [json.loads(l) for l in open(sys.argv[2])]
+assert all(r["partial_kv_resumed_samples"] == 0 for r in s1), "resumed on KV a checkpoint released"
+assert [r["partial_reprefilled_samples"] for r in s1] == [r["partial_reprefilled_samples"] for r in rec]
+assert [r["reward_mean"] for r in s1] == [r["reward_mean"] for r in rec]
+PYEOF
+echo "ok: --partial_rollout_kv keep continues on kept KV (not after a checkpoint), recompute prefills"
+
+# (j) Two engines: each group stays on the engine it was dealt to, so carried samples continue on
+# the KV blocks that engine kept; the checkpoint keeps each group's engine, so 4 + resume + 4
+# steps equal 8 straight.
+run two_eng 3 --max_steps 8 --save_steps 4 --gen_ranks_per_node 2
+copy_ckpt "$W/two_eng/ckpt" 4 "$W/two_eng_resumed/ckpt" || fail "copying step 4"
+head -4 "$W/two_eng/metrics.jsonl" > "$W/two_eng_resumed/metrics.jsonl"
+run two_eng_resumed 3 --max_steps 8 --save_steps 4 --gen_ranks_per_node 2 --load_checkpoint
+same_metrics "$W/two_eng/metrics.jsonl" "$W/two_eng_resumed/metrics.jsonl" \
+  || fail "two engines: 4 + resume + 4 steps differ from 8 steps straight"
+[ "$(fp "$W/two_eng.log")" = "$(fp "$W/two_eng_resumed.log")" ] || fail "two engines: resumed weights differ"
+python3 - "$W/two_eng/metrics.jsonl" <<'PYEOF' || fail "two engines: nothing continued on kept KV"
+import json, sys
+recs = [json.loads(l) for l in open(sys.argv[1])]
+assert sum(r["partial_kv_resumed_samples"] for r in recs) > 0, [r["partial_reprefilled_samples"] for r in recs]
+PYEOF
+echo "ok: two engines keep their groups: continued on kept KV, resumed run == straight run"
 
 # (f) Usage errors.
 usage() {  # usage <expected message> <args...>
@@ -163,8 +218,12 @@ usage() {  # usage <expected message> <args...>
 }
 usage "both decide when a step has its groups" --dynamic_filtering
 usage "multi-turn episodes are not interrupted" --env_command builtin:toy
+usage "must be one of" --partial_rollout_kv reuse
 plain1=("${plain[@]}")
 "$RLHF" "${plain1[@]}" --gen_ranks_per_node 0 --max_steps 1 --save_path "$W/bad" --max_staleness 2 \
   > "$W/bad.log" 2>&1
 [ $? -eq 2 ] && grep -q "needs --partial_rollout" "$W/bad.log" || { cat "$W/bad.log"; fail "--max_staleness alone accepted"; }
+"$RLHF" "${plain1[@]}" --gen_ranks_per_node 0 --max_steps 1 --save_path "$W/bad" \
+  --partial_rollout_kv recompute > "$W/bad.log" 2>&1
+[ $? -eq 2 ] && grep -q "needs --partial_rollout" "$W/bad.log" || { cat "$W/bad.log"; fail "--partial_rollout_kv alone accepted"; }
 echo "ok: nonsense combinations are usage errors"

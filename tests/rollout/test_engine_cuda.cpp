@@ -586,3 +586,64 @@ TEST_CASE("engine cuda: weights a device sync wrote stay in use across generate(
   CHECK(differs_from_p);  // P and Q generate differently, so the check above can fail
 #endif
 }
+
+TEST_CASE("engine cuda: a sample continued from its kept KV blocks decodes as the uninterrupted") {
+  // EngineOptions::keep_interrupted_kv on the GPU engine: the quota interrupts, the samples keep
+  // their device KV blocks, and the continuations decode on from them with no prefill. Stale or
+  // overwritten blocks would give nmse ~1 against the uninterrupted samples; decode batches of
+  // other sizes may move the bf16 logits a little, so the comparison allows that.
+  RLHF_SKIP_WITHOUT_CUDA_DEVICE();
+#ifdef RLHF_CUDA
+  const auto cfg = engine_config();
+  const model::ParamLayout layout(cfg, model::HeadKind::kLM);
+  model::LocalParams<float> P(layout);
+  init_bf16(P);
+  std::vector<rollout::GenerationRequest> reqs;
+  for (int i = 0; i < 4; ++i) {
+    rollout::GenerationRequest r;
+    r.id = uint64_t(i);
+    r.prompt = test::random_tokens(4 + i, cfg.vocab_size, 90 + uint64_t(i));
+    r.max_new_tokens = 4 + 6 * i;
+    r.sampling.greedy = true;
+    r.group = i;
+    reqs.push_back(r);
+  }
+  rollout::EngineOptions o;
+  o.cuda = true;
+  o.gpu_memory_utilization = 0.25;
+  o.ignore_eos = true;
+  o.keep_interrupted_kv = true;
+  rollout::Engine e(layout, o);
+  load_weights(e, P);
+  const auto whole = e.generate(reqs);
+  const auto first = e.generate(reqs, {}, nullptr, 1);  // stops when the 4-token group is done
+  CHECK(e.kept_sequences() == 3);
+  std::vector<rollout::GenerationRequest> next;
+  for (const auto& g : first) {
+    if (!g.interrupted) continue;
+    rollout::GenerationRequest r = reqs[size_t(g.request_index)];
+    r.prefix = g.tokens;
+    r.prefix_logprobs = g.logprobs;
+    next.push_back(r);
+  }
+  REQUIRE(next.size() == 3);
+  const auto cont = e.generate(next);
+  CHECK(e.stats().resumed == 3);
+  CHECK(e.stats().prefill_tokens == 0);
+  CHECK(e.kept_sequences() == 0);
+  CHECK(e.kv_cache().used_blocks() == 0);
+  double err = 0, ref = 0;
+  int64_t same = 0, n = 0;
+  for (size_t i = 0; i < cont.size(); ++i) {
+    const auto& w = whole[size_t(cont[i].request_index) + 1];  // request 0 finished in `first`
+    REQUIRE(cont[i].tokens.size() == w.tokens.size());
+    for (size_t t = 0; t < w.tokens.size(); ++t, ++n) {
+      same += cont[i].tokens[t] == w.tokens[t];
+      err += std::pow(double(cont[i].logprobs[t]) - double(w.logprobs[t]), 2);
+      ref += std::pow(double(w.logprobs[t]), 2);
+    }
+  }
+  CHECK(same * 10 >= n * 9);
+  CHECK(err / ref < 1e-3);
+#endif
+}

@@ -1,8 +1,10 @@
 // Partial rollouts: the engine's generation quota interrupts samples at the step the quota is met;
-// a continuation (GenerationRequest::prefix, re-prefilled) gives the tokens of the uninterrupted
-// sample when the weights did not change (greedy and sampled); the pool (rl/partial_rollout.h)
-// records per-token weight versions, drops stale samples and regenerates them, and round-trips
-// through its checkpoint form.
+// a continuation (GenerationRequest::prefix, re-prefilled, or resumed on the KV blocks the engine
+// kept) gives the tokens of the uninterrupted sample when the weights did not change (greedy and
+// sampled); kept blocks are freed when no call asks for them, and after a weight update a kept
+// sample decodes on its older keys and values; the pool (rl/partial_rollout.h) records per-token
+// weight versions, drops stale samples and regenerates them, keeps each group on one engine, and
+// round-trips through its checkpoint form.
 #include <algorithm>
 #include <cmath>
 #include <map>
@@ -29,10 +31,11 @@ model::ModelConfig tiny() {
   return test::tiny_engine_config("llama", 128);
 }
 
-std::unique_ptr<Engine> make_engine(uint64_t seed = 7) {
+std::unique_ptr<Engine> make_engine(uint64_t seed = 7, bool keep_kv = false) {
   model::ParamLayout layout(tiny(), model::HeadKind::kLM);
   EngineOptions opt;
   opt.ignore_eos = true;  // lengths set by max_new_tokens alone
+  opt.keep_interrupted_kv = keep_kv;
   auto e = std::make_unique<Engine>(layout, opt);
   for (int u = 0; u < layout.num_units(); ++u)
     model::init_unit_params(e->unit_buffer(u), layout.unit(u), seed, 0.1);
@@ -163,7 +166,8 @@ TEST_CASE("partial rollouts: the pool records versions, drops stale samples, reg
   // One round at version v on one engine: every pending group, quota q.
   const auto round = [&](int64_t version, int64_t q) {
     const std::vector<int64_t> pending = pool.pending_groups();
-    auto rq = pool.requests(pending, 0, 1, sp, max_new);
+    pool.deal(1);
+    auto rq = pool.requests(pending, 0, sp, max_new);
     auto res = engine->generate(rq, {}, nullptr, q);
     auto samples = pool.to_samples(rq, std::move(res), pending, version);
     rollout::sort_samples(samples);
@@ -219,8 +223,172 @@ TEST_CASE("partial rollouts: the pool records versions, drops stale samples, reg
 
 TEST_CASE("partial rollouts: engine quotas add up and never exceed an engine's groups") {
   using rl::PartialPool;
-  CHECK(PartialPool::engine_quotas(5, 5, 1) == std::vector<int64_t>{5});
-  CHECK(PartialPool::engine_quotas(3, 3, 2) == std::vector<int64_t>{2, 1});
-  CHECK(PartialPool::engine_quotas(7, 3, 2) == std::vector<int64_t>{2, 1});
-  CHECK(PartialPool::engine_quotas(2, 4, 3) == std::vector<int64_t>{1, 1, 0});
+  CHECK(PartialPool::engine_quotas(std::vector<int64_t>{5}, 5) == std::vector<int64_t>{5});
+  CHECK(PartialPool::engine_quotas(std::vector<int64_t>{2, 1}, 3) == std::vector<int64_t>{2, 1});
+  CHECK(PartialPool::engine_quotas(std::vector<int64_t>{4, 3}, 3) == std::vector<int64_t>{2, 1});
+  CHECK(PartialPool::engine_quotas(std::vector<int64_t>{1, 1, 0}, 4) ==
+        std::vector<int64_t>{1, 1, 0});
+  CHECK(PartialPool::engine_quotas(std::vector<int64_t>{0, 3}, 2) == std::vector<int64_t>{0, 2});
+}
+
+TEST_CASE("partial rollouts: a group stays on the engine it was dealt to") {
+  const int64_t n = 2;
+  rl::PartialPool pool(n, 8);
+  const auto reqs = requests(true, n);
+  const auto add = [&](int i) {
+    pool.add_fresh({int64_t(reqs[size_t(i)].id)}, {reqs[size_t(i)].prompt});
+  };
+  for (int i = 0; i < 3; ++i) add(i);
+  pool.deal(2);
+  std::vector<int> engines;
+  for (const auto& g : pool.groups()) engines.push_back(g.engine);
+  CHECK(engines == std::vector<int>{0, 1, 0});
+  // Group 0 finishes: groups 1 and 2 keep engines 1 and 0 (dealt again in pool order they would
+  // swap), and a group added later goes to the engine with the fewest pending groups (a tie: 0).
+  std::vector<rollout::Sample> finished(static_cast<size_t>(n));
+  for (int64_t j = 0; j < n; ++j) {
+    finished[size_t(j)].prompt_pos = 0;  // index into the pending groups
+    finished[size_t(j)].sample_index = j;
+    finished[size_t(j)].prompt = reqs[0].prompt;
+    finished[size_t(j)].response = {1, 2};
+  }
+  CHECK(pool.merge(std::move(finished), pool.pending_groups()) == 0);
+  add(3);
+  pool.deal(2);
+  engines.clear();
+  for (const auto& g : pool.groups()) engines.push_back(g.engine);
+  CHECK(engines == std::vector<int>{0, 1, 0, 0});
+  add(4);
+  pool.deal(2);
+  CHECK(pool.groups()[4].engine == 1);
+  CHECK(pool.engine_quotas(3, 2) == std::vector<int64_t>{2, 1});
+  const auto max_new = [](const std::vector<int32_t>&) { return int64_t(8); };
+  const std::vector<int64_t> pending = pool.pending_groups();
+  const auto r1 = pool.requests(pending, 1, reqs[0].sampling, max_new);
+  REQUIRE(r1.size() == 2);  // groups 1 and 4, one request of n samples each (nothing generated)
+  CHECK(r1[0].group == 0);  // keys index the pending groups: 1, 2, 3, 4
+  CHECK(r1[1].group == 3);
+  CHECK(r1[0].id == reqs[1].id);
+  CHECK(r1[1].id == reqs[4].id);
+  CHECK(r1[0].n_samples == n);
+  // The checkpoint form keeps each group's engine; fewer engines deal again what is out of range.
+  rl::PartialPool copy(n, 8);
+  copy.from_json(pool.to_json());
+  REQUIRE(copy.groups().size() == 5);
+  for (size_t g = 0; g < 5; ++g) CHECK(copy.groups()[g].engine == pool.groups()[g].engine);
+  copy.deal(1);
+  for (const auto& g : copy.groups()) CHECK(g.engine == 0);
+}
+
+TEST_CASE("partial rollouts: kept KV blocks continue a sample exactly, with no prefill") {
+  for (const bool greedy : {true, false}) {
+    const char* mode = greedy ? "greedy" : "sampled at T = 1";
+    INFO(mode);
+    auto engine = make_engine(7, /*keep_kv=*/true);
+    const auto reqs = requests(greedy, 2);
+    std::map<Key, GenerationResult> whole;
+    for (auto& g : engine->generate(reqs)) whole[{g.request_id, g.sample_index}] = g;
+    CHECK(engine->kept_sequences() == 0);  // nothing interrupted
+    std::vector<GenerationResult> res = engine->generate(reqs, {}, nullptr, 2);
+    CHECK(engine->kept_sequences() == 6);  // groups 2, 3, 4: two samples each
+    CHECK(engine->stats().kept == 6);
+    CHECK(engine->kv_cache().used_blocks() > 0);
+    std::map<Key, GenerationResult> done;
+    std::vector<GenerationRequest> round_reqs = reqs;
+    for (int rounds = 1;; ++rounds) {
+      REQUIRE(rounds < 10);
+      for (GenerationResult& g : res)
+        if (!g.interrupted) done[{g.request_id, g.sample_index}] = g;
+      std::vector<GenerationRequest> next = continuations(round_reqs, res);
+      if (next.empty()) break;
+      for (auto& r : next) r.group = int64_t(r.id);
+      round_reqs = next;
+      res = engine->generate(round_reqs, {}, nullptr, 1);
+      // Every continuation went on from its kept blocks: nothing prefilled.
+      CHECK(engine->stats().resumed == int64_t(next.size()));
+      CHECK(engine->stats().prefill_tokens == 0);
+      int64_t positions = 0;
+      for (const auto& r : next) positions += int64_t(r.prompt.size() + r.prefix.size()) - 1;
+      CHECK(engine->stats().resumed_positions == positions);
+    }
+    CHECK(engine->kept_sequences() == 0);
+    CHECK(engine->kv_cache().used_blocks() == 0);
+    REQUIRE(done.size() == whole.size());
+    for (const auto& [key, w] : whole) {
+      INFO("request ", key.first, " sample ", key.second);
+      const GenerationResult& d = done.at(key);
+      CHECK(d.tokens == w.tokens);  // the same cache as the uninterrupted decode: bit for bit
+      CHECK(d.logprobs == w.logprobs);
+    }
+  }
+}
+
+TEST_CASE("partial rollouts: kept KV blocks are freed when not asked for, by release_kept, sleep") {
+  auto engine = make_engine(7, /*keep_kv=*/true);
+  const auto reqs = requests(false, 2);
+  const auto interrupt = [&] {
+    auto res = engine->generate(reqs, {}, nullptr, 2);
+    REQUIRE(engine->kept_sequences() == 6);
+    return res;
+  };
+  // A call that continues some of them: the rest are freed at its start.
+  auto res = interrupt();
+  std::vector<GenerationRequest> next = continuations(reqs, res);
+  next.resize(2);
+  next[1].prefix.pop_back();  // no longer the kept tokens: prefilled again
+  next[1].prefix_logprobs.pop_back();
+  engine->generate(next);
+  CHECK(engine->stats().resumed == 1);
+  CHECK(engine->stats().prefills == 1);
+  CHECK(engine->kept_sequences() == 0);
+  CHECK(engine->kv_cache().used_blocks() == 0);
+  // A call for something else frees them all.
+  interrupt();
+  engine->generate({reqs[0]});
+  CHECK(engine->stats().resumed == 0);
+  CHECK(engine->kv_cache().used_blocks() == 0);
+  interrupt();
+  CHECK(engine->release_kept() == 6);
+  CHECK(engine->kv_cache().used_blocks() == 0);
+  interrupt();
+  CHECK(engine->sleep() > 0);
+  CHECK(engine->kept_sequences() == 0);
+  engine->wake();
+  // A continuation with a larger worst case takes more blocks on top of its kept ones.
+  res = interrupt();
+  next = continuations(reqs, res);
+  for (auto& r : next) r.max_new_tokens += 300;
+  engine->generate(next);
+  CHECK(engine->stats().resumed == int64_t(next.size()));
+  CHECK(engine->kv_cache().used_blocks() == 0);
+}
+
+TEST_CASE("partial rollouts: after a weight update a kept sample decodes on its older keys") {
+  // Changing only the final norm (and head) leaves every layer's keys and values as they were:
+  // continuing from kept blocks then matches prefilling again. Changing a layer does not: the
+  // kept blocks hold the older weights' keys and values, which a prefill would recompute.
+  model::ParamLayout layout(tiny(), model::HeadKind::kLM);
+  const auto reqs = requests(true, 1);
+  const auto continued = [&](bool keep, int unit) {
+    auto engine = make_engine(7, keep);
+    auto res = engine->generate(reqs, {}, nullptr, 2);
+    model::init_unit_params(engine->unit_buffer(unit), layout.unit(unit), 99, 0.1);
+    std::vector<GenerationResult> out = engine->generate(continuations(reqs, res));
+    CHECK(engine->stats().resumed == (keep ? 3 : 0));
+    return out;
+  };
+  const auto close = [](const std::vector<GenerationResult>& a,
+                        const std::vector<GenerationResult>& b) {
+    REQUIRE(a.size() == b.size());
+    double worst = 0;
+    for (size_t i = 0; i < a.size(); ++i) {
+      REQUIRE(a[i].logprobs.size() == b[i].logprobs.size());
+      for (size_t t = 0; t < a[i].logprobs.size(); ++t)
+        worst = std::max(worst, double(std::abs(a[i].logprobs[t] - b[i].logprobs[t])));
+    }
+    return worst;
+  };
+  const int head = layout.head_unit(), layer = layout.layer_unit(0);
+  CHECK(close(continued(true, head), continued(false, head)) < 2e-5);
+  CHECK(close(continued(true, layer), continued(false, layer)) > 1e-3);
 }

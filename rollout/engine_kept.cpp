@@ -1,0 +1,66 @@
+// Samples kept between generate() calls (EngineOptions::keep_interrupted_kv): a sample a quota
+// interrupted holds its KV blocks until the next call continues it from them, or frees them.
+#include <algorithm>
+
+#include "core/error.h"
+#include "rollout/engine_run.h"
+
+namespace rlhf::rollout {
+
+int64_t Engine::release_kept() {
+  KvCache& kv = backend_->kv_cache();
+  const int64_t n = kept_sequences();
+  for (auto& s : kept_) kv.release(s->blocks);
+  kept_.clear();
+  return n;
+}
+
+void Engine::resume_kept(const std::vector<GenerationRequest>& requests, Run& run) {
+  if (kept_.empty()) return;
+  KvCache& kv = backend_->kv_cache();
+  std::vector<bool> resumed(requests.size(), false);
+  // Whether request r continues kept sample s: the same random stream (id, sample index) and
+  // the same tokens so far (the prompt, and the response as the prefix).
+  const auto continues = [](const GenerationRequest& r, const Seq& s) {
+    return r.n_samples == 1 && !r.prefix.empty() && r.id == s.request_id &&
+           r.first_sample_index == s.sample_index && r.prompt == s.prompt &&
+           r.prefix == s.result.tokens;
+  };
+  for (size_t i = 0; i < requests.size(); ++i) {
+    const GenerationRequest& r = requests[i];
+    if (int64_t(run.active.size()) >= opt_.max_batch) break;
+    const auto it = std::find_if(kept_.begin(), kept_.end(), [&](const std::unique_ptr<Seq>& s) {
+      return s && continues(r, *s);
+    });
+    if (it == kept_.end()) continue;
+    std::unique_ptr<Seq> s = std::move(*it);
+    kept_.erase(it);
+    // Its blocks were sized for the call that admitted it; a larger worst case takes more.
+    const int64_t need = run.plan.blocks_per[i] - int64_t(s->blocks.size());
+    if (need > 0 && !kv.allocate(need, s->blocks)) {
+      kv.release(s->blocks);  // no room: prefilled again like any continuation
+      continue;
+    }
+    const int64_t P = int64_t(r.prompt.size()), K = int64_t(r.prefix.size());
+    RLHF_ASSERT(s->len == P + K - 1 && s->next_token == r.prefix.back());
+    s->request_index = int64_t(i);
+    s->sampling = &r.sampling;
+    s->max_new = run.plan.max_new[i];
+    s->prompt.clear();
+    s->result = GenerationResult{};
+    s->result.request_index = int64_t(i);
+    s->result.request_id = r.id;
+    s->result.sample_index = s->sample_index;
+    s->result.tokens = r.prefix;
+    s->result.logprobs = r.prefix_logprobs;
+    s->result.logprobs.resize(r.prefix.size(), 0.0f);
+    ++stats_.resumed;
+    stats_.resumed_positions += s->len;
+    run.active.push_back(std::move(s));
+    resumed[i] = true;
+  }
+  release_kept();  // what no request asked for
+  std::erase_if(run.pending, [&](const Run::Pending& p) { return resumed[size_t(p.index)]; });
+}
+
+}  // namespace rlhf::rollout
