@@ -1,10 +1,10 @@
 #include "core/openblas_core.h"
+#include "core/strings.h"
 
 #include <cblas.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <cctype>
 #include <cstdlib>
 
 #include <fmt/format.h>
@@ -14,12 +14,6 @@ namespace rlhf {
 namespace {
 
 constexpr const char* kPickedEnv = "RLHF_OPENBLAS_PICKED";
-
-std::string lower(std::string s) {
-  std::transform(s.begin(), s.end(), s.begin(),
-                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
-  return s;
-}
 
 std::string env_or_empty(const char* name) {
   const char* v = std::getenv(name);
@@ -40,7 +34,7 @@ bool openblas_core_pre_avx2(const std::string& core) {
                                      "nehalem", "atom",       "nano",         "sandybridge",
                                      "athlon",  "opteron",    "opteron_sse3", "barcelona",
                                      "bobcat",  "bulldozer",  "piledriver",   "steamroller"};
-  const std::string c = lower(core);
+  const std::string c = to_lower_ascii(core);
   return std::any_of(std::begin(kPre), std::end(kPre), [&](const char* p) { return c == p; });
 }
 

@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "core/strings.h"
 #include "io/jsonl.h"
 
 namespace rlhf::io {
@@ -94,9 +95,7 @@ model::ModelConfig load_toml(const std::string& path) {
 }  // namespace
 
 model::ModelConfig load_model_config_file(const std::string& path) {
-  std::string ext = std::filesystem::path(path).extension().string();
-  std::transform(ext.begin(), ext.end(), ext.begin(),
-                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  const std::string ext = to_lower_ascii(std::filesystem::path(path).extension().string());
   if (ext == ".json")
     return model::ModelConfig::from_json(parse_json_file(path), path,
                                          model::ConfigKeys::kHuggingFace);

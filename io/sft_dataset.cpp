@@ -3,10 +3,10 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
-#include <cctype>
 #include <filesystem>
 
 #include "core/error.h"
+#include "core/strings.h"
 #include "io/chat_template.h"
 #include "io/jsonl.h"
 
@@ -148,10 +148,7 @@ struct JsonBuilder {
 };
 
 std::string lower_extension(const std::string& path) {
-  std::string ext = std::filesystem::path(path).extension().string();
-  std::transform(ext.begin(), ext.end(), ext.begin(),
-                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
-  return ext;
+  return to_lower_ascii(std::filesystem::path(path).extension().string());
 }
 
 bool is_blank_line(std::string_view s) {

@@ -10,6 +10,7 @@
 #include <regex>
 
 #include "core/error.h"
+#include "core/strings.h"
 #include "io/text_util.h"
 
 namespace rlhf::rl {
@@ -395,23 +396,17 @@ class LengthReward final : public RewardFn {
   int64_t target_;
 };
 
-std::string lower(std::string_view s) {
-  std::string t(s);
-  for (char& c : t) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return t;
-}
-
 class KeywordReward final : public RewardFn {
  public:
   explicit KeywordReward(std::vector<std::string> kw) : kw_(std::move(kw)) {
     RLHF_CHECK(!kw_.empty(), "the keyword reward needs --reward_keywords");
-    for (auto& k : kw_) k = lower(k);
+    for (auto& k : kw_) k = to_lower_ascii(k);
   }
   std::string name() const override { return "keyword"; }
   std::vector<double> score(const std::vector<RewardInput>& b) override {
     std::vector<double> s;
     for (const RewardInput& r : b) {
-      const std::string c = lower(r.completion);
+      const std::string c = to_lower_ascii(r.completion);
       int hit = 0;
       for (const auto& k : kw_) hit += c.find(k) != std::string::npos;
       s.push_back(double(hit) / double(kw_.size()));
