@@ -20,6 +20,7 @@
 #      the step after a checkpoint), recompute prefills them again;
 #  (j) with two engines each group stays on its engine (kept KV found), and a resumed run equals
 #      the straight one;
+#  (k) a tensor-parallel engine (TP 2) keeps and resumes in lock step;
 #  (f) nonsense combinations are usage errors (exit 2) with one clear message.
 # Usage: partial.sh <rlhf binary> <source dir>     (env MPIEXEC: mpiexec's path)
 set -u
@@ -205,6 +206,17 @@ recs = [json.loads(l) for l in open(sys.argv[1])]
 assert sum(r["partial_kv_resumed_samples"] for r in recs) > 0, [r["partial_reprefilled_samples"] for r in recs]
 PYEOF
 echo "ok: two engines keep their groups: continued on kept KV, resumed run == straight run"
+
+# (k) A tensor-parallel engine (TP 2 over 2 generation ranks): both ranks keep and resume the same
+# samples in lock step (a rank that prefilled where the other resumed would diverge or hang).
+run tp2 3 --max_steps 8 --gen_ranks_per_node 2 --vllm_tensor_parallel_size 2
+python3 - "$W/tp2/metrics.jsonl" <<'PYEOF' || fail "TP 2 engine: nothing continued on kept KV"
+import json, sys
+recs = [json.loads(l) for l in open(sys.argv[1])]
+assert len(recs) == 8
+assert sum(r["partial_kv_resumed_samples"] for r in recs) > 0, [r["partial_reprefilled_samples"] for r in recs]
+PYEOF
+echo "ok: a TP 2 engine continues carried samples on kept KV"
 
 # (f) Usage errors.
 usage() {  # usage <expected message> <args...>
