@@ -7,6 +7,7 @@
 // round-trips through its checkpoint form.
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <map>
 #include <memory>
 #include <vector>
@@ -80,6 +81,30 @@ std::vector<GenerationRequest> continuations(const std::vector<GenerationRequest
 
 using Key = std::pair<uint64_t, int64_t>;
 
+// Continues the interrupted results of `first` (from `reqs`) round after round, quota 1 each (the
+// shortest group left), until every sample finished; after each round calls checked(next) with
+// that round's requests. Returns the finished results by (id, sample) and the rounds in `rounds`
+// (the first one included).
+std::map<Key, GenerationResult> continue_all(
+    Engine& engine, const std::vector<GenerationRequest>& reqs, std::vector<GenerationResult> first,
+    int& rounds, const std::function<void(const std::vector<GenerationRequest>&)>& checked = {}) {
+  std::map<Key, GenerationResult> done;
+  std::vector<GenerationResult> res = std::move(first);
+  std::vector<GenerationRequest> round_reqs = reqs;
+  for (rounds = 1;; ++rounds) {
+    REQUIRE(rounds < 10);
+    for (GenerationResult& g : res)
+      if (!g.interrupted) done[{g.request_id, g.sample_index}] = g;
+    std::vector<GenerationRequest> next = continuations(round_reqs, res);
+    if (next.empty()) break;
+    for (auto& r : next) r.group = int64_t(r.id);
+    round_reqs = next;
+    res = engine.generate(round_reqs, {}, nullptr, 1);
+    if (checked) checked(next);
+  }
+  return done;
+}
+
 }  // namespace
 
 TEST_CASE("partial rollouts: the quota interrupts at its step; continuing = uninterrupted") {
@@ -100,22 +125,8 @@ TEST_CASE("partial rollouts: the quota interrupts at its step; continuing = unin
             std::min<int64_t>(6, reqs[size_t(g.request_index)].max_new_tokens));
       CHECK(g.logprobs.size() == g.tokens.size());
     }
-    // Continue round after round (quota 1: the shortest group left) until nothing is left.
-    std::map<Key, GenerationResult> done;
-    std::vector<GenerationResult> res = first;
-    std::vector<GenerationRequest> round_reqs = reqs;
-    int rounds = 1;
-    for (;;) {
-      for (GenerationResult& g : res)
-        if (!g.interrupted) done[{g.request_id, g.sample_index}] = g;
-      std::vector<GenerationRequest> next = continuations(round_reqs, res);
-      if (next.empty()) break;
-      for (auto& r : next) r.group = int64_t(r.id);
-      round_reqs = next;
-      res = engine->generate(round_reqs, {}, nullptr, 1);
-      ++rounds;
-      REQUIRE(rounds < 10);
-    }
+    int rounds = 0;
+    const std::map<Key, GenerationResult> done = continue_all(*engine, reqs, first, rounds);
     CHECK(rounds == 4);  // 4|6, then 10, 20, 30
     REQUIRE(done.size() == whole.size());
     for (const auto& [key, w] : whole) {
@@ -293,24 +304,17 @@ TEST_CASE("partial rollouts: kept KV blocks continue a sample exactly, with no p
     CHECK(engine->kept_sequences() == 6);  // groups 2, 3, 4: two samples each
     CHECK(engine->stats().kept == 6);
     CHECK(engine->kv_cache().used_blocks() > 0);
-    std::map<Key, GenerationResult> done;
-    std::vector<GenerationRequest> round_reqs = reqs;
-    for (int rounds = 1;; ++rounds) {
-      REQUIRE(rounds < 10);
-      for (GenerationResult& g : res)
-        if (!g.interrupted) done[{g.request_id, g.sample_index}] = g;
-      std::vector<GenerationRequest> next = continuations(round_reqs, res);
-      if (next.empty()) break;
-      for (auto& r : next) r.group = int64_t(r.id);
-      round_reqs = next;
-      res = engine->generate(round_reqs, {}, nullptr, 1);
-      // Every continuation went on from its kept blocks: nothing prefilled.
-      CHECK(engine->stats().resumed == int64_t(next.size()));
-      CHECK(engine->stats().prefill_tokens == 0);
-      int64_t positions = 0;
-      for (const auto& r : next) positions += int64_t(r.prompt.size() + r.prefix.size()) - 1;
-      CHECK(engine->stats().resumed_positions == positions);
-    }
+    int rounds = 0;
+    const std::map<Key, GenerationResult> done =
+        continue_all(*engine, reqs, res, rounds, [&](const std::vector<GenerationRequest>& next) {
+          // Every continuation went on from its kept blocks: nothing prefilled.
+          CHECK(engine->stats().resumed == int64_t(next.size()));
+          CHECK(engine->stats().prefill_tokens == 0);
+          int64_t positions = 0;
+          for (const auto& r : next) positions += int64_t(r.prompt.size() + r.prefix.size()) - 1;
+          CHECK(engine->stats().resumed_positions == positions);
+        });
+    CHECK(rounds == 4);
     CHECK(engine->kept_sequences() == 0);
     CHECK(engine->kv_cache().used_blocks() == 0);
     REQUIRE(done.size() == whole.size());
