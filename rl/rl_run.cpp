@@ -460,6 +460,18 @@ int run_rl(const RlRunConfig& c) {
       "({} per episode) | {} optimizer steps per RL step",
       pl.num_engines(), n_train, prompts.size(), RB, n, total_steps, steps_per_episode,
       opt_steps_per_rl);
+  if (c.step.partial_rollout)
+    LOG0_INFO(
+        "partial rollouts: a step stops once {} groups finished; carried samples {} | "
+        "--max_staleness {}",
+        RB,
+        !c.engine.keep_interrupted_kv
+            ? "are prefilled again under the new weights (--partial_rollout_kv recompute)"
+        : so.enable_sleep
+            ? "are prefilled again: --vllm_enable_sleep frees the KV their engine kept"
+            : "continue from the KV blocks their engine kept (prefilled again after a "
+              "checkpoint)",
+        c.step.max_staleness);
   if (trains) parallel::log_memory(m.actor->store(), 0, *rt.train_comm);
   log_engine_memory(engine.get(), *world, so.enable_sleep);
   std::unique_ptr<io::MetricsWriter> metrics;
