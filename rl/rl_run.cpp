@@ -236,6 +236,21 @@ void log_step(const nlohmann::json& r, int64_t total_steps) {
               num(r, "eval_response_length_mean"), num(r, "eval_seconds"));
 }
 
+// The start-up line of --partial_rollout: the quota, how carried samples continue (the KV their
+// engine kept, or prefilled again), the staleness bound. sleep: colocated engines sleep.
+std::string describe_partial_rollouts(const RlRunConfig& c, bool sleep) {
+  const char* how =
+      !c.engine.keep_interrupted_kv
+          ? "are prefilled again under the new weights (--partial_rollout_kv recompute)"
+      : sleep ? "are prefilled again: --vllm_enable_sleep frees the KV their engine kept"
+              : "continue from the KV blocks their engine kept (prefilled again after a "
+                "checkpoint)";
+  return fmt::format(
+      "partial rollouts: a step stops once {} groups finished; carried samples {} | "
+      "--max_staleness {}",
+      c.step.rollout_batch_size, how, c.step.max_staleness);
+}
+
 }  // namespace
 
 int run_rl(const RlRunConfig& c) {
@@ -460,18 +475,7 @@ int run_rl(const RlRunConfig& c) {
       "({} per episode) | {} optimizer steps per RL step",
       pl.num_engines(), n_train, prompts.size(), RB, n, total_steps, steps_per_episode,
       opt_steps_per_rl);
-  if (c.step.partial_rollout)
-    LOG0_INFO(
-        "partial rollouts: a step stops once {} groups finished; carried samples {} | "
-        "--max_staleness {}",
-        RB,
-        !c.engine.keep_interrupted_kv
-            ? "are prefilled again under the new weights (--partial_rollout_kv recompute)"
-        : so.enable_sleep
-            ? "are prefilled again: --vllm_enable_sleep frees the KV their engine kept"
-            : "continue from the KV blocks their engine kept (prefilled again after a "
-              "checkpoint)",
-        c.step.max_staleness);
+  if (c.step.partial_rollout) LOG0_INFO("{}", describe_partial_rollouts(c, so.enable_sleep));
   if (trains) parallel::log_memory(m.actor->store(), 0, *rt.train_comm);
   log_engine_memory(engine.get(), *world, so.enable_sleep);
   std::unique_ptr<io::MetricsWriter> metrics;
