@@ -70,6 +70,7 @@ void run_bench_partial(const BenchPartialOptions& opt, const Emit& emit) {
   eo.ignore_eos = true;
   eo.kv_cache_bytes = int64_t(2) << 30;
   eo.cuda = opt.cuda;
+  eo.gpu_memory_utilization = 0.25;  // a quarter of the device each: the three fit side by side
   // Three engines with the same weights: partial steps keeping the interrupted samples' KV,
   // partial steps prefilling them again, and synchronous steps (a generate() call on an engine
   // that kept samples would free them).
