@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <numeric>
 
 #include "core/error.h"
 
@@ -91,15 +92,19 @@ std::vector<int64_t> PartialPool::pending_groups() const {
   return out;
 }
 
-void PartialPool::deal(int E) {
-  RLHF_CHECK(E >= 1, "internal error: dealing groups to {} engines", E);
+std::vector<int64_t> PartialPool::pending_per_engine(int E) const {
   std::vector<int64_t> have(size_t(E), 0);
-  const std::vector<int64_t> pending = pending_groups();
-  for (int64_t k : pending) {
+  for (int64_t k : pending_groups()) {
     const int e = groups_[size_t(k)].engine;
     if (e >= 0 && e < E) ++have[size_t(e)];
   }
-  for (int64_t k : pending) {
+  return have;
+}
+
+void PartialPool::deal(int E) {
+  RLHF_CHECK(E >= 1, "internal error: dealing groups to {} engines", E);
+  std::vector<int64_t> have = pending_per_engine(E);
+  for (int64_t k : pending_groups()) {
     PartialGroup& g = groups_[size_t(k)];
     if (g.engine >= 0 && g.engine < E) continue;
     g.engine = int(std::min_element(have.begin(), have.end()) - have.begin());
@@ -108,21 +113,18 @@ void PartialPool::deal(int E) {
 }
 
 std::vector<int64_t> PartialPool::engine_quotas(int64_t quota, int E) const {
-  std::vector<int64_t> have(size_t(E), 0);
-  for (int64_t k : pending_groups()) {
-    const int e = groups_[size_t(k)].engine;
-    RLHF_CHECK(e >= 0 && e < E, "internal error: pending group {} is on engine {} of {}", k, e, E);
-    ++have[size_t(e)];
-  }
+  const std::vector<int64_t> have = pending_per_engine(E);
+  const int64_t dealt = std::accumulate(have.begin(), have.end(), int64_t(0));
+  const int64_t pending = int64_t(pending_groups().size());
+  RLHF_CHECK(dealt == pending, "internal error: {} of {} pending groups dealt to engines [0, {})",
+             dealt, pending, E);
   return engine_quotas(have, quota);
 }
 
 std::vector<int64_t> PartialPool::engine_quotas(const std::vector<int64_t>& have, int64_t quota) {
   const size_t E = have.size();
   std::vector<int64_t> q(E, 0);
-  int64_t pending = 0;
-  for (int64_t h : have) pending += h;
-  int64_t left = std::min(quota, pending);
+  int64_t left = std::min(quota, std::accumulate(have.begin(), have.end(), int64_t(0)));
   // Deal one group of the quota to each engine in turn that still has groups not in its quota.
   for (size_t e = 0; left > 0; e = (e + 1) % E)
     if (q[e] < have[e]) {

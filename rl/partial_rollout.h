@@ -81,6 +81,8 @@ class PartialPool {
   int64_t drawn = 0;
   /// Indices (into groups()) of the groups with a sample still to generate, in pool order.
   std::vector<int64_t> pending_groups() const;
+  /// Pending groups dealt to each engine of [0, E) (the others not counted).
+  std::vector<int64_t> pending_per_engine(int E) const;
 
   /// Gives every pending group without an engine of [0, E) one: in pool order, each to the engine
   /// with the fewest pending groups (the lowest index on a tie). A group keeps its engine after.

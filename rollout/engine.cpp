@@ -371,19 +371,8 @@ void Engine::start_groups(const std::vector<GenerationRequest>& requests,
       auto s = std::make_unique<Seq>();
       const bool allocated = kv.allocate(run.plan.blocks_per[size_t(ad.index)], s->blocks);
       RLHF_ASSERT(allocated);
-      s->request_index = ad.index;
-      s->request_id = r.id;
-      s->sample_index = r.first_sample_index + ad.first + j;
-      s->sampling = &r.sampling;
+      s->open(r, ad.index, r.first_sample_index + ad.first + j, run.plan.max_new[size_t(ad.index)]);
       s->len = static_cast<int64_t>(r.prompt.size() + r.prefix.size());
-      s->max_new = run.plan.max_new[size_t(ad.index)];
-      s->result.request_index = ad.index;
-      s->result.request_id = r.id;
-      s->result.sample_index = s->sample_index;
-      // A continuation's response opens with its prefix (log-probs as given, else zeros).
-      s->result.tokens = r.prefix;
-      s->result.logprobs = r.prefix_logprobs;
-      s->result.logprobs.resize(r.prefix.size(), 0.0f);
       seqs.push_back(std::move(s));
     }
     start[size_t(g) + 1] = static_cast<int64_t>(seqs.size());

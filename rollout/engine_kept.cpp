@@ -29,9 +29,8 @@ void Engine::resume_kept(const std::vector<GenerationRequest>& requests, Run& ru
   for (size_t i = 0; i < requests.size(); ++i) {
     const GenerationRequest& r = requests[i];
     if (int64_t(run.active.size()) >= opt_.max_batch) break;
-    const auto it = std::find_if(kept_.begin(), kept_.end(), [&](const std::unique_ptr<Seq>& s) {
-      return s && continues(r, *s);
-    });
+    const auto it = std::find_if(kept_.begin(), kept_.end(),
+                                 [&](const std::unique_ptr<Seq>& s) { return continues(r, *s); });
     if (it == kept_.end()) continue;
     std::unique_ptr<Seq> s = std::move(*it);
     kept_.erase(it);
@@ -43,17 +42,8 @@ void Engine::resume_kept(const std::vector<GenerationRequest>& requests, Run& ru
     }
     const int64_t P = int64_t(r.prompt.size()), K = int64_t(r.prefix.size());
     RLHF_ASSERT(s->len == P + K - 1 && s->next_token == r.prefix.back());
-    s->request_index = int64_t(i);
-    s->sampling = &r.sampling;
-    s->max_new = run.plan.max_new[i];
+    s->open(r, int64_t(i), s->sample_index, run.plan.max_new[i]);
     s->prompt.clear();
-    s->result = GenerationResult{};
-    s->result.request_index = int64_t(i);
-    s->result.request_id = r.id;
-    s->result.sample_index = s->sample_index;
-    s->result.tokens = r.prefix;
-    s->result.logprobs = r.prefix_logprobs;
-    s->result.logprobs.resize(r.prefix.size(), 0.0f);
     ++stats_.resumed;
     stats_.resumed_positions += s->len;
     run.active.push_back(std::move(s));

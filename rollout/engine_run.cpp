@@ -27,6 +27,22 @@ Engine::Run::Run(const std::vector<GenerationRequest>& requests, Plan plan_, KvC
   }
 }
 
+void Engine::Seq::open(const GenerationRequest& r, int64_t index, int64_t sample,
+                       int64_t max_new_tokens) {
+  request_index = index;
+  request_id = r.id;
+  sample_index = sample;
+  sampling = &r.sampling;
+  max_new = max_new_tokens;
+  result = GenerationResult{};
+  result.request_index = index;
+  result.request_id = r.id;
+  result.sample_index = sample;
+  result.tokens = r.prefix;
+  result.logprobs = r.prefix_logprobs;
+  result.logprobs.resize(r.prefix.size(), 0.0f);
+}
+
 Engine::Run::~Run() {
   for (auto* seqs : {&turning, &active})
     for (auto& s : *seqs)
@@ -38,8 +54,12 @@ void Engine::Run::finish(Seq& s, FinishReason r) {
   s.result.turns = s.turn + 1;
   cache_.release(s.blocks);
   s.blocks.clear();
+  record(s, std::move(s.result));
+}
+
+void Engine::Run::record(const Seq& s, GenerationResult&& result) {
   const size_t ri = size_t(s.request_index);
-  results_[ri][size_t(s.sample_index - first_[ri])] = std::move(s.result);
+  results_[ri][size_t(s.sample_index - first_[ri])] = std::move(result);
   ++finished_[ri];
   ++samples_done;
 }
@@ -167,13 +187,10 @@ void Engine::Run::interrupt_all(const std::vector<GenerationRequest>& requests,
       continue;
     }
     // Its result is a copy: the sequence keeps its tokens (and blocks) to be recognised later.
-    const size_t ri = size_t(s->request_index);
-    GenerationResult& out = results_[ri][size_t(s->sample_index - first_[ri])];
-    out = s->result;
+    GenerationResult out = s->result;
     out.finish = FinishReason::kLength;
-    ++finished_[ri];
-    ++samples_done;
-    s->prompt = requests[ri].prompt;
+    record(*s, std::move(out));
+    s->prompt = requests[size_t(s->request_index)].prompt;
     s->sampling = nullptr;  // it pointed into this call's requests
     keep->push_back(std::move(s));
   }

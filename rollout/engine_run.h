@@ -36,6 +36,11 @@ struct Engine::Seq {
   /// identifies the continuation that may resume it.
   std::vector<int32_t> prompt;
 
+  /// Binds it to request r (position `index` in this call, capped max_new) as its sample
+  /// `sample`: the request fields, and a fresh result that opens with r's prefix (its log-probs
+  /// as given, else zeros). Blocks, len and next_token are the caller's.
+  void open(const GenerationRequest& r, int64_t index, int64_t sample, int64_t max_new_tokens);
+
   /// Whether it samples a token at this decode step: fed row by row (by_row), a sequence still
   /// feeding its observation samples nothing.
   bool samples_now(bool by_row) const {
@@ -85,6 +90,8 @@ struct Engine::Run {
   Outcome append(Seq& s, const SampledToken& t);
   /// Ends s with reason r: releases its blocks and stores its result.
   void finish(Seq& s, FinishReason r);
+  /// Stores `result` as s's (its request and sample) and counts s finished.
+  void record(const Seq& s, GenerationResult&& result);
   /// Asks the hooks about every sample in `turning` (one on_turn_end call), then finishes each or
   /// appends its observation and moves it to `active`. `turning` is empty afterwards.
   void resolve_turns(std::vector<std::unique_ptr<Seq>>& turning,

@@ -44,17 +44,46 @@ std::vector<std::vector<float>> load_weights(const std::string& path,
 std::string run_rl(const std::string& cmd, const std::string& dir, const std::string& name,
                    std::vector<std::string> extra) {
   const std::string out = dir + "/" + name;
-  std::vector<std::string> argv = {
-      "rlhf", cmd, "--model_config", std::string(RLHF_SOURCE_DIR) + "/examples/models/tiny.toml",
-      "--prompt_data", "builtin:addition?n=64&digits=1&seed=1", "--input_key", "input",
-      "--label_key", "label", "--reward", "math", "--rollout_batch_size", "8",
-      "--n_samples_per_prompt", "2", "--train_batch_size", "16", "--micro_train_batch_size", "4",
-      "--micro_rollout_batch_size", "4", "--generate_max_len", "6", "--actor_learning_rate", "1e-3",
-      "--max_steps", "2", "--seed", "5", "--threads", "1",
-      // CPU engines in every build (a CUDA build on a GPU, or on
-      // the emulator, would otherwise pick bf16 GPU engines, whose
-      // TP 2 sums round differently from TP 1's)
-      "--device", "cpu", "--save_path", out, "--ckpt_path", out + "/ckpt"};
+  // --device cpu: CPU engines in every build (a CUDA build on a GPU, or on the emulator, would
+  // otherwise pick bf16 GPU engines, whose TP 2 sums round differently from TP 1's).
+  std::vector<std::string> argv = {"rlhf",
+                                   cmd,
+                                   "--model_config",
+                                   std::string(RLHF_SOURCE_DIR) + "/examples/models/tiny.toml",
+                                   "--prompt_data",
+                                   "builtin:addition?n=64&digits=1&seed=1",
+                                   "--input_key",
+                                   "input",
+                                   "--label_key",
+                                   "label",
+                                   "--reward",
+                                   "math",
+                                   "--rollout_batch_size",
+                                   "8",
+                                   "--n_samples_per_prompt",
+                                   "2",
+                                   "--train_batch_size",
+                                   "16",
+                                   "--micro_train_batch_size",
+                                   "4",
+                                   "--micro_rollout_batch_size",
+                                   "4",
+                                   "--generate_max_len",
+                                   "6",
+                                   "--actor_learning_rate",
+                                   "1e-3",
+                                   "--max_steps",
+                                   "2",
+                                   "--seed",
+                                   "5",
+                                   "--threads",
+                                   "1",
+                                   "--device",
+                                   "cpu",
+                                   "--save_path",
+                                   out,
+                                   "--ckpt_path",
+                                   out + "/ckpt"};
   argv.insert(argv.end(), extra.begin(), extra.end());
   const app::ParsedCommand parsed = app::parse_args(argv);
   app::run_command(parsed.args);
