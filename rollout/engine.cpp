@@ -328,6 +328,10 @@ void Engine::admit(const std::vector<GenerationRequest>& requests, Run& run) {
     const int64_t per = run.plan.blocks_per[size_t(pr.index)];
     const int64_t group_max = std::min(opt_.max_batch, kv.num_blocks() / per);
     const int64_t want = std::min(pr.remaining, group_max);
+    if (want <= slots && want * per > free_blocks && !kept_.empty()) {
+      free_blocks += evict_kept(want * per - free_blocks);  // kept samples yield their blocks
+      continue;
+    }
     if (want > slots || want * per > free_blocks) {
       if (!run.waiting) ++stats_.admission_waits;
       run.waiting = true;
@@ -599,10 +603,12 @@ std::vector<GenerationResult> Engine::generate(const std::vector<GenerationReque
     if (!run.active.empty()) decode_and_sample(run);
     if (!run.turning.empty()) run.resolve_turns(run.turning, run.active);  // the env's answers
     if (progress) progress(stats_, run.samples_done, run.plan.samples_total);
-    if (quota_groups > 0 && run.busy() && run.quota_reached(requests, quota_groups))
+    if (quota_groups > 0 && run.busy() && run.quota_reached(requests, quota_groups)) {
+      const int64_t before = kept_sequences();
       run.interrupt_all(requests, opt_.keep_interrupted_kv ? &kept_ : nullptr);
+      stats_.kept += kept_sequences() - before;
+    }
   }
-  stats_.kept = kept_sequences();
   stats_.peak_kv_blocks = kv.peak_used_blocks();
   stats_.decode_device_s = backend_->decode_device_seconds() - device_s0;
   stats_.total_s = since(t_start);

@@ -79,13 +79,16 @@ struct EngineOptions {
   /// (sample_rows_cuda). false: always the host Sampler (benchmarks compare the two).
   bool device_sampling = true;
   /// A sample interrupted by a generation quota (generate's quota_groups) keeps its KV blocks in
-  /// the engine (kept_sequences()) instead of returning them, and the next generate() continues it
+  /// the engine (kept_sequences()) instead of returning them, and a later generate() continues it
   /// from them when asked for its continuation (GenerationRequest::prefix: the same id, sample
   /// index, prompt and prefix), with no prefill — the cache then holds keys and values computed
   /// under the weights of the call that interrupted it, as a vLLM engine paused across a weight
-  /// update keeps its requests. A kept sample the next call does not ask for is freed at its
-  /// start; release_kept() and sleep() free them all. false: every continuation is prefilled
-  /// again under the current weights (AReaL's recompute).
+  /// update keeps its requests. A kept sample stays until a call continues it, a call asks for
+  /// its (id, sample index, prompt) with other tokens (a sample regenerated from scratch), or a
+  /// call needs its blocks to admit a request (oldest kept first), so a call for other prompts in
+  /// between (an evaluation) leaves it be where the cache has room; release_kept() and sleep()
+  /// free them all. false: every continuation is prefilled again under the current weights
+  /// (AReaL's recompute).
   bool keep_interrupted_kv = false;
   /// Tensor-parallel group of this engine (Topology::engine_comm, e.g. through make_comm: a
   /// shared-memory comm inside the node, whose all-reduce is bit-identical on every rank). nullptr
@@ -203,8 +206,10 @@ struct EngineStats {
   /// continuations that went on from the KV blocks kept since the call that interrupted them
   /// (EngineOptions::keep_interrupted_kv), without a prefill
   int64_t resumed = 0;
-  int64_t resumed_positions = 0;   ///< the cached positions those continuations did not prefill
-  int64_t kept = 0;                ///< samples this call interrupted and kept, with their blocks
+  int64_t resumed_positions = 0;  ///< the cached positions those continuations did not prefill
+  int64_t kept = 0;               ///< samples this call interrupted and kept, with their blocks
+  /// kept samples this call freed: superseded by a request for them, or their blocks needed
+  int64_t kept_evicted = 0;
   int64_t turn_ends = 0;           ///< turns that ended and went to TurnHooks::on_turn_end
   int64_t observation_tokens = 0;  ///< observation tokens appended (and prefilled, when fed)
   double turn_hook_s = 0;          ///< wall time inside TurnHooks::on_turn_end
@@ -385,8 +390,8 @@ class Engine {
     return stats_;
   }
 
-  /// Samples kept with their KV blocks since the last generate() interrupted them
-  /// (EngineOptions::keep_interrupted_kv).
+  /// Samples kept with their KV blocks since a generate() interrupted them
+  /// (EngineOptions::keep_interrupted_kv), not yet continued or freed.
   int64_t kept_sequences() const {
     return int64_t(kept_.size());
   }
@@ -430,8 +435,12 @@ class Engine {
   // finished ones leave, those whose turn ended move to run.turning.
   void decode_and_sample(Run& run);
   // Continuations that match a kept sample (rollout/engine_kept.cpp) go straight to run.active on
-  // its blocks and leave run.pending; kept samples no request asks for are freed.
+  // its blocks and leave run.pending; a kept sample a request asks for but does not continue
+  // is freed, the others stay.
   void resume_kept(const std::vector<GenerationRequest>& requests, Run& run);
+  // Frees kept samples, oldest first, until at least `blocks` KV blocks came back or none is
+  // left; returns the blocks freed (admission calls it before it would wait).
+  int64_t evict_kept(int64_t blocks);
 
   model::ParamLayout layout_;
   EngineOptions opt_;
@@ -446,7 +455,7 @@ class Engine {
   bool sleeping_ = false;    // sleep() without wake()
   bool generating_ = false;  // inside generate(): sleep() refuses
   /// Samples interrupted with EngineOptions::keep_interrupted_kv, holding their KV blocks
-  /// (Seq::prompt set) until the next generate().
+  /// (Seq::prompt set), oldest first, until a generate() continues or evicts them.
   std::vector<std::unique_ptr<Seq>> kept_;
 };
 

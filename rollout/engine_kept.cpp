@@ -1,5 +1,6 @@
 // Samples kept between generate() calls (EngineOptions::keep_interrupted_kv): a sample a quota
-// interrupted holds its KV blocks until the next call continues it from them, or frees them.
+// interrupted holds its KV blocks until a later call continues it from them, asks for it anew,
+// or needs its blocks.
 #include <algorithm>
 
 #include "core/error.h"
@@ -13,6 +14,19 @@ int64_t Engine::release_kept() {
   for (auto& s : kept_) kv.release(s->blocks);
   kept_.clear();
   return n;
+}
+
+int64_t Engine::evict_kept(int64_t blocks) {
+  KvCache& kv = backend_->kv_cache();
+  int64_t freed = 0, n = 0;
+  while (freed < blocks && n < kept_sequences()) {
+    freed += int64_t(kept_[size_t(n)]->blocks.size());
+    kv.release(kept_[size_t(n)]->blocks);
+    ++n;
+  }
+  kept_.erase(kept_.begin(), kept_.begin() + n);
+  stats_.kept_evicted += n;
+  return freed;
 }
 
 void Engine::resume_kept(const std::vector<GenerationRequest>& requests, Run& run) {
@@ -49,7 +63,21 @@ void Engine::resume_kept(const std::vector<GenerationRequest>& requests, Run& ru
     run.active.push_back(std::move(s));
     resumed[i] = true;
   }
-  release_kept();  // what no request asked for
+  // A request for a kept sample's (id, sample index, prompt) that did not continue it (other
+  // tokens, a fresh start, no room) supersedes its blocks; the rest stay for a later call.
+  const auto asks_for = [](const GenerationRequest& r, const Seq& s) {
+    return r.id == s.request_id && s.sample_index >= r.first_sample_index &&
+           s.sample_index < r.first_sample_index + r.n_samples && r.prompt == s.prompt;
+  };
+  std::erase_if(kept_, [&](const std::unique_ptr<Seq>& s) {
+    const bool asked = std::any_of(requests.begin(), requests.end(),
+                                   [&](const GenerationRequest& r) { return asks_for(r, *s); });
+    if (asked) {
+      kv.release(s->blocks);
+      ++stats_.kept_evicted;
+    }
+    return asked;
+  });
   std::erase_if(run.pending, [&](const Run::Pending& p) { return resumed[size_t(p.index)]; });
 }
 

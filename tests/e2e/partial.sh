@@ -21,6 +21,7 @@
 #  (j) with two engines each group stays on its engine (kept KV found), and a resumed run equals
 #      the straight one;
 #  (k) a tensor-parallel engine (TP 2) keeps and resumes in lock step;
+#  (l) an evaluation between steps leaves the kept KV: the steps and weights of the run without it;
 #  (f) nonsense combinations are usage errors (exit 2) with one clear message.
 # Usage: partial.sh <rlhf binary> <source dir>     (env MPIEXEC: mpiexec's path)
 set -u
@@ -217,6 +218,23 @@ assert len(recs) == 8
 assert sum(r["partial_kv_resumed_samples"] for r in recs) > 0, [r["partial_reprefilled_samples"] for r in recs]
 PYEOF
 echo "ok: a TP 2 engine continues carried samples on kept KV"
+
+# (l) An evaluation between steps (--eval_steps 1) generates other prompts on the same engine:
+# with room in the cache the kept samples stay, so the steps (carried samples continued on kept
+# KV included) and the weights are those of the run without it.
+run evalkv 2 --max_steps 8 --save_steps 4 --eval_dataset "builtin:addition?n=16&digits=1&seed=9" \
+  --eval_steps 1
+python3 - "$W/straight_sync/metrics.jsonl" "$W/evalkv/metrics.jsonl" <<'PYEOF' || fail "evaluation freed kept KV"
+import json, sys
+plain = [json.loads(l) for l in open(sys.argv[1])]
+ev = [json.loads(l) for l in open(sys.argv[2])]
+assert any("eval_reward_mean" in r for r in ev), "no evaluation ran"
+keys = ["reward_mean", "partial_kv_resumed_samples", "partial_reprefilled_samples"]
+assert [[r[k] for k in keys] for r in ev] == [[r[k] for k in keys] for r in plain], \
+    ([[r[k] for k in keys] for r in ev], [[r[k] for k in keys] for r in plain])
+PYEOF
+[ "$(fp "$W/straight_sync.log")" = "$(fp "$W/evalkv.log")" ] || fail "an evaluation changed the weights"
+echo "ok: an evaluation between steps leaves the kept KV (same steps and weights)"
 
 # (f) Usage errors.
 usage() {  # usage <expected message> <args...>

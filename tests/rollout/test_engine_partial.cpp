@@ -1,7 +1,8 @@
 // Partial rollouts: the engine's generation quota interrupts samples at the step the quota is met;
 // a continuation (GenerationRequest::prefix, re-prefilled, or resumed on the KV blocks the engine
 // kept) gives the tokens of the uninterrupted sample when the weights did not change (greedy and
-// sampled); kept blocks are freed when no call asks for them, and after a weight update a kept
+// sampled); kept blocks stay until a call continues the sample, asks for it anew or needs the
+// blocks, and after a weight update a kept
 // sample decodes on its older keys and values; the pool (rl/partial_rollout.h) records per-token
 // weight versions, drops stale samples and regenerates them, keeps each group on one engine, and
 // round-trips through its checkpoint form.
@@ -32,11 +33,13 @@ model::ModelConfig tiny() {
   return test::tiny_engine_config("llama", 128);
 }
 
-std::unique_ptr<Engine> make_engine(uint64_t seed = 7, bool keep_kv = false) {
+std::unique_ptr<Engine> make_engine(uint64_t seed = 7, bool keep_kv = false,
+                                    int64_t kv_cache_bytes = int64_t(1) << 30) {
   model::ParamLayout layout(tiny(), model::HeadKind::kLM);
   EngineOptions opt;
   opt.ignore_eos = true;  // lengths set by max_new_tokens alone
   opt.keep_interrupted_kv = keep_kv;
+  opt.kv_cache_bytes = kv_cache_bytes;
   auto e = std::make_unique<Engine>(layout, opt);
   for (int u = 0; u < layout.num_units(); ++u)
     model::init_unit_params(e->unit_buffer(u), layout.unit(u), seed, 0.1);
@@ -327,30 +330,91 @@ TEST_CASE("partial rollouts: kept KV blocks continue a sample exactly, with no p
   }
 }
 
-TEST_CASE("partial rollouts: kept KV blocks are freed when not asked for, by release_kept, sleep") {
-  auto engine = make_engine(7, /*keep_kv=*/true);
+TEST_CASE("partial rollouts: kept KV blocks stay until continued, asked for anew or needed") {
+  // Every sample of requests() fits one 256-position block: a cache of 8 blocks holds the 6 kept
+  // samples and 2 more.
+  const int64_t block_bytes = make_engine()->kv_cache().bytes_per_block();
+  auto engine = make_engine(7, /*keep_kv=*/true, 8 * block_bytes);
+  REQUIRE(engine->kv_cache().num_blocks() == 8);
   const auto reqs = requests(false, 2);
+  std::map<Key, GenerationResult> whole;
+  for (auto& g : make_engine()->generate(reqs)) whole[{g.request_id, g.sample_index}] = g;
   const auto interrupt = [&] {
     auto res = engine->generate(reqs, {}, nullptr, 2);
     REQUIRE(engine->kept_sequences() == 6);
     return res;
   };
-  // A call that continues some of them: the rest are freed at its start.
+  // A call that continues one and asks for another with other tokens: those two leave, the other
+  // four stay and continue from their blocks in the call after.
   auto res = interrupt();
   std::vector<GenerationRequest> next = continuations(reqs, res);
+  REQUIRE(next.size() == 6);
+  std::vector<GenerationRequest> rest(next.begin() + 2, next.end());
   next.resize(2);
   next[1].prefix.pop_back();  // no longer the kept tokens: prefilled again
   next[1].prefix_logprobs.pop_back();
   engine->generate(next);
   CHECK(engine->stats().resumed == 1);
   CHECK(engine->stats().prefills == 1);
+  CHECK(engine->stats().kept_evicted == 1);
+  CHECK(engine->kept_sequences() == 4);
+  CHECK(engine->kv_cache().used_blocks() == 4);
+  engine->generate(rest);
+  CHECK(engine->stats().resumed == 4);
   CHECK(engine->kept_sequences() == 0);
   CHECK(engine->kv_cache().used_blocks() == 0);
-  // A call for something else frees them all.
+  // A call for other prompts (an evaluation between steps) leaves them be where the cache has
+  // room; fresh requests for the same samples supersede them.
+  res = interrupt();
+  GenerationRequest other = reqs[4];
+  other.id = 999;
+  other.prompt = test::random_tokens(9, 58, 77);
+  engine->generate({other});
+  CHECK(engine->stats().kept_evicted == 0);
+  CHECK(engine->kept_sequences() == 6);
   interrupt();
-  engine->generate({reqs[0]});
-  CHECK(engine->stats().resumed == 0);
-  CHECK(engine->kv_cache().used_blocks() == 0);
+  CHECK(engine->stats().kept_evicted == 6);
+  CHECK(engine->kv_cache().used_blocks() == 6);
+  // Continued after the call in between, every sample is the uninterrupted one, bit for bit.
+  res = interrupt();
+  engine->generate({other});
+  int rounds = 0;
+  std::map<Key, GenerationResult> done =
+      continue_all(*engine, reqs, res, rounds, [&](const std::vector<GenerationRequest>& n) {
+        CHECK(engine->stats().resumed == int64_t(n.size()));
+      });
+  REQUIRE(done.size() == whole.size());
+  for (const auto& [key, w] : whole) {
+    CHECK(done.at(key).tokens == w.tokens);
+    CHECK(done.at(key).logprobs == w.logprobs);
+  }
+  // A call that needs their blocks takes them, oldest first: 4 samples of `other` need 4 blocks,
+  // 2 are free. Its tokens are those of an engine with an empty cache, and the evicted samples'
+  // continuations are prefilled again (tokens unchanged, log-probs within the prefill's rounding).
+  res = interrupt();
+  other.n_samples = 4;
+  const auto alone = make_engine()->generate({other});
+  const auto beside = engine->generate({other});
+  CHECK(engine->stats().kept_evicted == 2);
+  CHECK(engine->kept_sequences() == 4);
+  REQUIRE(beside.size() == alone.size());
+  for (size_t i = 0; i < alone.size(); ++i) {
+    CHECK(beside[i].tokens == alone[i].tokens);
+    CHECK(beside[i].logprobs == alone[i].logprobs);
+  }
+  int64_t resumed = 0;
+  done = continue_all(*engine, reqs, res, rounds, [&](const std::vector<GenerationRequest>&) {
+    resumed += engine->stats().resumed;
+  });
+  CHECK(resumed == 4 + 4 + 2);  // rounds 2-4 continue 6, 4 and 2; 2 of round 2's were evicted
+  for (const auto& [key, w] : whole) {
+    INFO("request ", key.first, " sample ", key.second);
+    CHECK(done.at(key).tokens == w.tokens);
+    const auto& lp = done.at(key).logprobs;
+    REQUIRE(lp.size() == w.logprobs.size());
+    for (size_t t = 0; t < lp.size(); ++t) CHECK(std::abs(lp[t] - w.logprobs[t]) < 2e-5);
+  }
+  // release_kept() and sleep() free them all.
   interrupt();
   CHECK(engine->release_kept() == 6);
   CHECK(engine->kv_cache().used_blocks() == 0);
