@@ -8,23 +8,34 @@
 #   cmake -S . -B build-gpu -G Ninja -DRLHF_NATIVE=OFF -DCMAKE_CXX_FLAGS=-march=x86-64-v3 \
 #     -DCMAKE_C_FLAGS=-march=x86-64-v3 -DRLHF_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
 #     -DRLHF_CUDA_EMU=OFF && ninja -C build-gpu rlhf rlhf_tests rlhf_mpi_tests
-# Usage: scripts/gpu_bundle.sh <build dir> <out dir>   (writes <out dir>/rlhf-gpu.tar.xz)
+# The same script packs a CPU-only build (RLHF_CUDA=OFF) for gpu_check.sh's amx step, which
+# measures the GPU machine's own CPU; build it for that CPU, e.g. a Xeon with AMX:
+#   cmake -S . -B build-amx -DRLHF_NATIVE=OFF -DCMAKE_CXX_FLAGS=-march=sapphirerapids \
+#     -DCMAKE_C_FLAGS=-march=sapphirerapids -DRLHF_CUDA=OFF -DRLHF_CUDA_EMU=OFF \
+#     -DCMAKE_BUILD_TYPE=Release && cmake --build build-amx -j --target rlhf
+#   scripts/gpu_bundle.sh build-amx .gpu rlhf-cpu   (beside rlhf-gpu.tar.xz)
+# Usage: scripts/gpu_bundle.sh <build dir> <out dir> [name]
+#   (writes <out dir>/<name>.tar.xz, default name rlhf-gpu; the test binaries are optional)
 set -euo pipefail
 BUILD=$1
 OUT=$2
+NAME=${3:-rlhf-gpu}
 OMPI_COMPONENTS=/usr/lib/x86_64-linux-gnu/openmpi/lib/openmpi3
 STAGE=$(mktemp -d)
 trap 'rm -rf "$STAGE"' EXIT
-mkdir -p "$STAGE/rlhf-gpu/bin" "$STAGE/rlhf-gpu/lib" "$STAGE/rlhf-gpu/lib-fallback" \
-  "$STAGE/rlhf-gpu/openmpi"
+D=$STAGE/$NAME
+mkdir -p "$D/bin" "$D/lib" "$D/lib-fallback" "$D/openmpi"
+[ -x "$BUILD/rlhf" ] || { echo "gpu_bundle: $BUILD/rlhf is not built" >&2; exit 1; }
+BINS=()
 for b in rlhf rlhf_tests rlhf_mpi_tests; do
-  [ -x "$BUILD/$b" ] || { echo "gpu_bundle: $BUILD/$b is not built" >&2; exit 1; }
-  cp "$BUILD/$b" "$STAGE/rlhf-gpu/bin/"
+  [ -x "$BUILD/$b" ] || continue
+  cp "$BUILD/$b" "$D/bin/"
+  BINS+=("$BUILD/$b")
 done
-cp "$OMPI_COMPONENTS"/*.so "$STAGE/rlhf-gpu/openmpi/"
+cp "$OMPI_COMPONENTS"/*.so "$D/openmpi/"
 # cuDNN attention needs cuDNN and the cudnn-frontend headers at configure time (PyPI access):
 # the configure prints "✓ cudnn-frontend"; without it the cuDNN checks of gpu_check.sh skip.
-if ! ldd "$BUILD/rlhf" | grep -q libcudnn; then
+if ldd "$BUILD/rlhf" | grep -q libcublas && ! ldd "$BUILD/rlhf" | grep -q libcudnn; then
   echo "gpu_bundle: warning: $BUILD/rlhf is built without cuDNN attention (see its configure" \
     "output for the ✗ line); gpu_check.sh's cuDNN cases will skip" >&2
 fi
@@ -33,16 +44,16 @@ fi
 skip='^(linux-vdso|ld-linux|libc|libm|libdl|libpthread|librt|libresolv|libutil|libcuda|libcublas|libcublasLt|libnccl|libcudnn.*|libnvidia.*)\.so'
 fallback='^(libstdc\+\+|libgcc_s)\.so'
 {
-  ldd "$BUILD"/rlhf "$BUILD"/rlhf_tests "$BUILD"/rlhf_mpi_tests
+  ldd "${BINS[@]}"
   for c in "$OMPI_COMPONENTS"/*.so; do ldd "$c"; done
 } | awk '$2 == "=>" && $3 ~ /^\// {print $1, $3}' | sort -u | while read -r name path; do
   if [[ $name =~ $skip ]]; then continue; fi
   if [[ $name =~ $fallback ]]; then
-    cp -L "$path" "$STAGE/rlhf-gpu/lib-fallback/$name"
+    cp -L "$path" "$D/lib-fallback/$name"
   else
-    cp -L "$path" "$STAGE/rlhf-gpu/lib/$name"
+    cp -L "$path" "$D/lib/$name"
   fi
 done
 mkdir -p "$OUT"
-tar -C "$STAGE" -cf - rlhf-gpu | xz -T0 -6 > "$OUT/rlhf-gpu.tar.xz"
-du -h "$OUT/rlhf-gpu.tar.xz"
+tar -C "$STAGE" -cf - "$NAME" | xz -T0 -6 > "$OUT/$NAME.tar.xz"
+du -h "$OUT/$NAME.tar.xz"

@@ -14,6 +14,11 @@
 #   grpo1b    GRPO steps at the ~1B shape (random weights, Llama 2's vocabulary): 64 prompts x 8
 #             samples x 512 new tokens, colocated, one GPU; phases from metrics.jsonl, the GPU's
 #             peak memory from nvidia-smi sampled every 200 ms (<out dir>/grpo1b_mem.csv)
+#   amx    issue 24 on this machine's own CPU (a Xeon with AMX), 2 threads on 2 cores: oneDNN
+#          bf16 against fp32 matmuls, bf16 against fp32 training and decode at the SmolLM-135M
+#          shape, and PyTorch side by side where this machine has it; with rlhf-cpu.tar.xz
+#          beside the bundle (gpu_bundle.sh's CPU build) when there, else the GPU build (whose
+#          own kernels are x86-64-v3 only); not in the default list
 #   profile   per-kernel GPU time (ncu) of a 1B training step (profile_train; PROFILE_ATTN picks
 #             the attention, default cudnn) and of decode steps at batch 1 (profile_decode); not
 #             in the default list; ncu needs a Firecracker machine (gVisor has no counters)
@@ -199,6 +204,42 @@ step_grpo1b() {  # the issue's shape: 64 prompts x 8 samples x 512 new tokens, c
 
 ncu_cmd() {  # Nsight Compute: per-kernel GPU time, one metric, no clock locking
   echo ncu --clock-control none --metrics gpu__time_duration.sum --print-summary per-kernel --csv
+}
+
+step_amx() {
+  local cpu=$RLHF cpu_tar
+  cpu_tar="$(dirname "$TAR")/rlhf-cpu.tar.xz"
+  if [ -f "$cpu_tar" ]; then
+    local root=/tmp/rlhf-cpu libs
+    [ -x "$root/bin/rlhf" ] || tar -C /tmp -xJf "$cpu_tar" || { echo "cannot unpack $cpu_tar"; return 1; }
+    libs="$root/lib"
+    LD_LIBRARY_PATH="$libs" "$root/bin/rlhf" --version > /dev/null 2>&1 || libs="$libs:$root/lib-fallback"
+    printf '#!/bin/sh\nLD_LIBRARY_PATH="%s" exec "%s" "$@"\n' "$libs" "$root/bin/rlhf" > "$root/rlhf"
+    chmod +x "$root/rlhf"
+    cpu=$root/rlhf
+  else
+    echo "gpu_check: no $cpu_tar: the GPU build measures the CPU (its own kernels x86-64-v3)" |
+      tee -a "$OUT/amx.log"
+  fi
+  lscpu | grep -E "Model name|^CPU\(s\)" >> "$OUT/amx.log"
+  grep -o -w -E "amx_(tile|bf16|int8)|avx512_bf16|avx512_fp16" /proc/cpuinfo | sort -u |
+    tr '\n' ' ' >> "$OUT/amx.log"
+  echo >> "$OUT/amx.log"
+  local pin=()
+  command -v taskset > /dev/null && pin=(taskset -c "0,1")
+  local m135=$SRC/examples/models/smollm-135M.toml
+  run amx 120 "${pin[@]}" "$cpu" bench gemm --device cpu --threads 2 --output "$OUT/bench.jsonl"
+  run amx 300 "${pin[@]}" "$cpu" bench train --device cpu --threads 2 --model_config "$m135" \
+    --tokens_per_step 2048 --steps 2 --param_dtype bf16 --output "$OUT/bench.jsonl"
+  run amx 240 "${pin[@]}" "$cpu" bench generate --device cpu --threads 2 --model_config "$m135" \
+    --param_dtype bf16 --gen_batches 1,16 --gen_long_requests 0 --gen_long_fixed_batch 0 \
+    --output "$OUT/bench.jsonl"
+  if python3 -c "import torch" 2> /dev/null; then
+    run amx 400 "${pin[@]}" python3 "$SRC/scripts/bench_torch_train.py" --rlhf "$cpu" --threads 2 \
+      --rounds 2 --steps 2 --output "$OUT/bench.jsonl"
+  else
+    echo "gpu_check: no PyTorch here: training side by side with PyTorch skipped" | tee -a "$OUT/amx.log"
+  fi
 }
 
 step_profile_train() {  # the kernels of one training step (PROFILE_TRAIN: 1b by default, or
