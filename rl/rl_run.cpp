@@ -7,6 +7,9 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <optional>
+#include <tuple>
+#include <utility>
 
 #include "core/error.h"
 #include "core/log.h"
@@ -251,85 +254,188 @@ std::string describe_partial_rollouts(const RlRunConfig& c, bool sleep) {
       c.step.rollout_batch_size, how, c.step.max_staleness);
 }
 
-}  // namespace
+// One PPO/GRPO run on this rank (run_rl). The constructor builds it phase by phase, in the order
+// the fields are declared: the runtime and world; the models, engine and weight sync; the prompts,
+// rewards and trainer; the step with its weight sync; the resume, the start-up log and the
+// metrics files. run() then trains to the end. Every phase is collective over the world in the
+// same order on every rank. The fields are destroyed in reverse order of declaration (the metrics
+// and the step before the tracker, trainer, engine and communicators they use).
+struct RlRun {
+  const RlRunConfig& c;
+  parallel::TrainRuntime rt;
+  const parallel::Topology& topo;
+  const parallel::Placement& pl;
+  const int n_train, world_rank;
+  const int train_root;  // world rank of train rank 0
+  const bool trains;
+  const Clock::time_point t_start;
+  std::unique_ptr<parallel::Comm> world;
+  // --- models (build_models_and_engine)
+  io::ModelSource src;
+  std::shared_ptr<const io::Tokenizer> tokenizer;  // the model's own, else bytes
+  std::optional<model::ParamLayout> layout;
+  bool with_critic = false, with_ref = false;
+  Models m;
+  std::unique_ptr<parallel::Comm> tp_comm;
+  std::unique_ptr<rollout::Engine> engine;
+  std::unique_ptr<Environment> env;
+  EpisodeOptions episodes;
+  std::optional<parallel::WeightSync> sync;
+  // --- prompts, step arithmetic, optimizers, rewards, trainer (build_prompts_and_trainer)
+  std::optional<PromptSource> prompts;
+  int64_t total_steps = 0, steps_per_episode = 0;
+  int64_t RB = 0, n = 0;
+  int64_t opt_steps_per_rl = 0;
+  PpoOptimizers po;
+  std::unique_ptr<RewardFn> reward;
+  Eval eval;
+  std::unique_ptr<PpoTrainer> trainer;
+  // --- the step and its weight sync (build_step)
+  RlStepParts parts;
+  std::unique_ptr<io::MetricsWriter> samples_log;
+  std::unique_ptr<RunTracker> tracker;  // rank 0, with --use_tensorboard / --use_wandb
+  bool lora = false, device_sync = false, base_synced = false;
+  int64_t lora_numel = 0;
+  RlStepOptions so;
+  std::optional<RlStep> step;
+  // --- resume, start-up log, metrics files (resume_and_announce)
+  std::vector<CheckpointSlot> slots;
+  nlohmann::json settings;
+  int64_t start_step = 0;
+  std::unique_ptr<io::MetricsWriter> metrics;
 
-int run_rl(const RlRunConfig& c) {
-  parallel::install_preemption_handlers();
-  parallel::TrainRuntime rt = parallel::setup_train_runtime(c.runtime, true);
-  const parallel::Topology& topo = *rt.topology;
-  const parallel::Placement& pl = topo.placement();
-  const int n_train = int(pl.train_ranks.size()), world_rank = topo.rank();
-  const int train_root = pl.train_ranks.front();  // world rank of train rank 0
-  const bool trains = topo.trains();
-  const auto t_start = Clock::now();
-  std::unique_ptr<parallel::Comm> world = parallel::make_comm(topo.world(), "world");
+  /// Sets the run up on this rank, every phase up to the first step (collective over the world).
+  /// Throws rlhf::Error naming the flag, file or key at fault (--async_train on colocated ranks,
+  /// batch sizes that do not split, a missing prompt file, a checkpoint of another seed, ...).
+  explicit RlRun(const RlRunConfig& config);
+  RlRun(const RlRun&) = delete;
+  RlRun& operator=(const RlRun&) = delete;
+
+  /// Trains to the end: the initial weight sync, the evaluation before training if asked, every
+  /// step (end_step), then finish(). Returns 0, or parallel::kExitPreempted when a preemption
+  /// signal stopped the run after a checkpoint. Throws rlhf::Error from any step.
+  int run();
+
+  /// The model source, tokenizer and layout, the models (training ranks), the tensor-parallel
+  /// group, the engine and its environment (generation ranks) and the weight sync. Collective
+  /// over the world. Throws rlhf::Error for a model, checkpoint or environment that cannot load.
+  void build_models_and_engine();
+  /// The prompts, the step counts, the optimizers' schedules, the rule reward, the held-out
+  /// prompts and the trainer (training ranks). Throws rlhf::Error for batch sizes that do not
+  /// split, missing prompts, or --eval_dataset without --reward.
+  void build_prompts_and_trainer();
+  /// The step's parts, the choice of weight-sync path (warns when GPU engines fall back to the
+  /// host), the step options and the RlStep. Throws rlhf::Error for a bad env RLHF_WEIGHT_SYNC.
+  void build_step();
+  /// --load_checkpoint, the start-up log (engine memory plans: collective over the world) and,
+  /// on rank 0, the metrics and sample logs and the tracker. Throws rlhf::Error for a checkpoint
+  /// that does not fit this run.
+  void resume_and_announce();
+  /// The start-up log lines on rank 0 (model, LoRA, ranks and steps, partial rollouts) and the
+  /// memory plans (collective over the training ranks, then over the world). Throws rlhf::Error
+  /// only from a failed collective.
+  void log_start() const;
+  /// Rank 0: trims metrics.jsonl and samples.jsonl to the resumed step (or drops an old
+  /// samples.jsonl), opens metrics.jsonl and the tracker. Throws rlhf::Error when they cannot open.
+  void open_metrics();
+
+  /// The trainer's weights into every engine (parts.sync_weights): device to device, LoRA's base
+  /// once then its adapters, or through the engines' host buffers. Collective over the world.
+  /// Throws rlhf::Error when a transfer fails.
+  parallel::SyncStats sync_weights();
+  /// The trained samples of a step into samples.jsonl and the tracker (parts.log_samples; train
+  /// rank 0). Throws rlhf::Error when samples.jsonl cannot be written.
+  void log_samples(const StepSamples& s);
+  /// Evaluates the policy on the held-out prompts (collective over the world); the metrics
+  /// record's eval_ fields. Throws rlhf::Error from the generation or the reward.
+  nlohmann::json evaluate_now();
+  /// --eval_before_training on a fresh run: evaluates step 0, logs it and writes its record (rank
+  /// 0). Throws as evaluate_now, and rlhf::Error when the record cannot be written.
+  void evaluate_before_training();
+  /// The end of a step: its evaluation when due, the step line and metrics record (rank 0), the
+  /// preemption agreement (collective over the world), a checkpoint when due. Returns the exit
+  /// status when a preemption signal stops the run here, else nullopt. Throws as evaluate_now,
+  /// and rlhf::Error when the record or the checkpoint cannot be written.
+  std::optional<int> end_step(nlohmann::json rec);
+  /// The training checkpoint after step `done` (training ranks; collective over them). Throws
+  /// rlhf::Error when it cannot be written.
+  void save_checkpoint(int64_t done);
+  /// Saves the final policy (training ranks) with the done line, then a world barrier. Throws
+  /// rlhf::Error when model.h5 cannot be written.
+  void finish();
+};
+
+RlRun::RlRun(const RlRunConfig& config)
+    : c(config),
+      rt(parallel::setup_train_runtime(c.runtime, true)),
+      topo(*rt.topology),
+      pl(topo.placement()),
+      n_train(int(pl.train_ranks.size())),
+      world_rank(topo.rank()),
+      train_root(pl.train_ranks.front()),
+      trains(topo.trains()),
+      t_start(Clock::now()),
+      world(parallel::make_comm(topo.world(), "world")) {
   // Async training overlaps generation ranks with training ranks: they must be different ranks.
   RLHF_CHECK(!c.step.async_train || !pl.colocated(),
              "--async_train needs generation ranks apart from the training ranks: colocated, "
              "every rank both generates and trains, so there is nothing to overlap\nhint: add "
              "--gen_ranks_per_node 1 (or more)");
+  build_models_and_engine();
+  build_prompts_and_trainer();
+  build_step();
+  resume_and_announce();
+}
 
-  // --- models
-  const io::ModelSource src =
-      io::resolve_model_source(c.model_config, c.pretrain, c.tokenizer, model::HeadKind::kLM);
-  const auto tokenizer = io::model_tokenizer(src);  // the model's own, else bytes
-  const model::ParamLayout layout(src.config, model::HeadKind::kLM);
-  const bool with_critic = uses_critic(c.ppo.estimator), with_ref = c.ppo.init_kl_coef > 0;
-  Models m;
-  if (trains) m = build_models(c, rt, src, layout, with_ref, with_critic);
+void RlRun::build_models_and_engine() {
+  src = io::resolve_model_source(c.model_config, c.pretrain, c.tokenizer, model::HeadKind::kLM);
+  tokenizer = io::model_tokenizer(src);
+  layout.emplace(src.config, model::HeadKind::kLM);
+  with_critic = uses_critic(c.ppo.estimator);
+  with_ref = c.ppo.init_kl_coef > 0;
+  if (trains) m = build_models(c, rt, src, *layout, with_ref, with_critic);
   // Tensor-parallel engines: the engine's group (collective over engine_comm; TP 1: none).
-  const std::unique_ptr<parallel::Comm> tp_comm =
-      c.runtime.tensor_parallel > 1 ? parallel::make_comm(topo.engine_comm(), "engine_comm")
-                                    : nullptr;
-  std::unique_ptr<rollout::Engine> engine;
+  tp_comm = c.runtime.tensor_parallel > 1 ? parallel::make_comm(topo.engine_comm(), "engine_comm")
+                                          : nullptr;
   if (topo.generates()) {
     rollout::EngineOptions eo = c.engine;
     eo.cuda = rt.device == parallel::Device::kCuda;
     eo.tp_comm = tp_comm.get();
     eo.eos_token_id = tokenizer->eos_id();
-    eo.unit_room = parallel::WeightSync::engine_unit_room(layout, n_train);
-    engine = std::make_unique<rollout::Engine>(layout, eo);
+    eo.unit_room = parallel::WeightSync::engine_unit_room(*layout, n_train);
+    engine = std::make_unique<rollout::Engine>(*layout, eo);
     if (c.zero.lora.enabled()) engine->set_lora(c.zero.lora);
   }
   // Multi-turn episodes: one environment per engine (a program started now on its TP rank 0).
-  std::unique_ptr<Environment> env;
   if (topo.generates() && !c.env_command.empty())
     env = make_environment(c.env_command, c.env_timeout, engine->tp_rank());
-  EpisodeOptions episodes;
   episodes.env = env.get();
   episodes.stop_strings = parse_stop_strings(c.stop_strings);
   episodes.max_turns = c.env_max_turns;
   // bf16 trainer and bf16 CPU engines (--param_dtype bf16): the sync moves bf16 (half the bytes).
-  parallel::WeightSync sync(topo, rt.train_comm.get(), layout,
-                            c.sync_bucket_mb * (int64_t(1) << 20), rt.bf16 && c.engine.bf16);
+  sync.emplace(topo, rt.train_comm.get(), *layout, c.sync_bucket_mb * (int64_t(1) << 20),
+               rt.bf16 && c.engine.bf16);
+}
 
-  // --- prompts, step arithmetic, optimizers, rewards, trainer
-  PromptSource prompts(load_prompts(c.prompts, *tokenizer, src.config, world_rank),
-                       uint64_t(c.seed));
-  const auto [total_steps, steps_per_episode] = step_arithmetic(c, prompts.size(), n_train);
-  const int64_t RB = c.step.rollout_batch_size, n = c.step.n_samples_per_prompt;
-  const int64_t opt_steps_per_rl = c.ppo.max_epochs * (RB * n / c.ppo.train_batch_size);
-  PpoOptimizers po;
+void RlRun::build_prompts_and_trainer() {
+  prompts.emplace(load_prompts(c.prompts, *tokenizer, src.config, world_rank), uint64_t(c.seed));
+  std::tie(total_steps, steps_per_episode) = step_arithmetic(c, prompts->size(), n_train);
+  RB = c.step.rollout_batch_size;
+  n = c.step.n_samples_per_prompt;
+  opt_steps_per_rl = c.ppo.max_epochs * (RB * n / c.ppo.train_batch_size);
   po.actor_adam = c.actor_adam;
   po.critic_adam = c.critic_adam;
   po.actor_schedule = optim::LrSchedule::openrlhf(
       c.lr_scheduler, c.actor_adam.lr, total_steps * opt_steps_per_rl, c.lr_warmup_ratio);
   po.critic_schedule = optim::LrSchedule::openrlhf(
       c.lr_scheduler, c.critic_adam.lr, total_steps * opt_steps_per_rl, c.lr_warmup_ratio);
-  std::unique_ptr<RewardFn> reward =
-      c.reward.empty() ? nullptr : make_reward(c.reward, c.reward_options);
+  reward = c.reward.empty() ? nullptr : make_reward(c.reward, c.reward_options);
   RLHF_CHECK(c.eval_dataset.empty() || reward != nullptr,
              "--eval_dataset {} needs a rule reward to score the answers\nhint: set --reward "
              "(e.g. math) and --label_key",
              c.eval_dataset);
-  Eval eval;
   if (!c.eval_dataset.empty()) eval = load_eval(c, *tokenizer, src.config, world_rank);
   eval.options.episodes = episodes;
-  const auto evaluate_now = [&]() {
-    return evaluate(engine.get(), topo, *world, eval.prompts, *reward, *tokenizer, eval.options)
-        .to_json("eval_");
-  };
-  std::unique_ptr<PpoTrainer> trainer;
   if (trains) {
     PpoOptions o = c.ppo;
     o.pad_id = tokenizer->pad_id();
@@ -339,33 +445,19 @@ int run_rl(const RlRunConfig& c) {
         PpoModels{m.actor.get(), m.ref.get(), m.critic.get(), m.reward.get()}, o, po,
         *rt.train_comm);
   }
+}
 
-  // --- the step and its weight sync
-  RlStepParts parts;
+void RlRun::build_step() {
   parts.topology = &topo;
   parts.world = world.get();
   parts.trainer = trainer.get();
   parts.train_comm = rt.train_comm.get();
   parts.engine = engine.get();
   parts.reward = reward.get();
-  parts.prompts = &prompts;
+  parts.prompts = &*prompts;
   parts.tokenizer = tokenizer.get();
   parts.episodes = episodes;
-  std::unique_ptr<io::MetricsWriter> samples_log;
-  std::unique_ptr<RunTracker> tracker;  // rank 0, with --use_tensorboard / --use_wandb
-  parts.log_samples = [&](const StepSamples& s) {
-    if (tracker) tracker->text(s.step, completions_markdown(s.prompts, s.completions, s.scores));
-    if (!samples_log)
-      samples_log = std::make_unique<io::MetricsWriter>(c.save_path, false, "samples.jsonl");
-    for (size_t i = 0; i < s.prompts.size(); ++i)
-      samples_log->write({{"step", s.step},
-                          {"prompt", s.prompts[i]},
-                          {"completion", s.completions[i]},
-                          {"score", s.scores[i]},
-                          {"advantage", s.advantages[i]},
-                          {"response_length", s.response_lengths[i]},
-                          {"stopped", bool(s.stopped[i])}});
-  };
+  parts.log_samples = [this](const StepSamples& s) { log_samples(s); };
   // GPU ranks sync device to device: colocated, NCCL gathers of the bf16 shards straight into the
   // engines' device weights; disaggregated, the training ranks' gather plus a node-local NCCL
   // broadcast into the engine ranks' device weights (when every node with engines has a training
@@ -373,61 +465,24 @@ int run_rl(const RlRunConfig& c) {
   // GPU (the frozen base once into the host buffers, then the adapters, which the GPU engine
   // merges into its device weights at each generate).
   const bool cuda = rt.device == parallel::Device::kCuda;
-  const bool lora = c.zero.lora.enabled();
+  lora = c.zero.lora.enabled();
   // Env RLHF_WEIGHT_SYNC=host (tests, debugging): GPU engines take the host path anyway.
   const char* path_env = std::getenv("RLHF_WEIGHT_SYNC");
   const std::string sync_path = path_env ? path_env : "";
   RLHF_CHECK(sync_path.empty() || sync_path == "auto" || sync_path == "host",
              "env RLHF_WEIGHT_SYNC={}: expected auto or host", sync_path);
-  const bool device_sync =
-      cuda && sync_path != "host" && !lora && (pl.colocated() || sync.device_sync_node_local());
+  device_sync =
+      cuda && sync_path != "host" && !lora && (pl.colocated() || sync->device_sync_node_local());
   if (cuda && !lora && sync_path != "host" && !device_sync)
     LOG0_WARN(
         "weight sync: a node holds generation ranks but no training rank; its GPU engines take "
         "the host path (fp32 over MPI, then an upload)");
-  bool base_synced = false;
-  const int64_t lora_numel =
-      lora ? model::LoraLayout(model::layer_spec(layout.config()),
-                               int(layout.config().num_hidden_layers), c.zero.lora)
-                 .numel()
-           : 0;
-  parts.sync_weights = [&]() -> parallel::SyncStats {
-    if (device_sync) {
-#ifdef RLHF_CUDA
-      auto* store = m.actor ? dynamic_cast<parallel::Zero3StoreCuda*>(&m.actor->store()) : nullptr;
-      RLHF_ASSERT(store != nullptr || !trains);
-      RLHF_ASSERT(engine == nullptr || engine->on_gpu());
-      const std::vector<model::bf16*> units =
-          engine ? engine->device_unit_buffers() : std::vector<model::bf16*>();
-      const parallel::SyncStats ss =
-          pl.colocated() ? sync.sync_device(*store, units, rt.device_comm.get())
-                         : sync.sync_device_disaggregated(store, units, rt.device_comm.get());
-      if (engine) engine->device_weights_updated();
-      return ss;
-#endif
-    }
-    if (lora) {
-      // LoRA: the frozen base once, then only the adapters (bytes ∝ r).
-      parallel::SyncStats ss;
-      if (!base_synced)
-        ss = sync.sync(m.actor ? &m.actor->store() : nullptr,
-                       engine ? engine->unit_buffers() : std::vector<float*>());
-      base_synced = true;
-      auto* ls = m.actor ? dynamic_cast<parallel::LoraStore*>(&m.actor->store()) : nullptr;
-      const parallel::SyncStats as = sync.sync_adapters(
-          ls ? ls->adapters() : nullptr, engine ? engine->lora_buffer() : nullptr, lora_numel);
-      ss.mode = as.mode;
-      ss.buckets += as.buckets;
-      ss.bytes += as.bytes;
-      ss.seconds += as.seconds;
-      ss.algbw_GBps = ss.seconds > 0 ? double(ss.bytes) / ss.seconds / 1e9 : 0;
-      ss.busbw_GBps = as.busbw_GBps;
-      return ss;
-    }
-    return sync.sync(m.actor ? &m.actor->store() : nullptr,
-                     engine ? engine->unit_buffers() : std::vector<float*>());
-  };
-  RlStepOptions so = c.step;
+  lora_numel = lora ? model::LoraLayout(model::layer_spec(layout->config()),
+                                        int(layout->config().num_hidden_layers), c.zero.lora)
+                          .numel()
+                    : 0;
+  parts.sync_weights = [this]() { return sync_weights(); };
+  so = c.step;
   so.total_steps = total_steps;
   // OpenRLHF turns --vllm_enable_sleep off (with a message) when the engines are not colocated:
   // an engine on its own ranks has no trainer to make room for.
@@ -438,110 +493,185 @@ int run_rl(const RlRunConfig& c) {
         pl.options.gen_ranks_per_node);
   so.enable_sleep = c.step.enable_sleep && pl.colocated();
   so.environment = !c.env_command.empty();
-  RlStep step(parts, so, steps_per_episode);
+  step.emplace(parts, so, steps_per_episode);
+}
 
-  // --- resume
-  std::vector<CheckpointSlot> slots;
+void RlRun::resume_and_announce() {
   if (trains) {
     slots.push_back({"model", &m.actor->store(), true});
     if (m.critic) slots.push_back({"critic", &m.critic->store(), true});
   }
   nlohmann::json resumed;
-  nlohmann::json settings = run_settings(c, total_steps);
+  settings = run_settings(c, total_steps);
   if (c.step.partial_rollout) {  // only then: earlier checkpoints compare equal without them
     settings["partial_rollout"] = true;
     settings["max_staleness"] = c.step.max_staleness;
   }
   if (c.load_checkpoint && trains) resumed = resume(c, slots, settings);
   resumed = RlStep::broadcast_json(resumed, train_root, *world);
-  if (!resumed.is_null()) step.load_state(resumed);
-  const int64_t start_step = step.steps_done();
+  if (!resumed.is_null()) step->load_state(resumed);
+  start_step = step->steps_done();
+  log_start();
+  open_metrics();
+}
 
+void RlRun::log_start() const {
   LOG0_INFO("{}: {} | {} parameters | {} | critic {} | reference {} | reward {}{}", c.command,
-            src.config.model_type, layout.num_parameters(), src.describe(),
+            src.config.model_type, layout->num_parameters(), src.describe(),
             with_critic ? "yes" : "no", with_ref ? "yes" : "no", c.reward,
             c.reward_pretrain.empty() ? "" : " + model " + c.reward_pretrain);
   if (lora)
     LOG0_INFO(
         "{} (base frozen; the reference policy is the base, adapters off; engines get the "
         "adapters only)",
-        model::LoraLayout(model::layer_spec(layout.config()),
-                          int(layout.config().num_hidden_layers), c.zero.lora)
+        model::LoraLayout(model::layer_spec(layout->config()),
+                          int(layout->config().num_hidden_layers), c.zero.lora)
             .describe());
   if (auto* cs = m.critic ? dynamic_cast<parallel::LoraStore*>(&m.critic->store()) : nullptr)
     LOG0_INFO("critic: {} (base frozen)", cs->lora_layout().describe());
   LOG0_INFO(
       "{} engines, {} training ranks | {} prompts, {} per step x {} samples | {} steps "
       "({} per episode) | {} optimizer steps per RL step",
-      pl.num_engines(), n_train, prompts.size(), RB, n, total_steps, steps_per_episode,
+      pl.num_engines(), n_train, prompts->size(), RB, n, total_steps, steps_per_episode,
       opt_steps_per_rl);
   if (c.step.partial_rollout) LOG0_INFO("{}", describe_partial_rollouts(c, so.enable_sleep));
   if (trains) parallel::log_memory(m.actor->store(), 0, *rt.train_comm);
   log_engine_memory(engine.get(), *world, so.enable_sleep);
-  std::unique_ptr<io::MetricsWriter> metrics;
-  if (world_rank == 0) {
-    if (start_step > 0) {
-      io::trim_records(c.save_path, "metrics.jsonl", start_step);
-      io::trim_records(c.save_path, "samples.jsonl", start_step);
-    } else if (c.step.log_completions > 0) {  // a fresh run starts a fresh sample log
-      std::filesystem::remove(std::filesystem::path(c.save_path) / "samples.jsonl");
-    }
-    metrics = std::make_unique<io::MetricsWriter>(c.save_path, start_step == 0);
-    if (c.tracking.enabled()) {
-      tracker = std::make_unique<RunTracker>(c.tracking, c.save_path, c.command, settings);
-      metrics->set_mirror([&](const nlohmann::json& r) { tracker->record(r); });
-    }
-  }
+}
 
+void RlRun::open_metrics() {
+  if (world_rank != 0) return;
+  if (start_step > 0) {
+    io::trim_records(c.save_path, "metrics.jsonl", start_step);
+    io::trim_records(c.save_path, "samples.jsonl", start_step);
+  } else if (c.step.log_completions > 0) {  // a fresh run starts a fresh sample log
+    std::filesystem::remove(std::filesystem::path(c.save_path) / "samples.jsonl");
+  }
+  metrics = std::make_unique<io::MetricsWriter>(c.save_path, start_step == 0);
+  if (c.tracking.enabled()) {
+    tracker = std::make_unique<RunTracker>(c.tracking, c.save_path, c.command, settings);
+    metrics->set_mirror([this](const nlohmann::json& r) { tracker->record(r); });
+  }
+}
+
+parallel::SyncStats RlRun::sync_weights() {
+  if (device_sync) {
+#ifdef RLHF_CUDA
+    auto* store = m.actor ? dynamic_cast<parallel::Zero3StoreCuda*>(&m.actor->store()) : nullptr;
+    RLHF_ASSERT(store != nullptr || !trains);
+    RLHF_ASSERT(engine == nullptr || engine->on_gpu());
+    const std::vector<model::bf16*> units =
+        engine ? engine->device_unit_buffers() : std::vector<model::bf16*>();
+    const parallel::SyncStats ss =
+        pl.colocated() ? sync->sync_device(*store, units, rt.device_comm.get())
+                       : sync->sync_device_disaggregated(store, units, rt.device_comm.get());
+    if (engine) engine->device_weights_updated();
+    return ss;
+#endif
+  }
+  if (lora) {
+    // LoRA: the frozen base once, then only the adapters (bytes ∝ r).
+    parallel::SyncStats ss;
+    if (!base_synced)
+      ss = sync->sync(m.actor ? &m.actor->store() : nullptr,
+                      engine ? engine->unit_buffers() : std::vector<float*>());
+    base_synced = true;
+    auto* ls = m.actor ? dynamic_cast<parallel::LoraStore*>(&m.actor->store()) : nullptr;
+    const parallel::SyncStats as = sync->sync_adapters(
+        ls ? ls->adapters() : nullptr, engine ? engine->lora_buffer() : nullptr, lora_numel);
+    ss.mode = as.mode;
+    ss.buckets += as.buckets;
+    ss.bytes += as.bytes;
+    ss.seconds += as.seconds;
+    ss.algbw_GBps = ss.seconds > 0 ? double(ss.bytes) / ss.seconds / 1e9 : 0;
+    ss.busbw_GBps = as.busbw_GBps;
+    return ss;
+  }
+  return sync->sync(m.actor ? &m.actor->store() : nullptr,
+                    engine ? engine->unit_buffers() : std::vector<float*>());
+}
+
+void RlRun::log_samples(const StepSamples& s) {
+  if (tracker) tracker->text(s.step, completions_markdown(s.prompts, s.completions, s.scores));
+  if (!samples_log)
+    samples_log = std::make_unique<io::MetricsWriter>(c.save_path, false, "samples.jsonl");
+  for (size_t i = 0; i < s.prompts.size(); ++i)
+    samples_log->write({{"step", s.step},
+                        {"prompt", s.prompts[i]},
+                        {"completion", s.completions[i]},
+                        {"score", s.scores[i]},
+                        {"advantage", s.advantages[i]},
+                        {"response_length", s.response_lengths[i]},
+                        {"stopped", bool(s.stopped[i])}});
+}
+
+nlohmann::json RlRun::evaluate_now() {
+  return evaluate(engine.get(), topo, *world, eval.prompts, *reward, *tokenizer, eval.options)
+      .to_json("eval_");
+}
+
+void RlRun::evaluate_before_training() {
+  nlohmann::json rec = evaluate_now();
+  rec["step"] = 0;
+  LOG0_INFO("eval before training | reward {:.3f} | accuracy {:.3f} | len {:.1f}",
+            rec["eval_reward_mean"].get<double>(), rec["eval_accuracy"].get<double>(),
+            rec["eval_response_length_mean"].get<double>());
+  if (metrics) metrics->write(rec);
+}
+
+int RlRun::run() {
   parts.sync_weights();  // the initial (or resumed) policy into every engine
-  if (!eval.prompts.empty() && c.eval_before_training && start_step == 0) {
-    nlohmann::json rec = evaluate_now();
-    rec["step"] = 0;
-    LOG0_INFO("eval before training | reward {:.3f} | accuracy {:.3f} | len {:.1f}",
-              rec["eval_reward_mean"].get<double>(), rec["eval_accuracy"].get<double>(),
-              rec["eval_response_length_mean"].get<double>());
-    if (metrics) metrics->write(rec);
+  if (!eval.prompts.empty() && c.eval_before_training && start_step == 0)
+    evaluate_before_training();
+  while (step->steps_done() < total_steps) {
+    if (const std::optional<int> exit_status = end_step(step->step())) return *exit_status;
   }
-  while (step.steps_done() < total_steps) {
-    nlohmann::json rec = step.step();
-    const int64_t done = step.steps_done();
-    if (!eval.prompts.empty() && ((c.eval_steps > 0 && done % c.eval_steps == 0) ||
-                                  (c.eval_steps <= 0 && done == total_steps)))
-      rec.update(evaluate_now());
-    rec["elapsed_s"] = since(t_start);
-    if (world_rank == 0) {
-      if (done % c.logging_steps == 0 || done == total_steps) log_step(rec, total_steps);
-      metrics->write(rec);
-    }
-    // SIGTERM/SIGUSR1 on any rank: every rank stops after this step, with a checkpoint.
-    const int signal = parallel::agree_preemption(*world);
-    const bool stop = signal != 0 && done < total_steps;
-    const bool checkpoint = (c.save_steps > 0 && done % c.save_steps == 0) || stop;
-    if (checkpoint) step.release_kept_kv();  // the resumed run continues from the same state
-    if (trains && checkpoint) {
-      nlohmann::json state = step.state();
-      state["seed"] = c.seed;
-      state["train_ranks"] = n_train;
-      state["settings"] = settings;
-      const std::string path = checkpoint_path(c.ckpt_path, done);
-      save_train_checkpoint(
-          path, slots, state, rt.train_comm->rank() == 0, int(c.max_ckpt_num), tokenizer.get(),
-          sharded_checkpoints(c.ckpt_format, n_train) ? rt.train_comm.get() : nullptr);
-      if (c.save_hf_ckpt)
-        save_hf_model(m.actor->store(), hf_checkpoint_dir(path), rt.train_comm->rank(),
-                      tokenizer.get());
-      LOG0_INFO("checkpoint {}", path);
-    }
-    if (stop) {
-      world->barrier();
-      LOG0_WARN(
-          "{} received: stopped after step {}/{} with checkpoint {}\nresume with the same "
-          "command and --load_checkpoint (exit status {})",
-          parallel::signal_name(signal), done, total_steps, checkpoint_path(c.ckpt_path, done),
-          parallel::kExitPreempted);
-      return parallel::kExitPreempted;
-    }
+  finish();
+  return 0;
+}
+
+std::optional<int> RlRun::end_step(nlohmann::json rec) {
+  const int64_t done = step->steps_done();
+  if (!eval.prompts.empty() && ((c.eval_steps > 0 && done % c.eval_steps == 0) ||
+                                (c.eval_steps <= 0 && done == total_steps)))
+    rec.update(evaluate_now());
+  rec["elapsed_s"] = since(t_start);
+  if (world_rank == 0) {
+    if (done % c.logging_steps == 0 || done == total_steps) log_step(rec, total_steps);
+    metrics->write(rec);
   }
+  // SIGTERM/SIGUSR1 on any rank: every rank stops after this step, with a checkpoint.
+  const int signal = parallel::agree_preemption(*world);
+  const bool stop = signal != 0 && done < total_steps;
+  const bool checkpoint = (c.save_steps > 0 && done % c.save_steps == 0) || stop;
+  if (checkpoint) step->release_kept_kv();  // the resumed run continues from the same state
+  if (trains && checkpoint) save_checkpoint(done);
+  if (!stop) return std::nullopt;
+  world->barrier();
+  LOG0_WARN(
+      "{} received: stopped after step {}/{} with checkpoint {}\nresume with the same "
+      "command and --load_checkpoint (exit status {})",
+      parallel::signal_name(signal), done, total_steps, checkpoint_path(c.ckpt_path, done),
+      parallel::kExitPreempted);
+  return parallel::kExitPreempted;
+}
+
+void RlRun::save_checkpoint(int64_t done) {
+  nlohmann::json state = step->state();
+  state["seed"] = c.seed;
+  state["train_ranks"] = n_train;
+  state["settings"] = settings;
+  const std::string path = checkpoint_path(c.ckpt_path, done);
+  save_train_checkpoint(
+      path, slots, state, rt.train_comm->rank() == 0, int(c.max_ckpt_num), tokenizer.get(),
+      sharded_checkpoints(c.ckpt_format, n_train) ? rt.train_comm.get() : nullptr);
+  if (c.save_hf_ckpt)
+    save_hf_model(m.actor->store(), hf_checkpoint_dir(path), rt.train_comm->rank(),
+                  tokenizer.get());
+  LOG0_INFO("checkpoint {}", path);
+}
+
+void RlRun::finish() {
   if (trains) {
     const std::string path = (std::filesystem::path(c.save_path) / "model.h5").string();
     save_model(m.actor->store(), path, rt.train_comm->rank(), tokenizer.get());
@@ -549,7 +679,14 @@ int run_rl(const RlRunConfig& c) {
               since(t_start), path, c.save_path);
   }
   world->barrier();
-  return 0;
+}
+
+}  // namespace
+
+int run_rl(const RlRunConfig& c) {
+  parallel::install_preemption_handlers();
+  RlRun run(c);
+  return run.run();
 }
 
 }  // namespace rlhf::rl
