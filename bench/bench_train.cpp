@@ -7,6 +7,7 @@
 #include <sys/resource.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <map>
 #include <random>
@@ -19,6 +20,7 @@
 #include "core/openblas_core.h"
 #include "model/flops.h"
 #include "model/init.h"
+#include "model/op_clock.h"
 #include "model/ops/matmul_bf16.h"
 #include "parallel/param_store.h"
 #include "parallel/train_model.h"
@@ -141,9 +143,16 @@ TrainStepTime time_train_steps(parallel::TrainModel& net, const model::ModelConf
   optim::AdamWConfig adam;
   adam.lr = lr;
   std::vector<double> times, comm_times;
+  std::vector<std::array<double, 4>> parts;  // gemm, attention, round, optimizer of each step
+  const auto op_clocks = [] {
+    return std::array<double, 3>{model::op_seconds(model::OpKind::kGemm),
+                                 model::op_seconds(model::OpKind::kAttention),
+                                 model::op_seconds(model::OpKind::kBf16Round)};
+  };
   for (int64_t s = 0; s < warmup + steps; ++s) {
     comm.barrier();
     const double c0 = comm.stats().seconds;
+    const std::array<double, 3> o0 = op_clocks();
     const auto t0 = Clock::now();
     net.store().zero_grads();
     for (int64_t m = 0; m < per_rank / mb; ++m) {
@@ -153,11 +162,15 @@ TrainStepTime time_train_steps(parallel::TrainModel& net, const model::ModelConf
       net.forward_lm(tokens.data(), targets.data(), mb, T, lp.data(), nullptr, true);
       net.backward_lm(dlp.data(), nullptr);
     }
+    const auto t_opt = Clock::now();
     parallel::clip_and_step(net.store(), adam, adam.lr, s + 1, 1.0);
+    const double opt_s = since(t_opt);
     if (finish_step) finish_step();
     if (s >= warmup) {
       times.push_back(since(t0));
       comm_times.push_back(comm.stats().seconds - c0);
+      const std::array<double, 3> o1 = op_clocks();
+      parts.push_back({o1[0] - o0[0], o1[1] - o0[1], o1[2] - o0[2], opt_s});
     }
   }
   // The slowest rank sets the step time; the median step is reported.
@@ -168,7 +181,8 @@ TrainStepTime time_train_steps(parallel::TrainModel& net, const model::ModelConf
   for (size_t i = 0; i < idx.size(); ++i) idx[i] = i;
   std::sort(idx.begin(), idx.end(), [&](size_t a, size_t b) { return tmax[a] < tmax[b]; });
   const size_t med = idx[idx.size() / 2];
-  return {tmax[med], cmax[med]};
+  const std::array<double, 4>& p = parts[med];
+  return {tmax[med], cmax[med], p[0], p[1], p[2], p[3]};
 }
 
 namespace {
@@ -229,6 +243,11 @@ nlohmann::json bench_train_variant(const BenchTrainOptions& opt, parallel::Comm&
           {"step_s", step_s},
           {"comm_s", comm_s},
           {"comm_share", comm_s / step_s},
+          {"gemm_s", t.gemm_s},
+          {"attention_s", t.attention_s},
+          {"bf16_round_s", t.round_s},
+          {"optimizer_s", t.optimizer_s},
+          {"other_s", step_s - t.gemm_s - t.attention_s - t.round_s - t.optimizer_s},
           {"tokens_per_s", tokens_per_step / step_s},
           {"flops_per_token", model::training_flops_per_token(cfg, T)},
           {"gflops_per_s", gflops},

@@ -46,9 +46,14 @@ double bench_gemm_model_shapes(const model::ModelConfig& cfg, int64_t rows, cons
                                bool bf16);
 
 /// The median step of a timed training run: wall seconds of the slowest rank, and the seconds that
-/// rank's step spent inside `comm`'s collectives.
+/// rank's step spent inside `comm`'s collectives. Where that step's seconds went on rank 0 (CPU
+/// runs; model/op_clock.h): gemm_s in the linear layers' GEMMs, attention_s in the attention
+/// kernels, round_s rounding to bf16 and back, optimizer_s in clip_and_step (the gradient norm
+/// and AdamW, ZeRO's collectives included); the rest is everything else (norms, activations,
+/// losses, embedding, gathers).
 struct TrainStepTime {
   double step_s = 0, comm_s = 0;
+  double gemm_s = 0, attention_s = 0, round_s = 0, optimizer_s = 0;
 };
 
 /// The timed loop of the training benchmarks (CPU and GPU): warmup + steps optimizer steps of
@@ -63,7 +68,9 @@ TrainStepTime time_train_steps(parallel::TrainModel& net, const model::ModelConf
 
 /// Runs warmup + steps optimizer steps of next-token training on random tokens (collective over
 /// `comm`, the data-parallel group) and emits {"bench":"train", step_s (median of the slowest
-/// rank), comm_s (time inside collectives, i.e. not overlapped with compute), tokens_per_s,
+/// rank), comm_s (time inside collectives, i.e. not overlapped with compute), where rank 0's
+/// median step went (gemm_s, attention_s, bf16_round_s, optimizer_s, other_s: TrainStepTime),
+/// tokens_per_s,
 /// gflops_per_s, sgemm_gflops_per_s (same run, per rank), ratio_to_sgemm (per rank), memory per
 /// rank, ...}. FLOPs per token: model::training_flops_per_token (6·N_matmul + 6·L·H·D·T).
 /// On > 1 rank with zero_stage 3 and compare_zero0, also runs ZeRO-0 and emits

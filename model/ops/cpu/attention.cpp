@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "model/op_clock.h"
 #include "model/ops/cpu/vec_math.h"
 
 namespace rlhf::model {
@@ -203,6 +204,7 @@ void backward_varlen(T* dq, T* dk, T* dv, const T* dout, const T* att, const T* 
 template <typename T>
 void attention_forward_cpu(T* out, T* att, const T* q, const T* k, const T* v, int64_t B,
                            int64_t T_, int64_t H, int64_t Hkv, int64_t D) {
+  const OpClock clock(OpKind::kAttention);
   check_dims("attention_forward_cpu", B, T_, H, Hkv, D);
   forward_varlen(out, att, q, k, v, uniform_cu(B, T_).data(), B, H, Hkv, D);
 }
@@ -211,6 +213,7 @@ template <typename T>
 void attention_backward_cpu(T* dq, T* dk, T* dv, const T* dout, const T* att, const T* q,
                             const T* k, const T* v, int64_t B, int64_t T_, int64_t H, int64_t Hkv,
                             int64_t D) {
+  const OpClock clock(OpKind::kAttention);
   check_dims("attention_backward_cpu", B, T_, H, Hkv, D);
   backward_varlen(dq, dk, dv, dout, att, q, k, v, uniform_cu(B, T_).data(), B, H, Hkv, D);
 }
@@ -219,6 +222,7 @@ template <typename T>
 void attention_forward_varlen_cpu(T* out, T* att, const T* q, const T* k, const T* v,
                                   const int32_t* cu_seqlens, int64_t n_seqs, int64_t H, int64_t Hkv,
                                   int64_t D) {
+  const OpClock clock(OpKind::kAttention);
   check_dims("attention_forward_varlen_cpu", n_seqs, 1, H, Hkv, D);
   check_cu("attention_forward_varlen_cpu", cu_seqlens, n_seqs);
   forward_varlen(out, att, q, k, v, cu_seqlens, n_seqs, H, Hkv, D);
@@ -228,6 +232,7 @@ template <typename T>
 void attention_backward_varlen_cpu(T* dq, T* dk, T* dv, const T* dout, const T* att, const T* q,
                                    const T* k, const T* v, const int32_t* cu_seqlens,
                                    int64_t n_seqs, int64_t H, int64_t Hkv, int64_t D) {
+  const OpClock clock(OpKind::kAttention);
   check_dims("attention_backward_varlen_cpu", n_seqs, 1, H, Hkv, D);
   check_cu("attention_backward_varlen_cpu", cu_seqlens, n_seqs);
   backward_varlen(dq, dk, dv, dout, att, q, k, v, cu_seqlens, n_seqs, H, Hkv, D);

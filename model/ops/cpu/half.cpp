@@ -1,6 +1,7 @@
 // The bfloat16 array conversions of model/ops/half.h.
 #include <algorithm>
 
+#include "model/op_clock.h"
 #include "model/ops/cpu/avx512_util.h"
 #include "model/ops/half.h"
 
@@ -42,6 +43,7 @@ RLHF_AVX512_DIAGNOSTICS_POP
 RLHF_AVX512_DIAGNOSTICS_PUSH
 #endif
 void float_to_bf16_n(bfloat16* dst, const float* src, int64_t n) {
+  const OpClock clock(OpKind::kBf16Round);
   for_chunks(n, [&](int64_t i, int64_t end) {
 #if defined(__AVX512F__)
     for (; i + 16 <= end; i += 16)
@@ -53,6 +55,7 @@ void float_to_bf16_n(bfloat16* dst, const float* src, int64_t n) {
 }
 
 void bf16_to_float_n(float* dst, const bfloat16* src, int64_t n) {
+  const OpClock clock(OpKind::kBf16Round);
   for_chunks(n, [&](int64_t i, int64_t end) {
 #if defined(__AVX512F__)
     for (; i + 16 <= end; i += 16) {
@@ -65,6 +68,7 @@ void bf16_to_float_n(float* dst, const bfloat16* src, int64_t n) {
 }
 
 void round_to_bf16_n(float* x, int64_t n) {
+  const OpClock clock(OpKind::kBf16Round);
   for_chunks(n, [&](int64_t i, int64_t end) {
 #if defined(__AVX512F__)
     for (; i + 16 <= end; i += 16)

@@ -7,6 +7,7 @@
 #include <type_traits>
 
 #include "core/error.h"
+#include "model/op_clock.h"
 
 namespace rlhf::model {
 
@@ -60,6 +61,7 @@ void gemm_cpu(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alp
 template <typename T>
 void linear_forward_cpu(T* y, const T* x, const T* w, const T* b, int64_t N, int64_t IC,
                         int64_t OC) {
+  const OpClock clock(OpKind::kGemm);
   // (N, OC) = (N, IC) · (OC, IC)ᵀ; with a bias, y is pre-filled with b and the GEMM adds into it
   // (beta = 1), which costs one write pass instead of a read-modify-write pass after the GEMM.
   T beta = T(0);
@@ -74,6 +76,7 @@ void linear_forward_cpu(T* y, const T* x, const T* w, const T* b, int64_t N, int
 template <typename T>
 void linear_backward_cpu(T* dx, T* dw, T* db, const T* dy, const T* x, const T* w, int64_t N,
                          int64_t IC, int64_t OC, bool accumulate_dx) {
+  const OpClock clock(OpKind::kGemm);
   // dx (N, IC) = dy (N, OC) · w (OC, IC)
   if (dx != nullptr)
     gemm_cpu<T>(false, false, N, IC, OC, T(1), dy, OC, w, IC, accumulate_dx ? T(1) : T(0), dx, IC);

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "model/op_clock.h"
 
 #ifdef RLHF_ONEDNN
 #include <oneapi/dnnl/dnnl.hpp>
@@ -154,6 +155,7 @@ void run_matmul(memory::data_type dt, bool trans_a, bool trans_b, int64_t M, int
 void gemm(const char* what, bool bf16, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
           const void* A, int64_t lda, const void* B, int64_t ldb, const float* bias, float* C,
           int64_t ldc, bool accumulate) {
+  const OpClock clock(OpKind::kGemm);
   check_args(what, trans_a, trans_b, M, N, K, lda, ldb, ldc);
 #ifdef RLHF_ONEDNN
   if (M == 0 || N == 0) return;
