@@ -15,13 +15,21 @@
 namespace rlhf::model {
 
 template <typename T>
+const bfloat16* bf16_shared_input(const LayerRun<T>& run, const T* x, int64_t width,
+                                  std::vector<bfloat16>& buf) {
+  if constexpr (std::is_same_v<T, float>) return round_bf16_input(run.bf16, x, run.N * width, buf);
+  (void)run, (void)x, (void)width, (void)buf;
+  return nullptr;
+}
+
+template <typename T>
 void project_forward_cpu(Proj p, T* y, const T* x, const LayerParams<const T>& w,
-                         const LayerSpec& s, const LayerRun<T>& run) {
+                         const LayerSpec& s, const LayerRun<T>& run, const bfloat16* x16) {
   const Projection r = projection(s, p);
   bool done = false;
   if constexpr (std::is_same_v<T, float>)
     if (run.bf16 != nullptr) {
-      project_forward_bf16(*run.bf16, p, y, x, w.bias(p), run.N, r.in, r.out);
+      project_forward_bf16(*run.bf16, p, y, x, w.bias(p), run.N, r.in, r.out, x16);
       done = true;
     }
   if (!done) run.linear(y, x, w.weight(p), w.bias(p), run.N, r.in, r.out);
@@ -32,13 +40,13 @@ void project_forward_cpu(Proj p, T* y, const T* x, const LayerParams<const T>& w
 template <typename T>
 void project_backward_cpu(Proj p, T* dx, const T* dy, const T* x, const LayerParams<T>& g,
                           const LayerParams<const T>& w, const LayerSpec& s, const LayerRun<T>& run,
-                          bool accumulate_dx) {
+                          bool accumulate_dx, const bfloat16* x16) {
   const Projection r = projection(s, p);
   bool done = false;
   if constexpr (std::is_same_v<T, float>)
     if (run.bf16 != nullptr) {
       project_backward_bf16(*run.bf16, p, dx, g.weight(p), g.bias(p), dy, x, run.N, r.in, r.out,
-                            accumulate_dx);
+                            accumulate_dx, x16);
       done = true;
     }
   if (!done)
@@ -58,9 +66,11 @@ void decoder_layer_forward_cpu(T* x_out, LayerActs<T>& a, const T* x_in,
   // With QK-norm and backward, the projections land in q_raw/k_raw and the norm writes q/k.
   T* qp = s.qk_norm && a.q_raw ? a.q_raw : a.q;
   T* kp = s.qk_norm && a.k_raw ? a.k_raw : a.k;
-  project_forward_cpu(Proj::kQ, qp, a.ln1, w, s, run);
-  project_forward_cpu(Proj::kK, kp, a.ln1, w, s, run);
-  project_forward_cpu(Proj::kV, a.v, a.ln1, w, s, run);
+  thread_local std::vector<bfloat16> ln1_16;  // ln1 in bf16 once for q, k and v
+  const bfloat16* x16 = bf16_shared_input(run, a.ln1, projection(s, Proj::kQ).in, ln1_16);
+  project_forward_cpu(Proj::kQ, qp, a.ln1, w, s, run, x16);
+  project_forward_cpu(Proj::kK, kp, a.ln1, w, s, run, x16);
+  project_forward_cpu(Proj::kV, a.v, a.ln1, w, s, run, x16);
   if (s.qk_norm) {
     RLHF_ASSERT(w.q_norm != nullptr && w.k_norm != nullptr && a.q_rstd && a.k_rstd);
     rmsnorm_forward_cpu(a.q, a.q_rstd, qp, w.q_norm, N * s.H, s.D, eps);
@@ -104,18 +114,22 @@ void decoder_layer_backward_cpu(T* dres, const LayerParams<T>& g, LayerGradScrat
     dqp = d.dq_raw;
     dkp = d.dk_raw;
   }
-  project_backward_cpu(Proj::kQ, d.dln, dqp, a.ln1, g, w, s, run, false);
-  project_backward_cpu(Proj::kK, d.dln, dkp, a.ln1, g, w, s, run, true);
-  project_backward_cpu(Proj::kV, d.dln, d.dv, a.ln1, g, w, s, run, true);
+  thread_local std::vector<bfloat16> ln1_16;  // ln1 in bf16 once for the q, k and v gradients
+  const bfloat16* x16 = bf16_shared_input(run, a.ln1, projection(s, Proj::kQ).in, ln1_16);
+  project_backward_cpu(Proj::kQ, d.dln, dqp, a.ln1, g, w, s, run, false, x16);
+  project_backward_cpu(Proj::kK, d.dln, dkp, a.ln1, g, w, s, run, true, x16);
+  project_backward_cpu(Proj::kV, d.dln, d.dv, a.ln1, g, w, s, run, true, x16);
   rmsnorm_backward_cpu(dres, g.w_in, d.dln, x_in, w.w_in, a.rstd1, N, C);
 }
 
-#define RLHF_INSTANTIATE_PROJECT(T)                                                          \
-  template void project_forward_cpu<T>(Proj, T*, const T*, const LayerParams<const T>&,      \
-                                       const LayerSpec&, const LayerRun<T>&);                \
-  template void project_backward_cpu<T>(Proj, T*, const T*, const T*, const LayerParams<T>&, \
-                                        const LayerParams<const T>&, const LayerSpec&,       \
-                                        const LayerRun<T>&, bool);
+#define RLHF_INSTANTIATE_PROJECT(T)                                                            \
+  template void project_forward_cpu<T>(Proj, T*, const T*, const LayerParams<const T>&,        \
+                                       const LayerSpec&, const LayerRun<T>&, const bfloat16*); \
+  template void project_backward_cpu<T>(Proj, T*, const T*, const T*, const LayerParams<T>&,   \
+                                        const LayerParams<const T>&, const LayerSpec&,         \
+                                        const LayerRun<T>&, bool, const bfloat16*);            \
+  template const bfloat16* bf16_shared_input<T>(const LayerRun<T>&, const T*, int64_t,         \
+                                                std::vector<bfloat16>&);
 RLHF_INSTANTIATE_PROJECT(float)
 RLHF_INSTANTIATE_PROJECT(double)
 #undef RLHF_INSTANTIATE_PROJECT

@@ -13,11 +13,13 @@
 
 #include <cstdint>
 #include <functional>
+#include <vector>
 
 #include "model/activations.h"
 #include "model/arch.h"
 #include "model/layer_params.h"
 #include "model/ops/cuda_types.h"
+#include "model/ops/half.h"
 #include "model/projections.h"
 
 namespace rlhf::model {
@@ -56,17 +58,27 @@ struct LayerRun {
 /// (model/projections.h), N = run.N, through run.linear. A per-projection extension (a LoRA
 /// adapter's low-rank path, another GEMM precision) is an edit here and in
 /// project_backward_cpu.
+/// x16: in bf16 passes, x rounded to bf16 by the caller once for the projections that share it
+/// (bf16_shared_input), else nullptr.
 template <typename T>
 void project_forward_cpu(Proj p, T* y, const T* x, const LayerParams<const T>& w,
-                         const LayerSpec& s, const LayerRun<T>& run);
+                         const LayerSpec& s, const LayerRun<T>& run, const bfloat16* x16 = nullptr);
 
 /// Backward of project_forward_cpu over run.N rows (linear_backward_cpu; in bf16 when run.bf16): dx
 /// (N, in) = dy · W (+= with accumulate_dx; skipped when dx is nullptr), g.weight(p) += dyᵀ · x
 /// (skipped when nullptr: a frozen weight), g.bias(p) += Σ_n dy (skipped when nullptr).
+/// x16 as in project_forward_cpu.
 template <typename T>
 void project_backward_cpu(Proj p, T* dx, const T* dy, const T* x, const LayerParams<T>& g,
                           const LayerParams<const T>& w, const LayerSpec& s, const LayerRun<T>& run,
-                          bool accumulate_dx);
+                          bool accumulate_dx, const bfloat16* x16 = nullptr);
+
+/// In a bf16 pass with unpacked weights (run.bf16), x (run.N rows of `width`) rounded to bf16 into
+/// buf, for the projections that read it (q/k/v: ln1; gate/up: ln2) to share; nullptr otherwise
+/// (fp32 or double passes, the engine's packed decode).
+template <typename T>
+const bfloat16* bf16_shared_input(const LayerRun<T>& run, const T* x, int64_t width,
+                                  std::vector<bfloat16>& buf);
 
 /// One decoder layer forward (see the file comment). x_in, x_out: (N, C); x_out may alias x_in
 /// (x_in is not read after x_mid is formed). Every LayerActs buffer the spec needs must be set.

@@ -37,19 +37,28 @@ struct LayerBf16 {
 /// y (N, OC) = round_bf16(round_bf16(x) · Wᵀ + bias), W = b.w.weight(p) (OC, IC) bf16 (or its
 /// packed panels when b.packed: linear_decode_packed_bf16_cpu, batch-invariant), x (N, IC) fp32,
 /// bias (OC) fp32 or nullptr; fp32 accumulation. y is assigned (fp32 storage of bf16 values).
+/// x16: round_bf16(x) when the caller has it (one input shared by several projections:
+/// round_bf16_input), else nullptr (rounded here); the packed kernel ignores it.
 /// Throws rlhf::Error without oneDNN (unpacked) or on a negative dimension.
 void project_forward_bf16(const LayerBf16& b, Proj p, float* y, const float* x, const float* bias,
-                          int64_t N, int64_t IC, int64_t OC);
+                          int64_t N, int64_t IC, int64_t OC, const bfloat16* x16 = nullptr);
 
 /// Backward of project_forward_bf16 (unpacked only): with dy16 = round_bf16(dy) (N, OC) and
 /// x16 = round_bf16(x) (N, IC),
 ///   dx (N, IC)  = round_bf16(dy16 · W [+ dx when accumulate_dx])  (skipped when dx is nullptr)
 ///   dw (OC, IC) += dy16ᵀ · x16 in fp32                                (skipped when nullptr)
 ///   db (OC)     += Σ_n dy in fp32                                     (skipped when nullptr)
+/// x16: round_bf16(x) when the caller has it, else nullptr (rounded here when dw is needed).
 /// Throws rlhf::Error without oneDNN or when b.packed.
 void project_backward_bf16(const LayerBf16& b, Proj p, float* dx, float* dw, float* db,
                            const float* dy, const float* x, int64_t N, int64_t IC, int64_t OC,
-                           bool accumulate_dx);
+                           bool accumulate_dx, const bfloat16* x16 = nullptr);
+
+/// round_bf16(x) (n values) into buf, once for the several projections that read the same input
+/// (q/k/v, gate/up) when b computes unpacked GEMMs; nullptr when b is nullptr or packed (nothing
+/// to share). The pointer is valid until buf changes.
+const bfloat16* round_bf16_input(const LayerBf16* b, const float* x, int64_t n,
+                                 std::vector<bfloat16>& buf);
 
 /// A bf16 copy of unit buffers, converted at most once per (source buffer, unit, pass): a pass
 /// (ZeRO-3 gather, a sweep's several batches, checkpointing's recompute) that visits a unit again

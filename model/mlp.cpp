@@ -28,12 +28,15 @@ template <typename T>
 void mlp_forward_cpu(T* y, LayerActs<T>& a, const T* x, const LayerParams<const T>& w,
                      const LayerSpec& s, const LayerRun<T>& run) {
   switch (s.mlp) {
-    case MlpKind::kDense:
-      project_forward_cpu(Proj::kGate, a.gate, x, w, s, run);
-      project_forward_cpu(Proj::kUp, a.up, x, w, s, run);
+    case MlpKind::kDense: {
+      thread_local std::vector<bfloat16> x16_buf;  // x in bf16 once for gate and up
+      const bfloat16* x16 = bf16_shared_input(run, x, projection(s, Proj::kGate).in, x16_buf);
+      project_forward_cpu(Proj::kGate, a.gate, x, w, s, run, x16);
+      project_forward_cpu(Proj::kUp, a.up, x, w, s, run, x16);
       swiglu_forward_cpu(a.h, a.gate, a.up, run.N, s.F);
       project_forward_cpu(Proj::kDown, y, a.h, w, s, run);
       return;
+    }
   }
 }
 
@@ -43,12 +46,15 @@ void mlp_backward_cpu(T* dx, const LayerParams<T>& g, LayerGradScratch<T>& d, co
                       const LayerRun<T>& run) {
   const int64_t N = run.N;
   switch (s.mlp) {
-    case MlpKind::kDense:
+    case MlpKind::kDense: {
       project_backward_cpu(Proj::kDown, d.dh, dy, a.h, g, w, s, run, false);
       swiglu_backward_cpu(d.dgate, d.dup, d.dh, a.gate, a.up, N, s.F);
-      project_backward_cpu(Proj::kGate, dx, d.dgate, x, g, w, s, run, false);
-      project_backward_cpu(Proj::kUp, dx, d.dup, x, g, w, s, run, true);
+      thread_local std::vector<bfloat16> x16_buf;  // x in bf16 once for the gate and up gradients
+      const bfloat16* x16 = bf16_shared_input(run, x, projection(s, Proj::kGate).in, x16_buf);
+      project_backward_cpu(Proj::kGate, dx, d.dgate, x, g, w, s, run, false, x16);
+      project_backward_cpu(Proj::kUp, dx, d.dup, x, g, w, s, run, true, x16);
       return;
+    }
   }
 }
 
