@@ -44,16 +44,21 @@ for lib in libcublasLt.so.13 libcublas.so.13 libcudnn.so.9 libnccl.so.2; do
   if [ -z "$p" ]; then echo "gpu_check: $lib not found on this machine"; continue; fi
   case ":$NV:" in *":$(dirname "$p"):"*) ;; *) NV="$NV:$(dirname "$p")" ;; esac
 done
-# The bundle's libraries for rlhf's binaries only (wrappers), not for the machine's own tools.
-LIBS="$ROOT/lib$NV"
-if ! LD_LIBRARY_PATH="$LIBS" "$ROOT/bin/rlhf" --version > /dev/null 2>&1; then
-  LIBS="$LIBS:$ROOT/lib-fallback"
-fi
-mkdir -p "$ROOT/wrap"
-for b in rlhf rlhf_tests rlhf_mpi_tests; do
-  printf '#!/bin/sh\nLD_LIBRARY_PATH="%s" exec "%s" "$@"\n' "$LIBS" "$ROOT/bin/$b" > "$ROOT/wrap/$b"
-  chmod +x "$ROOT/wrap/$b"
-done
+# wrap <bundle root> <extra library dirs> <binary...>: <root>/wrap/<binary> runs <root>/bin/<binary>
+# with the bundle's libraries (for rlhf's binaries only, not for the machine's own tools), and
+# lib-fallback's libstdc++ when the machine's is older; prints that library path.
+wrap() {
+  local root=$1 libs="$1/lib$2" b
+  shift 2
+  LD_LIBRARY_PATH="$libs" "$root/bin/rlhf" --version > /dev/null 2>&1 || libs="$libs:$root/lib-fallback"
+  mkdir -p "$root/wrap"
+  for b in "$@"; do
+    printf '#!/bin/sh\nLD_LIBRARY_PATH="%s" exec "%s" "$@"\n' "$libs" "$root/bin/$b" > "$root/wrap/$b"
+    chmod +x "$root/wrap/$b"
+  done
+  echo "$libs"
+}
+LIBS=$(wrap "$ROOT" "$NV" rlhf rlhf_tests rlhf_mpi_tests)
 export OMPI_MCA_mca_base_component_path="$ROOT/openmpi" OMPI_MCA_ess_singleton_isolated=1
 export OMPI_MCA_btl=self,vader OMPI_MCA_pml=ob1 OMPI_MCA_btl_vader_single_copy_mechanism=none
 export OMPI_MCA_mtl="^ofi,psm,psm2" OMPI_MCA_osc="^ucx" OMPI_MCA_coll="^han"
@@ -210,13 +215,10 @@ step_amx() {
   local cpu=$RLHF cpu_tar
   cpu_tar="$(dirname "$TAR")/rlhf-cpu.tar.xz"
   if [ -f "$cpu_tar" ]; then
-    local root=/tmp/rlhf-cpu libs
+    local root=/tmp/rlhf-cpu
     [ -x "$root/bin/rlhf" ] || tar -C /tmp -xJf "$cpu_tar" || { echo "cannot unpack $cpu_tar"; return 1; }
-    libs="$root/lib"
-    LD_LIBRARY_PATH="$libs" "$root/bin/rlhf" --version > /dev/null 2>&1 || libs="$libs:$root/lib-fallback"
-    printf '#!/bin/sh\nLD_LIBRARY_PATH="%s" exec "%s" "$@"\n' "$libs" "$root/bin/rlhf" > "$root/rlhf"
-    chmod +x "$root/rlhf"
-    cpu=$root/rlhf
+    wrap "$root" "" rlhf > /dev/null
+    cpu=$root/wrap/rlhf
   else
     echo "gpu_check: no $cpu_tar: the GPU build measures the CPU (its own kernels x86-64-v3)" |
       tee -a "$OUT/amx.log"
