@@ -24,9 +24,7 @@ TEST_CASE("bench cuda: spec-sheet peaks by device name") {
 TEST_CASE("bench cuda: train and generate rows on a tiny model") {
   RLHF_SKIP_WITHOUT_CUDA_DEVICE();
 #ifdef RLHF_CUDA
-  int inited = 0;
-  MPI_Initialized(&inited);
-  if (!inited) MPI_Init(nullptr, nullptr);  // the unit-test binary runs without mpirun
+  test::init_mpi();
   const model::ModelConfig c = test::small_gpu_config(4, 2, 97);
   std::vector<nlohmann::json> rows;
   const bench::Emit emit = [&](const nlohmann::json& r) { rows.push_back(r); };

@@ -16,9 +16,7 @@ namespace {
 
 // One bench partial row for a tiny model: 8 groups a step, 4 new tokens, one straggler of 16.
 nlohmann::json run_tiny(const model::ModelConfig& config, bool cuda) {
-  int inited = 0;
-  MPI_Initialized(&inited);
-  if (!inited) MPI_Init(nullptr, nullptr);  // the unit-test binary runs without mpirun
+  test::init_mpi();
   bench::BenchPartialOptions o;
   o.config = config;
   o.samples = 8;

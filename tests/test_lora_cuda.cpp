@@ -46,9 +46,7 @@ constexpr double kNmseValues = 1e-3;
 constexpr double kNmseGrads = 1e-3;
 
 parallel::Comm& self_comm() {
-  int inited = 0;
-  MPI_Initialized(&inited);
-  if (!inited) MPI_Init(nullptr, nullptr);  // the unit-test binary runs without mpirun
+  test::init_mpi();
   static std::unique_ptr<parallel::Comm> self = parallel::make_comm(MPI_COMM_SELF, "self");
   return *self;
 }

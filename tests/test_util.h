@@ -4,6 +4,7 @@
 
 #include <doctest/doctest.h>
 #include <fmt/format.h>
+#include <mpi.h>
 #include <omp.h>
 
 #include <cmath>
@@ -15,6 +16,14 @@
 #include <vector>
 
 namespace rlhf::test {
+
+/// MPI_Init unless MPI is already initialised: for tests that need a communicator or a benchmark
+/// inside the unit-test binary, which runs without mpirun (Open MPI then runs as a singleton).
+inline void init_mpi() {
+  int inited = 0;
+  MPI_Initialized(&inited);
+  if (!inited) MPI_Init(nullptr, nullptr);
+}
 
 /// Sets the OpenMP thread count for a scope and restores it afterwards.
 struct ScopedThreads {

@@ -140,9 +140,7 @@ TEST_CASE("supervised: the ranks' samples of a step tile its global batch, for a
 
 TEST_CASE(
     "supervised: the loop on one rank (pre-pass, micro-batches, order, steps, records, saves)") {
-  int inited = 0;
-  MPI_Initialized(&inited);
-  if (!inited) MPI_Init(nullptr, nullptr);  // the unit-test binary runs without mpirun
+  test::init_mpi();
   auto comm = parallel::make_comm(MPI_COMM_SELF, "train_comm");
   const model::ParamLayout layout(tiny_config(), model::HeadKind::kLM);
   auto net = parallel::make_cpu_train_model(
