@@ -248,8 +248,9 @@ struct ParallelArgs {
   /// --nccl_timeout: seconds a GPU collective may take before the NCCL watchdog ends the job
   /// (0 = none; -1 = --comm_timeout)
   double nccl_timeout = -1;
-  /// --attn_implementation: GPU attention: auto (cudnn where it runs) | flash (this project's
-  /// kernels) | cudnn (fused SDPA); parallel::use_attention_implementation
+  /// --attn_implementation: auto (GPU: cudnn where it runs; CPU bf16: onednn where bf16 GEMMs
+  /// beat fp32) | flash (this project's kernels) | cudnn (GPU fused SDPA) | onednn (CPU bf16
+  /// attention products); parallel::use_attention_implementation, use_cpu_attention_implementation
   std::string attn_implementation = "auto";
   /// --param_dtype: the models' compute precision, bf16 | fp32 | auto (app/param_dtype.h)
   std::string param_dtype = "auto";

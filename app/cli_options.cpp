@@ -183,10 +183,12 @@ void ParallelArgs::bind(OptionSet& o) {
       .check(one_of({"auto", "cpu", "cuda"}))
       .env("RLHF_DEVICE");
   o.add("attn_implementation", attn_implementation,
-        "GPU attention in training passes: auto (cudnn where cuDNN's fused attention runs on "
-        "the GPU, else flash), cudnn (cuDNN's tensor-core attention where it serves the shape), "
-        "flash (this project's kernels: deterministic)")
-      .check(one_of({"auto", "flash", "cudnn"}));
+        "Attention in training and scoring passes: auto (GPU: cudnn where cuDNN's fused attention "
+        "runs, else flash; CPU in bf16: onednn where the CPU's bf16 GEMMs beat fp32 ones, else "
+        "the fp32 kernels), cudnn (GPU: cuDNN's tensor-core attention where it serves the shape), "
+        "flash (this project's kernels: deterministic; on the CPU its fp32 kernels), onednn (CPU "
+        "with --param_dtype bf16: attention's products as bf16 oneDNN GEMMs)")
+      .check(one_of({"auto", "flash", "cudnn", "onednn"}));
   o.add("param_dtype", param_dtype,
         "Compute precision of the models' GEMMs: bf16 (bf16 weights and activations, fp32 "
         "accumulation, fp32 master weights, gradients and AdamW moments), fp32, or auto = bf16 on "

@@ -54,6 +54,9 @@ int run_bench(const BenchArgs& args) {
     if (!args.model_config.empty())
       gpu_models.emplace_back(args.model_config, io::load_model_config_file(args.model_config));
   }
+  if (!cuda)
+    parallel::use_cpu_attention_implementation(args.parallel.attn_implementation,
+                                               cpu_bf16(args.parallel, false));
   auto wants = [&](const char* s) {
     for (const auto& x : args.suites)
       if (x == s || x == "all") return true;
@@ -208,6 +211,7 @@ int run_bench(const BenchArgs& args) {
       o.model = args.model_config;
       o.config = io::load_model_config_file(args.model_config);
     }
+    o.seq_len = args.seq_len;
     bench::run_bench_gemm(o, emit);
   }
   if (std::find(args.suites.begin(), args.suites.end(), "packing") != args.suites.end()) {

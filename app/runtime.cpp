@@ -16,7 +16,17 @@ parallel::RuntimeOptions runtime_options(const ParallelArgs& args, int tensor_pa
   o.nccl_timeout = args.nccl_timeout < 0 ? args.comm_timeout : args.nccl_timeout;
   o.attn_implementation = args.attn_implementation;
   o.tensor_parallel = tensor_parallel;
-  o.bf16 = cpu_bf16(args, parallel::resolve_device(args.device) == parallel::Device::kCuda);
+  const bool gpu = parallel::resolve_device(args.device) == parallel::Device::kCuda;
+  o.bf16 = cpu_bf16(args, gpu);
+  if (args.attn_implementation == "onednn" && gpu)
+    throw UsageError(
+        "--attn_implementation onednn is the CPU's bf16 attention; this run trains on the GPU\n"
+        "hint: --attn_implementation auto, cudnn or flash there, or --device cpu");
+  if (args.attn_implementation == "onednn" && !o.bf16)
+    throw UsageError(
+        "--attn_implementation onednn computes attention's products in bf16, but this run's "
+        "models compute in fp32 on the CPU\nhint: --param_dtype bf16, or --attn_implementation "
+        "auto");
   return o;
 }
 

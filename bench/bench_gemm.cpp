@@ -13,6 +13,8 @@
 #include "core/cpu_features.h"
 #include "core/log.h"
 #include "core/openblas_core.h"
+#include "model/ops/attention.h"
+#include "model/ops/attention_bf16.h"
 #include "model/ops/half.h"
 #include "model/ops/linear_decode.h"
 #include "model/ops/matmul_bf16.h"
@@ -44,6 +46,75 @@ struct Gemm {
   bool trans_a, trans_b, accumulate;
   int64_t M, N, K;
 };
+
+// Training attention at the model's heads, rows / seq_len samples of seq_len tokens: the fp32
+// kernels (per-head sgemm) against the bf16-product kernels (oneDNN tiles), forward and backward
+// on the same inputs. Returns nothing; emits one row per implementation.
+void bench_attention(const BenchGemmOptions& opt, const Emit& emit, const std::string& isa) {
+  const model::ModelConfig& cfg = opt.config;
+  const int64_t T = std::min(opt.seq_len, opt.rows), B = std::max<int64_t>(1, opt.rows / T);
+  const int64_t H = cfg.num_attention_heads, Hkv = cfg.num_key_value_heads, D = cfg.D();
+  const int64_t N = B * T;
+  std::mt19937 rng(2);
+  std::uniform_real_distribution<float> dist(-1, 1);
+  std::vector<float> q(size_t(N * H * D)), k(size_t(N * Hkv * D)), v(k.size()), dout(q.size());
+  for (auto* x : {&q, &k, &v, &dout})
+    for (auto& e : *x) e = dist(rng);
+  std::vector<float> out(q.size()), att(size_t(B * H * T * T)), dq(q.size()), dk(k.size()),
+      dv(k.size());
+  std::vector<int32_t> cu(size_t(B + 1));
+  for (int64_t b = 0; b <= B; ++b) cu[size_t(b)] = int32_t(b * T);
+  // Causal products only: forward 2 GEMMs of T(T+1)/2 · D multiply-adds per head, backward 4.
+  const double fwd_flops = 2.0 * 2.0 * double(T) * double(T + 1) / 2.0 * double(D * H * B);
+  const double t_min = std::min(opt.min_seconds, 0.3);
+  double t32 = 0;
+  for (const bool bf16 : {false, true}) {
+    if (bf16 && !model::onednn_available()) break;
+    const double tf = time_call(
+        [&] {
+          if (bf16)
+            model::attention_forward_bf16_cpu(out.data(), att.data(), q.data(), k.data(), v.data(),
+                                              cu.data(), B, H, Hkv, D);
+          else
+            model::attention_forward_varlen_cpu(out.data(), att.data(), q.data(), k.data(),
+                                                v.data(), cu.data(), B, H, Hkv, D);
+        },
+        t_min);
+    const double tb = time_call(
+        [&] {
+          if (bf16)
+            model::attention_backward_bf16_cpu(dq.data(), dk.data(), dv.data(), dout.data(),
+                                               att.data(), q.data(), k.data(), v.data(), cu.data(),
+                                               B, H, Hkv, D);
+          else
+            model::attention_backward_varlen_cpu(dq.data(), dk.data(), dv.data(), dout.data(),
+                                                 att.data(), q.data(), k.data(), v.data(),
+                                                 cu.data(), B, H, Hkv, D);
+        },
+        t_min);
+    if (!bf16) t32 = tf + tb;
+    const char* impl = bf16 ? "onednn_bf16" : "sgemm_fp32";
+    emit({{"bench", "gemm_attention"},
+          {"model", opt.model},
+          {"B", B},
+          {"T", T},
+          {"H", H},
+          {"Hkv", Hkv},
+          {"D", D},
+          {"impl", impl},
+          {"forward_us", tf * 1e6},
+          {"backward_us", tb * 1e6},
+          {"gflops_per_s", 3.0 * fwd_flops / (tf + tb) / 1e9},
+          {"speedup_vs_fp32", t32 / (tf + tb)},
+          {"isa", isa},
+          {"threads", omp_get_max_threads()}});
+    LOG0_INFO(
+        "bench gemm: attention {}x{} tokens, {} heads ({} KV) of {} | {:11s} forward {:8.0f} us + "
+        "backward {:8.0f} us = {:6.1f} GFLOP/s (causal), {:.2f}x the fp32 kernels",
+        B, T, H, Hkv, D, impl, tf * 1e6, tb * 1e6, 3.0 * fwd_flops / (tf + tb) / 1e9,
+        t32 / (tf + tb));
+  }
+}
 
 }  // namespace
 
@@ -203,6 +274,7 @@ void run_bench_gemm(const BenchGemmOptions& opt, const Emit& emit) {
         name, t32 * 1e6, 4.0 * double(n) / t32 / 1e9, t16 * 1e6, 2.0 * double(n) / t16 / 1e9,
         t32 / t16);
   }
+  bench_attention(opt, emit, isa);
   const double sgemm = totals["openblas_sgemm"].first / totals["openblas_sgemm"].second / 1e9;
   for (const char* impl : {"openblas_sgemm", "onednn_f32", "onednn_bf16"}) {
     if (totals.count(impl) == 0) continue;

@@ -19,6 +19,7 @@ struct BenchGemmOptions {
   /// 49152).
   model::ModelConfig config = shape135m_config();
   int64_t rows = 2048;       ///< M: tokens per GEMM
+  int64_t seq_len = 256;     ///< attention: tokens per sample (rows / seq_len samples)
   bool lm_head = true;       ///< also the LM head (C -> V; forward only: its flops dwarf the rest)
   double min_seconds = 0.5;  ///< timed repeats of one GEMM until this long (at least one)
 };
@@ -36,7 +37,11 @@ struct BenchGemmOptions {
 /// Then per shape the engine's batch-1 decode kernel (model/ops/linear_decode.h) over fp32 and
 /// bf16 packed weights: {"bench":"gemm_decode", linear, M = 1, N, K, impl ("packed_fp32" |
 /// "packed_bf16"), time_us, weight_GBps (packed weight bytes / time), speedup_vs_fp32, isa,
-/// threads}.
+/// threads}. Then the training attention at the model's heads over rows / seq_len samples of
+/// seq_len tokens, the fp32 kernels (model/ops/attention.h) against the bf16-product ones
+/// (model/ops/attention_bf16.h; without oneDNN only the first): {"bench":"gemm_attention", B, T,
+/// H, Hkv, D, impl ("sgemm_fp32" | "onednn_bf16"), forward_us, backward_us, gflops_per_s (the
+/// causal half's flops, forward + backward), speedup_vs_fp32, isa, threads}.
 void run_bench_gemm(const BenchGemmOptions& opt, const Emit& emit);
 
 }  // namespace rlhf::bench

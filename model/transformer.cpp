@@ -8,6 +8,7 @@
 #include "core/error.h"
 #include "model/layer_params.h"
 #include "model/ops/attention.h"
+#include "model/ops/attention_bf16.h"
 #include "model/ops/embedding.h"
 #include "model/ops/linear.h"
 #include "model/ops/logprob.h"
@@ -75,6 +76,13 @@ LayerRun<T> Transformer<T>::layer_run(LayerActs<T>& s, const int32_t* pos) const
   T* att = s.att;
   const int32_t* cu = cu_.data();
   const int64_t n = int64_t(cu_.size()) - 1, H = H_, Hkv = Hkv_, D = D_;
+  if constexpr (std::is_same_v<T, float>)
+    if (attn_bf16_) {
+      run.attention = [att, cu, n, H, Hkv, D](T* atty, const T* q, const T* k, const T* v) {
+        attention_forward_bf16_cpu(atty, att, q, k, v, cu, n, H, Hkv, D);
+      };
+      return run;
+    }
   run.attention = [att, cu, n, H, Hkv, D](T* atty, const T* q, const T* k, const T* v) {
     attention_forward_varlen_cpu(atty, att, q, k, v, cu, n, H, Hkv, D);
   };
@@ -192,6 +200,9 @@ void Transformer<T>::head_linear_backward(T* dx, T* dw, const T* dy, const T* x,
 template <typename T>
 void Transformer<T>::reserve(int64_t B, int64_t T_len, bool for_backward, SeqLens seqs) {
   set_geometry(B, T_len, seqs);
+  // The pass's attention, fixed here so that its backward reads the probabilities the way its
+  // forward saved them.
+  attn_bf16_ = std::is_same_v<T, float> && bf16_ && cpu_attention_bf16();
   // Every buffer below is N = B·T rows of a bounded model width (ModelConfig::validate), times the
   // layers kept for backward: refuse a batch whose buffers would not fit in int64 before any
   // product can wrap.
@@ -394,9 +405,13 @@ void Transformer<T>::layer_backward(const T* params, T* grads, int l, const T* x
   const T* att = a.att;
   const int32_t* cu = cu_.data();
   const int64_t n = int64_t(cu_.size()) - 1, H = H_, Hkv = Hkv_, D = D_;
-  const AttentionBackwardFn<T> attention = [att, cu, n, H, Hkv, D](T* dq, T* dk, T* dv,
-                                                                   const T* datty, const T* q,
-                                                                   const T* k, const T* v) {
+  const bool bf16_att = attn_bf16_;
+  const AttentionBackwardFn<T> attention = [att, cu, n, H, Hkv, D, bf16_att](
+                                               T* dq, T* dk, T* dv, const T* datty, const T* q,
+                                               const T* k, const T* v) {
+    if constexpr (std::is_same_v<T, float>)
+      if (bf16_att)
+        return attention_backward_bf16_cpu(dq, dk, dv, datty, att, q, k, v, cu, n, H, Hkv, D);
     attention_backward_varlen_cpu(dq, dk, dv, datty, att, q, k, v, cu, n, H, Hkv, D);
   };
   LayerRun<T> run = layer_run(a);

@@ -207,6 +207,9 @@ class Transformer : public ModelLoop<Transformer<T>, T, LayerActs<T>> {
   // bf16 mode (set_bf16): the copy of the layer unit being run and of the head's weight, and the
   // view layer_run hands the decoder layer.
   bool bf16_ = false;
+  // This pass's attention takes bf16 products (model/ops/attention_bf16.h): bf16_ and
+  // cpu_attention_bf16() when the pass began (reserve).
+  bool attn_bf16_ = false;
   Bf16UnitCache bf16_layer_, bf16_head_;
   LayerBf16 bf16_view_;
   std::vector<T> bf16_small_, bf16_norm_;  // bf16_layer_small / final_norm_weight copies

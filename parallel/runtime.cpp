@@ -7,11 +7,14 @@
 #include <algorithm>
 #include <thread>
 
+#include "core/cpu_features.h"
 #include "core/cuda_check.h"
 #include "core/device_memory.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "model/ops/attention.h"
+#include "model/ops/attention_bf16.h"
+#include "model/ops/matmul_bf16.h"
 #include "parallel/mpi_check.h"
 #include "parallel/watchdog.h"
 
@@ -111,6 +114,7 @@ Device setup_device(const RuntimeOptions& opts, const Topology& topo, int* cuda_
   if (cuda_device != nullptr) *cuda_device = -1;
   if (device == Device::kCpu) {
     LOG0_INFO("device: cpu");
+    use_cpu_attention_implementation(opts.attn_implementation, opts.bf16);
     return device;
   }
 #ifdef RLHF_CUDA
@@ -147,6 +151,21 @@ void use_attention_implementation(const std::string& name) {
 #else
   (void)name;
 #endif
+}
+
+void use_cpu_attention_implementation(const std::string& name, bool bf16) {
+  const bool faster = cpu_bf16_class(cpu_features()) == CpuBf16::kFaster;
+  RLHF_CHECK(name != "onednn" || model::onednn_available(),
+             "--attn_implementation onednn: this build has no oneDNN\nhint: --attn_implementation "
+             "auto, or install libdnnl-dev (scripts/install-deps.sh) and rebuild");
+  const bool on = name == "onednn" || (name == "auto" && faster && model::onednn_available());
+  model::set_cpu_attention_bf16(on);
+  if (!bf16) return;
+  if (on)
+    LOG0_INFO("attention: bf16 products through oneDNN (--attn_implementation {})", name);
+  else
+    LOG0_INFO("attention: the fp32 kernels on bf16-rounded q, k, v (--attn_implementation {}{})",
+              name, name == "auto" ? ": this CPU's bf16 GEMMs are no faster than fp32 ones" : "");
 }
 
 int64_t training_pad_multiple(Device device) {

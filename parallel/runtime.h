@@ -21,7 +21,7 @@ struct RuntimeOptions {
   std::string device = "auto";        ///< --device: auto | cpu | cuda
   double comm_timeout = 1800;         ///< --comm_timeout: CPU collective watchdog (s, 0 = none)
   double nccl_timeout = 1800;         ///< --nccl_timeout (s, 0 = none)
-  std::string attn_implementation = "flash";  ///< --attn_implementation: flash | cudnn
+  std::string attn_implementation = "flash";  ///< --attn_implementation: flash|cudnn|onednn|auto
   int tensor_parallel = 1;  ///< --vllm_tensor_parallel_size: ranks per generation engine
   /// --param_dtype resolved to bf16 for the CPU (app::cpu_bf16): CPU models compute in bf16
   bool bf16 = false;
@@ -50,6 +50,14 @@ int select_node_local_cuda_device(MPI_Comm world);
 /// attention runs on this GPU, else flash), anything else "flash". Call after the GPU is
 /// selected. No-op in a build without CUDA.
 void use_attention_implementation(const std::string& name);
+
+/// --attn_implementation for the CPU bf16 compute mode's attention (model::set_cpu_attention_bf16):
+/// "onednn" = attention's products as bf16 oneDNN GEMMs (model/ops/attention_bf16.h); "auto" =
+/// the same where this CPU's bf16 GEMMs beat fp32 ones (CpuBf16::kFaster: AMX, or AVX512-BF16 off
+/// Intel) and the build has oneDNN; anything else = the fp32 kernels on the bf16-rounded q, k, v.
+/// Logged on rank 0 when bf16 (the models compute in bf16 on the CPU). Throws rlhf::Error for
+/// "onednn" without oneDNN.
+void use_cpu_attention_implementation(const std::string& name, bool bf16);
 
 /// Tokens a padded training micro-batch's length is rounded up to a multiple of while cuDNN's
 /// attention is in use: cuDNN builds (compiles) a plan per (B, T), and RL micro-batches would

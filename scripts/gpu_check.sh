@@ -15,7 +15,8 @@
 #             samples x 512 new tokens, colocated, one GPU; phases from metrics.jsonl, the GPU's
 #             peak memory from nvidia-smi sampled every 200 ms (<out dir>/grpo1b_mem.csv)
 #   amx    issue 24 on this machine's own CPU (a Xeon with AMX), 2 threads on 2 cores: oneDNN
-#          bf16 against fp32 matmuls, bf16 against fp32 training and decode at the SmolLM-135M
+#          bf16 against fp32 matmuls and attention (bench gemm's gemm_attention rows), bf16
+#          (attention through oneDNN: auto) against fp32 training and decode at the SmolLM-135M
 #          shape, and PyTorch side by side where this machine has it; with rlhf-cpu.tar.xz
 #          beside the bundle (gpu_bundle.sh's CPU build) when there, else the GPU build (whose
 #          own kernels are x86-64-v3 only); not in the default list

@@ -8,7 +8,10 @@
 //    per-pass weight copies are reused correctly);
 //  - every weight is read as its bf16 value: fp32 weights and the same weights rounded to bf16
 //    beforehand give bit-identical outputs and gradients (norm weights, biases, embedding too);
-//  - a few AdamW steps of bf16 training track fp32 training.
+//  - a few AdamW steps of bf16 training track fp32 training;
+//  - with attention's products in bf16 too (--attn_implementation onednn), packed into two
+//    64-token blocks: log-probs and gradients against fp64 within the same bounds, different from
+//    the fp32-kernel attention, and gradient checkpointing bit-identical.
 // Every case skips with a message when the build has no oneDNN.
 #include <algorithm>
 #include <cmath>
@@ -16,6 +19,7 @@
 #include "model/init.h"
 #include "model/layer_bf16.h"
 #include "model/local_provider.h"
+#include "model/ops/attention_bf16.h"
 #include "model/ops/matmul_bf16.h"
 #include "model/transformer.h"
 #include "parallel/param_store.h"
@@ -357,5 +361,71 @@ TEST_CASE("bf16 training: a few AdamW steps track fp32 training") {
     MESSAGE(cmp.summary("bf16 vs fp32 weights after 6 steps, " + layout.unit(int(u)).name));
     CHECK(cmp.max_abs_err <= 2e-2);
     CHECK(cmp.nmse <= 1e-3);
+  }
+}
+
+namespace {
+
+// Sets model::set_cpu_attention_bf16 for a scope (the flag is process-wide).
+struct ScopedBf16Attention {
+  bool saved = model::cpu_attention_bf16();
+  explicit ScopedBf16Attention(bool on) { model::set_cpu_attention_bf16(on); }
+  ~ScopedBf16Attention() { model::set_cpu_attention_bf16(saved); }
+  ScopedBf16Attention(const ScopedBf16Attention&) = delete;
+  ScopedBf16Attention& operator=(const ScopedBf16Attention&) = delete;
+};
+
+}  // namespace
+
+TEST_CASE("bf16 model with bf16 attention products: tracks fp64, checkpointing bit-identical") {
+  if (!have_onednn()) return;
+  // Two samples of 70 tokens: two 64-token query blocks and key chunks each, GQA.
+  auto cfg = tiny("qwen3", true, 8);
+  cfg.max_position_embeddings = 128;
+  model::ParamLayout layout(cfg, HeadKind::kLM);
+  const int64_t B = 2, T = 70, N = B * T;
+  auto tokens = test::random_tokens(N, cfg.vocab_size, 21);
+  std::vector<int32_t> targets(N);
+  for (int64_t n = 0; n < N; ++n) targets[n] = (n % T == T - 1) ? -1 : tokens[n + 1];
+  auto dout = test::random_vec<double>(N, 22);
+  std::vector<float> dout_f(dout.begin(), dout.end());
+  model::LocalParams<double> Pd(layout);
+  model::LocalParams<float> Pk(layout), Pa(layout), Pc(layout);
+  init_pair(layout, Pk, Pd, 23);
+  init_pair(layout, Pa, Pd, 23);
+  init_pair(layout, Pc, Pd, 23);
+  auto run = [&](model::Transformer<float>& net, model::LocalParams<float>& P, bool onednn) {
+    const ScopedBf16Attention scope(onednn);
+    std::vector<float> lp(N);
+    P.zero_grads();
+    net.forward_lm(P, tokens.data(), targets.data(), B, T, lp.data(), nullptr, true);
+    net.backward_lm(P, dout_f.data(), nullptr);
+    return lp;
+  };
+  model::Transformer<double> netd(layout);
+  std::vector<double> lpd(N);
+  Pd.zero_grads();
+  netd.forward_lm(Pd, tokens.data(), targets.data(), B, T, lpd.data(), nullptr, true);
+  netd.backward_lm(Pd, dout.data(), nullptr);
+  model::Transformer<float> kernels(layout), onednn(layout), ckpt(layout, true);
+  for (auto* n : {&kernels, &onednn, &ckpt}) n->set_bf16(true);
+  const auto lpk = run(kernels, Pk, false);
+  const auto lpa = run(onednn, Pa, true);
+  const auto lpc = run(ckpt, Pc, true);
+  // The same tolerances as the fp32-kernel bf16 model against fp64 (the case above).
+  const auto o = test::compare_arrays(lpa.data(), lpd.data(), N);
+  MESSAGE(o.summary("bf16 attention products: log-probs vs fp64"));
+  CHECK(o.finite);
+  CHECK(o.max_abs_err <= 0.1);
+  CHECK(o.nmse <= 1e-3);
+  CHECK(lpa != lpk);  // the bf16 products really ran
+  CHECK(lpc == lpa);  // checkpointing recomputes the same attention
+  for (int u = 0; u < layout.num_units(); ++u) {
+    const int64_t n = layout.unit(u).numel;
+    const auto g = test::compare_arrays(Pa.grads(u), Pd.grads(u), n);
+    INFO(g.summary(std::string("bf16-attention grads of ") + layout.unit(u).name));
+    CHECK(g.finite);
+    CHECK(g.nmse <= 2e-3);
+    CHECK(std::equal(Pc.grads(u), Pc.grads(u) + n, Pa.grads(u)));
   }
 }

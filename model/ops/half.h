@@ -141,6 +141,10 @@ inline float round_to_bf16(float x) {
 /// subnormal inputs to zero), the rest scalar; OpenMP threads over chunks for large n.
 void float_to_bf16_n(bfloat16* dst, const float* src, int64_t n);
 
+/// float_to_bf16_n on the calling thread alone and not clocked (model/op_clock.h): for the short
+/// rows a loop inside an OpenMP parallel region converts (same bits as float_to_bf16_n).
+void float_to_bf16_row(bfloat16* dst, const float* src, int64_t n);
+
 /// dst[i] = bf16_to_float(src[i]) for i < n (exact; vectorised and threaded like float_to_bf16_n).
 void bf16_to_float_n(float* dst, const bfloat16* src, int64_t n);
 

@@ -63,6 +63,15 @@ void matmul_bf16_cpu(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K
                      int64_t lda, const bfloat16* B, int64_t ldb, const float* bias, float* C,
                      int64_t ldc, bool accumulate);
 
+/// matmul_bf16_cpu without the bias (C = op(A)·op(B), or += when accumulate), run on the calling
+/// thread alone: for many small GEMMs issued from inside an OpenMP parallel region, one per thread
+/// (CPU attention in bf16, model/ops/attention_bf16.h). Each call brings its thread's own oneDNN
+/// scratchpad (the primitive is created in oneDNN's user scratchpad mode), so threads may run the
+/// same cached primitive at once. Not counted by OpClock. Throws like matmul_bf16_cpu.
+void matmul_bf16_serial(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
+                        const bfloat16* A, int64_t lda, const bfloat16* B, int64_t ldb, float* C,
+                        int64_t ldc, bool accumulate);
+
 /// matmul_bf16_cpu's contract with fp32 operands (oneDNN's fp32 matmul: the benchmark's second
 /// reference, next to OpenBLAS sgemm).
 void matmul_f32_onednn(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const float* A,

@@ -3,7 +3,9 @@
 # bf16 as in fp32 (the loss falls by the same margin; the curves differ, so bf16 really ran), the
 # same seed gives bitwise the same bf16 curve, generate and score run from the bf16-trained
 # checkpoint in bf16, 2 ranks (ZeRO-3) learn like 1, and a 2-rank GRPO step syncs half the bytes of
-# fp32 into its bf16 engines. Without oneDNN in the build, bf16 is a usage
+# fp32 into its bf16 engines. With --attn_implementation onednn (attention's products in bf16
+# too), padded or packed, sft learns as well on a curve of its own; with fp32 compute that flag is
+# a usage error. Without oneDNN in the build, bf16 is a usage
 # error (exit 2) naming the flag, and the rest is skipped.
 # Usage: bf16.sh <rlhf binary> <source dir>     (env MPIEXEC: mpiexec's path)
 set -u
@@ -38,6 +40,26 @@ echo "loss bf16: $bf -> $bl; fp32: $ff -> $fl"
 awk -v f="$bf" -v l="$bl" 'BEGIN { exit !(l < 0.7 * f) }' || fail "bf16 loss did not fall: $bf -> $bl"
 awk -v a="$bl" -v b="$fl" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d < 0.1 * b) }' \
   || fail "bf16 final loss $bl is not within 10% of fp32's $fl"
+
+# Attention's products in bf16 too (--attn_implementation onednn), padded and packed: learns like
+# the fp32-kernel attention, on another curve (so it ran), and says so at start-up.
+for pack in false true; do
+  "$RLHF" "${SFT[@]}" --param_dtype bf16 --attn_implementation onednn --packing_samples "$pack" \
+    --log_level info --save_path "$W/a_$pack" > "$W/a_$pack.log" 2>&1 \
+    || { tail -3 "$W/a_$pack.log"; fail "bf16 sft with onednn attention (packing $pack) exited"; }
+  grep -qF "attention: bf16 products through oneDNN" "$W/a_$pack.log" \
+    || fail "onednn attention (packing $pack): no start-up line"
+  al=$(losses "$W/a_$pack" | tail -1)
+  awk -v a="$al" -v b="$bl" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d < 0.1 * b) }' \
+    || fail "onednn attention (packing $pack): final loss $al not within 10% of $bl"
+  echo "ok: bf16 sft with onednn attention (packing $pack) ends at loss $al"
+done
+cmp -s <(losses "$W/a_false") <(losses "$W/b1") && fail "onednn attention gave the kernels' curve"
+out=$("$RLHF" "${SFT[@]}" --param_dtype fp32 --attn_implementation onednn --save_path "$W/x" 2>&1)
+rc=$?
+[ $rc -eq 2 ] && grep -qF -- "--attn_implementation onednn computes attention's products in bf16" \
+  <<<"$out" || fail "onednn attention with fp32 compute: exit $rc, want 2: $(tail -2 <<<"$out")"
+echo "ok: --attn_implementation onednn with --param_dtype fp32 is a usage error"
 
 # Generate and score from the bf16 checkpoint, in bf16.
 printf '{"input": "the cat"}\n{"input": "a dog sat on"}\n' > "$W/prompts.jsonl"

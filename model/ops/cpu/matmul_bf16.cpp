@@ -65,13 +65,15 @@ dnnl::engine& cpu_engine() {
 
 // One cached primitive per everything its creation depends on; threads: oneDNN's OpenMP runtime
 // sizes the primitive for omp_get_max_threads() at creation.
-using Key =
-    std::tuple<bool, bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool, int>;
+// serial (the last field): created for matmul_bf16_serial, with a user-managed scratchpad.
+using Key = std::tuple<bool, bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool,
+                       int, bool>;
 
 struct Cached {
   dnnl::matmul prim;
   memory::desc a, b, c;
   std::string impl;
+  memory::desc scratchpad;  // serial primitives only: the scratchpad each call must bring
 };
 
 // Least recently used first: `order` holds the keys, each map entry its place in it. An entry is
@@ -98,12 +100,15 @@ void evict_to_capacity(Cache& cc) {
 }
 
 // The primitive for C (M, N) = op(A) · op(B) [+ C] with operands of type dt, created on first use.
+// serial: a primitive for matmul_bf16_serial (user scratchpad; the thread count does not matter,
+// as it runs on the calling thread alone).
 std::shared_ptr<const Cached> get_matmul(memory::data_type dt, bool trans_a, bool trans_b,
                                          int64_t M, int64_t N, int64_t K, int64_t lda, int64_t ldb,
-                                         int64_t ldc, bool accumulate) {
+                                         int64_t ldc, bool accumulate, bool serial = false) {
   Cache& cc = cache();
-  const Key key{dt == memory::data_type::bf16, trans_a, trans_b, M, N, K, lda, ldb, ldc, accumulate,
-                omp_get_max_threads()};
+  const Key key{
+      dt == memory::data_type::bf16,      trans_a, trans_b, M, N, K, lda, ldb, ldc, accumulate,
+      serial ? 0 : omp_get_max_threads(), serial};
   std::lock_guard<std::mutex> lock(cc.mu);
   auto it = cc.map.find(key);
   if (it != cc.map.end()) {
@@ -122,10 +127,14 @@ std::shared_ptr<const Cached> get_matmul(memory::data_type dt, bool trans_a, boo
     po.append_sum(1.0f);
     attr.set_post_ops(po);
   }
+  // The library's shared scratchpad may only be used by the thread that created the primitive;
+  // a serial primitive runs on whichever OpenMP thread calls it, each with its own scratchpad.
+  if (serial) attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
   try {
     const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, b, c), attr, cpu_engine());
     auto entry =
-        std::make_shared<const Cached>(Cached{dnnl::matmul(pd), a, b, c, pd.impl_info_str()});
+        std::make_shared<const Cached>(Cached{dnnl::matmul(pd), a, b, c, pd.impl_info_str(),
+                                              serial ? pd.scratchpad_desc() : memory::desc()});
     cc.order.push_front(key);
     cc.map.emplace(key, std::make_pair(entry, cc.order.begin()));
     evict_to_capacity(cc);
@@ -148,6 +157,52 @@ void run_matmul(memory::data_type dt, bool trans_a, bool trans_b, int64_t M, int
       mc(m.c, cpu_engine(), C);
   m.prim.execute(stream, {{DNNL_ARG_SRC, ma}, {DNNL_ARG_WEIGHTS, mb}, {DNNL_ARG_DST, mc}});
   stream.wait();
+}
+
+// matmul_bf16_serial's execution. Each thread keeps its own table of the primitives it ran, with
+// their memory objects, so that a call takes no lock and allocates nothing: it points the memory
+// objects at this call's buffers and the thread's scratchpad (grown, never shrunk), and executes
+// through the C API (the C++ execute() builds a hash map of its arguments on every call).
+struct SerialEntry {
+  std::shared_ptr<const Cached>
+      prim;  // keeps the primitive alive even if the shared cache drops it
+  memory a, b, c, s;
+};
+
+void run_matmul_serial(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
+                       const bfloat16* A, int64_t lda, const bfloat16* B, int64_t ldb, float* C,
+                       int64_t ldc, bool accumulate) {
+  constexpr size_t kMaxPerThread = 64;  // a thread's table is cleared past this many shapes
+  thread_local std::map<Key, SerialEntry> mine;
+  thread_local dnnl::stream stream(cpu_engine());
+  thread_local std::vector<uint8_t> scratch;
+  const Key key{true, trans_a, trans_b, M, N, K, lda, ldb, ldc, accumulate, 0, true};
+  auto it = mine.find(key);
+  if (it == mine.end()) {
+    if (mine.size() >= kMaxPerThread) mine.clear();
+    std::shared_ptr<const Cached> p = get_matmul(memory::data_type::bf16, trans_a, trans_b, M, N, K,
+                                                 lda, ldb, ldc, accumulate, true);
+    if (scratch.size() < p->scratchpad.get_size()) scratch.resize(p->scratchpad.get_size());
+    void* any = scratch.empty() ? static_cast<void*>(C) : scratch.data();
+    SerialEntry e{p, memory(p->a, cpu_engine(), const_cast<bfloat16*>(A)),
+                  memory(p->b, cpu_engine(), const_cast<bfloat16*>(B)),
+                  memory(p->c, cpu_engine(), C), memory(p->scratchpad, cpu_engine(), any)};
+    it = mine.emplace(key, std::move(e)).first;
+  }
+  SerialEntry& e = it->second;
+  e.a.set_data_handle(const_cast<bfloat16*>(A));
+  e.b.set_data_handle(const_cast<bfloat16*>(B));
+  e.c.set_data_handle(C);
+  if (!scratch.empty()) e.s.set_data_handle(scratch.data());
+  const dnnl_exec_arg_t args[4] = {{DNNL_ARG_SRC, e.a.get()},
+                                   {DNNL_ARG_WEIGHTS, e.b.get()},
+                                   {DNNL_ARG_DST, e.c.get()},
+                                   {DNNL_ARG_SCRATCHPAD, e.s.get()}};
+  const dnnl_status_t st = dnnl_primitive_execute(e.prim->prim.get(), stream.get(), 4, args);
+  RLHF_CHECK(st == dnnl_success,
+             "oneDNN matmul (bf16, M={} N={} K={}) failed to execute (status {})", M, N, K,
+             int(st));
+  RLHF_CHECK(dnnl_stream_wait(stream.get()) == dnnl_success, "oneDNN stream wait failed");
 }
 #endif
 
@@ -270,6 +325,24 @@ void matmul_bf16_cpu(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K
                      int64_t ldc, bool accumulate) {
   gemm("matmul_bf16_cpu", true, trans_a, trans_b, M, N, K, A, lda, B, ldb, bias, C, ldc,
        accumulate);
+}
+
+void matmul_bf16_serial(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
+                        const bfloat16* A, int64_t lda, const bfloat16* B, int64_t ldb, float* C,
+                        int64_t ldc, bool accumulate) {
+  check_args("matmul_bf16_serial", trans_a, trans_b, M, N, K, lda, ldb, ldc);
+#ifdef RLHF_ONEDNN
+  if (M == 0 || N == 0) return;
+  if (K == 0) {
+    if (!accumulate)
+      for (int64_t i = 0; i < M; ++i) std::fill(C + i * ldc, C + i * ldc + N, 0.0f);
+    return;
+  }
+  run_matmul_serial(trans_a, trans_b, M, N, K, A, lda, B, ldb, C, ldc, accumulate);
+#else
+  (void)A, (void)B, (void)C, (void)accumulate;
+  RLHF_FAIL("matmul_bf16_serial: this build has no oneDNN, so the CPU computes in fp32 only");
+#endif
 }
 
 void matmul_f32_onednn(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const float* A,
