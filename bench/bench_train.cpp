@@ -211,7 +211,7 @@ nlohmann::json bench_train_variant(const BenchTrainOptions& opt, parallel::Comm&
   } else if (N > 1) {
     store = std::make_unique<parallel::ReplicatedStore>(layout, comm);
   } else {
-    store = std::make_unique<parallel::LocalParamStore>(layout);
+    store = std::make_unique<parallel::LocalParamStore>(layout, bf16);  // bf16: weight copies
   }
   const std::unique_ptr<parallel::TrainModel> net = parallel::make_cpu_train_model(
       std::move(store), opt.gradient_checkpointing, nullptr, parallel::kSweepResidualBytes, bf16);

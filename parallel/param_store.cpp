@@ -32,11 +32,39 @@ double clip_and_step(ParamStore& store, const optim::AdamWConfig& cfg, double lr
   return norm;
 }
 
-LocalParamStore::LocalParamStore(const model::ParamLayout& layout) : params_(layout) {
+LocalBf16Provider::LocalBf16Provider(model::LocalParams<float>& params)
+    : params_(params),
+      twin_(size_t(params.layout().num_units())),
+      fresh_(size_t(params.layout().num_units()), 0) {}
+
+const model::bfloat16* LocalBf16Provider::bf16_twin(const float* p, int64_t n) const {
+  for (int u = 0; u < params_.layout().num_units(); ++u) {
+    const float* base = params_.params(u);
+    const int64_t numel = params_.layout().unit(u).numel;
+    if (p < base || p + n > base + numel) continue;
+    std::vector<model::bfloat16>& t = twin_[size_t(u)];
+    if (!fresh_[size_t(u)]) {
+      if (t.size() != size_t(numel)) t.resize(size_t(numel));
+      model::float_to_bf16_n(t.data(), base, numel);
+      fresh_[size_t(u)] = 1;
+      converted_ += numel;
+    }
+    return t.data() + (p - base);
+  }
+  return nullptr;
+}
+
+void LocalBf16Provider::invalidate() const {
+  std::fill(fresh_.begin(), fresh_.end(), 0);
+}
+
+LocalParamStore::LocalParamStore(const model::ParamLayout& layout, bool bf16_twins)
+    : params_(layout) {
   for (const auto& u : layout.units()) {
     m_.emplace_back(static_cast<size_t>(u.numel), 0.0f);
     v_.emplace_back(static_cast<size_t>(u.numel), 0.0f);
   }
+  if (bf16_twins) twins_ = std::make_unique<LocalBf16Provider>(params_);
 }
 
 double LocalParamStore::grad_sq_norm() {
@@ -48,6 +76,7 @@ double LocalParamStore::grad_sq_norm() {
 
 void LocalParamStore::adamw_step(const optim::AdamWConfig& cfg, double lr, int64_t step,
                                  float grad_scale) {
+  if (twins_) twins_->invalidate();
   for (int u = 0; u < layout().num_units(); ++u) {
     const auto& un = layout().unit(u);
     const auto segs = adamw_segments(un, 0, un.numel);
@@ -61,6 +90,7 @@ void LocalParamStore::gather_unit(int u, float* out) {
 }
 
 void LocalParamStore::load_unit(int u, const float* full) {
+  if (twins_) twins_->invalidate();
   std::memcpy(params_.params(u), full, sizeof(float) * size_t(layout().unit(u).numel));
 }
 
@@ -77,6 +107,7 @@ void LocalParamStore::load_moments(int u, const float* m, const float* v) {
 }
 
 UnitShard LocalParamStore::unit_shard(int u) const {
+  if (twins_) twins_->invalidate();  // the shard is handed out as the weights' own memory
   auto& p = const_cast<model::LocalParams<float>&>(params_);
   return {p.params(u), 0, layout().unit(u).numel};
 }
@@ -84,7 +115,7 @@ UnitShard LocalParamStore::unit_shard(int u) const {
 MemoryReport LocalParamStore::memory() const {
   MemoryReport r;
   const int64_t n = layout().total_numel() * int64_t(sizeof(float));
-  r.params_bytes = n;
+  r.params_bytes = n + (twins_ ? n / 2 : 0);  // + the bf16 copies
   r.grads_bytes = n;
   r.optimizer_bytes = 2 * n;
   return r;

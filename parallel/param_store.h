@@ -3,8 +3,10 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
+#include "model/bf16_twin.h"
 #include "model/layout.h"
 #include "model/local_provider.h"
 #include "model/provider.h"
@@ -79,12 +81,44 @@ double clip_and_step(ParamStore& store, const optim::AdamWConfig& cfg, double lr
 std::vector<optim::AdamWSegment> adamw_segments(const model::UnitLayout& u, int64_t begin,
                                                 int64_t len);
 
+/// How a bf16 model (model::Transformer::set_bf16) reads a LocalParamStore: its fp32 units, plus a
+/// bf16 copy of each (model/bf16_twin.h), made on the first use after the weights last changed.
+/// Without it a bf16 model rounds every GEMM weight again in each forward and backward pass (twice
+/// per micro-batch); with it, once per optimizer step. The copy is the same rounding
+/// (float_to_bf16_n), so results are bit for bit those without it.
+class LocalBf16Provider final : public model::UnitProvider<float>, public model::Bf16Twins {
+ public:
+  explicit LocalBf16Provider(model::LocalParams<float>& params);
+  const float* acquire_params(int u) override { return params_.acquire_params(u); }
+  void release_params(int u) override { params_.release_params(u); }
+  float* acquire_grads(int u) override { return params_.acquire_grads(u); }
+  void release_grads(int u) override { params_.release_grads(u); }
+  /// The bf16 copy behind [p, p + n) of a unit's parameters, converted now when that unit changed
+  /// since its last copy; nullptr when [p, p + n) is in no unit.
+  const model::bfloat16* bf16_twin(const float* p, int64_t n) const override;
+  /// The fp32 weights may have changed: every copy is made again on its next use.
+  void invalidate() const;
+  /// Elements converted to bf16 since construction (units × refreshes).
+  int64_t converted() const { return converted_; }
+
+ private:
+  model::LocalParams<float>& params_;
+  mutable std::vector<std::vector<model::bfloat16>> twin_;
+  mutable std::vector<char> fresh_;
+  mutable int64_t converted_ = 0;
+};
+
 /// A ParamStore that keeps everything whole in this process (one rank, no sharding).
 class LocalParamStore : public ParamStore {
  public:
-  explicit LocalParamStore(const model::ParamLayout& layout);
+  /// bf16_twins: the provider keeps bf16 copies of the weights for a bf16 model
+  /// (LocalBf16Provider; 2 more bytes per parameter).
+  explicit LocalParamStore(const model::ParamLayout& layout, bool bf16_twins = false);
   const model::ParamLayout& layout() const override { return params_.layout(); }
-  model::UnitProvider<float>& provider() override { return params_; }
+  model::UnitProvider<float>& provider() override {
+    if (twins_) return *twins_;
+    return params_;
+  }
   void zero_grads() override { params_.zero_grads(); }
   double grad_sq_norm() override;
   void adamw_step(const optim::AdamWConfig& cfg, double lr, int64_t step,
@@ -96,11 +130,18 @@ class LocalParamStore : public ParamStore {
   MemoryReport memory() const override;
   UnitShard unit_shard(int u) const override;
   bool replicated() const override { return true; }
-  model::LocalParams<float>& local() { return params_; }
+  /// The weights themselves, writable: the bf16 copies are made again on their next use.
+  model::LocalParams<float>& local() {
+    if (twins_) twins_->invalidate();
+    return params_;
+  }
+  /// The bf16 copies' provider, or nullptr without bf16_twins.
+  const LocalBf16Provider* bf16_provider() const { return twins_.get(); }
 
  private:
   model::LocalParams<float> params_;
   std::vector<std::vector<float>> m_, v_;
+  std::unique_ptr<LocalBf16Provider> twins_;
 };
 
 }  // namespace rlhf::parallel

@@ -226,11 +226,11 @@ std::unique_ptr<ParamStore> make_param_store(const model::ParamLayout& layout, C
                                              const ZeroOptions& z, bool bf16_gather) {
   if (z.zero_stage == 0) {
     RLHF_CHECK(!z.adam_offload, "--adam_offload needs --zero_stage 3");
-    if (comm.size() == 1) return std::make_unique<LocalParamStore>(layout);
+    if (comm.size() == 1) return std::make_unique<LocalParamStore>(layout, bf16_gather);
     return std::make_unique<ReplicatedStore>(layout, comm);
   }
   if (comm.size() == 1 && !z.adam_offload)
-    return std::make_unique<LocalParamStore>(layout);  // nothing to shard
+    return std::make_unique<LocalParamStore>(layout, bf16_gather);  // nothing to shard
   Zero3Options o;
   o.adam_offload = z.adam_offload;
   o.keep_params_for_backward = z.zero_keep_params;

@@ -429,3 +429,97 @@ TEST_CASE("bf16 model with bf16 attention products: tracks fp64, checkpointing b
     CHECK(std::equal(Pc.grads(u), Pc.grads(u) + n, Pa.grads(u)));
   }
 }
+
+TEST_CASE("bf16 training on one rank: bf16 weight copies made once per step, bitwise the same") {
+  if (!have_onednn()) return;
+  // Two micro-batches a step: without the copies each of their 4 passes rounds every weight; with
+  // LocalBf16Provider the copies are made once after each optimizer step, with the same bits.
+  const auto cfg = tiny("qwen2", true);
+  model::ParamLayout layout(cfg, HeadKind::kLM);
+  const int64_t B = 2, T = 8, N = B * T, steps = 3;
+  optim::AdamWConfig adam;
+  adam.lr = 3e-3;
+  std::vector<std::vector<float>> lps[2], weights[2];
+  int64_t converted = 0;
+  for (int twins = 0; twins < 2; ++twins) {
+    auto store = std::make_unique<parallel::LocalParamStore>(layout, twins == 1);
+    parallel::LocalParamStore* local = store.get();
+    auto net = parallel::make_cpu_train_model(std::move(store), false, nullptr,
+                                              parallel::kSweepResidualBytes, true);
+    for (int u = 0; u < layout.num_units(); ++u) {
+      std::vector<float> full(size_t(layout.unit(u).numel));
+      model::init_unit_params(full.data(), layout.unit(u), 5, 0.1);
+      net->store().load_unit(u, full.data());
+    }
+    for (int64_t s = 0; s < steps; ++s) {
+      net->store().zero_grads();
+      for (int mb = 0; mb < 2; ++mb) {
+        auto tokens = test::random_tokens(N, cfg.vocab_size, uint64_t(10 * s + mb));
+        std::vector<int32_t> targets(tokens.begin() + 1, tokens.end());
+        targets.push_back(-1);
+        std::vector<float> lp(N), dlp(N, -0.05f);
+        net->forward_lm(tokens.data(), targets.data(), B, T, lp.data(), nullptr, true);
+        net->backward_lm(dlp.data(), nullptr);
+        lps[twins].push_back(lp);
+      }
+      parallel::clip_and_step(net->store(), adam, adam.lr, s + 1, 1.0);
+    }
+    for (int u = 0; u < layout.num_units(); ++u) {
+      weights[twins].emplace_back(size_t(layout.unit(u).numel));
+      net->store().gather_unit(u, weights[twins].back().data());
+    }
+    if (twins == 1) {
+      REQUIRE(local->bf16_provider() != nullptr);
+      converted = local->bf16_provider()->converted();
+    } else {
+      CHECK(local->bf16_provider() == nullptr);
+    }
+  }
+  CHECK(lps[0] == lps[1]);
+  CHECK(weights[0] == weights[1]);
+  // One copy of each unit a step: all but the final norm's unit (hidden_size values), which holds
+  // no GEMM weight (the tied head reads the embedding's copy).
+  CHECK(converted == steps * (layout.total_numel() - cfg.hidden_size));
+  MESSAGE("bf16 copies made: ", converted, " elements over ", steps, " steps of 2 micro-batches");
+}
+
+TEST_CASE("bf16 weight copies of a local store follow writes through local() and load_unit") {
+  if (!have_onednn()) return;
+  const auto cfg = tiny("llama", false);
+  model::ParamLayout layout(cfg, HeadKind::kLM);
+  const int64_t B = 1, T = 6, N = B * T;
+  auto tokens = test::random_tokens(N, cfg.vocab_size, 1);
+  std::vector<int32_t> targets(tokens.begin() + 1, tokens.end());
+  targets.push_back(-1);
+  parallel::LocalParamStore store(layout, true);
+  store.local().init(3, 0.2);
+  model::Transformer<float> net(layout);
+  net.set_bf16(true);
+  auto lp = [&](parallel::ParamStore& s) {
+    std::vector<float> out(N);
+    net.forward_lm(s.provider(), tokens.data(), targets.data(), B, T, out.data(), nullptr, false);
+    return out;
+  };
+  auto fresh = [&]() {  // a store without copies holding the same weights
+    parallel::LocalParamStore plain(layout);
+    for (int u = 0; u < layout.num_units(); ++u) {  // gather_unit: no write access, no refresh
+      std::vector<float> full(size_t(layout.unit(u).numel));
+      store.gather_unit(u, full.data());
+      plain.load_unit(u, full.data());
+    }
+    return lp(plain);
+  };
+  const auto a = lp(store);
+  CHECK(net.bf16_converted_elements() == 0);  // every GEMM weight came from the copies
+  CHECK(a == fresh());
+  for (int64_t i = 0; i < layout.unit(1).numel; ++i) store.local().params(1)[i] *= 1.5f;
+  const auto b = lp(store);
+  CHECK(b != a);
+  CHECK(b == fresh());
+  std::vector<float> w(size_t(layout.unit(2).numel));
+  model::init_unit_params(w.data(), layout.unit(2), 9, 0.2);
+  store.load_unit(2, w.data());
+  const auto c = lp(store);
+  CHECK(c != b);
+  CHECK(c == fresh());
+}
