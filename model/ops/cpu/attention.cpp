@@ -10,6 +10,7 @@
 
 #include "core/error.h"
 #include "model/op_clock.h"
+#include "model/ops/cpu/attention_layout.h"
 #include "model/ops/cpu/vec_math.h"
 
 namespace rlhf::model {
@@ -57,17 +58,6 @@ void check_dims(const char* op, int64_t B, int64_t T_, int64_t H, int64_t Hkv, i
 
 namespace {
 
-// The per-sample offsets of the saved probabilities: sample s's (H, n_s, n_s) block starts at
-// H·Σ_{s'<s} n_s'² (for B rows of T tokens: (b·H + h)·T·T, the (B, H, T, T) layout).
-std::vector<int64_t> att_offsets(const int32_t* cu, int64_t n, int64_t H) {
-  std::vector<int64_t> off(size_t(n + 1), 0);
-  for (int64_t s = 0; s < n; ++s) {
-    const int64_t len = cu[s + 1] - cu[s];
-    off[size_t(s + 1)] = off[size_t(s)] + H * len * len;
-  }
-  return off;
-}
-
 std::vector<int32_t> uniform_cu(int64_t B, int64_t T_) {
   std::vector<int32_t> cu(size_t(B + 1));
   for (int64_t b = 0; b <= B; ++b) cu[size_t(b)] = int32_t(b * T_);
@@ -91,7 +81,7 @@ void forward_varlen(T* out, T* att, const T* q, const T* k, const T* v, const in
   const int64_t G = H / Hkv;               // query heads per KV head
   const int64_t qs = H * D, ks = Hkv * D;  // row strides of q/out and k/v
   const T sc = T(1) / std::sqrt(static_cast<T>(D));
-  const std::vector<int64_t> aoff = att_offsets(cu, n_seqs, H);
+  const std::vector<int64_t> aoff = attention_prob_offsets(cu, n_seqs, H);
 #pragma omp parallel for schedule(static)
   for (int64_t bh = 0; bh < n_seqs * H; ++bh) {
     const int64_t b = bh / H, h = bh % H, g = h / G;
@@ -144,7 +134,7 @@ void backward_varlen(T* dq, T* dk, T* dv, const T* dout, const T* att, const T* 
   const int64_t G = H / Hkv;
   const int64_t qs = H * D, ks = Hkv * D;
   const T sc = T(1) / std::sqrt(static_cast<T>(D));
-  const std::vector<int64_t> aoff = att_offsets(cu, n_seqs, H);
+  const std::vector<int64_t> aoff = attention_prob_offsets(cu, n_seqs, H);
   int64_t longest = 0;
   for (int64_t s = 0; s < n_seqs; ++s) longest = std::max<int64_t>(longest, cu[s + 1] - cu[s]);
   // Allocated here, not inside the parallel region, so that a failed allocation throws normally.

@@ -17,6 +17,7 @@
 
 #include "core/error.h"
 #include "model/op_clock.h"
+#include "model/ops/cpu/attention_layout.h"
 #include "model/ops/cpu/vec_math.h"
 #include "model/ops/half.h"
 #include "model/ops/matmul_bf16.h"
@@ -107,16 +108,6 @@ void rows_to_bf16(bfloat16* dst, const float* src, int64_t stride, int64_t width
                   int64_t Tp) {
   for (int64_t t = 0; t < T; ++t) float_to_bf16_row(dst + t * width, src + t * stride, width);
   std::fill(dst + T * width, dst + Tp * width, bfloat16{});
-}
-
-// The probabilities' offsets: sample s's (H, n_s, n_s) block at H·Σ_{s'<s} n_s'².
-std::vector<int64_t> att_offsets(const int32_t* cu, int64_t n, int64_t H) {
-  std::vector<int64_t> off(size_t(n + 1), 0);
-  for (int64_t s = 0; s < n; ++s) {
-    const int64_t len = cu[s + 1] - cu[s];
-    off[size_t(s + 1)] = off[size_t(s)] + H * len * len;
-  }
-  return off;
 }
 
 // Runs task(b, g, scratch) for every (sample, KV head) on the OpenMP threads, each task on one
@@ -212,6 +203,14 @@ void zero_p16_row(Scratch& w, const Dims& d, int64_t jl, int64_t nc) {
   }
 }
 
+// Chunk c (m, kB) of w.s = A · X_cᵀ for the nc key chunks X_c (kB, D) of X (Tp, D), A the block's
+// (m, D) bf16 rows: the scores S = Q·Kᵀ in forward, dP = dO·Vᵀ in backward.
+void chunk_products(Scratch& w, const Dims& d, const bfloat16* a, const bfloat16* x, int64_t nc) {
+  for (int64_t c = 0; c < nc; ++c)
+    matmul_bf16_serial(false, true, d.m, kB, d.D, a, d.D, x + c * kB * d.D, d.D,
+                       w.s.data() + c * d.m * kB, kB, false);
+}
+
 // One (sample, KV head) of forward: T tokens from t_first; P: its (T·G, T) block of att.
 void forward_group(float* out, float* P, const float* q, const float* k, const float* v,
                    int64_t t_first, int64_t T, int64_t g, const Dims& d, Scratch& w) {
@@ -222,9 +221,7 @@ void forward_group(float* out, float* P, const float* q, const float* k, const f
   for (int64_t t0 = 0; t0 < T; t0 += kB) {
     const int64_t t1 = std::min(T, t0 + kB), nc = t0 / kB + 1;  // key chunks 0..t0/kB
     const bfloat16* qb = w.q16.data() + t0 * GD;
-    for (int64_t c = 0; c < nc; ++c)  // S chunk c (m, kB) = Q_block · K_cᵀ
-      matmul_bf16_serial(false, true, d.m, kB, d.D, qb, d.D, w.k16.data() + c * kB * d.D, d.D,
-                         w.s.data() + c * d.m * kB, kB, false);
+    chunk_products(w, d, qb, w.k16.data(), nc);  // S = Q_block · Kᵀ
     for (int64_t jl = 0; jl < d.m; ++jl) {
       const int64_t t = t0 + jl / d.G, i = jl % d.G;
       if (t < T)
@@ -293,9 +290,7 @@ void backward_group(float* dq, float* dk, float* dv, const float* dout, const fl
     const int64_t t1 = std::min(T, t0 + kB), nc = t0 / kB + 1;
     const bfloat16* qb = w.q16.data() + t0 * GD;
     const bfloat16* dob = w.do16.data() + t0 * GD;
-    for (int64_t c = 0; c < nc; ++c)  // dP chunk c (m, kB) = dO_block · V_cᵀ
-      matmul_bf16_serial(false, true, d.m, kB, d.D, dob, d.D, w.v16.data() + c * kB * d.D, d.D,
-                         w.s.data() + c * d.m * kB, kB, false);
+    chunk_products(w, d, dob, w.v16.data(), nc);  // dP = dO_block · Vᵀ
     for (int64_t jl = 0; jl < d.m; ++jl) {
       const int64_t t = t0 + jl / d.G, i = jl % d.G;
       if (t < T)
@@ -338,7 +333,7 @@ void attention_forward_bf16_cpu(float* out, float* att, const float* q, const fl
   const OpClock clock(OpKind::kAttention);
   check_args("attention_forward_bf16_cpu", cu_seqlens, n_seqs, H, Hkv, D);
   const Dims d = make_dims(H, Hkv, D);
-  const std::vector<int64_t> aoff = att_offsets(cu_seqlens, n_seqs, H);
+  const std::vector<int64_t> aoff = attention_prob_offsets(cu_seqlens, n_seqs, H);
   std::vector<Scratch>& pool = scratch_pool(d, longest_padded(cu_seqlens, n_seqs), false);
   for_each_group(n_seqs, Hkv, pool, [&](int64_t b, int64_t g, Scratch& w) {
     const int64_t T = cu_seqlens[b + 1] - cu_seqlens[b];
@@ -353,7 +348,7 @@ void attention_backward_bf16_cpu(float* dq, float* dk, float* dv, const float* d
   const OpClock clock(OpKind::kAttention);
   check_args("attention_backward_bf16_cpu", cu_seqlens, n_seqs, H, Hkv, D);
   const Dims d = make_dims(H, Hkv, D);
-  const std::vector<int64_t> aoff = att_offsets(cu_seqlens, n_seqs, H);
+  const std::vector<int64_t> aoff = attention_prob_offsets(cu_seqlens, n_seqs, H);
   std::vector<Scratch>& pool = scratch_pool(d, longest_padded(cu_seqlens, n_seqs), true);
   for_each_group(n_seqs, Hkv, pool, [&](int64_t b, int64_t g, Scratch& w) {
     const int64_t T = cu_seqlens[b + 1] - cu_seqlens[b];

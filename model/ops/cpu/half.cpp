@@ -42,18 +42,6 @@ RLHF_AVX512_DIAGNOSTICS_POP
 #if defined(__AVX512F__)
 RLHF_AVX512_DIAGNOSTICS_PUSH
 #endif
-void float_to_bf16_n(bfloat16* dst, const float* src, int64_t n) {
-  const OpClock clock(OpKind::kBf16Round);
-  for_chunks(n, [&](int64_t i, int64_t end) {
-#if defined(__AVX512F__)
-    for (; i + 16 <= end; i += 16)
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i),
-                          _mm512_cvtepi32_epi16(round_bits16(_mm512_loadu_ps(src + i))));
-#endif
-    for (; i < end; ++i) dst[i] = float_to_bf16(src[i]);
-  });
-}
-
 void float_to_bf16_row(bfloat16* dst, const float* src, int64_t n) {
   int64_t i = 0;
 #if defined(__AVX512F__)
@@ -62,6 +50,11 @@ void float_to_bf16_row(bfloat16* dst, const float* src, int64_t n) {
                         _mm512_cvtepi32_epi16(round_bits16(_mm512_loadu_ps(src + i))));
 #endif
   for (; i < n; ++i) dst[i] = float_to_bf16(src[i]);
+}
+
+void float_to_bf16_n(bfloat16* dst, const float* src, int64_t n) {
+  const OpClock clock(OpKind::kBf16Round);
+  for_chunks(n, [&](int64_t i, int64_t end) { float_to_bf16_row(dst + i, src + i, end - i); });
 }
 
 void bf16_to_float_n(float* dst, const bfloat16* src, int64_t n) {
