@@ -123,14 +123,14 @@ int run_bench(const BenchArgs& args) {
         LOG0_INFO(
             "bench train: {} | zero {} | {} ranks | step {:.3f}s (comm {:.3f}s) | {:.0f} tok/s | "
             "{:.1f} GFLOP/s per rank = {:.2f} x sgemm ({:.1f}) | step = GEMM {:.2f}s + attention "
-            "{:.2f}s + bf16 rounding {:.2f}s + clip/AdamW {:.2f}s + rest {:.2f}s",
+            "{:.2f}s ({}) + bf16 rounding {:.2f}s + clip/AdamW {:.2f}s + rest {:.2f}s",
             row["param_dtype"].get<std::string>(), row["zero_stage"].get<int>(),
             row["ranks"].get<int>(), row["step_s"].get<double>(), row["comm_s"].get<double>(),
             row["tokens_per_s"].get<double>(), row["gflops_per_s_per_rank"].get<double>(),
             row["ratio_to_sgemm"].get<double>(), row["sgemm_gflops_per_s"].get<double>(),
             row["gemm_s"].get<double>(), row["attention_s"].get<double>(),
-            row["bf16_round_s"].get<double>(), row["optimizer_s"].get<double>(),
-            row["other_s"].get<double>());
+            row["attention"].get<std::string>(), row["bf16_round_s"].get<double>(),
+            row["optimizer_s"].get<double>(), row["other_s"].get<double>());
     });
   }
   // --gen_batches, for both generate benchmarks (CPU and GPU).

@@ -21,6 +21,7 @@
 #include "model/flops.h"
 #include "model/init.h"
 #include "model/op_clock.h"
+#include "model/ops/attention_bf16.h"
 #include "model/ops/matmul_bf16.h"
 #include "parallel/param_store.h"
 #include "parallel/train_model.h"
@@ -230,35 +231,38 @@ nlohmann::json bench_train_variant(const BenchTrainOptions& opt, parallel::Comm&
   comm.all_reduce(bytes, bytes_max, 3, parallel::ReduceOp::kMax);
   const double tokens_per_step = double(seqs * T);
   const double gflops = model::training_flops_per_token(cfg, T) * tokens_per_step / step_s / 1e9;
-  return {{"bench", "train"},
-          {"param_dtype", bf16 ? "bf16" : "fp32"},
-          {"model_params", layout.num_parameters()},
-          {"ranks", N},
-          {"zero_stage", zero_stage},
-          {"adam_offload", opt.adam_offload},
-          {"tokens_per_step", tokens_per_step},
-          {"seq_len", T},
-          {"micro_batch", mb},
-          {"gradient_checkpointing", opt.gradient_checkpointing},
-          {"step_s", step_s},
-          {"comm_s", comm_s},
-          {"comm_share", comm_s / step_s},
-          {"gemm_s", t.gemm_s},
-          {"attention_s", t.attention_s},
-          {"bf16_round_s", t.round_s},
-          {"optimizer_s", t.optimizer_s},
-          {"other_s", step_s - t.gemm_s - t.attention_s - t.round_s - t.optimizer_s},
-          {"tokens_per_s", tokens_per_step / step_s},
-          {"flops_per_token", model::training_flops_per_token(cfg, T)},
-          {"gflops_per_s", gflops},
-          {"gflops_per_s_per_rank", gflops / N},
-          {"sgemm_gflops_per_s", sgemm},
-          {"ratio_to_sgemm", gflops / N / sgemm},
-          {"openblas_core", openblas_core_name()},
-          {"sharded_state_bytes_per_rank", bytes_max[0]},
-          {"gather_buffer_bytes_per_rank", bytes_max[1]},
-          {"activation_bytes_per_rank", bytes_max[2]},
-          {"peak_rss_bytes", 0}};
+  return {
+      {"bench", "train"},
+      {"param_dtype", bf16 ? "bf16" : "fp32"},
+      // The training attention this step ran (--attn_implementation, model/ops/attention_bf16.h).
+      {"attention", bf16 && model::cpu_attention_bf16() ? "onednn_bf16" : "fp32_kernels"},
+      {"model_params", layout.num_parameters()},
+      {"ranks", N},
+      {"zero_stage", zero_stage},
+      {"adam_offload", opt.adam_offload},
+      {"tokens_per_step", tokens_per_step},
+      {"seq_len", T},
+      {"micro_batch", mb},
+      {"gradient_checkpointing", opt.gradient_checkpointing},
+      {"step_s", step_s},
+      {"comm_s", comm_s},
+      {"comm_share", comm_s / step_s},
+      {"gemm_s", t.gemm_s},
+      {"attention_s", t.attention_s},
+      {"bf16_round_s", t.round_s},
+      {"optimizer_s", t.optimizer_s},
+      {"other_s", step_s - t.gemm_s - t.attention_s - t.round_s - t.optimizer_s},
+      {"tokens_per_s", tokens_per_step / step_s},
+      {"flops_per_token", model::training_flops_per_token(cfg, T)},
+      {"gflops_per_s", gflops},
+      {"gflops_per_s_per_rank", gflops / N},
+      {"sgemm_gflops_per_s", sgemm},
+      {"ratio_to_sgemm", gflops / N / sgemm},
+      {"openblas_core", openblas_core_name()},
+      {"sharded_state_bytes_per_rank", bytes_max[0]},
+      {"gather_buffer_bytes_per_rank", bytes_max[1]},
+      {"activation_bytes_per_rank", bytes_max[2]},
+      {"peak_rss_bytes", 0}};
 }
 
 }  // namespace

@@ -70,6 +70,7 @@ TrainStepTime time_train_steps(parallel::TrainModel& net, const model::ModelConf
 /// `comm`, the data-parallel group) and emits {"bench":"train", step_s (median of the slowest
 /// rank), comm_s (time inside collectives, i.e. not overlapped with compute), where rank 0's
 /// median step went (gemm_s, attention_s, bf16_round_s, optimizer_s, other_s: TrainStepTime),
+/// attention ("onednn_bf16": the bf16 tiles of model/ops/attention_bf16.h, else "fp32_kernels"),
 /// tokens_per_s,
 /// gflops_per_s, sgemm_gflops_per_s (same run, per rank), ratio_to_sgemm (per rank), memory per
 /// rank, ...}. FLOPs per token: model::training_flops_per_token (6·N_matmul + 6·L·H·D·T).
