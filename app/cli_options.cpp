@@ -187,8 +187,11 @@ void ParallelArgs::bind(OptionSet& o) {
         "runs, else flash; CPU in bf16: onednn where the CPU's bf16 GEMMs beat fp32 ones, else "
         "the fp32 kernels), cudnn (GPU: cuDNN's tensor-core attention where it serves the shape), "
         "flash (this project's kernels: deterministic; on the CPU its fp32 kernels), onednn (CPU "
-        "with --param_dtype bf16: attention's products as bf16 oneDNN GEMMs)")
-      .check(one_of({"auto", "flash", "cudnn", "onednn"}));
+        "with --param_dtype bf16: attention's products as bf16 oneDNN GEMMs); Hugging Face's "
+        "names as OpenRLHF passes them: flash_attention_2, flash_attention_3 and sdpa = auto, "
+        "eager = flash (also --ds.attn_implementation)")
+      .check(one_of({"auto", "flash", "cudnn", "onednn", "flash_attention_2", "flash_attention_3",
+                     "sdpa", "eager"}));
   o.add("param_dtype", param_dtype,
         "Compute precision of the models' GEMMs: bf16 (bf16 weights and activations, fp32 "
         "accumulation, fp32 master weights, gradients and AdamW moments), fp32, or auto = bf16 on "

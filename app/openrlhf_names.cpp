@@ -164,6 +164,7 @@ constexpr OpenRlhfName kTable[] = {
     ALIAS("ds.adam_offload", "adam_offload"),
     ALIAS_ELSE_IGNORE("ds.param_dtype", "param_dtype", 1, kParamDtype, kTrain),
     ALIAS("ds.packing_samples", "packing_samples"),
+    ALIAS("ds.attn_implementation", "attn_implementation"),
     IGNORE("ds.enable_sleep", 0, kDsSleep, kRl),
     REJECT("ds.ring_attn_size", kRing),
     REJECT("ds.ring_attn_head_stride", kRing),

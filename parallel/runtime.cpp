@@ -126,7 +126,15 @@ Device setup_device(const RuntimeOptions& opts, const Topology& topo, int* cuda_
   return device;
 }
 
-void use_attention_implementation(const std::string& name) {
+std::string attention_implementation_name(const std::string& flag) {
+  if (flag == "flash_attention_2" || flag == "flash_attention_3" || flag == "sdpa") return "auto";
+  if (flag == "eager") return "flash";
+  return flag;
+}
+
+void use_attention_implementation(const std::string& flag) {
+  const std::string name = attention_implementation_name(flag);
+  const std::string shown = flag == name ? flag : fmt::format("{} = {}", flag, name);
 #ifdef RLHF_CUDA
   const int64_t v = model::attention_cudnn_runtime_version();
   const std::string cudnn =
@@ -139,21 +147,23 @@ void use_attention_implementation(const std::string& name) {
         "attention: {} fused attention (--attn_implementation {}) wherever it serves the shape, "
         "the flash kernels elsewhere; padded training micro-batches are rounded up to a multiple "
         "of {} tokens so that few shapes need a plan",
-        cudnn, name, kCudnnPadMultiple);
+        cudnn, shown, kCudnnPadMultiple);
   else if (use_cudnn)
     LOG0_WARN(
         "attention: --attn_implementation cudnn, but cuDNN's fused attention cannot run here (a "
         "build without cuDNN or cudnn-frontend, or the GPU/cuDNN version); the flash kernels "
         "serve every shape");
   else
-    LOG0_INFO("attention: the flash kernels (--attn_implementation {}{})", name,
+    LOG0_INFO("attention: the flash kernels (--attn_implementation {}{})", shown,
               name == "auto" ? ": no cuDNN fused attention in this build or on this GPU" : "");
 #else
-  (void)name;
+  (void)name, (void)shown;
 #endif
 }
 
-void use_cpu_attention_implementation(const std::string& name, bool bf16) {
+void use_cpu_attention_implementation(const std::string& flag, bool bf16) {
+  const std::string name = attention_implementation_name(flag);
+  const std::string shown = flag == name ? flag : fmt::format("{} = {}", flag, name);
   const bool faster = cpu_bf16_class(cpu_features()) == CpuBf16::kFaster;
   RLHF_CHECK(name != "onednn" || model::onednn_available(),
              "--attn_implementation onednn: this build has no oneDNN\nhint: --attn_implementation "
@@ -162,10 +172,10 @@ void use_cpu_attention_implementation(const std::string& name, bool bf16) {
   model::set_cpu_attention_bf16(on);
   if (!bf16) return;
   if (on)
-    LOG0_INFO("attention: bf16 products through oneDNN (--attn_implementation {})", name);
+    LOG0_INFO("attention: bf16 products through oneDNN (--attn_implementation {})", shown);
   else
     LOG0_INFO("attention: the fp32 kernels on bf16-rounded q, k, v (--attn_implementation {}{})",
-              name, name == "auto" ? ": this CPU's bf16 GEMMs are no faster than fp32 ones" : "");
+              shown, name == "auto" ? ": this CPU's bf16 GEMMs are no faster than fp32 ones" : "");
 }
 
 int64_t training_pad_multiple(Device device) {

@@ -44,6 +44,12 @@ Device resolve_device(const std::string& flag);
 /// visible GPUs; returns the device. Collective over `world`. Throws rlhf::Error without CUDA.
 int select_node_local_cuda_device(MPI_Comm world);
 
+/// --attn_implementation's value in rlhf's terms: Hugging Face's names, as OpenRLHF scripts pass
+/// them, mapped to what serves them here (flash_attention_2, flash_attention_3, sdpa: "auto", the
+/// fastest fused attention that runs; eager: "flash", this project's own deterministic kernels);
+/// rlhf's own names unchanged.
+std::string attention_implementation_name(const std::string& flag);
+
 /// --attn_implementation for every GPU attention of this process (model::set_attention_impl),
 /// logged on rank 0: "cudnn" (cuDNN's fused attention where it serves the shape, the flash kernels
 /// elsewhere), "auto" (cudnn where model::attention_cudnn_runtime_version() says cuDNN's fused
