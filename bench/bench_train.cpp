@@ -210,7 +210,7 @@ nlohmann::json bench_train_variant(const BenchTrainOptions& opt, parallel::Comm&
     z.bf16_gather = bf16;  // as training runs it: bf16 shards gathered
     store = std::make_unique<parallel::Zero3Store>(layout, comm, z);
   } else if (N > 1) {
-    store = std::make_unique<parallel::ReplicatedStore>(layout, comm);
+    store = std::make_unique<parallel::ReplicatedStore>(layout, comm, bf16);
   } else {
     store = std::make_unique<parallel::LocalParamStore>(layout, bf16);  // bf16: weight copies
   }

@@ -227,7 +227,7 @@ std::unique_ptr<ParamStore> make_param_store(const model::ParamLayout& layout, C
   if (z.zero_stage == 0) {
     RLHF_CHECK(!z.adam_offload, "--adam_offload needs --zero_stage 3");
     if (comm.size() == 1) return std::make_unique<LocalParamStore>(layout, bf16_gather);
-    return std::make_unique<ReplicatedStore>(layout, comm);
+    return std::make_unique<ReplicatedStore>(layout, comm, bf16_gather);
   }
   if (comm.size() == 1 && !z.adam_offload)
     return std::make_unique<LocalParamStore>(layout, bf16_gather);  // nothing to shard

@@ -116,9 +116,9 @@ struct ZeroOptions {
 
 /// The training state for z.zero_stage: ZeRO-3 shards (with adam_offload, zero_keep_params,
 /// and bf16_gather: the CPU's --param_dtype bf16 gathers bf16 shards, Zero3Options), or ZeRO-0
-/// replicas (all-reduced gradients), or whole local buffers on a single rank (with bf16_gather:
-/// bf16 copies of the weights made once per optimizer step, LocalBf16Provider). Throws
-/// rlhf::Error for --adam_offload with --zero_stage 0.
+/// replicas (all-reduced gradients), or whole local buffers on a single rank (ZeRO-0 and local,
+/// with bf16_gather: bf16 copies of the weights made once per optimizer step, LocalBf16Provider).
+/// Throws rlhf::Error for --adam_offload with --zero_stage 0.
 std::unique_ptr<ParamStore> make_param_store(const model::ParamLayout& layout, Comm& comm,
                                              const ZeroOptions& z, bool bf16_gather = false);
 

@@ -303,8 +303,8 @@ MemoryReport Zero3Store::memory() const {
 // ---------------------------------------------------------------------------------------------
 // ReplicatedStore
 
-ReplicatedStore::ReplicatedStore(const model::ParamLayout& layout, Comm& comm)
-    : local_(layout), comm_(comm) {}
+ReplicatedStore::ReplicatedStore(const model::ParamLayout& layout, Comm& comm, bool bf16_twins)
+    : local_(layout, bf16_twins), comm_(comm) {}
 
 void ReplicatedStore::reduce_grads() {
   if (reduced_) return;

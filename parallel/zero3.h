@@ -172,7 +172,9 @@ class Zero3Store final : public ParamStore,
 /// LocalParamStore), gradients all-reduced (summed) over `comm` before the norm and the step.
 class ReplicatedStore final : public ParamStore {
  public:
-  ReplicatedStore(const model::ParamLayout& layout, Comm& comm);
+  /// bf16_twins: keep bf16 copies of the weights for a bf16 model, made once per optimizer step
+  /// (LocalBf16Provider).
+  ReplicatedStore(const model::ParamLayout& layout, Comm& comm, bool bf16_twins = false);
   const model::ParamLayout& layout() const override { return local_.layout(); }
   model::UnitProvider<float>& provider() override { return local_.provider(); }
   void zero_grads() override {

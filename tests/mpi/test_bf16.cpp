@@ -11,6 +11,8 @@
 //  - on one rank: a bf16-gathering store and the local store train bit-identically.
 //  - the gathered bf16 units feed the bf16 GEMMs directly (model/bf16_twin.h): the model converts
 //    no weight, and computes exactly what it computes on rounded fp32 gathers.
+//  - ZeRO-0 replicas with bf16 weight copies (LocalBf16Provider, made once per optimizer step)
+//    train bit-identically to replicas that round the weights in every pass.
 // Skips with a message when the build has no oneDNN.
 #include <mpi.h>
 
@@ -172,4 +174,34 @@ TEST_CASE("bf16: the gathered bf16 units feed the GEMMs directly (no second roun
   CHECK(s16.grad_sq_norm() == s32.grad_sq_norm());
   CHECK(a.bf16_converted_elements() == 0);  // every GEMM weight came from the gathered bf16
   CHECK(b.bf16_converted_elements() > 0);   // fp32 gathers: the model rounds them itself
+}
+
+TEST_CASE("bf16: ZeRO-0 replicas keep bf16 weight copies, bit-identical to rounding per pass") {
+  if (!model::onednn_available()) {
+    MESSAGE("skipped: this build has no oneDNN (bf16 compute on the CPU is off)");
+    return;
+  }
+  auto comm = parallel::make_comm(MPI_COMM_WORLD, "train_comm");
+  const int N = comm->size(), r = comm->rank();
+  REQUIRE(kSeqs % N == 0);
+  const auto cfg = small_config(true);
+  model::ParamLayout layout(cfg, model::HeadKind::kLM);
+  std::vector<std::vector<float>> w[2];
+  for (int twins = 0; twins < 2; ++twins) {
+    parallel::ZeroOptions z;
+    z.zero_stage = 0;
+    // make_param_store gives ZeRO-0 replicas the copies when the run computes in bf16.
+    std::unique_ptr<parallel::ParamStore> store =
+        twins == 1 ? parallel::make_param_store(layout, *comm, z, true)
+                   : std::make_unique<parallel::ReplicatedStore>(layout, *comm);
+    const bool has_copies = dynamic_cast<const model::Bf16Twins*>(&store->provider()) != nullptr;
+    CHECK(has_copies == (twins == 1));
+    auto net = parallel::make_cpu_train_model(std::move(store), false, comm.get(),
+                                              parallel::kSweepResidualBytes, true);
+    init_store(net->store(), 9);
+    const int64_t per = kSeqs / N;
+    train(*net, cfg, 3, r * per, per, 1);  // micro-batches of one sequence: several passes a step
+    w[twins] = full_weights(net->store());
+  }
+  for (size_t u = 0; u < w[0].size(); ++u) CHECK(w[0][u] == w[1][u]);
 }
