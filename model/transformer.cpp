@@ -76,14 +76,10 @@ LayerRun<T> Transformer<T>::layer_run(LayerActs<T>& s, const int32_t* pos) const
   T* att = s.att;
   const int32_t* cu = cu_.data();
   const int64_t n = int64_t(cu_.size()) - 1, H = H_, Hkv = Hkv_, D = D_;
-  if constexpr (std::is_same_v<T, float>)
-    if (attn_bf16_) {
-      run.attention = [att, cu, n, H, Hkv, D](T* atty, const T* q, const T* k, const T* v) {
-        attention_forward_bf16_cpu(atty, att, q, k, v, cu, n, H, Hkv, D);
-      };
-      return run;
-    }
-  run.attention = [att, cu, n, H, Hkv, D](T* atty, const T* q, const T* k, const T* v) {
+  const bool bf16_att = attn_bf16_;
+  run.attention = [att, cu, n, H, Hkv, D, bf16_att](T* atty, const T* q, const T* k, const T* v) {
+    if constexpr (std::is_same_v<T, float>)
+      if (bf16_att) return attention_forward_bf16_cpu(atty, att, q, k, v, cu, n, H, Hkv, D);
     attention_forward_varlen_cpu(atty, att, q, k, v, cu, n, H, Hkv, D);
   };
   return run;

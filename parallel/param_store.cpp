@@ -107,7 +107,6 @@ void LocalParamStore::load_moments(int u, const float* m, const float* v) {
 }
 
 UnitShard LocalParamStore::unit_shard(int u) const {
-  if (twins_) twins_->invalidate();  // the shard is handed out as the weights' own memory
   auto& p = const_cast<model::LocalParams<float>&>(params_);
   return {p.params(u), 0, layout().unit(u).numel};
 }

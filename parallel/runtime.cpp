@@ -132,9 +132,18 @@ std::string attention_implementation_name(const std::string& flag) {
   return flag;
 }
 
+namespace {
+
+// The flag as the start-up line shows it: "sdpa = auto" when a Hugging Face name was mapped.
+std::string shown_implementation(const std::string& flag, const std::string& name) {
+  return flag == name ? flag : fmt::format("{} = {}", flag, name);
+}
+
+}  // namespace
+
 void use_attention_implementation(const std::string& flag) {
   const std::string name = attention_implementation_name(flag);
-  const std::string shown = flag == name ? flag : fmt::format("{} = {}", flag, name);
+  const std::string shown = shown_implementation(flag, name);
 #ifdef RLHF_CUDA
   const int64_t v = model::attention_cudnn_runtime_version();
   const std::string cudnn =
@@ -163,7 +172,7 @@ void use_attention_implementation(const std::string& flag) {
 
 void use_cpu_attention_implementation(const std::string& flag, bool bf16) {
   const std::string name = attention_implementation_name(flag);
-  const std::string shown = flag == name ? flag : fmt::format("{} = {}", flag, name);
+  const std::string shown = shown_implementation(flag, name);
   const bool faster = cpu_bf16_class(cpu_features()) == CpuBf16::kFaster;
   RLHF_CHECK(name != "onednn" || model::onednn_available(),
              "--attn_implementation onednn: this build has no oneDNN\nhint: --attn_implementation "

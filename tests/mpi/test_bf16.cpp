@@ -26,6 +26,12 @@ using namespace rlhf::test;
 
 namespace {
 
+bool have_onednn() {
+  if (model::onednn_available()) return true;
+  MESSAGE("skipped: this build has no oneDNN (bf16 compute on the CPU is off)");
+  return false;
+}
+
 std::unique_ptr<parallel::TrainModel> zero3_bf16_model(const model::ParamLayout& layout,
                                                        parallel::Comm& comm, bool bf16_gather) {
   parallel::Zero3Options o;
@@ -37,10 +43,7 @@ std::unique_ptr<parallel::TrainModel> zero3_bf16_model(const model::ParamLayout&
 }  // namespace
 
 TEST_CASE("bf16: N ranks (ZeRO-3, bf16 gathers) train like 1 rank") {
-  if (!model::onednn_available()) {
-    MESSAGE("skipped: this build has no oneDNN (bf16 compute on the CPU is off)");
-    return;
-  }
+  if (!have_onednn()) return;
   auto comm = parallel::make_comm(MPI_COMM_WORLD, "train_comm");
   const int N = comm->size(), r = comm->rank();
   REQUIRE(kSeqs % N == 0);
@@ -85,10 +88,7 @@ TEST_CASE("bf16: N ranks (ZeRO-3, bf16 gathers) train like 1 rank") {
 }
 
 TEST_CASE("bf16: ZeRO-3 bf16 gathers equal rounded fp32 gathers bit for bit, at half the bytes") {
-  if (!model::onednn_available()) {
-    MESSAGE("skipped: this build has no oneDNN (bf16 compute on the CPU is off)");
-    return;
-  }
+  if (!have_onednn()) return;
   const auto cfg = small_config(true);
   model::ParamLayout layout(cfg, model::HeadKind::kLM);
   std::vector<std::vector<float>> w[2];
@@ -120,10 +120,7 @@ TEST_CASE("bf16: ZeRO-3 bf16 gathers equal rounded fp32 gathers bit for bit, at 
 }
 
 TEST_CASE("bf16: one rank, bf16 gathers equal the local store bit for bit") {
-  if (!model::onednn_available()) {
-    MESSAGE("skipped: this build has no oneDNN (bf16 compute on the CPU is off)");
-    return;
-  }
+  if (!have_onednn()) return;
   auto self = parallel::make_comm(MPI_COMM_SELF, "self");
   const auto cfg = small_config(false);
   model::ParamLayout layout(cfg, model::HeadKind::kLM);
@@ -142,10 +139,7 @@ TEST_CASE("bf16: one rank, bf16 gathers equal the local store bit for bit") {
 }
 
 TEST_CASE("bf16: the gathered bf16 units feed the GEMMs directly (no second rounding)") {
-  if (!model::onednn_available()) {
-    MESSAGE("skipped: this build has no oneDNN (bf16 compute on the CPU is off)");
-    return;
-  }
+  if (!have_onednn()) return;
   auto comm = parallel::make_comm(MPI_COMM_WORLD, "train_comm");
   const auto cfg = small_config(true);
   model::ParamLayout layout(cfg, model::HeadKind::kLM);
@@ -177,10 +171,7 @@ TEST_CASE("bf16: the gathered bf16 units feed the GEMMs directly (no second roun
 }
 
 TEST_CASE("bf16: ZeRO-0 replicas keep bf16 weight copies, bit-identical to rounding per pass") {
-  if (!model::onednn_available()) {
-    MESSAGE("skipped: this build has no oneDNN (bf16 compute on the CPU is off)");
-    return;
-  }
+  if (!have_onednn()) return;
   auto comm = parallel::make_comm(MPI_COMM_WORLD, "train_comm");
   const int N = comm->size(), r = comm->rank();
   REQUIRE(kSeqs % N == 0);

@@ -99,6 +99,14 @@ void evict_to_capacity(Cache& cc) {
   }
 }
 
+// The cache key of a GEMM (serial: a matmul_bf16_serial primitive, whose thread count does not
+// matter, as it runs on the calling thread alone).
+Key matmul_key(memory::data_type dt, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
+               int64_t lda, int64_t ldb, int64_t ldc, bool accumulate, bool serial) {
+  return {dt == memory::data_type::bf16,      trans_a, trans_b, M, N, K, lda, ldb, ldc, accumulate,
+          serial ? 0 : omp_get_max_threads(), serial};
+}
+
 // The primitive for C (M, N) = op(A) · op(B) [+ C] with operands of type dt, created on first use.
 // serial: a primitive for matmul_bf16_serial (user scratchpad; the thread count does not matter,
 // as it runs on the calling thread alone).
@@ -106,9 +114,7 @@ std::shared_ptr<const Cached> get_matmul(memory::data_type dt, bool trans_a, boo
                                          int64_t M, int64_t N, int64_t K, int64_t lda, int64_t ldb,
                                          int64_t ldc, bool accumulate, bool serial = false) {
   Cache& cc = cache();
-  const Key key{
-      dt == memory::data_type::bf16,      trans_a, trans_b, M, N, K, lda, ldb, ldc, accumulate,
-      serial ? 0 : omp_get_max_threads(), serial};
+  const Key key = matmul_key(dt, trans_a, trans_b, M, N, K, lda, ldb, ldc, accumulate, serial);
   std::lock_guard<std::mutex> lock(cc.mu);
   auto it = cc.map.find(key);
   if (it != cc.map.end()) {
@@ -176,7 +182,8 @@ void run_matmul_serial(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t
   thread_local std::map<Key, SerialEntry> mine;
   thread_local dnnl::stream stream(cpu_engine());
   thread_local std::vector<uint8_t> scratch;
-  const Key key{true, trans_a, trans_b, M, N, K, lda, ldb, ldc, accumulate, 0, true};
+  const Key key = matmul_key(memory::data_type::bf16, trans_a, trans_b, M, N, K, lda, ldb, ldc,
+                             accumulate, true);
   auto it = mine.find(key);
   if (it == mine.end()) {
     if (mine.size() >= kMaxPerThread) mine.clear();
@@ -333,11 +340,7 @@ void matmul_bf16_serial(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_
   check_args("matmul_bf16_serial", trans_a, trans_b, M, N, K, lda, ldb, ldc);
 #ifdef RLHF_ONEDNN
   if (M == 0 || N == 0) return;
-  if (K == 0) {
-    if (!accumulate)
-      for (int64_t i = 0; i < M; ++i) std::fill(C + i * ldc, C + i * ldc + N, 0.0f);
-    return;
-  }
+  if (K == 0) return prepare_c(M, N, nullptr, C, ldc, accumulate);  // no product: C = 0 or kept
   run_matmul_serial(trans_a, trans_b, M, N, K, A, lda, B, ldb, C, ldc, accumulate);
 #else
   (void)A, (void)B, (void)C, (void)accumulate;
