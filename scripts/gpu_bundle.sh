@@ -13,9 +13,12 @@
 #   cmake -S . -B build-amx -DRLHF_NATIVE=OFF -DCMAKE_CXX_FLAGS=-march=sapphirerapids \
 #     -DCMAKE_C_FLAGS=-march=sapphirerapids -DRLHF_CUDA=OFF -DRLHF_CUDA_EMU=OFF \
 #     -DCMAKE_BUILD_TYPE=Release && cmake --build build-amx -j --target rlhf
-#   scripts/gpu_bundle.sh build-amx .gpu rlhf-cpu   (beside rlhf-gpu.tar.xz)
-# Usage: scripts/gpu_bundle.sh <build dir> <out dir> [name]
-#   (writes <out dir>/<name>.tar.xz, default name rlhf-gpu; the test binaries are optional)
+#   scripts/gpu_bundle.sh build-amx .gpu rlhf-cpu rlhf-gpu   (beside rlhf-gpu.tar.xz)
+# Usage: scripts/gpu_bundle.sh <build dir> <out dir> [name [libs from]]
+#   (writes <out dir>/<name>.tar.xz, default name rlhf-gpu; the test binaries are optional).
+#   With [libs from] (the name of another bundle unpacked beside this one, as gpu_check.sh does in
+#   /tmp) only the stripped binaries travel and the libraries are that bundle's: ~2 MB instead of
+#   ~27 MB, so both bundles fit in one 64 MiB upload. The libraries must cover this build's.
 set -euo pipefail
 BUILD=$1
 OUT=$2
@@ -32,6 +35,15 @@ for b in rlhf rlhf_tests rlhf_mpi_tests; do
   cp "$BUILD/$b" "$D/bin/"
   BINS+=("$BUILD/$b")
 done
+if [ -n "${4:-}" ]; then  # binaries alone; the other bundle's libraries, by relative links
+  rmdir "$D/lib" "$D/lib-fallback" "$D/openmpi"
+  for d in lib lib-fallback openmpi; do ln -s "../$4/$d" "$D/$d"; done
+  strip "$D"/bin/*
+  mkdir -p "$OUT"
+  tar -C "$STAGE" -cf - "$NAME" | xz -T0 -6 > "$OUT/$NAME.tar.xz"
+  du -h "$OUT/$NAME.tar.xz"
+  exit 0
+fi
 cp "$OMPI_COMPONENTS"/*.so "$D/openmpi/"
 # cuDNN attention needs cuDNN and the cudnn-frontend headers at configure time (PyPI access):
 # the configure prints "✓ cudnn-frontend"; without it the cuDNN checks of gpu_check.sh skip.

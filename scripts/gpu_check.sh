@@ -27,6 +27,10 @@
 # <out dir>/bench.jsonl, the runs' metrics (with "run": name) to <out dir>/metrics.jsonl. The
 # tokenizer.model the GRPO steps need (Llama 2's) lies beside the bundle. One rank: Open MPI runs as a singleton (no mpirun, no daemon).
 # Usage: scripts/gpu_check.sh <rlhf-gpu.tar.xz> <out dir> [step ...]   (default: all, in order)
+# A step written with a trailing '&' (quoted: 'amx&') runs in the background while the steps after
+# it run on the CPUs but 0 and 1 (the amx step pins itself to those two), so one lease measures
+# the CPU and the GPU at once, e.g.: scripts/gpu_check.sh .gpu/rlhf-gpu.tar.xz out env 'amx&'
+# partial tests. The script waits for the background steps before it exits.
 set -u
 TAR=$1
 OUT=$2
@@ -272,5 +276,17 @@ step_profile() {  # per-kernel GPU time of a 1B training step and of batch-1 dec
   step_profile_decode
 }
 
-for s in $STEPS; do "step_$s"; done
+BACKGROUND=()
+for s in $STEPS; do
+  case $s in
+    *"&")
+      "step_${s%&}" &
+      BACKGROUND+=($!)
+      # the steps that follow keep off the background step's CPUs (0 and 1)
+      [ "$(nproc)" -gt 2 ] && taskset -cp "2-$(($(nproc) - 1))" $$ > /dev/null
+      ;;
+    *) "step_$s" ;;
+  esac
+done
+[ ${#BACKGROUND[@]} -eq 0 ] || wait "${BACKGROUND[@]}"
 exit 0
