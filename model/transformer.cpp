@@ -176,16 +176,20 @@ void Transformer<T>::head_linear(T* y, const T* x, const T* w, int64_t rows, int
 
 template <typename T>
 void Transformer<T>::head_linear_backward(T* dx, T* dw, const T* dy, const T* x, const T* w,
-                                          int64_t rows, int64_t IC, int64_t OC, int key) {
+                                          int64_t rows, int64_t IC, int64_t OC, int key,
+                                          const bfloat16* dy16) {
   if constexpr (std::is_same_v<T, float>) {
     if (bf16_) {
       thread_local std::vector<bfloat16> dyb, xb;
-      if (int64_t(dyb.size()) < rows * OC) dyb.resize(size_t(rows * OC));
+      if (dy16 == nullptr) {
+        if (int64_t(dyb.size()) < rows * OC) dyb.resize(size_t(rows * OC));
+        float_to_bf16_n(dyb.data(), dy, rows * OC);
+        dy16 = dyb.data();
+      }
       if (int64_t(xb.size()) < rows * IC) xb.resize(size_t(rows * IC));
-      float_to_bf16_n(dyb.data(), dy, rows * OC);
       float_to_bf16_n(xb.data(), x, rows * IC);
-      linear_backward_bf16(dx, dw, nullptr, dyb.data(), xb.data(), bf16_head_.get(w, key, OC * IC),
-                           rows, IC, OC, false);
+      linear_backward_bf16(dx, dw, nullptr, dy16, xb.data(), bf16_head_.get(w, key, OC * IC), rows,
+                           IC, OC, false);
       round_to_bf16_n(dx, rows * IC);
       return;
     }
@@ -351,6 +355,18 @@ void Transformer<T>::backward_lm(UnitProvider<T>& p, const T* dlp, const T* dent
   check_backward(true, dentropy != nullptr);
   bf16_next_pass(&p);
   head_backward(p, [&](const T*, const T* w, T* dw) {
+    if constexpr (std::is_same_v<T, float>) {
+      if (bf16_) {  // dlogits straight to bf16: no fp32 (N, V) pass and rounding pass over it
+        thread_local std::vector<bfloat16> dlogits16;
+        if (int64_t(dlogits16.size()) < N_ * V_) dlogits16.resize(size_t(N_ * V_));
+        logprob_backward_bf16_cpu(dlogits16.data(), dlp, dentropy, logits_.data(), lse_.data(),
+                                  dentropy ? entropy_.data() : nullptr, targets_.data(), N_, V_,
+                                  inv_temperature_);
+        head_linear_backward(dlnf_.data(), dw, nullptr, lnf_.data(), w, N_, C_, V_, kHeadKeyLm,
+                             dlogits16.data());
+        return;
+      }
+    }
     logprob_backward_cpu(logits_.data(), dlp, dentropy, logits_.data(), lse_.data(),
                          dentropy ? entropy_.data() : nullptr, targets_.data(), N_, V_,
                          inv_temperature_);

@@ -173,9 +173,10 @@ class Transformer : public ModelLoop<Transformer<T>, T, LayerActs<T>> {
   // accumulation and an unrounded fp32 y when bf16_ (w's bf16 copy cached per pass under key).
   void head_linear(T* y, const T* x, const T* w, int64_t rows, int64_t IC, int64_t OC, int key);
   // Its backward: dx (rows, IC) = dy · w (assigned; rounded to bf16 when bf16_), dw += dyᵀ · x
-  // (skipped when nullptr).
+  // (skipped when nullptr). dy16: dy already in bf16 when bf16_ (then dy is not read), else
+  // nullptr (dy rounded here).
   void head_linear_backward(T* dx, T* dw, const T* dy, const T* x, const T* w, int64_t rows,
-                            int64_t IC, int64_t OC, int key);
+                            int64_t IC, int64_t OC, int key, const bfloat16* dy16 = nullptr);
 
   using Base::B_, Base::C_, Base::D_, Base::F_, Base::H_, Base::Hkv_, Base::L_, Base::N_, Base::T_,
       Base::V_, Base::checkpointing_, Base::cu_, Base::entropy_valid_, Base::have_backward_state_,

@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "model/ops/cuda_types.h"
+#include "model/ops/half.h"
 
 namespace rlhf::model {
 
@@ -29,6 +30,15 @@ template <typename T>
 void logprob_backward_cpu(T* dlogits, const T* dlp, const T* dentropy, const T* logits,
                           const T* lse, const T* entropy, const int32_t* targets, int64_t N,
                           int64_t V, T scale);
+
+/// logprob_backward_cpu<float>'s dlogits rounded to bf16 (nearest even) as they are stored, the
+/// values bit for bit: the LM head's bf16 backward GEMMs read them without an (N, V) fp32 pass and
+/// a rounding pass over it (CPU --param_dtype bf16; the CUDA backward writes bf16 the same way).
+/// dlogits (N, V) bf16, assigned, must not alias logits; the rest as logprob_backward_cpu.
+/// Throws on bad targets like forward.
+void logprob_backward_bf16_cpu(bfloat16* dlogits, const float* dlp, const float* dentropy,
+                               const float* logits, const float* lse, const float* entropy,
+                               const int32_t* targets, int64_t N, int64_t V, float scale);
 
 #ifdef RLHF_CUDA
 /// CUDA forward, same contract with bf16 logits and fp32 results: lp, lse, entropy (N) fp32

@@ -186,6 +186,59 @@ TEST_CASE("logprob backward in place equals out of place; float agrees with doub
   CHECK(c_dx.finite);
 }
 
+TEST_CASE("logprob backward to bf16 is the fp32 gradient rounded once, bit for bit") {
+  const float scale = 1.0f / 0.7f;
+  for (const int64_t V : {int64_t(1001), int64_t(32000)}) {  // with and without a vector tail
+    const int64_t N = 6;
+    auto xd = test::random_vec<double>(N * V, 51, -6, 6);
+    const std::vector<float> x(xd.begin(), xd.end());
+    auto targets = make_targets(N, V, 52, 3);
+    targets[4] = -1;  // a row with no target
+    auto dlp = test::random_vec<float>(N, 53);
+    auto dent = test::random_vec<float>(N, 54);
+    dent[4] = 0.0f;  // ... and no entropy term: an all-zero row
+    std::vector<float> lp(N), lse(N), ent(N);
+    model::logprob_forward_cpu(lp.data(), lse.data(), ent.data(), x.data(), targets.data(), N, V,
+                               scale);
+    // With the entropy term, without it, and without the log-prob term.
+    for (int variant = 0; variant < 3; ++variant) {
+      const float* a = variant == 2 ? nullptr : dlp.data();
+      const float* b = variant == 1 ? nullptr : dent.data();
+      const float* e = variant == 1 ? nullptr : ent.data();
+      std::vector<float> dx(N * V);
+      model::logprob_backward_cpu(dx.data(), a, b, x.data(), lse.data(), e, targets.data(), N, V,
+                                  scale);
+      for (int threads : {1, 2}) {
+        std::vector<model::bfloat16> d16(N * V, model::bfloat16{0x7FC0});  // NaN: all written?
+        {
+          const ScopedThreads st(threads);
+          model::logprob_backward_bf16_cpu(d16.data(), a, b, x.data(), lse.data(), e,
+                                           targets.data(), N, V, scale);
+        }
+        int64_t mismatches = 0;
+        for (int64_t i = 0; i < N * V; ++i)
+          mismatches += d16[i].bits != model::float_to_bf16(dx[i]).bits;
+        INFO("V " << V << ", variant " << variant << ", " << threads << " threads");
+        CHECK(mismatches == 0);
+      }
+    }
+  }
+  // A bad target throws before anything is written, naming the function and the row.
+  std::vector<float> x(2 * 5, 0.5f), lse(2, 1.0f), dlp(2, 1.0f);
+  std::vector<int32_t> targets = {0, 7};
+  std::vector<model::bfloat16> d16(2 * 5);
+  std::string msg;
+  try {
+    model::logprob_backward_bf16_cpu(d16.data(), dlp.data(), nullptr, x.data(), lse.data(), nullptr,
+                                     targets.data(), 2, 5, 1.0f);
+  } catch (const Error& err) {
+    msg = err.what();
+  }
+  INFO(msg);
+  CHECK(msg.find("logprob_backward_bf16_cpu") != std::string::npos);
+  CHECK(msg.find("row 1") != std::string::npos);
+}
+
 TEST_CASE("logprob: large logits stay finite; bad targets throw naming the row") {
   const int64_t N = 3, V = 11;
   std::vector<float> x(N * V);

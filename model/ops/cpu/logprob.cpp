@@ -3,9 +3,13 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <vector>
+
+#include <omp.h>
 
 #include "core/error.h"
 #include "model/ops/cpu/vec_math.h"
+#include "model/ops/half.h"
 
 namespace rlhf::model {
 
@@ -90,43 +94,77 @@ void logprob_forward_cpu(T* lp, T* lse, T* entropy, const T* logits, const int32
   }
 }
 
+namespace {
+
 // With p = softmax(z), z = scale·x, log p_j = z_j − lse:
 //   ∂lp/∂z_j = onehot_j − p_j,   ∂H/∂z_j = −p_j (log p_j + H),
-// and ∂/∂x = scale · ∂/∂z. One pass per row: every element is read before it is written, so
-// dlogits may be the logits buffer itself.
+// and ∂/∂x = scale · ∂/∂z. One row, written to dx (V values; every element of x is read before
+// the same element of dx is written, so dx may be x itself).
+template <typename T>
+void logprob_backward_row(T* dx, const T* x, T a, T b, T l, T h, int32_t t, int64_t V, T scale) {
+  if (a == T(0) && b == T(0)) {  // e.g. a prompt position: no target, no entropy term
+    std::fill(dx, dx + V, T(0));
+    return;
+  }
+  // dx_j = scale·[a·(onehot_j − p_j) − b·p_j·(log p_j + H)]
+  //      = −scale·p_j·(c + b·log p_j) + scale·a·onehot_j,   c = a + b·H.
+  const T c = a + b * h;
+  if (b != T(0)) {
+#pragma omp simd simdlen(16)
+    for (int64_t j = 0; j < V; ++j) {
+      const T log_p = scale * x[j] - l;
+      dx[j] = -scale * exp_vec(log_p) * (c + b * log_p);
+    }
+  } else {
+#pragma omp simd simdlen(16)
+    for (int64_t j = 0; j < V; ++j) dx[j] = (-scale * c) * exp_vec(scale * x[j] - l);
+  }
+  if (t >= 0) dx[t] += scale * a;
+}
+
+// Row n's coefficients: a = dlp (0 without a target), b = dentropy, l = lse, h = entropy.
+template <typename T>
+struct RowCoeffs {
+  T a, b, l, h;
+};
+template <typename T>
+RowCoeffs<T> row_coeffs(int64_t n, const T* dlp, const T* dentropy, const T* lse, const T* entropy,
+                        const int32_t* targets) {
+  const bool with_entropy = dentropy != nullptr && entropy != nullptr;
+  return {(dlp != nullptr && targets[n] >= 0) ? dlp[n] : T(0), with_entropy ? dentropy[n] : T(0),
+          lse[n], with_entropy ? entropy[n] : T(0)};
+}
+
+}  // namespace
+
 template <typename T>
 void logprob_backward_cpu(T* dlogits, const T* dlp, const T* dentropy, const T* logits,
                           const T* lse, const T* entropy, const int32_t* targets, int64_t N,
                           int64_t V, T scale) {
   check_targets(targets, N, V, "logprob_backward_cpu");
-  const bool with_entropy = dentropy != nullptr && entropy != nullptr;
 #pragma omp parallel for schedule(static)
   for (int64_t n = 0; n < N; ++n) {
-    const T* x = logits + n * V;
-    T* dx = dlogits + n * V;
-    const int32_t t = targets[n];
-    const T a = (dlp != nullptr && t >= 0) ? dlp[n] : T(0);
-    const T b = with_entropy ? dentropy[n] : T(0);
-    if (a == T(0) && b == T(0)) {  // e.g. a prompt position: no target, no entropy term
-      std::fill(dx, dx + V, T(0));
-      continue;
+    const RowCoeffs<T> r = row_coeffs(n, dlp, dentropy, lse, entropy, targets);
+    logprob_backward_row(dlogits + n * V, logits + n * V, r.a, r.b, r.l, r.h, targets[n], V, scale);
+  }
+}
+
+void logprob_backward_bf16_cpu(bfloat16* dlogits, const float* dlp, const float* dentropy,
+                               const float* logits, const float* lse, const float* entropy,
+                               const int32_t* targets, int64_t N, int64_t V, float scale) {
+  check_targets(targets, N, V, "logprob_backward_bf16_cpu");
+  // Each thread computes a row into its own fp32 scratch (V floats: stays in L2), then rounds it
+  // into dlogits: the values of logprob_backward_cpu rounded once, without an (N, V) fp32 pass.
+  std::vector<float> scratch_buf(size_t(omp_get_max_threads()) * size_t(V));
+#pragma omp parallel
+  {
+    float* row = scratch_buf.data() + size_t(omp_get_thread_num()) * size_t(V);
+#pragma omp for schedule(static)
+    for (int64_t n = 0; n < N; ++n) {
+      const RowCoeffs<float> r = row_coeffs(n, dlp, dentropy, lse, entropy, targets);
+      logprob_backward_row(row, logits + n * V, r.a, r.b, r.l, r.h, targets[n], V, scale);
+      float_to_bf16_row(dlogits + n * V, row, V);
     }
-    const T l = lse[n];
-    const T h = with_entropy ? entropy[n] : T(0);
-    // dx_j = scale·[a·(onehot_j − p_j) − b·p_j·(log p_j + H)]
-    //      = −scale·p_j·(c + b·log p_j) + scale·a·onehot_j,   c = a + b·H.
-    const T c = a + b * h;
-    if (b != T(0)) {
-#pragma omp simd simdlen(16)
-      for (int64_t j = 0; j < V; ++j) {
-        const T log_p = scale * x[j] - l;
-        dx[j] = -scale * exp_vec(log_p) * (c + b * log_p);
-      }
-    } else {
-#pragma omp simd simdlen(16)
-      for (int64_t j = 0; j < V; ++j) dx[j] = (-scale * c) * exp_vec(scale * x[j] - l);
-    }
-    if (t >= 0) dx[t] += scale * a;
   }
 }
 
