@@ -27,7 +27,7 @@ OMPI_COMPONENTS=/usr/lib/x86_64-linux-gnu/openmpi/lib/openmpi3
 STAGE=$(mktemp -d)
 trap 'rm -rf "$STAGE"' EXIT
 D=$STAGE/$NAME
-mkdir -p "$D/bin" "$D/lib" "$D/lib-fallback" "$D/openmpi"
+mkdir -p "$D/bin"
 [ -x "$BUILD/rlhf" ] || { echo "gpu_bundle: $BUILD/rlhf is not built" >&2; exit 1; }
 BINS=()
 for b in rlhf rlhf_tests rlhf_mpi_tests; do
@@ -35,37 +35,39 @@ for b in rlhf rlhf_tests rlhf_mpi_tests; do
   cp "$BUILD/$b" "$D/bin/"
   BINS+=("$BUILD/$b")
 done
+# pack_libraries: Open MPI's components and every library the binaries load that a bare GPU
+# machine lacks, into the bundle.
+pack_libraries() {
+  mkdir -p "$D/lib" "$D/lib-fallback" "$D/openmpi"
+  cp "$OMPI_COMPONENTS"/*.so "$D/openmpi/"
+  # cuDNN attention needs cuDNN and the cudnn-frontend headers at configure time (PyPI access):
+  # the configure prints "✓ cudnn-frontend"; without it the cuDNN checks of gpu_check.sh skip.
+  if ldd "$BUILD/rlhf" | grep -q libcublas && ! ldd "$BUILD/rlhf" | grep -q libcudnn; then
+    echo "gpu_bundle: warning: $BUILD/rlhf is built without cuDNN attention (see its configure" \
+      "output for the ✗ line); gpu_check.sh's cuDNN cases will skip" >&2
+  fi
+  # glibc's own libraries come from the machine; NVIDIA's are the machine's (they must match its
+  # driver); libstdc++/libgcc_s go to lib-fallback, used only if the machine's are older.
+  skip='^(linux-vdso|ld-linux|libc|libm|libdl|libpthread|librt|libresolv|libutil|libcuda|libcublas|libcublasLt|libnccl|libcudnn.*|libnvidia.*)\.so'
+  fallback='^(libstdc\+\+|libgcc_s)\.so'
+  {
+    ldd "${BINS[@]}"
+    for c in "$OMPI_COMPONENTS"/*.so; do ldd "$c"; done
+  } | awk '$2 == "=>" && $3 ~ /^\// {print $1, $3}' | sort -u | while read -r name path; do
+    if [[ $name =~ $skip ]]; then continue; fi
+    if [[ $name =~ $fallback ]]; then
+      cp -L "$path" "$D/lib-fallback/$name"
+    else
+      cp -L "$path" "$D/lib/$name"
+    fi
+  done
+}
 if [ -n "${4:-}" ]; then  # binaries alone; the other bundle's libraries, by relative links
-  rmdir "$D/lib" "$D/lib-fallback" "$D/openmpi"
   for d in lib lib-fallback openmpi; do ln -s "../$4/$d" "$D/$d"; done
   strip "$D"/bin/*
-  mkdir -p "$OUT"
-  tar -C "$STAGE" -cf - "$NAME" | xz -T0 -6 > "$OUT/$NAME.tar.xz"
-  du -h "$OUT/$NAME.tar.xz"
-  exit 0
+else
+  pack_libraries
 fi
-cp "$OMPI_COMPONENTS"/*.so "$D/openmpi/"
-# cuDNN attention needs cuDNN and the cudnn-frontend headers at configure time (PyPI access):
-# the configure prints "✓ cudnn-frontend"; without it the cuDNN checks of gpu_check.sh skip.
-if ldd "$BUILD/rlhf" | grep -q libcublas && ! ldd "$BUILD/rlhf" | grep -q libcudnn; then
-  echo "gpu_bundle: warning: $BUILD/rlhf is built without cuDNN attention (see its configure" \
-    "output for the ✗ line); gpu_check.sh's cuDNN cases will skip" >&2
-fi
-# glibc's own libraries come from the machine; NVIDIA's are the machine's (they must match its
-# driver); libstdc++/libgcc_s go to lib-fallback, used only if the machine's are older.
-skip='^(linux-vdso|ld-linux|libc|libm|libdl|libpthread|librt|libresolv|libutil|libcuda|libcublas|libcublasLt|libnccl|libcudnn.*|libnvidia.*)\.so'
-fallback='^(libstdc\+\+|libgcc_s)\.so'
-{
-  ldd "${BINS[@]}"
-  for c in "$OMPI_COMPONENTS"/*.so; do ldd "$c"; done
-} | awk '$2 == "=>" && $3 ~ /^\// {print $1, $3}' | sort -u | while read -r name path; do
-  if [[ $name =~ $skip ]]; then continue; fi
-  if [[ $name =~ $fallback ]]; then
-    cp -L "$path" "$D/lib-fallback/$name"
-  else
-    cp -L "$path" "$D/lib/$name"
-  fi
-done
 mkdir -p "$OUT"
 tar -C "$STAGE" -cf - "$NAME" | xz -T0 -6 > "$OUT/$NAME.tar.xz"
 du -h "$OUT/$NAME.tar.xz"
