@@ -40,15 +40,21 @@ std::unique_ptr<parallel::TrainModel> zero3_bf16_model(const model::ParamLayout&
                                         false, &comm, parallel::kSweepResidualBytes, true);
 }
 
+// What the N-rank tests share: the world's communicator, this rank's share of the kSeqs
+// sequences (r · per onwards, per of them), and the small tied bf16 model.
+struct RankShare {
+  std::unique_ptr<parallel::Comm> comm = parallel::make_comm(MPI_COMM_WORLD, "train_comm");
+  int N = comm->size(), r = comm->rank();
+  int64_t per = kSeqs / N;
+  model::ModelConfig cfg = small_config(true);
+  model::ParamLayout layout{cfg, model::HeadKind::kLM};
+  RankShare() { REQUIRE(kSeqs % N == 0); }
+};
+
 }  // namespace
 
-TEST_CASE("bf16: N ranks (ZeRO-3, bf16 gathers) train like 1 rank") {
+TEST_CASE_FIXTURE(RankShare, "bf16: N ranks (ZeRO-3, bf16 gathers) train like 1 rank") {
   if (!have_onednn()) return;
-  auto comm = parallel::make_comm(MPI_COMM_WORLD, "train_comm");
-  const int N = comm->size(), r = comm->rank();
-  REQUIRE(kSeqs % N == 0);
-  const auto cfg = small_config(true);
-  model::ParamLayout layout(cfg, model::HeadKind::kLM);
   // The single-rank bf16 reference, on every rank: one micro-batch of all sequences.
   auto ref = parallel::make_cpu_train_model(std::make_unique<parallel::LocalParamStore>(layout),
                                             false, nullptr, parallel::kSweepResidualBytes, true);
@@ -64,7 +70,6 @@ TEST_CASE("bf16: N ranks (ZeRO-3, bf16 gathers) train like 1 rank") {
 
   auto net = zero3_bf16_model(layout, *comm, true);
   init_store(net->store(), 5);
-  const int64_t per = kSeqs / N;
   const auto norms = train(*net, cfg, 4, r * per, per, 1);
   const auto w = full_weights(net->store());
   for (size_t s = 0; s < norms.size(); ++s)
@@ -170,13 +175,10 @@ TEST_CASE("bf16: the gathered bf16 units feed the GEMMs directly (no second roun
   CHECK(b.bf16_converted_elements() > 0);   // fp32 gathers: the model rounds them itself
 }
 
-TEST_CASE("bf16: ZeRO-0 replicas keep bf16 weight copies, bit-identical to rounding per pass") {
+TEST_CASE_FIXTURE(
+    RankShare,
+    "bf16: ZeRO-0 replicas keep bf16 weight copies, bit-identical to rounding per pass") {
   if (!have_onednn()) return;
-  auto comm = parallel::make_comm(MPI_COMM_WORLD, "train_comm");
-  const int N = comm->size(), r = comm->rank();
-  REQUIRE(kSeqs % N == 0);
-  const auto cfg = small_config(true);
-  model::ParamLayout layout(cfg, model::HeadKind::kLM);
   std::vector<std::vector<float>> w[2];
   for (int twins = 0; twins < 2; ++twins) {
     parallel::ZeroOptions z;
@@ -190,7 +192,6 @@ TEST_CASE("bf16: ZeRO-0 replicas keep bf16 weight copies, bit-identical to round
     auto net = parallel::make_cpu_train_model(std::move(store), false, comm.get(),
                                               parallel::kSweepResidualBytes, true);
     init_store(net->store(), 9);
-    const int64_t per = kSeqs / N;
     train(*net, cfg, 3, r * per, per, 1);  // micro-batches of one sequence: several passes a step
     w[twins] = full_weights(net->store());
   }
