@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <type_traits>
+#include <vector>
 
 #include "core/error.h"
 #include "model/ops/cpu/avx512_util.h"
@@ -42,12 +43,14 @@ inline __m512 load16(const bfloat16* w) {
 }
 
 // Rows [0, MR) of x against NP (1 or 2) consecutive panels starting at wp (stride IC·16 between
-// panels): y[i·ldy + 16·p + l] for l < valid[p]. W: float or bfloat16 weights. pf: NP panels to
-// prefetch into L2 while this block computes (the next task's, so that its first block does not
-// wait on memory), or nullptr.
-template <int MR, int NP, typename W>
-inline void block(float* y, int64_t ldy, const float* x, const W* wp, const float* b, int64_t IC,
-                  const int64_t* valid, const W* pf) {
+// panels): y[i·ldy + 16·p + l] for l < valid[p]. Row i's input k is x[i·ldx + k], or with KMajor
+// x[k·ldx + i] (k_major: a k step's MR broadcasts from one pointer at fixed offsets). W: float or
+// bfloat16 weights. pf: NP panels to prefetch into L2 while this block computes (the next task's,
+// so that its first block does not wait on memory), or nullptr.
+template <int MR, int NP, bool KMajor = false, typename W>
+inline void block(float* y, int64_t ldy, const float* x, int64_t ldx, const W* wp, const float* b,
+                  int64_t IC, const int64_t* valid, const W* pf) {
+  const int64_t row_step = KMajor ? 1 : ldx, k_step = KMajor ? ldx : 1;
   __m512 acc[MR][NP];
   const int64_t pstride = IC * kDecodePanel;
   // k = 0: the product alone (fma(x0, w0, 0) rounds the same as x0·w0).
@@ -57,12 +60,14 @@ inline void block(float* y, int64_t ldy, const float* x, const W* wp, const floa
     for (int p = 0; p < NP; ++p) wv[p] = load16(wp + p * pstride);
 #pragma GCC unroll 16
     for (int i = 0; i < MR; ++i) {
-      const __m512 xb = _mm512_set1_ps(x[i * IC]);
+      const __m512 xb = _mm512_set1_ps(x[i * row_step]);
 #pragma GCC unroll 2
       for (int p = 0; p < NP; ++p) acc[i][p] = _mm512_mul_ps(xb, wv[p]);
     }
   }
+  const float* xk = x;  // row 0's input k
   for (int64_t k = 1; k < IC; ++k) {
+    xk += k_step;
     if (pf != nullptr) {
 #pragma GCC unroll 2
       for (int p = 0; p < NP; ++p)
@@ -74,7 +79,7 @@ inline void block(float* y, int64_t ldy, const float* x, const W* wp, const floa
     for (int p = 0; p < NP; ++p) wv[p] = load16(wp + p * pstride + k * kDecodePanel);
 #pragma GCC unroll 16
     for (int i = 0; i < MR; ++i) {
-      const __m512 xb = _mm512_set1_ps(x[i * IC + k]);
+      const __m512 xb = _mm512_set1_ps(xk[i * row_step]);
 #pragma GCC unroll 2
       for (int p = 0; p < NP; ++p) acc[i][p] = _mm512_fmadd_ps(xb, wv[p], acc[i][p]);
     }
@@ -94,63 +99,66 @@ inline void block(float* y, int64_t ldy, const float* x, const W* wp, const floa
 // memory, for all the rows. In blocks of 8 rows × 2 panels the second block re-read the panels
 // from L2 after the first had streamed them, so memory time and FMA time added up: 135M shape,
 // batch 16, 51.4–52.1 → 48.2 ms a decode step (2-core Xeon, Cascade Lake). Warm in cache, where
-// FMAs rather than memory bound, the 16 broadcasts a k make it slower than 8 × 2.
+// FMAs rather than memory bound, the 16 broadcasts a k make it slower than 8 × 2. xt: the rows
+// k-major (rows_for_panels), ldx = M.
 template <typename W>
-inline void one_panel_all_rows(float* y, int64_t ldy, const float* x, const W* wp, const float* b,
-                               int64_t M, int64_t IC, const int64_t* valid, const W* pf) {
+inline void one_panel_all_rows(float* y, int64_t ldy, const float* xt, int64_t ldx, const W* wp,
+                               const float* b, int64_t M, int64_t IC, const int64_t* valid,
+                               const W* pf) {
   switch (M) {
     case 16:
-      return block<16, 1>(y, ldy, x, wp, b, IC, valid, pf);
+      return block<16, 1, true>(y, ldy, xt, ldx, wp, b, IC, valid, pf);
     case 15:
-      return block<15, 1>(y, ldy, x, wp, b, IC, valid, pf);
+      return block<15, 1, true>(y, ldy, xt, ldx, wp, b, IC, valid, pf);
     case 14:
-      return block<14, 1>(y, ldy, x, wp, b, IC, valid, pf);
+      return block<14, 1, true>(y, ldy, xt, ldx, wp, b, IC, valid, pf);
     case 13:
-      return block<13, 1>(y, ldy, x, wp, b, IC, valid, pf);
+      return block<13, 1, true>(y, ldy, xt, ldx, wp, b, IC, valid, pf);
     case 12:
-      return block<12, 1>(y, ldy, x, wp, b, IC, valid, pf);
+      return block<12, 1, true>(y, ldy, xt, ldx, wp, b, IC, valid, pf);
     case 11:
-      return block<11, 1>(y, ldy, x, wp, b, IC, valid, pf);
+      return block<11, 1, true>(y, ldy, xt, ldx, wp, b, IC, valid, pf);
     case 10:
-      return block<10, 1>(y, ldy, x, wp, b, IC, valid, pf);
+      return block<10, 1, true>(y, ldy, xt, ldx, wp, b, IC, valid, pf);
     default:
-      return block<9, 1>(y, ldy, x, wp, b, IC, valid, pf);
+      return block<9, 1, true>(y, ldy, xt, ldx, wp, b, IC, valid, pf);
   }
 }
 
 // Every row of x against NP panels: blocks of 8 rows, then the 1–7 left; 9–16 rows one panel at a
-// time in one block (one_panel_all_rows). pf: the panels the first block prefetches (block's pf).
+// time in one block (one_panel_all_rows; x then k-major: rows_for_panels). pf: the panels the first
+// block prefetches (block's pf).
 template <int NP, typename W>
 inline void panels(float* y, int64_t ldy, const float* x, const W* wp, const float* b, int64_t M,
                    int64_t IC, const int64_t* valid, const W* pf) {
   if (M > kMR && M <= 2 * kMR) {
     const int64_t pstride = IC * kDecodePanel;
     for (int p = 0; p < NP; ++p)
-      one_panel_all_rows(y + p * kDecodePanel, ldy, x, wp + p * pstride,
+      one_panel_all_rows(y + p * kDecodePanel, ldy, x, M, wp + p * pstride,
                          b != nullptr ? b + p * kDecodePanel : nullptr, M, IC, valid + p,
                          p + 1 < NP ? wp + (p + 1) * pstride : pf);
     return;
   }
   int64_t m = 0;
   for (; m + kMR <= M; m += kMR, pf = nullptr)
-    block<8, NP>(y + m * ldy, ldy, x + m * IC, wp, b, IC, valid, pf);
+    block<8, NP>(y + m * ldy, ldy, x + m * IC, IC, wp, b, IC, valid, pf);
   float* ym = y + m * ldy;
   const float* xm = x + m * IC;
   switch (M - m) {
     case 7:
-      return block<7, NP>(ym, ldy, xm, wp, b, IC, valid, pf);
+      return block<7, NP>(ym, ldy, xm, IC, wp, b, IC, valid, pf);
     case 6:
-      return block<6, NP>(ym, ldy, xm, wp, b, IC, valid, pf);
+      return block<6, NP>(ym, ldy, xm, IC, wp, b, IC, valid, pf);
     case 5:
-      return block<5, NP>(ym, ldy, xm, wp, b, IC, valid, pf);
+      return block<5, NP>(ym, ldy, xm, IC, wp, b, IC, valid, pf);
     case 4:
-      return block<4, NP>(ym, ldy, xm, wp, b, IC, valid, pf);
+      return block<4, NP>(ym, ldy, xm, IC, wp, b, IC, valid, pf);
     case 3:
-      return block<3, NP>(ym, ldy, xm, wp, b, IC, valid, pf);
+      return block<3, NP>(ym, ldy, xm, IC, wp, b, IC, valid, pf);
     case 2:
-      return block<2, NP>(ym, ldy, xm, wp, b, IC, valid, pf);
+      return block<2, NP>(ym, ldy, xm, IC, wp, b, IC, valid, pf);
     case 1:
-      return block<1, NP>(ym, ldy, xm, wp, b, IC, valid, pf);
+      return block<1, NP>(ym, ldy, xm, IC, wp, b, IC, valid, pf);
     default:
       return;
   }
@@ -189,6 +197,22 @@ void pack(W* wp, const float* w, int64_t IC, int64_t OC, const Cvt& cvt) {
       }
 }
 
+#if defined(__AVX512F__)
+// x (M, IC) for panels: 9–16 rows k-major (xt[k·M + i] = x[i·IC + k], in a buffer of the calling
+// thread that the call's OpenMP team reads), others x itself. With one pointer per row, 16 rows
+// spilled the row pointers to vector registers and each k step moved them back on an FMA port
+// (16 rows warm in L2 at the 135M shape: 91 against the core's 175 GFLOP/s of FMAs, 114 k-major;
+// 2-core Emerald Rapids VM). 8-row blocks keep their pointers in registers.
+const float* rows_for_panels(const float* x, int64_t M, int64_t IC) {
+  if (M <= kMR || M > 2 * kMR) return x;
+  thread_local std::vector<float> xt;
+  if (xt.size() < size_t(M * IC)) xt.resize(size_t(M * IC));
+  for (int64_t k = 0; k < IC; ++k)
+    for (int64_t i = 0; i < M; ++i) xt[size_t(k * M + i)] = x[i * IC + k];
+  return xt.data();
+}
+#endif
+
 // linear_decode_packed_cpu for W = float or bfloat16 weights.
 template <typename W>
 void packed(const char* what, float* y, const float* x, const W* wp, const float* b, int64_t M,
@@ -205,6 +229,9 @@ void packed(const char* what, float* y, const float* x, const W* wp, const float
   // machine a descheduled thread does not hold back half of the matrix). The result does not
   // depend on which thread computes a task.
   const int64_t np = (OC + kDecodePanel - 1) / kDecodePanel, ntasks = (np + 1) / 2;
+#if defined(__AVX512F__)
+  const float* xp = rows_for_panels(x, M, IC);
+#endif
 #pragma omp parallel for schedule(dynamic, 4) if (M * IC * OC >= kParallelMacs)
   for (int64_t t = 0; t < ntasks; ++t) {
     const int64_t p0 = 2 * t, n = std::min<int64_t>(2, np - p0);
@@ -225,9 +252,9 @@ void packed(const char* what, float* y, const float* x, const W* wp, const float
     const bool hint = M > kMR || std::is_same_v<W, bfloat16>;
     const W* pf = hint && p0 + 2 < np ? wt + 2 * IC * kDecodePanel : nullptr;
     if (n == 2)
-      panels<2>(yt, OC, x, wt, bt, M, IC, valid, pf);
+      panels<2>(yt, OC, xp, wt, bt, M, IC, valid, pf);
     else
-      panels<1>(yt, OC, x, wt, bt, M, IC, valid, pf);
+      panels<1>(yt, OC, xp, wt, bt, M, IC, valid, pf);
 #else
     panels_portable(yt, OC, x, wt, bt, M, IC, n, valid);
 #endif
