@@ -242,14 +242,15 @@ void packed(const char* what, float* y, const float* x, const W* wp, const float
     const W* wt = wp + p0 * IC * kDecodePanel;
     const float* bt = b != nullptr ? b + p0 * kDecodePanel : nullptr;
 #if defined(__AVX512F__)
-    // The next task's two panels (the last task prefetches nothing), when there is a second row
-    // block to overlap the stream with, and always for bf16 weights. fp32 weights in one block
-    // (M <= 8) are a pure stream, which the hardware prefetcher serves better (batch 1 at the 135M
-    // shape: 27.0 ms a step without, 30.1 with; 2-core Xeon, Cascade Lake). bf16 weights stream
-    // at half the bytes a k step, too slowly for the hardware prefetcher to keep enough lines in
-    // flight: batch 1 at the 135M shape 12.2-13.6 → 9.9-10.8 ms a step (2-core Emerald Rapids
-    // VM, AVX512-BF16; fp32 unchanged there with the hint).
-    const bool hint = M > kMR || std::is_same_v<W, bfloat16>;
+    // The next task's two panels (the last task prefetches nothing), from 2 rows on, and always
+    // for bf16 weights. fp32 weights at batch 1 are a pure stream, which the hardware prefetcher
+    // serves better (135M shape: 27.0 ms a step without, 30.1 with; 2-core Xeon, Cascade Lake).
+    // From 2 rows the FMAs slow the stream and the hint keeps lines in flight: batch 4 / 8 at the
+    // 135M shape 27.1-29.4 / 31.5-33.3 → 24.9-26.8 / 28.9-33.3 ms a step (2-core Emerald Rapids
+    // VM). bf16 weights stream at half the bytes a k step, too slowly for the hardware
+    // prefetcher to keep enough lines in flight: batch 1 at the 135M shape 12.2-13.6 → 9.9-10.8
+    // ms a step (same VM, AVX512-BF16; fp32 unchanged there with the hint).
+    const bool hint = M >= 2 || std::is_same_v<W, bfloat16>;
     const W* pf = hint && p0 + 2 < np ? wt + 2 * IC * kDecodePanel : nullptr;
     if (n == 2)
       panels<2>(yt, OC, xp, wt, bt, M, IC, valid, pf);
