@@ -42,6 +42,7 @@ struct Reader {
     const int64_t n = get<int64_t>();
     RLHF_CHECK(n >= 0 && uint64_t(n) <= left / sizeof(T), "sample buffer malformed");
     std::vector<T> v(static_cast<size_t>(n));
+    if (v.empty()) return v;  // memcpy's pointers must not be null, even for 0 bytes
     std::memcpy(v.data(), p, sizeof(T) * v.size());
     p += sizeof(T) * v.size();
     left -= sizeof(T) * v.size();
