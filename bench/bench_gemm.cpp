@@ -7,6 +7,7 @@
 #include <chrono>
 #include <map>
 #include <random>
+#include <string_view>
 #include <tuple>
 #include <vector>
 
@@ -161,7 +162,8 @@ void run_bench_gemm(const BenchGemmOptions& opt, const Emit& emit) {
     }
     for (const Gemm& g : gemms) {
       // Operands per GEMM: forward x, w; dx dy, w; dW dy, x.
-      const bool fwd = g.name[0] == 'f', dxg = g.name[9] == 'x';
+      const std::string_view kind = g.name;
+      const bool fwd = kind == "forward", dxg = kind == "backward_dx";
       const float* A = fwd ? x.data() : dy.data();
       const float* B = (fwd || dxg) ? w.data() : x.data();
       const model::bfloat16* A16 = fwd ? x16.data() : dy16.data();
