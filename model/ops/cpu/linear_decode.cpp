@@ -201,8 +201,8 @@ void pack(W* wp, const float* w, int64_t IC, int64_t OC, const Cvt& cvt) {
 // x (M, IC) for panels: 9–16 rows k-major (xt[k·M + i] = x[i·IC + k], in a buffer of the calling
 // thread that the call's OpenMP team reads), others x itself. With one pointer per row, 16 rows
 // spilled the row pointers to vector registers and each k step moved them back on an FMA port
-// (16 rows warm in L2 at the 135M shape: 91 against the core's 175 GFLOP/s of FMAs, 114 k-major;
-// 2-core Emerald Rapids VM). 8-row blocks keep their pointers in registers.
+// (16 rows warm in L2 at the 135M shape, one thread: 90 GFLOP/s, 120 k-major, against the core's
+// 175 of FMAs; 2-core Emerald Rapids VM). 8-row blocks keep their pointers in registers.
 const float* rows_for_panels(const float* x, int64_t M, int64_t IC) {
   if (M <= kMR || M > 2 * kMR) return x;
   thread_local std::vector<float> xt;
