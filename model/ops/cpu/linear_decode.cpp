@@ -18,6 +18,11 @@ namespace {
 
 // Input rows per register block: 8 rows × 2 panels = 16 accumulators.
 constexpr int64_t kMR = 8;
+// 9–16 rows go against each panel in one block (one_panel_all_rows), with x k-major
+// (rows_for_panels); other row counts in blocks of kMR.
+inline bool rows_in_one_block(int64_t M) {
+  return M > kMR && M <= 2 * kMR;
+}
 // Below this many multiply-adds the call stays on one thread (a fork costs a few µs).
 constexpr int64_t kParallelMacs = 1 << 16;
 
@@ -99,29 +104,28 @@ inline void block(float* y, int64_t ldy, const float* x, int64_t ldx, const W* w
 // memory, for all the rows. In blocks of 8 rows × 2 panels the second block re-read the panels
 // from L2 after the first had streamed them, so memory time and FMA time added up: 135M shape,
 // batch 16, 51.4–52.1 → 48.2 ms a decode step (2-core Xeon, Cascade Lake). Warm in cache, where
-// FMAs rather than memory bound, the 16 broadcasts a k make it slower than 8 × 2. xt: the rows
-// k-major (rows_for_panels), ldx = M.
+// FMAs rather than memory bound, the 16 broadcasts a k make it slower than 8 × 2. xt: the M rows
+// k-major (rows_for_panels).
 template <typename W>
-inline void one_panel_all_rows(float* y, int64_t ldy, const float* xt, int64_t ldx, const W* wp,
-                               const float* b, int64_t M, int64_t IC, const int64_t* valid,
-                               const W* pf) {
+inline void one_panel_all_rows(float* y, int64_t ldy, const float* xt, const W* wp, const float* b,
+                               int64_t M, int64_t IC, const int64_t* valid, const W* pf) {
   switch (M) {
     case 16:
-      return block<16, 1, true>(y, ldy, xt, ldx, wp, b, IC, valid, pf);
+      return block<16, 1, true>(y, ldy, xt, M, wp, b, IC, valid, pf);
     case 15:
-      return block<15, 1, true>(y, ldy, xt, ldx, wp, b, IC, valid, pf);
+      return block<15, 1, true>(y, ldy, xt, M, wp, b, IC, valid, pf);
     case 14:
-      return block<14, 1, true>(y, ldy, xt, ldx, wp, b, IC, valid, pf);
+      return block<14, 1, true>(y, ldy, xt, M, wp, b, IC, valid, pf);
     case 13:
-      return block<13, 1, true>(y, ldy, xt, ldx, wp, b, IC, valid, pf);
+      return block<13, 1, true>(y, ldy, xt, M, wp, b, IC, valid, pf);
     case 12:
-      return block<12, 1, true>(y, ldy, xt, ldx, wp, b, IC, valid, pf);
+      return block<12, 1, true>(y, ldy, xt, M, wp, b, IC, valid, pf);
     case 11:
-      return block<11, 1, true>(y, ldy, xt, ldx, wp, b, IC, valid, pf);
+      return block<11, 1, true>(y, ldy, xt, M, wp, b, IC, valid, pf);
     case 10:
-      return block<10, 1, true>(y, ldy, xt, ldx, wp, b, IC, valid, pf);
+      return block<10, 1, true>(y, ldy, xt, M, wp, b, IC, valid, pf);
     default:
-      return block<9, 1, true>(y, ldy, xt, ldx, wp, b, IC, valid, pf);
+      return block<9, 1, true>(y, ldy, xt, M, wp, b, IC, valid, pf);
   }
 }
 
@@ -131,10 +135,10 @@ inline void one_panel_all_rows(float* y, int64_t ldy, const float* xt, int64_t l
 template <int NP, typename W>
 inline void panels(float* y, int64_t ldy, const float* x, const W* wp, const float* b, int64_t M,
                    int64_t IC, const int64_t* valid, const W* pf) {
-  if (M > kMR && M <= 2 * kMR) {
+  if (rows_in_one_block(M)) {
     const int64_t pstride = IC * kDecodePanel;
     for (int p = 0; p < NP; ++p)
-      one_panel_all_rows(y + p * kDecodePanel, ldy, x, M, wp + p * pstride,
+      one_panel_all_rows(y + p * kDecodePanel, ldy, x, wp + p * pstride,
                          b != nullptr ? b + p * kDecodePanel : nullptr, M, IC, valid + p,
                          p + 1 < NP ? wp + (p + 1) * pstride : pf);
     return;
@@ -204,7 +208,7 @@ void pack(W* wp, const float* w, int64_t IC, int64_t OC, const Cvt& cvt) {
 // (16 rows warm in L2 at the 135M shape, one thread: 90 GFLOP/s, 120 k-major, against the core's
 // 175 of FMAs; 2-core Emerald Rapids VM). 8-row blocks keep their pointers in registers.
 const float* rows_for_panels(const float* x, int64_t M, int64_t IC) {
-  if (M <= kMR || M > 2 * kMR) return x;
+  if (!rows_in_one_block(M)) return x;
   thread_local std::vector<float> xt;
   if (xt.size() < size_t(M * IC)) xt.resize(size_t(M * IC));
   for (int64_t k = 0; k < IC; ++k)
