@@ -41,8 +41,9 @@ struct BenchPartialOptions {
 /// the step's groups. Partial steps come in two kinds, each on its own engine and pool: carried
 /// samples continue from the KV blocks their engine kept (--partial_rollout_kv keep: partial_*,
 /// ratio) or are prefilled again (recompute: partial_recompute_*, ratio_recompute). Steps
-/// alternate (keep, recompute, synchronous, keep, ...; the first partial steps, with nothing
-/// carried yet, are not timed) and each side's median is reported, as wall time and as process
+/// alternate (keep, recompute, synchronous, keep, ...; the first step of each kind is not timed:
+/// nothing is carried yet, and GPU engines upload their weights and capture their graphs in it)
+/// and each side's median is reported, as wall time and as process
 /// CPU time (user + system: steadier on a shared machine); ratio = partial / sync.
 /// sync_tail_s: the synchronous step's time after every sample but the straggler finished (the
 /// straggler decoding alone); ratio_no_tail = (sync_step_s − sync_tail_s) / sync_step_s, what
@@ -50,7 +51,10 @@ struct BenchPartialOptions {
 /// *_prefill_s: the engines' prefill time per step (a recompute step's includes re-prefilling the
 /// carried samples' tokens); partial_kv_resumed_mean: samples a keep step continued on kept KV. The
 /// weight version advances every partial step (staleness and versions are real; the weights
-/// themselves are left unchanged, which does not change the cost). device_sampled_share: the share
+/// themselves are left unchanged, which does not change the cost). A GPU engine then keeps its
+/// device weights (Engine::device_weights_updated, as after the RL loop's device weight sync)
+/// instead of uploading the host weights at every generate(); a CPU engine packs its weights at
+/// every generate() (once a step on either side, as in the loop). device_sampled_share: the share
 /// of decode steps whose tokens were drawn on the device (a GPU engine: 1; the CPU: 0).
 void run_bench_partial(const BenchPartialOptions& opt, const Emit& emit);
 

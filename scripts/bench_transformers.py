@@ -34,6 +34,12 @@ bf16 (issue 24): --param_dtype bf16 runs transformers with the model cast to bfl
 packed decode kernel), whose "fixed_bf16" rows are compared. Name the CPU and its ISA with the
 figures: where the CPU has no AVX512-BF16 / AMX, both sides emulate bf16 arithmetic.
 
+--model_config TOML (in place of --gguf) runs both sides at a model's shape with random weights: rlhf
+`bench generate --model_config TOML`, transformers a LlamaForCausalLM built from the same keys (rlhf's
+TOML uses Hugging Face's config names; weights drawn with torch.manual_seed(--seed)). Decode cost
+does not depend on the weights' values (EOS is ignored on both sides), so this measures a machine
+that has PyTorch but not the model file (the GPU machine's CPU, scripts/gpu_check.sh amx).
+
 rlhf bench generate has a fixed 64-token prompt and 128 new tokens; --prompt_len / --new_tokens
 must match what it reports (the script stops if they do not).
 
@@ -62,7 +68,11 @@ def parse_args():
         description=__doc__.split("\n")[0],
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rlhf", default="build/rlhf", help="the rlhf binary (default build/rlhf)")
-    p.add_argument("--gguf", required=True, help="the GGUF model file (both systems load it)")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--gguf", help="the GGUF model file (both systems load it)")
+    src.add_argument("--model_config",
+                     help="an rlhf model TOML (Hugging Face config names): both systems at that "
+                          "shape with random weights")
     p.add_argument("--batches", default="1,16", help="comma list of batch sizes (default 1,16)")
     p.add_argument("--prompt_len", type=int, default=64,
                    help="prompt tokens per sequence (default 64, rlhf bench's fixed length)")
@@ -146,6 +156,26 @@ def load_hf(gguf, bf16=False):
     return model
 
 
+def load_hf_config(toml_path, seed, bf16=False):
+    """A LlamaForCausalLM at the shape of rlhf's model TOML, random weights (torch seed `seed`)."""
+    import tomllib
+    from transformers import LlamaConfig, LlamaForCausalLM
+    with open(toml_path, "rb") as f:
+        c = tomllib.load(f)
+    if c.get("model_type", "llama") != "llama":
+        sys.exit(f"bench_transformers: {toml_path}: model_type {c['model_type']!r}: only llama")
+    keys = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+            "num_attention_heads", "num_key_value_heads", "max_position_embeddings",
+            "rms_norm_eps", "rope_theta", "tie_word_embeddings", "bos_token_id", "eos_token_id",
+            "pad_token_id")
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(LlamaConfig(**{k: c[k] for k in keys if k in c}))
+    if bf16:
+        model = model.to(torch.bfloat16)
+    model.eval()
+    return model
+
+
 def hf_generate(model, ids, new_tokens, sample):
     clock = StepClock()
     kw = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens,  # EOS cannot end it early
@@ -174,7 +204,8 @@ def hf_generate(model, ids, new_tokens, sample):
 # --- rlhf -----------------------------------------------------------------------------------
 
 def run_rlhf(args):
-    cmd = [args.rlhf, "bench", "generate", "--pretrain", args.gguf, "--gen_batches",
+    source = ["--pretrain", args.gguf] if args.gguf else ["--model_config", args.model_config]
+    cmd = [args.rlhf, "bench", "generate", *source, "--gen_batches",
            ",".join(str(b) for b in args.batch_list), "--gen_long_requests", "0",
            "--gen_long_fixed_batch", "0", "--threads", str(args.threads), "--seed", str(args.seed),
            "--disable_progress", "--device", "cpu", "--param_dtype", args.param_dtype]
@@ -220,14 +251,20 @@ def main():
     env = {"python": platform.python_version(), "torch": torch.__version__,
            "transformers": transformers.__version__, "gguf": gguf_version,
            "torch_threads": torch.get_num_threads(), "threads": a.threads, "cpu": cpu_name(),
-           "rlhf": rlhf_version(a.rlhf), "model": os.path.basename(a.gguf),
+           "rlhf": rlhf_version(a.rlhf),
+           "model": os.path.basename(a.gguf or a.model_config) +
+           ("" if a.gguf else " (random weights)"),
            "batches": a.batch_list, "prompt_len": a.prompt_len, "new_tokens": a.new_tokens,
            "rounds": a.rounds, "hf_inner": a.hf_inner, "param_dtype": a.param_dtype,
            "hf_decoding": "sample t=1" if a.hf_sample else "greedy"}
     emit({"row": "env", **env})
 
-    log(f"loading {a.gguf} in transformers (dequantised to fp32, run in {a.param_dtype})")
-    model = load_hf(a.gguf, a.param_dtype == "bf16")
+    if a.gguf:
+        log(f"loading {a.gguf} in transformers (dequantised to fp32, run in {a.param_dtype})")
+        model = load_hf(a.gguf, a.param_dtype == "bf16")
+    else:
+        log(f"building {a.model_config} in transformers (random weights, {a.param_dtype})")
+        model = load_hf_config(a.model_config, a.seed, a.param_dtype == "bf16")
     vocab = model.config.vocab_size
     prompts = {b: torch.tensor(p, dtype=torch.long)
                for b, p in rlhf_prompts(a.seed, vocab, a.prompt_len, a.batch_list).items()}

@@ -20,6 +20,9 @@
 #          shape, and PyTorch side by side where this machine has it; with rlhf-cpu.tar.xz
 #          beside the bundle (gpu_bundle.sh's CPU build) when there, else the GPU build (whose
 #          own kernels are x86-64-v3 only); not in the default list
+#   amxgen decode on this machine's CPU next to transformers, both bf16 at the SmolLM-135M shape
+#          (random weights; scripts/bench_transformers.py --model_config), batch 16; the last
+#          part of amx, alone
 #   profile   per-kernel GPU time (ncu) of a 1B training step (profile_train; PROFILE_ATTN picks
 #             the attention, default cudnn) and of decode steps at batch 1 (profile_decode); not
 #             in the default list; ncu needs a Firecracker machine (gVisor has no counters)
@@ -216,37 +219,56 @@ ncu_cmd() {  # Nsight Compute: per-kernel GPU time, one metric, no clock locking
   echo ncu --clock-control none --metrics gpu__time_duration.sum --print-summary per-kernel --csv
 }
 
-step_amx() {
-  local cpu=$RLHF cpu_tar
+amx_setup() {  # sets AMX_CPU (the CPU build when packed beside the bundle) and AMX_PIN
+  AMX_CPU=$RLHF
+  local cpu_tar
   cpu_tar="$(dirname "$TAR")/rlhf-cpu.tar.xz"
   if [ -f "$cpu_tar" ]; then
     local root=/tmp/rlhf-cpu
     [ -x "$root/bin/rlhf" ] || tar -C /tmp -xJf "$cpu_tar" || { echo "cannot unpack $cpu_tar"; return 1; }
     wrap "$root" "" rlhf > /dev/null
-    cpu=$root/wrap/rlhf
+    AMX_CPU=$root/wrap/rlhf
   else
     echo "gpu_check: no $cpu_tar: the GPU build measures the CPU (its own kernels x86-64-v3)" |
       tee -a "$OUT/amx.log"
   fi
-  lscpu | grep -E "Model name|^CPU\(s\)" >> "$OUT/amx.log"
-  grep -o -w -E "amx_(tile|bf16|int8)|avx512_bf16|avx512_fp16" /proc/cpuinfo | sort -u |
-    tr '\n' ' ' >> "$OUT/amx.log"
-  echo >> "$OUT/amx.log"
-  local pin=()
-  command -v taskset > /dev/null && pin=(taskset -c "0,1")
+  AMX_PIN=()
+  command -v taskset > /dev/null && AMX_PIN=(taskset -c "0,1")
+  {
+    lscpu | grep -E "Model name|^CPU\(s\)|Thread\(s\) per core"
+    lscpu -e=CPU,CORE,SOCKET,NODE 2> /dev/null | head -4  # are CPUs 0 and 1 one core's two threads?
+    grep -o -w -E "amx_(tile|bf16|int8)|avx512_bf16|avx512_fp16" /proc/cpuinfo | sort -u | tr '\n' ' '
+    echo
+  } >> "$OUT/amx.log"
+}
+
+step_amx() {
+  amx_setup || return 1
   local m135=$SRC/examples/models/smollm-135M.toml
-  run amx 120 "${pin[@]}" "$cpu" bench gemm --device cpu --threads 2 --output "$OUT/bench.jsonl"
-  run amx 300 "${pin[@]}" "$cpu" bench train --device cpu --threads 2 --model_config "$m135" \
+  run amx 120 "${AMX_PIN[@]}" "$AMX_CPU" bench gemm --device cpu --threads 2 --output "$OUT/bench.jsonl"
+  run amx 300 "${AMX_PIN[@]}" "$AMX_CPU" bench train --device cpu --threads 2 --model_config "$m135" \
     --tokens_per_step 2048 --steps 2 --param_dtype bf16 --output "$OUT/bench.jsonl"
-  run amx 240 "${pin[@]}" "$cpu" bench generate --device cpu --threads 2 --model_config "$m135" \
+  run amx 240 "${AMX_PIN[@]}" "$AMX_CPU" bench generate --device cpu --threads 2 --model_config "$m135" \
     --param_dtype bf16 --gen_batches 1,16 --gen_long_requests 0 --gen_long_fixed_batch 0 \
     --output "$OUT/bench.jsonl"
   if python3 -c "import torch" 2> /dev/null; then
-    run amx 400 "${pin[@]}" python3 "$SRC/scripts/bench_torch_train.py" --rlhf "$cpu" --threads 2 \
+    run amx 400 "${AMX_PIN[@]}" python3 "$SRC/scripts/bench_torch_train.py" --rlhf "$AMX_CPU" --threads 2 \
       --rounds 2 --steps 2 --output "$OUT/bench.jsonl"
   else
     echo "gpu_check: no PyTorch here: training side by side with PyTorch skipped" | tee -a "$OUT/amx.log"
   fi
+  step_amxgen
+}
+
+step_amxgen() {  # issue 24's decode target: rlhf bf16 against transformers bf16, batch 16 (2 threads)
+  [ -n "${AMX_CPU:-}" ] || amx_setup || return 1
+  if ! python3 -c "import torch, transformers" 2> /dev/null; then
+    echo "gpu_check: no transformers here: decode side by side skipped" | tee -a "$OUT/amx.log"
+    return 0
+  fi
+  run amx 300 "${AMX_PIN[@]}" python3 "$SRC/scripts/bench_transformers.py" --rlhf "$AMX_CPU" \
+    --model_config "$SRC/examples/models/smollm-135M.toml" --param_dtype bf16 --batches 16 \
+    --threads 2 --rounds 1 --hf_inner 1 --output "$OUT/bench.jsonl"
 }
 
 step_profile_train() {  # the kernels of one training step (PROFILE_TRAIN: 1b by default, or
