@@ -21,8 +21,9 @@
 #          beside the bundle (gpu_bundle.sh's CPU build) when there, else the GPU build (whose
 #          own kernels are x86-64-v3 only); not in the default list
 #   amxgen decode on this machine's CPU next to transformers, both bf16 at the SmolLM-135M shape
-#          (random weights; scripts/bench_transformers.py --model_config), batch 16; the last
-#          part of amx, alone
+#          (random weights; scripts/bench_transformers.py --model_config), batch 16
+#   amxgemm, amxtrain, amxdecode (AMX_DECODE_BATCHES, default 1,16), amxtorch, amxgen: the parts
+#          of amx, one at a time (each pins itself to CPUs 0 and 1 too)
 #   profile   per-kernel GPU time (ncu) of a 1B training step (profile_train; PROFILE_ATTN picks
 #             the attention, default cudnn) and of decode steps at batch 1 (profile_decode); not
 #             in the default list; ncu needs a Firecracker machine (gVisor has no counters)
@@ -242,22 +243,43 @@ amx_setup() {  # sets AMX_CPU (the CPU build when packed beside the bundle) and 
   } >> "$OUT/amx.log"
 }
 
-step_amx() {
+step_amx() {  # all of it: amxgemm, amxtrain, amxdecode, amxtorch, amxgen
   amx_setup || return 1
-  local m135=$SRC/examples/models/smollm-135M.toml
+  step_amxgemm
+  step_amxtrain
+  step_amxdecode
+  step_amxtorch
+  step_amxgen
+}
+
+step_amxgemm() {
+  [ -n "${AMX_CPU:-}" ] || amx_setup || return 1
   run amx 120 "${AMX_PIN[@]}" "$AMX_CPU" bench gemm --device cpu --threads 2 --output "$OUT/bench.jsonl"
-  run amx 300 "${AMX_PIN[@]}" "$AMX_CPU" bench train --device cpu --threads 2 --model_config "$m135" \
-    --tokens_per_step 2048 --steps 2 --param_dtype bf16 --output "$OUT/bench.jsonl"
-  run amx 240 "${AMX_PIN[@]}" "$AMX_CPU" bench generate --device cpu --threads 2 --model_config "$m135" \
-    --param_dtype bf16 --gen_batches 1,16 --gen_long_requests 0 --gen_long_fixed_batch 0 \
+}
+
+step_amxtrain() {
+  [ -n "${AMX_CPU:-}" ] || amx_setup || return 1
+  run amx 300 "${AMX_PIN[@]}" "$AMX_CPU" bench train --device cpu --threads 2 \
+    --model_config "$SRC/examples/models/smollm-135M.toml" --tokens_per_step 2048 --steps 2 \
+    --param_dtype bf16 --output "$OUT/bench.jsonl"
+}
+
+step_amxdecode() {
+  [ -n "${AMX_CPU:-}" ] || amx_setup || return 1
+  run amx 240 "${AMX_PIN[@]}" "$AMX_CPU" bench generate --device cpu --threads 2 \
+    --model_config "$SRC/examples/models/smollm-135M.toml" --param_dtype bf16 \
+    --gen_batches "${AMX_DECODE_BATCHES:-1,16}" --gen_long_requests 0 --gen_long_fixed_batch 0 \
     --output "$OUT/bench.jsonl"
+}
+
+step_amxtorch() {
+  [ -n "${AMX_CPU:-}" ] || amx_setup || return 1
   if python3 -c "import torch" 2> /dev/null; then
-    run amx 400 "${AMX_PIN[@]}" python3 "$SRC/scripts/bench_torch_train.py" --rlhf "$AMX_CPU" --threads 2 \
-      --rounds 2 --steps 2 --output "$OUT/bench.jsonl"
+    run amx 400 "${AMX_PIN[@]}" python3 "$SRC/scripts/bench_torch_train.py" --rlhf "$AMX_CPU" \
+      --threads 2 --rounds 2 --steps 2 --output "$OUT/bench.jsonl"
   else
     echo "gpu_check: no PyTorch here: training side by side with PyTorch skipped" | tee -a "$OUT/amx.log"
   fi
-  step_amxgen
 }
 
 step_amxgen() {  # issue 24's decode target: rlhf bf16 against transformers bf16, batch 16 (2 threads)
