@@ -35,16 +35,25 @@ float fma_chain(const float* x, const float* w_row, const float* b, int64_t o, i
 }  // namespace
 
 TEST_CASE("linear_decode_pack: panels of 16 output rows, k-major, zeros past OC") {
-  const int64_t IC = 5, OC = 21;  // two panels, the second with 5 rows
-  auto w = test::random_vec<float>(OC * IC, 3);
-  const auto wp = pack(w, IC, OC);
-  REQUIRE(int64_t(wp.size()) == 2 * 16 * IC);
-  for (int64_t p = 0; p < 2; ++p)
-    for (int64_t k = 0; k < IC; ++k)
-      for (int64_t l = 0; l < 16; ++l) {
-        const int64_t o = 16 * p + l;
-        CHECK(wp[size_t((p * IC + k) * 16 + l)] == (o < OC ? w[size_t(o * IC + k)] : 0.0f));
-      }
+  // IC 5: k elementwise only; 37: two 16-k blocks (the AVX-512 transpose) and a tail of 5; the
+  // OCs end in a partial panel (5 and 2 rows) or not (48).
+  const int64_t shapes[][2] = {{5, 21}, {37, 50}, {32, 48}};
+  for (const auto& [IC, OC] : shapes) {
+    CAPTURE(IC);
+    CAPTURE(OC);
+    auto w = test::random_vec<float>(OC * IC, 3);
+    const auto wp = pack(w, IC, OC);
+    const int64_t np = (OC + 15) / 16;
+    REQUIRE(int64_t(wp.size()) == np * 16 * IC);
+    int64_t wrong = 0;
+    for (int64_t p = 0; p < np; ++p)
+      for (int64_t k = 0; k < IC; ++k)
+        for (int64_t l = 0; l < 16; ++l) {
+          const int64_t o = 16 * p + l;
+          wrong += wp[size_t((p * IC + k) * 16 + l)] != (o < OC ? w[size_t(o * IC + k)] : 0.0f);
+        }
+    CHECK(wrong == 0);
+  }
 }
 
 TEST_CASE("linear_decode_packed equals the fma chain in k order, bit for bit, on every shape") {

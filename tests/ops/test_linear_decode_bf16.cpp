@@ -15,15 +15,23 @@
 using namespace rlhf;
 
 TEST_CASE("linear_decode bf16: the packing rounds linear_decode_pack's layout to bf16") {
-  const int64_t IC = 7, OC = 21;
-  const auto w = test::random_vec<float>(OC * IC, 5);
-  const int64_t n = model::linear_decode_packed_size(IC, OC);
-  std::vector<float> wp(static_cast<size_t>(n));
-  std::vector<model::bfloat16> wp16(size_t(n), model::bfloat16{0xFFFF});
-  model::linear_decode_pack(wp.data(), w.data(), IC, OC);
-  model::linear_decode_pack_bf16(wp16.data(), w.data(), IC, OC);
-  for (int64_t i = 0; i < n; ++i)
-    CHECK(wp16[size_t(i)].bits == model::float_to_bf16(wp[size_t(i)]).bits);
+  const int64_t shapes[][2] = {{7, 21}, {37, 50}};  // 37: 16-k blocks (transposed) and a tail
+  for (const auto& [IC, OC] : shapes) {
+    CAPTURE(IC);
+    auto w = test::random_vec<float>(OC * IC, 5);
+    w[0] = std::numeric_limits<float>::quiet_NaN();  // rounded as float_to_bf16 rounds them
+    w[1] = std::numeric_limits<float>::infinity();
+    w[2] = 1e-40f;  // subnormal
+    const int64_t n = model::linear_decode_packed_size(IC, OC);
+    std::vector<float> wp(static_cast<size_t>(n));
+    std::vector<model::bfloat16> wp16(size_t(n), model::bfloat16{0xFFFF});
+    model::linear_decode_pack(wp.data(), w.data(), IC, OC);
+    model::linear_decode_pack_bf16(wp16.data(), w.data(), IC, OC);
+    int64_t wrong = 0;
+    for (int64_t i = 0; i < n; ++i)
+      wrong += wp16[size_t(i)].bits != model::float_to_bf16(wp[size_t(i)]).bits;
+    CHECK(wrong == 0);
+  }
 }
 
 TEST_CASE("linear_decode bf16 equals the fp32 kernel on the rounded weights, bit for bit") {

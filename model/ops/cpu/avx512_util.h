@@ -41,6 +41,40 @@ inline __m512 hsum16_f32(const __m512* a) {
                        _mm512_shuffle_f32x4(r[0], r[1], 0xDD));
 }
 
+/// In-place 16 × 16 transpose: on entry r[i] holds row i, on return r[j] holds column j (lane i
+/// of r[j] = lane j of the old r[i]). Pairs of rows interleave by 32 bits, then by 64 bits within
+/// each 128-bit block, then the blocks move across vectors in two shuffles (64 shuffles in all).
+inline void transpose16_f32(__m512* r) {
+  __m512 t[16];
+#pragma GCC unroll 16
+  for (int i = 0; i < 16; i += 2) {  // block b: [r_i(4b), r_i+1(4b), r_i(4b+1), r_i+1(4b+1)], ...
+    t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+    t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+  }
+#pragma GCC unroll 16
+  for (int i = 0; i < 16; i += 4)  // r[i + m], block b: column 4b + m of rows i .. i + 3
+    for (int h = 0; h < 2; ++h) {
+      const __m512d x = _mm512_castps_pd(t[i + h]), y = _mm512_castps_pd(t[i + 2 + h]);
+      r[i + 2 * h] = _mm512_castpd_ps(_mm512_unpacklo_pd(x, y));
+      r[i + 2 * h + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(x, y));
+    }
+  __m512 u[16];
+#pragma GCC unroll 4
+  for (int m = 0; m < 4; ++m) {  // blocks 0, 1 (0x44) and 2, 3 (0xEE) of row groups 0|1 and 2|3
+    u[4 * m] = _mm512_shuffle_f32x4(r[m], r[4 + m], 0x44);
+    u[4 * m + 1] = _mm512_shuffle_f32x4(r[m], r[4 + m], 0xEE);
+    u[4 * m + 2] = _mm512_shuffle_f32x4(r[8 + m], r[12 + m], 0x44);
+    u[4 * m + 3] = _mm512_shuffle_f32x4(r[8 + m], r[12 + m], 0xEE);
+  }
+#pragma GCC unroll 4
+  for (int m = 0; m < 4; ++m) {  // column 4b + m: block b of each row group
+    r[m] = _mm512_shuffle_f32x4(u[4 * m], u[4 * m + 2], 0x88);
+    r[4 + m] = _mm512_shuffle_f32x4(u[4 * m], u[4 * m + 2], 0xDD);
+    r[8 + m] = _mm512_shuffle_f32x4(u[4 * m + 1], u[4 * m + 3], 0x88);
+    r[12 + m] = _mm512_shuffle_f32x4(u[4 * m + 1], u[4 * m + 3], 0xDD);
+  }
+}
+
 /// Mask of the first n lanes (n in [0, 16]).
 inline __mmask16 first_lanes(int64_t n) {
   return n >= 16 ? __mmask16(0xFFFF) : static_cast<__mmask16>((1u << n) - 1u);
