@@ -157,10 +157,13 @@ int run_bench(const BenchArgs& args) {
       emit(row);
       if (row["bench"] == "generate")
         LOG0_INFO(
-            "bench generate (cuda): {} | batch {} | {:.0f} tok/s | {:.3f} ms/step | {:.0f} GB/s "
+            "bench generate (cuda): {} | batch {} | {:.0f} tok/s | {:.3f} ms/step (forward "
+            "{:.3f} + sampling {:.3f} on the GPU, host {:.3f}; sampled on the {}) | {:.0f} GB/s "
             "read = {:.1f}% of HBM {:.0f} GB/s, {:.2f} x device copy",
             row["model"].get<std::string>(), row["batch"].get<int64_t>(),
             row["decode_tokens_per_s"].get<double>(), row["step_ms"].get<double>(),
+            row["device_ms_per_step"].get<double>(), row["sampling_ms_per_step"].get<double>(),
+            row["host_ms_per_step"].get<double>(), row["sampling"].get<std::string>(),
             row["read_GBps"].get<double>(), 100 * row["ratio_to_hbm"].get<double>(),
             row["hbm_GBps"].get<double>(), row["ratio_to_copy"].get<double>());
     });

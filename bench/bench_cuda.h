@@ -73,12 +73,13 @@ struct BenchGenerateCudaOptions {
 /// the GPU engine; emits {"bench":"generate","device":"cuda","gpu":..,"model":..,"batch":..,
 /// "decode_tokens_per_s":..,"step_ms":..,"read_GBps":..,"hbm_GBps":..,"ratio_to_hbm":..,
 /// "copy_GBps":..,"ratio_to_copy":..,"graphs":..,"skinny_gemm":..,"device_ms_per_step":..,
-/// "host_ms_per_step":..,"sampling":"device"|"host"} (device: the forwards' GPU time by CUDA
-/// events; host: the rest of the step — inputs, sampling or the logits copy and host sampling,
-/// scheduling). The largest batch runs a second time with the host sampler ("sampling": "host":
-/// every row's logits copied to the host), the others sample on the device. Batches of at most
-/// model::kSkinnyMaxRows run twice, on a second engine with the same weights: with the few-row
-/// linear kernel (the default) and with cuBLASLt's GEMMs ("skinny_gemm": false).
+/// "sampling_ms_per_step":..,"host_ms_per_step":..,"sampling":"device"|"host"} (device: the
+/// forwards' GPU time by CUDA events; sampling: the GPU time of the token draws on the device (0
+/// when sampling on the host); host: the rest of the step — inputs, the tokens' or the logits'
+/// copy, host sampling, scheduling). The largest batch runs a second time with the host sampler
+/// ("sampling": "host": every row's logits copied to the host), the others sample on the device.
+/// Batches of at most model::kSkinnyMaxRows run twice, on a second engine with the same weights:
+/// with the few-row linear kernel (the default) and with cuBLASLt's GEMMs ("skinny_gemm": false).
 void run_bench_generate_cuda(const BenchGenerateCudaOptions& opt, const Emit& emit);
 
 struct BenchSyncCudaOptions {

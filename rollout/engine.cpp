@@ -555,6 +555,7 @@ std::vector<GenerationResult> Engine::generate(const std::vector<GenerationReque
   const auto t_start = Clock::now();
   stats_ = EngineStats{};
   const double device_s0 = backend_->decode_device_seconds();
+  const double sampling_s0 = backend_->decode_sampling_device_seconds();
   if (hooks != nullptr) {
     RLHF_CHECK(hooks->max_turns >= 1, "multi-turn generation: max_turns must be >= 1, got {}",
                hooks->max_turns);
@@ -611,6 +612,7 @@ std::vector<GenerationResult> Engine::generate(const std::vector<GenerationReque
   }
   stats_.peak_kv_blocks = kv.peak_used_blocks();
   stats_.decode_device_s = backend_->decode_device_seconds() - device_s0;
+  stats_.decode_sampling_device_s = backend_->decode_sampling_device_seconds() - sampling_s0;
   stats_.total_s = since(t_start);
   if (progress) progress(stats_, run.samples_done, run.plan.samples_total);
   return run.take_results();

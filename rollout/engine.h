@@ -215,9 +215,12 @@ struct EngineStats {
   double turn_hook_s = 0;          ///< wall time inside TurnHooks::on_turn_end
   double kv_bytes_read = 0;        ///< Σ over decode steps of the K/V bytes attention read
   double prefill_s = 0, decode_s = 0, total_s = 0;  ///< wall time in prefill, decode steps, all
-  /// Device time of the decode steps' forwards (GPU engines; 0 on the CPU): decode_s minus this
-  /// is the host's share (inputs, logits copy, sampling, scheduling).
+  /// Device time of the decode steps' forwards (GPU engines; 0 on the CPU).
   double decode_device_s = 0;
+  /// Device time of the decode steps' token draws on the device (EngineOptions::device_sampling;
+  /// 0 on the CPU). decode_s − decode_device_s − this is the host's share (inputs, the tokens'
+  /// or logits' copy, host sampling, scheduling).
+  double decode_sampling_device_s = 0;
   double mean_active_batch() const {
     return decode_steps > 0 ? double(decode_tokens) / double(decode_steps) : 0.0;
   }

@@ -157,8 +157,12 @@ class EngineBackend {
 
   /// Seconds the device spent in decode() forwards since the backend was made (CUDA events around
   /// each step's forward or graph replay); 0 for a backend without a device (the CPU). The rest
-  /// of a decode step's wall time is the host's: inputs, logits copy, sampling, scheduling.
+  /// of a decode step's wall time is the device's sampling (decode_sampling_device_seconds) and
+  /// the host's: inputs, logits copy, host sampling, scheduling.
   virtual double decode_device_seconds() const { return 0; }
+  /// Seconds the device spent drawing decode steps' tokens (decode_sampled's kernels, CUDA events
+  /// around them) since the backend was made; 0 for a backend that never samples on the device.
+  virtual double decode_sampling_device_seconds() const { return 0; }
 
   /// Whether decode() takes more than one row per sequence (observation tokens of multi-turn
   /// generation); when false the scheduler feeds them one decode step each (one row per

@@ -212,6 +212,7 @@ EngineCuda::EngineCuda(const model::ParamLayout& layout, KvCache kv, int64_t max
   graphs_.resize(static_cast<size_t>(bucket(max_batch_) / 8 + 8));
   CUDA_CHECK(cudaEventCreate(&step_begin_));
   CUDA_CHECK(cudaEventCreate(&step_end_));
+  CUDA_CHECK(cudaEventCreate(&sample_end_));
   stream_.sync();
 }
 
@@ -220,6 +221,7 @@ EngineCuda::~EngineCuda() {
   (void)cudaStreamSynchronize(stream_.get());
   if (step_begin_ != nullptr) (void)cudaEventDestroy(step_begin_);
   if (step_end_ != nullptr) (void)cudaEventDestroy(step_end_);
+  if (sample_end_ != nullptr) (void)cudaEventDestroy(sample_end_);
 }
 
 void EngineCuda::upload_weights(const std::vector<const float*>& units) {
@@ -643,12 +645,16 @@ const SampledToken* EngineCuda::decode_sampled(const DecodeBatch& d, const Devic
   decode_forward(d.tokens, d.pos, d.lens, d.table, B, d.max_blocks);
   sample_rows_cuda(sample_token_.get(), sample_logprob_.get(), logits_.get(), B, V_,
                    sample_inv_t_.get(), sample_u_.get(), s);
+  CUDA_CHECK(cudaEventRecord(sample_end_, s));
   CUDA_CHECK(cudaMemcpyAsync(sample_token_host_.get(), sample_token_.get(),
                              size_t(B) * sizeof(int32_t), cudaMemcpyDeviceToHost, s));
   CUDA_CHECK(cudaMemcpyAsync(sample_logprob_host_.get(), sample_logprob_.get(),
                              size_t(B) * sizeof(float), cudaMemcpyDeviceToHost, s));
   wait_step();
   add_step_time();
+  float ms = 0;
+  CUDA_CHECK(cudaEventElapsedTime(&ms, step_end_, sample_end_));
+  sampling_device_s_ += double(ms) * 1e-3;
   sampled_.resize(size_t(B));
   for (int64_t b = 0; b < B; ++b)
     sampled_[size_t(b)] = {sample_token_host_[size_t(b)], sample_logprob_host_[size_t(b)]};

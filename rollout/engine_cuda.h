@@ -116,6 +116,7 @@ class EngineCuda final : public EngineBackend {
   const SampledToken* decode_sampled(const DecodeBatch& batch, const DeviceSampling& s) override;
   /// GPU seconds of the decode forwards so far (events around each step's forward or replay).
   double decode_device_seconds() const override { return decode_device_s_; }
+  double decode_sampling_device_seconds() const override { return sampling_device_s_; }
 
   /// Prompt forward for positions [0, P) into the KV blocks `blocks` (host, ⌈P / block_size⌉
   /// ids); returns the last position's logits (V fp32, host, valid until the next call).
@@ -224,7 +225,8 @@ class EngineCuda final : public EngineBackend {
   std::vector<float> logits_host_;
   PinnedArray<model::bf16> logits_bf16_host_;  // pinned: the copy runs at the link's speed
   cudaEvent_t step_begin_ = nullptr, step_end_ = nullptr;  // timing of each decode forward
-  double decode_device_s_ = 0;
+  cudaEvent_t sample_end_ = nullptr;  // after decode_sampled's kernels (from step_end_)
+  double decode_device_s_ = 0, sampling_device_s_ = 0;
   std::vector<std::unique_ptr<Graph>> graphs_;  // by bucket index
   std::unique_ptr<EngineCudaTp> tp_;            // tensor parallel size > 1: the slices and NCCL
   bool staged_ = false;  // tensor parallel: full layer units handed out by device_units()

@@ -63,6 +63,13 @@ TEST_CASE("bench cuda: train and generate rows on a tiny model") {
       // The forwards' device time is part of the step, the host's the rest.
       CHECK(r["device_ms_per_step"].get<double>() > 0);
       CHECK(r["device_ms_per_step"].get<double>() <= r["step_ms"].get<double>());
+      // The device's token draws: timed when they run there, none with the host sampler.
+      if (r["sampling"].get<std::string>() == "device")
+        CHECK(r["sampling_ms_per_step"].get<double>() > 0);
+      else
+        CHECK(r["sampling_ms_per_step"].get<double>() == 0);
+      CHECK(r["device_ms_per_step"].get<double>() + r["sampling_ms_per_step"].get<double>() <=
+            r["step_ms"].get<double>());
     }
   }
   CHECK(train == 1);
