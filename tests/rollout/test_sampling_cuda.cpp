@@ -1,8 +1,9 @@
 // Sampling on the GPU (sample_rows_cuda) against the host Sampler on the same bf16 logits and the
 // same uniform draws: the same token on every row (greedy with tied maxima, temperatures below and
 // above 1, draws at 0 and just under 1, vocabularies that do and do not fill the last 256-token
-// chunk), the log-prob within 1e-5; a row's result does not depend on the other rows; rows whose
-// logits are not finite come back as token −1 without touching their neighbours.
+// chunk, and real models' sizes: several rounds of each warp's chunks), the log-prob within 1e-5; a
+// row's result does not depend on the other rows; rows whose logits are not finite come back as
+// token −1 without touching their neighbours.
 #include <cmath>
 #include <limits>
 
@@ -75,6 +76,10 @@ TEST_CASE("sample_rows_cuda: the host Sampler's token and log-prob on every row"
   check_against_host(24, 1000, 3);  // 4 chunks, the last one partial
   check_against_host(8, 4096, 4);   // whole chunks only
   check_against_host(4, 200, 5);    // one partial chunk
+  // Vocabularies of real models: every warp loads several rounds of chunks (8 warps × 4 chunks
+  // in flight = 32 chunks a round), with 16-byte loads (49,152) and token by token (32,001).
+  check_against_host(4, 49152, 6);
+  check_against_host(4, 32001, 7);
 #endif
 }
 
