@@ -78,9 +78,9 @@ __device__ __forceinline__ void thread_max(float& m, int32_t& arg, const bf16* x
 // maxima; chunk[c] = Σ exp(z − m) over tokens [c·kChunk, (c + 1)·kChunk), each warp loading
 // kChunksInFlight chunks before summing them; warp 0 then checks the total, lane 0 finds the chunk
 // that holds the draw, the warp evaluates that chunk's terms into shared memory, and lane 0 walks
-// them (or takes arg when greedy). The sums and the walk run in the same order as a single thread
-// reading the row would (the chunk's terms are the same expression), so the result does not depend
-// on the thread geometry.
+// them (or takes arg when greedy). A chunk's sum is the same expression whichever warp and round
+// compute it (each lane's kPerLane tokens in order, then the warp's butterfly), and lane 0 sums the
+// chunks and walks the chosen one in id order, so a row's result depends on neither.
 __global__ void sample_rows_kernel(int32_t* token, float* logprob, const bf16* logits, int64_t V,
                                    const float* inv_temperature, const double* u) {
   extern __shared__ float chunk[];
