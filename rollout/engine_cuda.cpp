@@ -32,6 +32,13 @@ void h2d(void* dst, const void* src, size_t bytes, cudaStream_t s) {
   CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, s));
 }
 
+// Seconds between two recorded, completed events of one stream.
+double event_seconds(cudaEvent_t from, cudaEvent_t to) {
+  float ms = 0;
+  CUDA_CHECK(cudaEventElapsedTime(&ms, from, to));
+  return double(ms) * 1e-3;
+}
+
 }  // namespace
 
 /// A captured decode step for one batch bucket.
@@ -618,9 +625,7 @@ void EngineCuda::decode_forward(const int32_t* tokens, const int32_t* pos, const
 }
 
 void EngineCuda::add_step_time() {
-  float ms = 0;
-  CUDA_CHECK(cudaEventElapsedTime(&ms, step_begin_, step_end_));
-  decode_device_s_ += double(ms) * 1e-3;
+  decode_device_s_ += event_seconds(step_begin_, step_end_);
 }
 
 const float* EngineCuda::decode(const int32_t* tokens, const int32_t* pos, const int32_t* lens,
@@ -652,9 +657,7 @@ const SampledToken* EngineCuda::decode_sampled(const DecodeBatch& d, const Devic
                              size_t(B) * sizeof(float), cudaMemcpyDeviceToHost, s));
   wait_step();
   add_step_time();
-  float ms = 0;
-  CUDA_CHECK(cudaEventElapsedTime(&ms, step_end_, sample_end_));
-  sampling_device_s_ += double(ms) * 1e-3;
+  sampling_device_s_ += event_seconds(step_end_, sample_end_);
   sampled_.resize(size_t(B));
   for (int64_t b = 0; b < B; ++b)
     sampled_[size_t(b)] = {sample_token_host_[size_t(b)], sample_logprob_host_[size_t(b)]};
