@@ -74,6 +74,7 @@ export OMPI_MCA_mtl="^ofi,psm,psm2" OMPI_MCA_osc="^ucx" OMPI_MCA_coll="^han"
 BIN=$ROOT/wrap
 RLHF=$BIN/rlhf
 TASK="builtin:addition?n=400&digits=1&seed=1"
+M135=$SRC/examples/models/smollm-135M.toml  # SmolLM-135M's shape
 TMP=/tmp/rlhf-gpu-run
 mkdir -p "$TMP"
 
@@ -178,7 +179,7 @@ step_bench() {
 step_grpo135m() {  # SmolLM-135M's body with Llama 2's 32,000-token vocabulary (tokenizer.model
   # beside the bundle): the real GGUF is too large to carry; the weights are random.
   sed -e 's/^vocab_size = .*/vocab_size = 32000/' -e 's/^bos_token_id = .*/bos_token_id = 1/' \
-    -e 's/^eos_token_id = .*/eos_token_id = 2/' "$SRC/examples/models/smollm-135M.toml" \
+    -e 's/^eos_token_id = .*/eos_token_id = 2/' "$M135" \
     > "$TMP/m135.toml"
   run e2e 30 "$RLHF" sft --model_config "$TMP/m135.toml" \
     --tokenizer "$(dirname "$TAR")/tokenizer.model" --dataset "$TASK" --max_len 32 \
@@ -195,7 +196,7 @@ step_partial() {  # --partial_rollout against the synchronous step on the GPU en
   # sample in 64 eight times longer; stories15M and SmolLM-135M shapes)
   run partial 60 "$RLHF" bench partial --device cuda --output "$OUT/bench.jsonl"
   run partial 60 "$RLHF" bench partial --device cuda \
-    --model_config "$SRC/examples/models/smollm-135M.toml" --output "$OUT/bench.jsonl"
+    --model_config "$M135" --output "$OUT/bench.jsonl"
 }
 
 step_grpo1b() {  # the issue's shape: 64 prompts x 8 samples x 512 new tokens, colocated, one GPU
@@ -221,6 +222,7 @@ ncu_cmd() {  # Nsight Compute: per-kernel GPU time, one metric, no clock locking
 }
 
 amx_setup() {  # sets AMX_CPU (the CPU build when packed beside the bundle) and AMX_PIN
+  [ -z "${AMX_CPU:-}" ] || return 0  # done already (step_amx, then its parts)
   AMX_CPU=$RLHF
   local cpu_tar
   cpu_tar="$(dirname "$TAR")/rlhf-cpu.tar.xz"
@@ -253,27 +255,27 @@ step_amx() {  # all of it: amxgemm, amxtrain, amxdecode, amxtorch, amxgen
 }
 
 step_amxgemm() {
-  [ -n "${AMX_CPU:-}" ] || amx_setup || return 1
+  amx_setup || return 1
   run amx 120 "${AMX_PIN[@]}" "$AMX_CPU" bench gemm --device cpu --threads 2 --output "$OUT/bench.jsonl"
 }
 
 step_amxtrain() {
-  [ -n "${AMX_CPU:-}" ] || amx_setup || return 1
+  amx_setup || return 1
   run amx 300 "${AMX_PIN[@]}" "$AMX_CPU" bench train --device cpu --threads 2 \
-    --model_config "$SRC/examples/models/smollm-135M.toml" --tokens_per_step 2048 --steps 2 \
+    --model_config "$M135" --tokens_per_step 2048 --steps 2 \
     --param_dtype bf16 --output "$OUT/bench.jsonl"
 }
 
 step_amxdecode() {
-  [ -n "${AMX_CPU:-}" ] || amx_setup || return 1
+  amx_setup || return 1
   run amx 240 "${AMX_PIN[@]}" "$AMX_CPU" bench generate --device cpu --threads 2 \
-    --model_config "$SRC/examples/models/smollm-135M.toml" --param_dtype bf16 \
+    --model_config "$M135" --param_dtype bf16 \
     --gen_batches "${AMX_DECODE_BATCHES:-1,16}" --gen_long_requests 0 --gen_long_fixed_batch 0 \
     --output "$OUT/bench.jsonl"
 }
 
 step_amxtorch() {
-  [ -n "${AMX_CPU:-}" ] || amx_setup || return 1
+  amx_setup || return 1
   if python3 -c "import torch" 2> /dev/null; then
     run amx 400 "${AMX_PIN[@]}" python3 "$SRC/scripts/bench_torch_train.py" --rlhf "$AMX_CPU" \
       --threads 2 --rounds 2 --steps 2 --output "$OUT/bench.jsonl"
@@ -283,13 +285,13 @@ step_amxtorch() {
 }
 
 step_amxgen() {  # issue 24's decode target: rlhf bf16 against transformers bf16, batch 16 (2 threads)
-  [ -n "${AMX_CPU:-}" ] || amx_setup || return 1
+  amx_setup || return 1
   if ! python3 -c "import torch, transformers" 2> /dev/null; then
     echo "gpu_check: no transformers here: decode side by side skipped" | tee -a "$OUT/amx.log"
     return 0
   fi
   run amx 300 "${AMX_PIN[@]}" python3 "$SRC/scripts/bench_transformers.py" --rlhf "$AMX_CPU" \
-    --model_config "$SRC/examples/models/smollm-135M.toml" --param_dtype bf16 --batches 16 \
+    --model_config "$M135" --param_dtype bf16 --batches 16 \
     --threads 2 --rounds 1 --hf_inner 1 --output "$OUT/bench.jsonl"
 }
 
@@ -297,7 +299,7 @@ step_profile_train() {  # the kernels of one training step (PROFILE_TRAIN: 1b by
   # 135m; PROFILE_ATTN: cudnn by default)
   write_m1b "$TMP/m1b.toml" 128256
   local cfg=$TMP/m1b.toml
-  [ "${PROFILE_TRAIN:-1b}" = 135m ] && cfg=$SRC/examples/models/smollm-135M.toml
+  [ "${PROFILE_TRAIN:-1b}" = 135m ] && cfg=$M135
   run profile 120 $(ncu_cmd) --launch-count 3000 "$RLHF" bench train --device cuda \
     --model_config "$cfg" --tokens_per_step 16384 --seq_len 1024 --steps 1 --warmup 1 \
     --attn_implementation "${PROFILE_ATTN:-cudnn}"
@@ -309,7 +311,7 @@ step_profile_decode() {  # the kernels of the first decode steps at batch 1 (PRO
   local m cfg
   for m in ${PROFILE_DECODE:-135m 1b}; do
     cfg=$TMP/m1b.toml
-    [ "$m" = 135m ] && cfg=$SRC/examples/models/smollm-135M.toml
+    [ "$m" = 135m ] && cfg=$M135
     run profile 150 $(ncu_cmd) --launch-count 1500 "$RLHF" bench generate --device cuda \
       --model_config "$cfg" --gen_batches 1
   done
