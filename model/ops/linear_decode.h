@@ -4,7 +4,8 @@
 // Decode is bound by reading the weights: at M = 1 every weight is used for one multiply-add, and
 // OpenBLAS's GEMV reached ≈8 GB/s on the 2-core development machine against its ≈20–30 GB/s of
 // memory bandwidth. The engine packs each weight once per generate() (linear_decode_pack) and
-// streams it once per 8 input rows (linear_decode_packed_cpu), threads splitting the outputs.
+// streams it from memory once per 64 input rows (linear_decode_packed_cpu), threads splitting the
+// outputs.
 #pragma once
 
 #include <cstdint>
@@ -29,9 +30,10 @@ void linear_decode_pack(float* wp, const float* w, int64_t IC, int64_t OC);
 
 /// y = x · wᵀ + b (assigned) from wp = linear_decode_pack(w): the decode kernel of the engine.
 /// y: (M, OC); x: (M, IC); b: (OC) or nullptr. Outer-product form: each 16-output vector of a
-/// packed panel is loaded once per k and applied to up to 8 input rows held in registers, so the
-/// weights stream from memory once per 8 rows (batch 1 is bound by memory bandwidth, larger
-/// batches by FMA throughput).
+/// packed panel is loaded once per k and applied to up to 8 input rows held in registers; beyond
+/// 8 rows, k goes in chunks that stay in L1 for every 8-row block, so the weights stream from
+/// memory once per 64 rows (batch 1 is bound by memory bandwidth, larger batches by FMA
+/// throughput).
 ///
 /// Batch-invariant and exact in order: y[m, o] = fma(x[m, IC−1], w[o, IC−1], … fma(x[m, 1],
 /// w[o, 1], x[m, 0]·w[o, 0]) …) + b[o] — one fused multiply-add per k in k order, whatever M, the
