@@ -16,6 +16,7 @@
 #include "model/init.h"
 #include "model/layout.h"
 #include "parallel/comm.h"
+#include "parallel/preemption.h"
 #include "rl/rl_run.h"
 #include "rl/sft.h"
 
@@ -24,6 +25,28 @@ namespace rlhf::bench {
 namespace fs = std::filesystem;
 
 namespace {
+
+// An RL or SFT run of the bench (rl::run_rl, rl::run_sft). A run stopped by SIGTERM or SIGUSR1
+// (Slurm's time limit, scancel) has finished its step, written its checkpoint and said so; the
+// bench then ends on every rank (all of them get the same status) instead of going on with its
+// other runs, each of which would stop after one step. Throws rlhf::Error naming the signal.
+template <typename Run, typename Config>
+void run_or_stop(const Run& run, const Config& config, const std::string& what) {
+  if (run(config) != parallel::kExitPreempted) return;
+  RLHF_FAIL("{}: stopped by {}; the benchmark's remaining runs are skipped", what,
+            parallel::signal_name(parallel::preemption_signal()));
+}
+
+// Removes a folder (rank 0's, the one that made it) when the bench leaves its scope, on an error
+// or a signal too: a 135M run leaves GBs of checkpoints behind.
+struct RemoveOnExit {
+  std::string path;
+  bool owner;
+  ~RemoveOnExit() {
+    std::error_code ec;
+    if (owner) fs::remove_all(path, ec);
+  }
+};
 
 // A folder made on rank 0 and known to every rank.
 std::string shared_temp_dir(const std::string& parent, parallel::Comm& comm) {
@@ -99,8 +122,9 @@ void bench_filtering(const BenchRlOptions& opt, const std::string& dir, parallel
   sft.train.adam.lr = 3e-3;
   sft.train.seed = int64_t(opt.seed);
   sft.train.save_path = (fs::path(dir) / "sft").string();
+  sft.train.ckpt_path = (fs::path(dir) / "sft" / "checkpoints").string();  // a signal's, not ./ckpt
   sft.train.logging_steps = 1000;
-  rl::run_sft(sft);
+  run_or_stop(rl::run_sft, sft, "bench rl (warm start)");
   for (bool filter : {false, true}) {
     rl::RlRunConfig a;
     a.command = filter ? "bench rl (dynamic filtering)" : "bench rl (plain)";
@@ -127,7 +151,7 @@ void bench_filtering(const BenchRlOptions& opt, const std::string& dir, parallel
     a.prompts.save_dir = a.save_path;
     a.ckpt_path = (fs::path(a.save_path) / "checkpoints").string();
     a.logging_steps = opt.filter_steps;
-    rl::run_rl(a);
+    run_or_stop(rl::run_rl, a, a.command);
     if (comm.rank() != 0) continue;
     const auto recs = io::read_jsonl((fs::path(a.save_path) / "metrics.jsonl").string());
     double step_s = 0, reward_first = 0, reward_last = 0;
@@ -201,7 +225,7 @@ void bench_async(const BenchRlOptions& opt, const rl::RlRunConfig& base, const c
     a.prompts.save_dir = a.save_path;
     a.ckpt_path = (fs::path(a.save_path) / "checkpoints").string();
     a.logging_steps = opt.async_steps;
-    rl::run_rl(a);
+    run_or_stop(rl::run_rl, a, a.command);
     if (comm.rank() != 0) continue;
     const auto recs = io::read_jsonl((fs::path(a.save_path) / "metrics.jsonl").string());
     step_s[async] = mean_after_first(recs, "step_s");
@@ -238,6 +262,7 @@ void run_bench_rl(const BenchRlOptions& opt, const Emit& emit) {
   model::ModelConfig cfg = opt.config;
   cfg.max_position_embeddings = std::max(cfg.max_position_embeddings, 16 + opt.new_tokens);
   const std::string dir = shared_temp_dir(opt.work_dir, *comm);
+  const RemoveOnExit remove_dir{dir, rank == 0};
   const std::string config_path = (fs::path(dir) / "config.json").string();
   const std::string rm_path = (fs::path(dir) / "reward_model.h5").string();
   if (rank == 0) {
@@ -290,7 +315,7 @@ void run_bench_rl(const BenchRlOptions& opt, const Emit& emit) {
   a.ckpt_path = (fs::path(dir) / "run" / "checkpoints").string();
   LOG0_INFO("bench rl: {} GRPO steps | {} ranks | {} prompts x {} samples x {} new tokens",
             opt.steps, world, opt.prompts_per_step, opt.samples_per_prompt, opt.new_tokens);
-  rl::run_rl(a);
+  run_or_stop(rl::run_rl, a, a.command);
 
   if (rank == 0) {
     const auto recs = io::read_jsonl((fs::path(a.save_path) / "metrics.jsonl").string());
@@ -376,11 +401,7 @@ void run_bench_rl(const BenchRlOptions& opt, const Emit& emit) {
     bench_async(opt, a, "main", dir, *comm, emit);
     bench_async(opt, rule_reward_config(opt, a, dir, *comm), "rule_reward", dir, *comm, emit);
   }
-  if (rank == 0) {
-    std::error_code ec;
-    fs::remove_all(dir, ec);
-  }
-  comm->barrier();
+  comm->barrier();  // every rank done with the folder before rank 0 removes it (remove_dir)
 }
 
 }  // namespace rlhf::bench

@@ -69,7 +69,8 @@ struct RlRunConfig {
   std::string ckpt_format = "single";
 };
 
-/// Runs the whole RL job on every rank of MPI_COMM_WORLD (collective). Returns 0; throws
+/// Runs the whole RL job on every rank of MPI_COMM_WORLD (collective). Returns 0, or
+/// parallel::kExitPreempted when SIGTERM/SIGUSR1 stopped it after a step and its checkpoint; throws
 /// rlhf::Error with a message naming the flag, file or key at fault (batch sizes that do not
 /// split, a missing prompt file, a checkpoint made with another seed, ...).
 int run_rl(const RlRunConfig& config);

@@ -29,7 +29,8 @@ struct SftConfig {
 };
 
 /// Runs SFT on every rank of MPI_COMM_WORLD (collective): the model (saved with its tokenizer),
-/// the data, plan_batches, train_supervised, and the final model <save_path>/model.h5. Returns 0.
+/// the data, plan_batches, train_supervised, and the final model <save_path>/model.h5. Returns 0,
+/// or parallel::kExitPreempted when SIGTERM/SIGUSR1 stopped it after a step and its checkpoint.
 /// Throws rlhf::Error naming the flag or file at fault (--max_len above the model's context, an
 /// unreadable dataset, batch sizes that do not split, a step without loss tokens, a non-finite
 /// loss, ...).

@@ -6,7 +6,9 @@
 #  (b) SIGUSR1 to mpirun (what `sbatch --signal=USR1@120` sends; mpirun forwards it): grpo finishes
 #      its step, writes a checkpoint, exits 3, and --load_checkpoint continues exactly as a run
 #      that was never stopped (same metrics, same final weights);
-#  (c) SIGTERM to the ranks (what srun and Slurm send at the time limit): the same for sft.
+#  (c) SIGTERM to the ranks (what srun and Slurm send at the time limit): the same for sft;
+#  (d) SIGTERM to `rlhf bench rl` in its GRPO loop: the bench ends after that step (exit 1, naming
+#      the signal) instead of going on with its other runs, and removes its folder.
 # Usage: faults.sh <rlhf binary> <source dir>     (env MPIEXEC: mpiexec's path)
 set -u
 RLHF=$1
@@ -119,4 +121,28 @@ grep -q "resumed from .*step_[0-9]*.h5 at step" "$W/s_resume.log" || fail "sft d
 same_metrics "$W/s_straight/metrics.jsonl" "$W/s_pre/metrics.jsonl" \
   || fail "sft: preempted + resumed differs from straight"
 echo "ok: sft preempted by SIGTERM and resumed == 24 steps straight (every loss and grad norm equal)"
+
+# (d) bench rl: SIGTERM once its loop has started (the loop writes its prompts after installing
+# its handlers).
+B="$W/bench_term.log"
+(cd "$W" && exec timeout 120 "$RLHF" bench rl --max_steps 100 --generate_max_len 8 \
+  --rollout_batch_size 2 --n_samples_per_prompt 2 --threads 1) > "$B" 2>&1 &
+pid=$!
+for _ in $(seq 1200); do
+  grep -q "written to" "$B" && break
+  kill -0 $pid 2> /dev/null || break
+  sleep 0.1
+done
+dir=$(grep -m1 -oE "/tmp/rlhf_bench_rl_[A-Za-z0-9]+" "$B")
+[ -n "$dir" ] || { tail "$B"; fail "bench rl: its loop never started"; }
+kill -TERM "$(pgrep -P $pid)"
+wait $pid
+code=$?
+[ $code -eq 1 ] || { tail "$B"; fail "bench rl: exit $code after SIGTERM, expected 1"; }
+grep -q "bench rl: stopped by SIGTERM; the benchmark's remaining runs are skipped" "$B" \
+  || { tail "$B"; fail "bench rl: no stop message"; }
+grep -q "sft" "$B" && fail "bench rl: went on to its SFT warm start after the signal"
+[ -e "$dir" ] && fail "bench rl: left $dir behind"
+[ -e "$W/ckpt" ] && fail "bench rl: wrote ./ckpt"
+echo "ok: bench rl: SIGTERM in its loop -> exit 1 after the step, folder removed"
 echo PASS
