@@ -57,10 +57,11 @@ TEST_CASE("linear_decode_pack: panels of 16 output rows, k-major, zeros past OC"
 }
 
 TEST_CASE("linear_decode_packed equals the fma chain in k order, bit for bit, on every shape") {
-  // (IC, OC): odd around the 16-output panels and 2-panel tasks, SmolLM2's and stories15M's;
-  // 300: k chunks of 128, 128 and 44 with a last task of one panel.
-  const int64_t shapes[][2] = {{1, 1},     {5, 7},     {13, 17},    {16, 32}, {33, 47}, {77, 45},
-                               {288, 768}, {576, 192}, {1536, 576}, {100, 1}, {300, 40}};
+  // (IC, OC): odd around the 16-output panels and 3-panel tasks (60: a last task of one panel, 75:
+  // of two), SmolLM2's and stories15M's; 300: k chunks of 96, 96, 96 and 12.
+  const int64_t shapes[][2] = {{1, 1},      {5, 7},   {13, 17}, {16, 32},   {33, 47},
+                               {77, 45},    {33, 60}, {77, 75}, {288, 768}, {576, 192},
+                               {1536, 576}, {100, 1}, {300, 40}};
   for (const auto& s : shapes) {
     const int64_t IC = s[0], OC = s[1];
     auto w = test::random_vec<float>(OC * IC, 2 + OC, -1, 1);

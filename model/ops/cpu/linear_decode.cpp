@@ -15,12 +15,16 @@ namespace rlhf::model {
 
 namespace {
 
-// Input rows per register block: 8 rows × 2 panels = 16 accumulators.
+// Input rows per register block: 8 rows × 3 panels = 24 accumulators.
 constexpr int64_t kMR = 8;
-// More than kMR rows go through k in chunks of kKc (a task's two panels of a chunk: 16 KB of fp32,
-// in L1 next to the chunk prefetched after it), in groups of at most kGroupRows rows (the size of
-// the accumulators' carry buffer between chunks): panels.
-constexpr int64_t kKc = 128;
+// Panels per task (a thread's unit of work): 3, so a block does 24 FMAs for 11 loads (8
+// broadcasts, 3 weight vectors). With 2 panels (16 FMAs for 10 loads) the loop ran at 95–116
+// GFLOP/s from L1 on a 2-core Ice Lake Xeon, with 3 at 145–155 (its FMA peak: 160).
+constexpr int64_t kTaskPanels = 3;
+// More than kMR rows go through k in chunks of kKc (a task's three panels of a chunk: 18 KB of
+// fp32, in L1 next to the chunk prefetched after it), in groups of at most kGroupRows rows (the
+// size of the accumulators' carry buffer between chunks): panels.
+constexpr int64_t kKc = 96;
 constexpr int64_t kGroupRows = 64;
 // Below this many multiply-adds the call stays on one thread (a fork costs a few µs).
 constexpr int64_t kParallelMacs = 1 << 16;
@@ -46,7 +50,7 @@ inline __m512 load16(const bfloat16* w) {
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
 
-// Rows [0, MR) of x (row i's input k at x[i·ldx + k]) against NP (1 or 2) consecutive panels
+// Rows [0, MR) of x (row i's input k at x[i·ldx + k]) against NP (1 to 3) consecutive panels
 // starting at wp (stride IC·16 between panels), over k in [k0, k1): at k0 = 0 the product alone
 // (fma(x0, w0, 0) rounds the same as x0·w0), else the accumulators carried from the chunk before;
 // at k1 = IC the result plus the bias goes to y[i·ldy + 16·p + l] for l < valid[p], else the
@@ -63,46 +67,46 @@ inline void block(float* y, int64_t ldy, const float* x, int64_t ldx, const W* w
   int64_t k = k0;
   if (k0 == 0) {
     __m512 wv[NP];
-#pragma GCC unroll 2
+#pragma GCC unroll 3
     for (int p = 0; p < NP; ++p) wv[p] = load16(wp + p * pstride);
 #pragma GCC unroll 16
     for (int i = 0; i < MR; ++i) {
       const __m512 xb = _mm512_set1_ps(x[i * ldx]);
-#pragma GCC unroll 2
+#pragma GCC unroll 3
       for (int p = 0; p < NP; ++p) acc[i][p] = _mm512_mul_ps(xb, wv[p]);
     }
     k = 1;
   } else {
 #pragma GCC unroll 16
     for (int i = 0; i < MR; ++i)
-#pragma GCC unroll 2
+#pragma GCC unroll 3
       for (int p = 0; p < NP; ++p) acc[i][p] = _mm512_load_ps(carry + (i * NP + p) * kDecodePanel);
   }
   for (; k < k1; ++k) {
     if (pf != nullptr) {
-#pragma GCC unroll 2
+#pragma GCC unroll 3
       for (int p = 0; p < NP; ++p)
         _mm_prefetch(reinterpret_cast<const char*>(pf + p * pstride + (k - k0) * kDecodePanel),
                      Hint);
     }
     __m512 wv[NP];
-#pragma GCC unroll 2
+#pragma GCC unroll 3
     for (int p = 0; p < NP; ++p) wv[p] = load16(wp + p * pstride + k * kDecodePanel);
 #pragma GCC unroll 16
     for (int i = 0; i < MR; ++i) {
       const __m512 xb = _mm512_set1_ps(x[i * ldx + k]);
-#pragma GCC unroll 2
+#pragma GCC unroll 3
       for (int p = 0; p < NP; ++p) acc[i][p] = _mm512_fmadd_ps(xb, wv[p], acc[i][p]);
     }
   }
   if (k1 < IC) {
 #pragma GCC unroll 16
     for (int i = 0; i < MR; ++i)
-#pragma GCC unroll 2
+#pragma GCC unroll 3
       for (int p = 0; p < NP; ++p) _mm512_store_ps(carry + (i * NP + p) * kDecodePanel, acc[i][p]);
     return;
   }
-#pragma GCC unroll 2
+#pragma GCC unroll 3
   for (int p = 0; p < NP; ++p) {
     const __mmask16 m = first_lanes(valid[p]);
     const __m512 bv =
@@ -143,13 +147,13 @@ inline void rows_block(int64_t rows, float* y, int64_t ldy, const float* x, int6
 // kGroupRows rows, each through k in chunks of kKc, all of the group's row blocks (8 rows, then
 // the 1–7 left) over a chunk before the next. The first row block of a chunk finds it in L1: the
 // other row blocks of the chunk before prefetched it (and those of a task's last chunk the next
-// task's first one, pf). Each 8-row block does 16 FMAs for 10 loads (8 broadcasts, 2 weight
-// vectors), and the memory streams while the FMAs run. It replaces one block of 9–16 rows against
-// one panel (16 broadcasts and 1 weight vector for 16 FMAs) and 8-row blocks over the whole k
-// range for more rows, which hit the load ports and left memory idle between panels: the 135M
-// shape's linears of one decode step (30 layers and the head, cold) 40.7 → 33.2 ms at 16 rows,
-// 70 → 54 ms at 32 (2-core Ice Lake Xeon, AVX-512, fp32 weights); the same FMAs per output in the
-// same order.
+// task's first one, pf). Each 8-row block against 3 panels does 24 FMAs for 11 loads (8
+// broadcasts, 3 weight vectors), and the memory streams while the FMAs run. It replaces one block
+// of 9–16 rows against one panel (16 broadcasts and 1 weight vector for 16 FMAs) and 8-row blocks
+// over the whole k range for more rows, which hit the load ports and left memory idle between
+// panels: the 135M shape's linears of one decode step (30 layers and the head, cold) 40.7 → 33.2 ms
+// at 16 rows, 70 → 54 ms at 32 (2-core Ice Lake Xeon, AVX-512, fp32 weights; then with 2-panel
+// tasks and chunks of 128); the same FMAs per output in the same order.
 template <int NP, typename W>
 inline void panels(float* y, int64_t ldy, const float* x, const W* wp, const float* b, int64_t M,
                    int64_t IC, const int64_t* valid, const W* pf) {
@@ -246,21 +250,22 @@ void packed(const char* what, float* y, const float* x, const W* wp, const float
       for (int64_t o = 0; o < OC; ++o) y[m * OC + o] = b != nullptr ? b[o] : 0.0f;
     return;
   }
-  // Tasks of two panels (32 outputs); threads take them one at a time (dynamic: on a shared
+  // Tasks of kTaskPanels panels (48 outputs); threads take them one at a time (dynamic: on a shared
   // machine a descheduled thread does not hold back half of the matrix). The result does not
   // depend on which thread computes a task.
-  const int64_t np = (OC + kDecodePanel - 1) / kDecodePanel, ntasks = (np + 1) / 2;
+  const int64_t np = (OC + kDecodePanel - 1) / kDecodePanel,
+                ntasks = (np + kTaskPanels - 1) / kTaskPanels;
 #pragma omp parallel for schedule(dynamic, 4) if (M * IC * OC >= kParallelMacs)
   for (int64_t t = 0; t < ntasks; ++t) {
-    const int64_t p0 = 2 * t, n = std::min<int64_t>(2, np - p0);
-    int64_t valid[2];
+    const int64_t p0 = kTaskPanels * t, n = std::min<int64_t>(kTaskPanels, np - p0);
+    int64_t valid[kTaskPanels];
     for (int64_t p = 0; p < n; ++p)
       valid[p] = std::min<int64_t>(kDecodePanel, OC - (p0 + p) * kDecodePanel);
     float* yt = y + p0 * kDecodePanel;
     const W* wt = wp + p0 * IC * kDecodePanel;
     const float* bt = b != nullptr ? b + p0 * kDecodePanel : nullptr;
 #if defined(__AVX512F__)
-    // The next task's two panels (the last task prefetches nothing), from 2 rows on, and always
+    // The next task's panels (the last task prefetches nothing), from 2 rows on, and always
     // for bf16 weights. fp32 weights at batch 1 are a pure stream, which the hardware prefetcher
     // serves better (135M shape: 27.0 ms a step without, 30.1 with; 2-core Xeon, Cascade Lake).
     // From 2 rows the FMAs slow the stream and the hint keeps lines in flight: batch 4 / 8 at the
@@ -269,8 +274,10 @@ void packed(const char* what, float* y, const float* x, const W* wp, const float
     // prefetcher to keep enough lines in flight: batch 1 at the 135M shape 12.2-13.6 → 9.9-10.8
     // ms a step (same VM, AVX512-BF16; fp32 unchanged there with the hint).
     const bool hint = M >= 2 || std::is_same_v<W, bfloat16>;
-    const W* pf = hint && p0 + 2 < np ? wt + 2 * IC * kDecodePanel : nullptr;
-    if (n == 2)
+    const W* pf = hint && p0 + n < np ? wt + n * IC * kDecodePanel : nullptr;
+    if (n == 3)
+      panels<3>(yt, OC, x, wt, bt, M, IC, valid, pf);
+    else if (n == 2)
       panels<2>(yt, OC, x, wt, bt, M, IC, valid, pf);
     else
       panels<1>(yt, OC, x, wt, bt, M, IC, valid, pf);
