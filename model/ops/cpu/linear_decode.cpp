@@ -250,9 +250,9 @@ void packed(const char* what, float* y, const float* x, const W* wp, const float
       for (int64_t o = 0; o < OC; ++o) y[m * OC + o] = b != nullptr ? b[o] : 0.0f;
     return;
   }
-  // Tasks of kTaskPanels panels (48 outputs); threads take them one at a time (dynamic: on a shared
-  // machine a descheduled thread does not hold back half of the matrix). The result does not
-  // depend on which thread computes a task.
+  // Tasks of kTaskPanels panels (16·kTaskPanels outputs); threads take them one at a time (dynamic:
+  // on a shared machine a descheduled thread does not hold back half of the matrix). The result
+  // does not depend on which thread computes a task.
   const int64_t np = (OC + kDecodePanel - 1) / kDecodePanel,
                 ntasks = (np + kTaskPanels - 1) / kTaskPanels;
 #pragma omp parallel for schedule(dynamic, 4) if (M * IC * OC >= kParallelMacs)
@@ -275,6 +275,7 @@ void packed(const char* what, float* y, const float* x, const W* wp, const float
     // ms a step (same VM, AVX512-BF16; fp32 unchanged there with the hint).
     const bool hint = M >= 2 || std::is_same_v<W, bfloat16>;
     const W* pf = hint && p0 + n < np ? wt + n * IC * kDecodePanel : nullptr;
+    static_assert(kTaskPanels == 3, "the dispatch below covers tasks of 1 to 3 panels");
     if (n == 3)
       panels<3>(yt, OC, x, wt, bt, M, IC, valid, pf);
     else if (n == 2)
